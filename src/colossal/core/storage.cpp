@@ -1,0 +1,34 @@
+// Storage allocation and release through the device allocator.
+#include "colossal/core/storage.h"
+
+#include "colossal/core/allocator.h"
+
+namespace colossal::core {
+
+Storage::Storage(size_t nbytes, Device device, Stream stream) : impl_(std::make_shared<Impl>()) {
+  impl_->device = device;
+  impl_->stream = stream;
+  impl_->stream.device = device;
+  impl_->nbytes = nbytes;
+  impl_->data = allocator_for(device).allocate(nbytes, impl_->stream);
+}
+
+Storage Storage::wrap(void* data, size_t nbytes, Device device, std::function<void(void*)> release) {
+  Storage s;
+  s.impl_ = std::make_shared<Impl>();
+  s.impl_->data = data;
+  s.impl_->nbytes = nbytes;
+  s.impl_->device = device;
+  s.impl_->release = std::move(release);
+  return s;
+}
+
+Storage::Impl::~Impl() {
+  if (release) {
+    release(data);
+  } else if (data != nullptr) {
+    allocator_for(device).deallocate(data, nbytes, stream);
+  }
+}
+
+}  // namespace colossal::core

@@ -1,0 +1,51 @@
+// Neural-network functions with fused backward kernels: softmax, log_softmax, layer_norm,
+// embedding, cross_entropy, dropout and scaled dot-product attention.
+#pragma once
+
+#include <optional>
+
+#include "colossal/core/random.h"
+#include "colossal/core/tensor.h"
+
+namespace colossal::ops {
+
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+
+/// Normalises over the last normalized_shape.size() dimensions; weight and bias (either may be
+/// undefined) have normalized_shape.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+
+/// Rows of weight [num_embeddings, dim] picked by integer `indices` (any shape) -> [..., dim].
+/// Rows equal to padding_idx (when >= 0) get no gradient.
+Tensor embedding(const Tensor& indices, const Tensor& weight, int64_t padding_idx = -1);
+
+enum class Reduction { none, mean, sum };
+struct CrossEntropyOptions {
+  /// Targets equal to this contribute nothing (and are not counted by mean).
+  int64_t ignore_index = -100;
+  /// Mixes the one-hot target with the uniform distribution: (1 - s) * onehot + s / C.
+  double label_smoothing = 0.0;
+  Reduction reduction = Reduction::mean;
+};
+/// logits [N, C] (or [C]); target either class indices [N] (i32/i64) or class probabilities [N, C]
+/// (soft targets, e.g. from mixup). Matches torch.nn.functional.cross_entropy.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options = {});
+
+/// Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training. The
+/// mask comes from the Philox stream (seed, offset): element i keeps iff uniform_float(word i % 4
+/// of philox_block(seed, offset, i / 4)) >= p, the same on every device.
+Tensor dropout(const Tensor& x, double p, bool training = true, core::Generator* generator = nullptr);
+
+struct AttentionOptions {
+  bool causal = false;
+  /// Scale of q k^T; default 1 / sqrt(head_dim).
+  std::optional<double> scale;
+};
+/// softmax(q k^T * scale [+ causal mask]) v for q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv].
+/// The causal mask lets query i see keys j <= i (+ Tk - Tq when lengths differ, as in flash attention
+/// aligned to the bottom right).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
+
+}  // namespace colossal::ops
