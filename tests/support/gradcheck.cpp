@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "colossal/core/view.h"
+
 namespace colossal::testing {
 
 namespace {

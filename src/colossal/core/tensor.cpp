@@ -125,13 +125,13 @@ Tensor Tensor::detach() const {
   return Tensor(std::make_shared<TensorImpl>(impl.storage(), impl.shape(), impl.strides(), impl.offset(), impl.dtype()));
 }
 
-Tensor& Tensor::fill_(double value) {
+const Tensor& Tensor::fill_(double value) const {
   checked(impl_);
   if (numel() > 0) fill_stub(device(), *this, value);
   return *this;
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
+const Tensor& Tensor::copy_(const Tensor& src) const {
   checked(impl_);
   COLOSSAL_CHECK(src.defined(), "copy_: source tensor is undefined");
   Tensor expanded = expand_raw(src, shape());

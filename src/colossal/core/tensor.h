@@ -105,11 +105,12 @@ class Tensor {
   /// A new tensor sharing this one's storage, shape and strides, with no autograd history.
   Tensor detach() const;
 
-  // ---- in-place, not recorded by autograd (optimizers, initialisation, gradient buffers)
-  Tensor& fill_(double value);
-  Tensor& zero_() { return fill_(0.0); }
+  // ---- in-place, not recorded by autograd (optimizers, initialisation, gradient buffers). A
+  // Tensor is a handle, so these are const: they change the elements, not the handle.
+  const Tensor& fill_(double value) const;
+  const Tensor& zero_() const { return fill_(0.0); }
   /// Copies src into this tensor, broadcasting src's shape and casting its dtype.
-  Tensor& copy_(const Tensor& src);
+  const Tensor& copy_(const Tensor& src) const;
 
   // ---- differentiable shape methods; defined in ops/tensor_methods.cpp
   Tensor view(const Shape& shape) const;     ///< no copy; throws if the strides do not allow it
