@@ -29,7 +29,7 @@ class CpuAllocator final : public Allocator {
     std::free(ptr);
     allocated_.fetch_sub(static_cast<int64_t>(nbytes));
   }
-  MemoryStats stats() const override {
+  MemoryStats stats(Device) const override {
     MemoryStats s;
     s.allocated_bytes = allocated_.load();
     s.reserved_bytes = s.allocated_bytes;  // malloc's own caching is invisible to us
@@ -37,7 +37,7 @@ class CpuAllocator final : public Allocator {
     s.num_allocations = num_allocations_.load();
     return s;
   }
-  void reset_peak() override { peak_.store(allocated_.load()); }
+  void reset_peak(Device) override { peak_.store(allocated_.load()); }
 
  private:
   std::atomic<int64_t> allocated_{0};
@@ -62,7 +62,7 @@ Allocator& allocator_for(Device device) {
 
 void register_allocator(DeviceType type, Allocator* allocator) { registry()[static_cast<size_t>(type)].store(allocator); }
 
-MemoryStats memory_stats(Device device) { return allocator_for(device).stats(); }
-void reset_peak_memory(Device device) { allocator_for(device).reset_peak(); }
+MemoryStats memory_stats(Device device) { return allocator_for(device).stats(device); }
+void reset_peak_memory(Device device) { allocator_for(device).reset_peak(device); }
 
 }  // namespace colossal::core

@@ -24,8 +24,9 @@ class Allocator {
   virtual void* allocate(size_t nbytes, Stream stream) = 0;
   /// Returns memory once the work queued on `stream` so far has finished with it.
   virtual void deallocate(void* ptr, size_t nbytes, Stream stream) = 0;
-  virtual MemoryStats stats() const = 0;
-  virtual void reset_peak() = 0;
+  /// Statistics of `device` (allocators serving several devices keep them per device).
+  virtual MemoryStats stats(Device device) const = 0;
+  virtual void reset_peak(Device device) = 0;
 };
 
 /// The allocator for a device type. CUDA's is registered by the CUDA backend when compiled in;

@@ -30,7 +30,7 @@ struct Device {
 };
 
 inline constexpr Device kCpu{};
-inline Device cuda(int index = 0) { return Device(DeviceType::cuda, index); }
+inline Device cuda_device(int index = 0) { return Device(DeviceType::cuda, index); }
 
 /// Work on a device is ordered by streams. The CPU has a single implicit stream (handle nullptr);
 /// a CUDA stream's handle is its cudaStream_t, nullptr meaning the legacy default stream.

@@ -2,6 +2,7 @@
 #include "colossal/core/storage.h"
 
 #include "colossal/core/allocator.h"
+#include "colossal/core/cuda_device.h"
 
 namespace colossal::core {
 
@@ -9,6 +10,8 @@ Storage::Storage(size_t nbytes, Device device, Stream stream) : impl_(std::make_
   impl_->device = device;
   impl_->stream = stream;
   impl_->stream.device = device;
+  // Memory belongs to the stream it was allocated on: resolve "current" now, not at free time.
+  if (device.is_cuda() && stream.handle == nullptr) impl_->stream = cuda::current_stream(device);
   impl_->nbytes = nbytes;
   impl_->data = allocator_for(device).allocate(nbytes, impl_->stream);
 }

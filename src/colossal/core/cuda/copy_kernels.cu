@@ -1,0 +1,133 @@
+// CUDA kernels core needs itself: strided copy with dtype conversion, fill, gradient
+// accumulation, host<->device copies and the Philox random fill (the same numbers as the CPU).
+#include <cuda_runtime.h>
+
+#include "colossal/core/cuda/launch.cuh"
+#include "colossal/core/philox.h"
+#include "colossal/core/random.h"
+#include "colossal/core/view.h"
+
+namespace colossal::core {
+namespace {
+
+using cuda_detail::launch_map;
+
+template <class To, class From>
+__host__ __device__ To convert_value(From v) {
+  if constexpr (std::is_same_v<To, bool>) {
+    return static_cast<float>(v) != 0.0f;
+  } else if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
+    return static_cast<To>(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
+    return To(static_cast<float>(v));
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+// Extended __device__ lambdas may not sit inside the generic dispatch lambdas, so each kernel body
+// is a named function template that the dispatch calls.
+template <class To, class From>
+void copy_typed(const Tensor& dst, const Tensor& src) {
+  // launch_map hands f the accumulation type of From; convert from there.
+  launch_map<To, From, 1>(dst, {&src}, [] __device__(acc_t<From> v) { return convert_value<To>(static_cast<From>(v)); });
+}
+
+template <class T>
+void fill_typed(const Tensor& dst, double value) {
+  const T v = convert_value<T>(value);
+  // The output doubles as the (ignored) input so the vectorised path applies.
+  launch_map<T, T, 1>(dst, {&dst}, [v] __device__(acc_t<T>) { return v; });
+}
+
+template <class T>
+void accumulate_typed(const Tensor& dst, const Tensor& src) {
+  launch_map<T, T, 2>(dst, {&dst, &src}, [] __device__(acc_t<T> a, acc_t<T> b) { return static_cast<T>(a + b); });
+}
+
+void copy_cuda(const Tensor& dst, const Tensor& src) {
+  COLOSSAL_CHECK(src.device() == dst.device(), "copy: source on {} and destination on {}", src.device(), dst.device());
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous() && dst.shape() == src.shape()) {
+    cuda::DeviceGuard guard(dst.device());
+    COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice,
+                                        cuda_detail::stream_of(dst)));
+    return;
+  }
+  dispatch_all(dst.dtype(), [&]<class To>() {
+    dispatch_all(src.dtype(), [&]<class From>() { copy_typed<To, From>(dst, src); });
+  });
+}
+
+void fill_cuda(const Tensor& dst, double value) {
+  dispatch_all(dst.dtype(), [&]<class T>() { fill_typed<T>(dst, value); });
+}
+
+void accumulate_cuda(const Tensor& dst, const Tensor& src) {
+  dispatch_arithmetic(dst.dtype(), "accumulate", [&]<class T>() { accumulate_typed<T>(dst, src); });
+}
+
+/// Contiguous same-dtype copy between the CPU and a GPU (or two GPUs). A copy to the host waits
+/// for completion, since the host reads the result next; a copy from pageable host memory is
+/// synchronous in CUDA anyway, and from pinned memory it stays asynchronous.
+void cross_device_copy_cuda(const Tensor& dst, const Tensor& src) {
+  const Device gpu = dst.device().is_cuda() ? dst.device() : src.device();
+  cuda::DeviceGuard guard(gpu);
+  cudaStream_t stream = static_cast<cudaStream_t>(cuda::current_stream(gpu).handle);
+  if (dst.device().is_cuda() && src.device().is_cuda()) {
+    COLOSSAL_CUDA_CHECK(cudaMemcpyPeerAsync(dst.raw_data(), dst.device().index, src.raw_data(), src.device().index, dst.nbytes(), stream));
+    return;
+  }
+  const cudaMemcpyKind kind = dst.device().is_cuda() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), kind, stream));
+  if (kind == cudaMemcpyDeviceToHost) COLOSSAL_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+template <class T>
+__global__ void random_fill_kernel(T* out, int64_t n, uint64_t seed, uint64_t offset, int kind, double a, double b) {
+  constexpr bool kDouble = std::is_same_v<T, double>;
+  const int64_t blocks = (n + 3) / 4;
+  for (int64_t block = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; block < blocks; block += int64_t{gridDim.x} * blockDim.x) {
+    const PhiloxBlock r = philox_block(seed, offset, static_cast<uint64_t>(block));
+    const PhiloxBlock r2 = kDouble ? philox_block(seed, offset ^ (1ull << 63), static_cast<uint64_t>(block)) : r;
+    double u[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) u[w] = kDouble ? uniform_double(r.x[w], r2.x[w]) : static_cast<double>(uniform_float(r.x[w]));
+    double v[4];
+    if (kind == 0) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) v[w] = a + (b - a) * u[w];
+    } else {
+#pragma unroll
+      for (int w = 0; w < 4; w += 2) {
+        const double radius = sqrt(-2.0 * log(1.0 - u[w]));
+        const double angle = 2.0 * 3.14159265358979323846 * u[w + 1];
+        v[w] = a + b * radius * cos(angle);
+        v[w + 1] = a + b * radius * sin(angle);
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int64_t i = block * 4 + w;
+      if (i < n) out[i] = static_cast<T>(static_cast<acc_t<T>>(v[w]));
+    }
+  }
+}
+
+void random_fill_cuda(const Tensor& t, uint64_t seed, uint64_t offset, int kind, double a, double b) {
+  cuda::DeviceGuard guard(t.device());
+  dispatch_floating(t.dtype(), "random", [&]<class T>() {
+    const int64_t n = t.numel();
+    random_fill_kernel<T><<<cuda_detail::grid_for((n + 3) / 4), cuda_detail::kThreads, 0, cuda_detail::stream_of(t)>>>(
+        t.data<T>(), n, seed, offset, kind, a, b);
+    COLOSSAL_CUDA_CHECK_LAUNCH();
+  });
+}
+
+COLOSSAL_REGISTER_KERNEL(copy_stub, DeviceType::cuda, copy_cuda);
+COLOSSAL_REGISTER_KERNEL(fill_stub, DeviceType::cuda, fill_cuda);
+COLOSSAL_REGISTER_KERNEL(accumulate_stub, DeviceType::cuda, accumulate_cuda);
+COLOSSAL_REGISTER_KERNEL(cross_device_copy_stub, DeviceType::cuda, cross_device_copy_cuda);
+COLOSSAL_REGISTER_KERNEL(random_fill_stub, DeviceType::cuda, random_fill_cuda);
+
+}  // namespace
+}  // namespace colossal::core

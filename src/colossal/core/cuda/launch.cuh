@@ -1,0 +1,196 @@
+// Launch helpers every CUDA elementwise kernel uses. launch_map runs f over the elements of
+// same-shaped operands: 16-byte vector loads and stores when all operands are contiguous and
+// aligned, and an offset calculator over (merged) dims otherwise. f receives the inputs
+// converted to their accumulation type and returns the output value.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+
+#include "colossal/core/cuda/cuda_check.h"
+#include "colossal/core/cuda_device.h"
+#include "colossal/core/strided_loop.h"
+
+namespace colossal::core::cuda_detail {
+
+constexpr int kMaxDims = 10;
+constexpr int kThreads = 256;
+
+inline cudaStream_t stream_of(const Tensor& t) {
+  return static_cast<cudaStream_t>(cuda::current_stream(t.device()).handle);
+}
+
+/// Grid size for n work items of `per_thread` elements: enough blocks to fill the GPU several
+/// times over, capped so that grid-stride loops do the rest.
+inline unsigned grid_for(int64_t n, int per_thread = 1) {
+  const int64_t blocks = (n + int64_t{kThreads} * per_thread - 1) / (int64_t{kThreads} * per_thread);
+  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, 65535LL * 16));
+}
+
+/// Byte offsets of element `linear` for N operands over merged dims.
+template <int N>
+struct OffsetCalculator {
+  int dims = 0;
+  int64_t sizes[kMaxDims];
+  int64_t strides[N][kMaxDims];
+
+  __host__ __device__ void get(int64_t linear, int64_t (&offsets)[N]) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k) offsets[k] = 0;
+    for (int d = dims - 1; d >= 0; --d) {
+      const int64_t index = linear % sizes[d];
+      linear /= sizes[d];
+#pragma unroll
+      for (int k = 0; k < N; ++k) offsets[k] += index * strides[k][d];
+    }
+  }
+};
+
+template <int N>
+OffsetCalculator<N> make_offset_calculator(const StridedOperands<N>& ops) {
+  OffsetCalculator<N> calc;
+  calc.dims = static_cast<int>(ops.shape.size());
+  COLOSSAL_CHECK(calc.dims <= kMaxDims, "CUDA kernels support up to {} non-mergeable dimensions, got {} (shape {})", kMaxDims,
+                 calc.dims, ops.shape);
+  for (int d = 0; d < calc.dims; ++d) {
+    calc.sizes[d] = ops.shape[d];
+    for (int k = 0; k < N; ++k) calc.strides[k][d] = ops.strides[k][d];
+  }
+  return calc;
+}
+
+template <class T>
+struct AccOf {
+  using type = acc_t<T>;
+};
+
+template <class T, int kVec>
+struct alignas(sizeof(T) * kVec) Vec {
+  T v[kVec];
+};
+
+// ---- contiguous, vectorised
+template <int kVec, class Out, class In, class F>
+__global__ void map_unary_vec(int64_t n, Out* __restrict__ out, const In* __restrict__ x, F f) {
+  const int64_t n_vec = n / kVec;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_vec; i += int64_t{gridDim.x} * blockDim.x) {
+    const Vec<In, kVec> xv = reinterpret_cast<const Vec<In, kVec>*>(x)[i];
+    Vec<Out, kVec> ov;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) ov.v[j] = static_cast<Out>(f(static_cast<acc_t<In>>(xv.v[j])));
+    reinterpret_cast<Vec<Out, kVec>*>(out)[i] = ov;
+  }
+  // The tail that does not fill a vector.
+  for (int64_t i = n_vec * kVec + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = static_cast<Out>(f(static_cast<acc_t<In>>(x[i])));
+  }
+}
+
+template <int kVec, class Out, class In, class F>
+__global__ void map_binary_vec(int64_t n, Out* __restrict__ out, const In* __restrict__ a, const In* __restrict__ b, F f) {
+  const int64_t n_vec = n / kVec;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_vec; i += int64_t{gridDim.x} * blockDim.x) {
+    const Vec<In, kVec> av = reinterpret_cast<const Vec<In, kVec>*>(a)[i];
+    const Vec<In, kVec> bv = reinterpret_cast<const Vec<In, kVec>*>(b)[i];
+    Vec<Out, kVec> ov;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) ov.v[j] = static_cast<Out>(f(static_cast<acc_t<In>>(av.v[j]), static_cast<acc_t<In>>(bv.v[j])));
+    reinterpret_cast<Vec<Out, kVec>*>(out)[i] = ov;
+  }
+  for (int64_t i = n_vec * kVec + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = static_cast<Out>(f(static_cast<acc_t<In>>(a[i]), static_cast<acc_t<In>>(b[i])));
+  }
+}
+
+template <int kVec, class Out, class In, class F>
+__global__ void map_ternary_vec(int64_t n, Out* __restrict__ out, const In* __restrict__ a, const In* __restrict__ b,
+                                const In* __restrict__ c, F f) {
+  const int64_t n_vec = n / kVec;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_vec; i += int64_t{gridDim.x} * blockDim.x) {
+    const Vec<In, kVec> av = reinterpret_cast<const Vec<In, kVec>*>(a)[i];
+    const Vec<In, kVec> bv = reinterpret_cast<const Vec<In, kVec>*>(b)[i];
+    const Vec<In, kVec> cv = reinterpret_cast<const Vec<In, kVec>*>(c)[i];
+    Vec<Out, kVec> ov;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      ov.v[j] = static_cast<Out>(
+          f(static_cast<acc_t<In>>(av.v[j]), static_cast<acc_t<In>>(bv.v[j]), static_cast<acc_t<In>>(cv.v[j])));
+    }
+    reinterpret_cast<Vec<Out, kVec>*>(out)[i] = ov;
+  }
+  for (int64_t i = n_vec * kVec + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = static_cast<Out>(f(static_cast<acc_t<In>>(a[i]), static_cast<acc_t<In>>(b[i]), static_cast<acc_t<In>>(c[i])));
+  }
+}
+
+// ---- strided
+template <int N, class Out, class In, class F>
+__global__ void map_strided(int64_t n, OffsetCalculator<N> calc, Out* out, std::array<const In*, N - 1> inputs, F f) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t off[N];
+    calc.get(i, off);
+    auto load = [&](int k) {
+      return static_cast<acc_t<In>>(*reinterpret_cast<const In*>(reinterpret_cast<const char*>(inputs[k - 1]) + off[k]));
+    };
+    Out* dst = reinterpret_cast<Out*>(reinterpret_cast<char*>(out) + off[0]);
+    if constexpr (N == 2) {
+      *dst = static_cast<Out>(f(load(1)));
+    } else if constexpr (N == 3) {
+      *dst = static_cast<Out>(f(load(1), load(2)));
+    } else {
+      *dst = static_cast<Out>(f(load(1), load(2), load(3)));
+    }
+  }
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+/// Runs out[i] = f(inputs[i]...) for 1 to 3 inputs of dtype In, all already of out's shape.
+template <class Out, class In, size_t K, class F>
+void launch_map(const Tensor& out, const std::array<const Tensor*, K>& inputs, F f) {
+  static_assert(K >= 1 && K <= 3, "launch_map handles 1 to 3 inputs");
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  cuda::DeviceGuard guard(out.device());
+  cudaStream_t stream = stream_of(out);
+  bool contiguous = out.is_contiguous() && aligned16(out.raw_data());
+  for (const Tensor* t : inputs) {
+    contiguous = contiguous && t->is_contiguous() && t->shape() == out.shape() && aligned16(t->raw_data());
+  }
+  if (contiguous) {
+    // 16 bytes per access for the wider of the two types.
+    constexpr int kVec = 16 / (sizeof(Out) > sizeof(In) ? sizeof(Out) : sizeof(In));
+    Out* o = static_cast<Out*>(out.raw_data());
+    const unsigned grid = grid_for(n, kVec);
+    if constexpr (K == 1) {
+      map_unary_vec<kVec><<<grid, kThreads, 0, stream>>>(n, o, static_cast<const In*>(inputs[0]->raw_data()), f);
+    } else if constexpr (K == 2) {
+      map_binary_vec<kVec><<<grid, kThreads, 0, stream>>>(n, o, static_cast<const In*>(inputs[0]->raw_data()),
+                                                          static_cast<const In*>(inputs[1]->raw_data()), f);
+    } else {
+      map_ternary_vec<kVec><<<grid, kThreads, 0, stream>>>(n, o, static_cast<const In*>(inputs[0]->raw_data()),
+                                                           static_cast<const In*>(inputs[1]->raw_data()),
+                                                           static_cast<const In*>(inputs[2]->raw_data()), f);
+    }
+  } else {
+    std::array<const Tensor*, K + 1> all;
+    all[0] = &out;
+    for (size_t k = 0; k < K; ++k) all[k + 1] = inputs[k];
+    const auto operands = make_strided_operands<K + 1>(out.shape(), all);
+    std::array<const In*, K> ptrs;
+    for (size_t k = 0; k < K; ++k) ptrs[k] = reinterpret_cast<const In*>(operands.base[k + 1]);
+    map_strided<static_cast<int>(K + 1)><<<grid_for(n), kThreads, 0, stream>>>(
+        n, make_offset_calculator<K + 1>(operands), reinterpret_cast<Out*>(operands.base[0]), ptrs, f);
+  }
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
+/// Every tensor of a CUDA op must be on the op's device.
+inline void check_on_device(const Tensor& t, Device device, const char* op, const char* role) {
+  COLOSSAL_CHECK(t.device() == device, "{}: {} is on {} but the op runs on {}; move it with .to()", op, role, t.device(),
+                 device);
+}
+
+}  // namespace colossal::core::cuda_detail

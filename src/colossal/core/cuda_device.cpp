@@ -1,0 +1,227 @@
+// The CUDA runtime wrapper (core/cuda_device.h). Without CUDA in the build every call beyond the
+// availability queries raises an error naming the build option.
+#include "colossal/core/cuda_device.h"
+
+#include "colossal/core/build_config.h"
+
+#if COLOSSAL_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "colossal/core/cuda/cuda_check.h"
+#endif
+
+namespace colossal::core::cuda {
+
+#if COLOSSAL_WITH_CUDA
+
+namespace {
+cudaStream_t as_cuda(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+
+void check_device_index(int device) {
+  const int count = device_count();
+  COLOSSAL_CHECK(device >= 0 && device < count, "cuda:{} does not exist: {} GPU(s) visible (cuda:0 to cuda:{})", device, count,
+                 count - 1);
+}
+
+/// One colossal-created stream per device, made on first use, never destroyed (they live as long
+/// as the process, like the CUDA context).
+Stream default_stream(int device) {
+  static std::mutex mutex;
+  static std::vector<void*> streams;
+  std::lock_guard lock(mutex);
+  if (streams.empty()) streams.assign(static_cast<size_t>(std::max(device_count(), 1)), nullptr);
+  if (streams[device] == nullptr) {
+    DeviceGuard guard(Device(DeviceType::cuda, device));
+    cudaStream_t s;
+    COLOSSAL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    streams[device] = s;
+  }
+  return Stream{Device(DeviceType::cuda, device), streams[device]};
+}
+
+// Per-thread current stream per device; a null handle means "the default stream above".
+thread_local std::array<void*, 64> current_streams{};
+}  // namespace
+
+bool is_available() { return device_count() > 0; }
+
+int device_count() {
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky "no device" error
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+int current_device() {
+  int d = 0;
+  COLOSSAL_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+void set_device(int device) {
+  check_device_index(device);
+  COLOSSAL_CUDA_CHECK(cudaSetDevice(device));
+}
+
+DeviceGuard::DeviceGuard(Device device) {
+  COLOSSAL_CHECK(device.is_cuda(), "DeviceGuard needs a CUDA device, got {}", device);
+  previous_ = current_device();
+  if (previous_ != device.index) set_device(device.index);
+}
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
+Stream current_stream(Device device) {
+  COLOSSAL_CHECK(device.is_cuda(), "current_stream needs a CUDA device, got {}", device);
+  check_device_index(device.index);
+  void* handle = current_streams.at(static_cast<size_t>(device.index));
+  return handle ? Stream{device, handle} : default_stream(device.index);
+}
+
+void set_current_stream(Stream stream) {
+  COLOSSAL_CHECK(stream.device.is_cuda(), "set_current_stream needs a CUDA stream, got one on {}", stream.device);
+  check_device_index(stream.device.index);
+  current_streams.at(static_cast<size_t>(stream.device.index)) = stream.handle;
+}
+
+Stream create_stream(Device device, bool high_priority) {
+  DeviceGuard guard(device);
+  int least = 0, greatest = 0;
+  COLOSSAL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t s;
+  COLOSSAL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? greatest : least));
+  return Stream{device, s};
+}
+
+void destroy_stream(Stream stream) {
+  if (stream.handle) COLOSSAL_CUDA_CHECK(cudaStreamDestroy(as_cuda(stream)));
+}
+
+StreamGuard::StreamGuard(Stream stream) : previous_(current_stream(stream.device)) { set_current_stream(stream); }
+StreamGuard::~StreamGuard() { current_streams.at(static_cast<size_t>(previous_.device.index)) = previous_.handle; }
+
+void synchronize(Device device) {
+  DeviceGuard guard(device);
+  COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());
+}
+void synchronize(Stream stream) { COLOSSAL_CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream))); }
+
+Event::Event(bool enable_timing) {
+  cudaEvent_t e;
+  COLOSSAL_CUDA_CHECK(cudaEventCreateWithFlags(&e, enable_timing ? cudaEventDefault : cudaEventDisableTiming));
+  handle_ = e;
+}
+Event::~Event() {
+  if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+}
+Event::Event(Event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+    handle_ = std::exchange(other.handle_, nullptr);
+  }
+  return *this;
+}
+void Event::record(Stream stream) { COLOSSAL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), as_cuda(stream))); }
+void Event::block(Stream stream) const {
+  COLOSSAL_CUDA_CHECK(cudaStreamWaitEvent(as_cuda(stream), static_cast<cudaEvent_t>(handle_), 0));
+}
+void Event::synchronize() const { COLOSSAL_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_))); }
+bool Event::query() const {
+  const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(handle_));
+  if (status == cudaErrorNotReady) return false;
+  COLOSSAL_CUDA_CHECK(status);
+  return true;
+}
+float Event::elapsed_ms(const Event& end) const {
+  float ms = 0;
+  COLOSSAL_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_), static_cast<cudaEvent_t>(end.handle_)));
+  return ms;
+}
+
+Tensor pinned_empty(const Shape& shape, DType dtype) {
+  check_shape(shape, "pinned_empty");
+  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
+  void* ptr = nullptr;
+  COLOSSAL_CUDA_CHECK(cudaHostAlloc(&ptr, std::max<size_t>(nbytes, 1), cudaHostAllocDefault));
+  Storage storage = Storage::wrap(ptr, nbytes, kCpu, [](void* p) { cudaFreeHost(p); });
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
+}
+
+bool is_pinned(const Tensor& t) {
+  if (!t.device().is_cpu() || t.storage().data() == nullptr) return false;
+  cudaPointerAttributes attributes;
+  if (cudaPointerGetAttributes(&attributes, t.storage().data()) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeHost;
+}
+
+DeviceProperties properties(int device) {
+  check_device_index(device);
+  cudaDeviceProp p;
+  COLOSSAL_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  return DeviceProperties{p.name, p.major, p.minor, p.multiProcessorCount, static_cast<int64_t>(p.totalGlobalMem),
+                          static_cast<int64_t>(p.l2CacheSize)};
+}
+
+std::pair<int64_t, int64_t> memory_info(int device) {
+  DeviceGuard guard(Device(DeviceType::cuda, device));
+  size_t free_bytes = 0, total_bytes = 0;
+  COLOSSAL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+}
+
+#else  // no CUDA in this build
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  COLOSSAL_FAIL("{}: this build of colossal has no CUDA (configure with -DCOLOSSAL_CUDA=ON on a machine with the CUDA "
+                "toolkit)",
+                what);
+}
+}  // namespace
+
+bool is_available() { return false; }
+int device_count() { return 0; }
+int current_device() { no_cuda("current_device"); }
+void set_device(int) { no_cuda("set_device"); }
+DeviceGuard::DeviceGuard(Device) { no_cuda("DeviceGuard"); }
+DeviceGuard::~DeviceGuard() = default;
+Stream current_stream(Device) { no_cuda("current_stream"); }
+void set_current_stream(Stream) { no_cuda("set_current_stream"); }
+Stream create_stream(Device, bool) { no_cuda("create_stream"); }
+void destroy_stream(Stream) { no_cuda("destroy_stream"); }
+StreamGuard::StreamGuard(Stream) { no_cuda("StreamGuard"); }
+StreamGuard::~StreamGuard() = default;
+void synchronize(Device) { no_cuda("synchronize"); }
+void synchronize(Stream) { no_cuda("synchronize"); }
+Event::Event(bool) { no_cuda("Event"); }
+Event::~Event() = default;
+Event::Event(Event&&) noexcept {}
+Event& Event::operator=(Event&&) noexcept { return *this; }
+void Event::record(Stream) { no_cuda("Event::record"); }
+void Event::block(Stream) const { no_cuda("Event::block"); }
+void Event::synchronize() const { no_cuda("Event::synchronize"); }
+bool Event::query() const { no_cuda("Event::query"); }
+float Event::elapsed_ms(const Event&) const { no_cuda("Event::elapsed_ms"); }
+Tensor pinned_empty(const Shape&, DType) { no_cuda("pinned_empty"); }
+bool is_pinned(const Tensor&) { return false; }
+DeviceProperties properties(int) { no_cuda("properties"); }
+std::pair<int64_t, int64_t> memory_info(int) { no_cuda("memory_info"); }
+
+#endif
+
+}  // namespace colossal::core::cuda
