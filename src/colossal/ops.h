@@ -5,6 +5,8 @@
 #include "colossal/autograd/engine.h"      // backward
 #include "colossal/autograd/function.h"    // Function, apply, hooks
 #include "colossal/autograd/grad_mode.h"   // NoGradGuard
+#include "colossal/core/allocator.h"       // memory_stats
+#include "colossal/core/cuda_device.h"     // cuda::is_available, streams, events
 #include "colossal/core/random.h"          // Generator, rand, randn, manual_seed
 #include "colossal/core/tensor.h"          // Tensor, factories
 #include "colossal/ops/conv.h"             // conv2d, batch_norm2d, pooling

@@ -1,0 +1,142 @@
+// CUDA elementwise and reduction kernels against the CPU on fresh random inputs, in f32, bf16 and
+// f16 (tolerances in tests/support/gpu_compare.h), forward and backward.
+#include <gtest/gtest.h>
+
+#include "gpu_compare.h"
+
+namespace colossal {
+namespace {
+
+using testing::DeviceCase;
+using testing::expect_cuda_matches_cpu;
+using testing::random_input;
+
+constexpr DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
+
+/// A unary op on a [37, 129] input (odd sizes exercise the vector tails) and on a transposed view.
+void check_unary(const char* name, const std::function<Tensor(const Tensor&)>& op, double low, double high) {
+  for (DType dtype : kDtypes) {
+    expect_cuda_matches_cpu({.make_inputs = [=](DType d) { return std::vector<Tensor>{random_input({37, 129}, 1, d, low, high)}; },
+                             .fn = [=](const std::vector<Tensor>& in) { return op(in[0]); }},
+                            dtype, name);
+    expect_cuda_matches_cpu({.make_inputs = [=](DType d) { return std::vector<Tensor>{random_input({129, 37}, 2, d, low, high)}; },
+                             .fn = [=](const std::vector<Tensor>& in) { return op(in[0].t()); }},
+                            dtype, std::string(name) + " (strided)");
+  }
+}
+
+void check_binary(const char* name, const std::function<Tensor(const Tensor&, const Tensor&)>& op, double low, double high) {
+  for (DType dtype : kDtypes) {
+    expect_cuda_matches_cpu(
+        {.make_inputs = [=](DType d) { return std::vector<Tensor>{random_input({64, 257}, 3, d, low, high), random_input({64, 257}, 4, d, low, high)}; },
+         .fn = [=](const std::vector<Tensor>& in) { return op(in[0], in[1]); }},
+        dtype, name);
+    expect_cuda_matches_cpu(
+        {.make_inputs = [=](DType d) { return std::vector<Tensor>{random_input({8, 1, 33}, 5, d, low, high), random_input({7, 33}, 6, d, low, high)}; },
+         .fn = [=](const std::vector<Tensor>& in) { return op(in[0], in[1]); }},
+        dtype, std::string(name) + " (broadcast)");
+  }
+}
+
+TEST(ElementwiseGpu, Unary) {
+  COLOSSAL_REQUIRE_GPU();
+  check_unary("exp", [](const Tensor& x) { return ops::exp(x); }, -2, 2);
+  check_unary("log", [](const Tensor& x) { return ops::log(x); }, 0.5, 3);
+  check_unary("tanh", [](const Tensor& x) { return ops::tanh(x); }, -2, 2);
+  check_unary("sqrt", [](const Tensor& x) { return ops::sqrt(x); }, 0.5, 3);
+  check_unary("rsqrt", [](const Tensor& x) { return ops::rsqrt(x); }, 0.5, 3);
+  check_unary("abs", [](const Tensor& x) { return ops::abs(x); }, -1, 1);
+  check_unary("relu", [](const Tensor& x) { return ops::relu(x); }, -1, 1);
+  check_unary("sigmoid", [](const Tensor& x) { return ops::sigmoid(x); }, -3, 3);
+  check_unary("silu", [](const Tensor& x) { return ops::silu(x); }, -3, 3);
+  check_unary("gelu", [](const Tensor& x) { return ops::gelu(x); }, -3, 3);
+  check_unary("gelu_tanh", [](const Tensor& x) { return ops::gelu(x, ops::GeluApproximation::tanh); }, -3, 3);
+  check_unary("pow", [](const Tensor& x) { return ops::pow(x, 1.5); }, 0.5, 2);
+  check_unary("affine", [](const Tensor& x) { return x * 3.0 + 1.0; }, -1, 1);
+  check_unary("neg", [](const Tensor& x) { return -x; }, -1, 1);
+  check_unary("clamp", [](const Tensor& x) { return ops::clamp(x, -0.5, 0.5); }, -1, 1);
+}
+
+TEST(ElementwiseGpu, Binary) {
+  COLOSSAL_REQUIRE_GPU();
+  check_binary("add", [](const Tensor& a, const Tensor& b) { return ops::add(a, b, 0.5); }, -1, 1);
+  check_binary("sub", [](const Tensor& a, const Tensor& b) { return a - b; }, -1, 1);
+  check_binary("mul", [](const Tensor& a, const Tensor& b) { return a * b; }, -1, 1);
+  check_binary("div", [](const Tensor& a, const Tensor& b) { return a / b; }, 0.5, 2);
+  check_binary("maximum", [](const Tensor& a, const Tensor& b) { return ops::maximum(a, b); }, -1, 1);
+  check_binary("pow", [](const Tensor& a, const Tensor& b) { return ops::pow(a, b); }, 0.5, 2);
+}
+
+TEST(ElementwiseGpu, ComparisonsAndInPlace) {
+  COLOSSAL_REQUIRE_GPU();
+  Tensor a = random_input({1000}, 7, DType::f32, -1, 1, false);
+  Tensor b = random_input({1000}, 8, DType::f32, -1, 1, false);
+  Tensor ga = a.to(core::cuda_device(0)), gb = b.to(core::cuda_device(0));
+  testing::expect_close(ops::gt(ga, gb).to(core::kCpu), ops::gt(a, b), 0, 0, "gt");
+  ops::addcmul_(ga, gb, gb, 0.5);
+  ops::addcmul_(a, b, b, 0.5);
+  testing::expect_close(ga.to(core::kCpu), a, 1e-6, 1e-6, "addcmul_");
+}
+
+TEST(ReductionGpu, SumMeanVarMax) {
+  COLOSSAL_REQUIRE_GPU();
+  for (DType dtype : kDtypes) {
+    // Long reductions accumulate rounding on both sides: 4x the base tolerance.
+    auto reduce_case = [&](const Shape& shape, std::function<Tensor(const Tensor&)> op, const char* name) {
+      expect_cuda_matches_cpu({.make_inputs = [=](DType d) { return std::vector<Tensor>{random_input(shape, 9, d)}; },
+                               .fn = [=](const std::vector<Tensor>& in) { return op(in[0]); },
+                               .tolerance_scale = 4.0},
+                              dtype, name);
+    };
+    reduce_case({300, 500}, [](const Tensor& x) { return ops::sum(x, {1}); }, "sum rows");
+    reduce_case({300, 500}, [](const Tensor& x) { return ops::sum(x, {0}); }, "sum columns");
+    reduce_case({4, 300, 50}, [](const Tensor& x) { return ops::sum(x, {0, 2}); }, "sum scattered");
+    reduce_case({1 << 16}, [](const Tensor& x) { return ops::sum(x); }, "sum all");
+    reduce_case({64, 100}, [](const Tensor& x) { return ops::mean(x, {1}); }, "mean");
+    reduce_case({64, 100}, [](const Tensor& x) { return ops::var(x, {1}); }, "var");
+    reduce_case({64, 100}, [](const Tensor& x) { return ops::max(x, 1).values; }, "max");
+  }
+}
+
+TEST(CoreGpu, CopiesCastsAndRandom) {
+  COLOSSAL_REQUIRE_GPU();
+  Tensor x = random_input({33, 65}, 10, DType::f32, -1, 1, false);
+  Tensor g = x.to(core::cuda_device(0));
+  testing::expect_close(g.to(DType::bf16).to(core::kCpu), x.to(DType::bf16), 0, 0, "f32 -> bf16 rounding");
+  testing::expect_close(g.t().contiguous().to(core::kCpu), x.t().contiguous(), 0, 0, "strided copy");
+  // The Philox stream gives the same numbers on both devices.
+  core::Generator cpu_gen(99), gpu_gen(99);
+  Tensor on_cpu = core::empty({1001}, DType::f32);
+  Tensor on_gpu = core::empty({1001}, TensorOptions(DType::f32, core::cuda_device(0)));
+  core::uniform_(on_cpu, 0, 1, &cpu_gen);
+  core::uniform_(on_gpu, 0, 1, &gpu_gen);
+  testing::expect_close(on_gpu.to(core::kCpu), on_cpu, 0, 0, "uniform");
+  core::normal_(on_cpu, 0, 1, &cpu_gen);
+  core::normal_(on_gpu, 0, 1, &gpu_gen);
+  testing::expect_close(on_gpu.to(core::kCpu), on_cpu, 1e-5, 1e-5, "normal");  // libm vs CUDA log/cos
+}
+
+TEST(CoreGpu, MemoryStatsTrackAllocations) {
+  COLOSSAL_REQUIRE_GPU();
+  const Device gpu = core::cuda_device(0);
+  const int64_t before = core::memory_stats(gpu).allocated_bytes;
+  {
+    Tensor t = core::empty({1 << 20}, TensorOptions(DType::f32, gpu));
+    EXPECT_EQ(core::memory_stats(gpu).allocated_bytes, before + (int64_t{4} << 20));
+    EXPECT_GE(core::memory_stats(gpu).reserved_bytes, int64_t{4} << 20);
+  }
+  EXPECT_EQ(core::memory_stats(gpu).allocated_bytes, before);
+}
+
+TEST(CoreGpu, BadUseIsAClearError) {
+  COLOSSAL_REQUIRE_GPU();
+  Tensor cpu = core::ones({4});
+  Tensor gpu = core::ones({4}, TensorOptions(DType::f32, core::cuda_device(0)));
+  EXPECT_ERROR_CONTAINS(cpu + gpu, "different devices: cpu (shape [4]) and cuda:0");
+  const auto [free_bytes, total_bytes] = core::cuda::memory_info(0);
+  EXPECT_ERROR_CONTAINS(core::empty({total_bytes}, TensorOptions(DType::f32, core::cuda_device(0))), "CUDA out of memory");
+  EXPECT_ERROR_CONTAINS(core::empty({4}, TensorOptions(DType::f32, core::cuda_device(99))), "does not exist");
+}
+
+}  // namespace
+}  // namespace colossal
