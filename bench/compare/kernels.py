@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Side-by-side GPU kernel timings: colossal's bench/kernels/gpu_kernels_bench against PyTorch on the
+same GPU in the same run. Usage: bench/compare/kernels.py BUILD_DIR/bench/kernels/gpu_kernels_bench
+
+Each row times the same operation at the same shape and dtype as the colossal row of that name
+(median of 20 CUDA-event-timed calls after warm-up), and prints both with ratio = torch / colossal
+time (above 1: colossal is faster)."""
+import json
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+
+
+def time_ms(fn, reps=20):
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop))
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def torch_rows():
+    dev = "cuda"
+    bf16 = torch.bfloat16
+    rows = {}
+    with torch.no_grad():
+        src = torch.rand(1 << 28, device=dev, dtype=bf16)
+        dst = torch.empty_like(src)
+        rows["ceiling: device copy 512 MiB"] = time_ms(lambda: dst.copy_(src))
+        del src, dst
+        a = torch.rand(8192, 8192, device=dev, dtype=bf16)
+        b = torch.rand(8192, 8192, device=dev, dtype=bf16)
+        rows["ceiling: bf16 GEMM 8192^3"] = time_ms(lambda: torch.matmul(a, b))
+        del a, b
+        for name, m, k, n in [("gemm bf16 4096^3", 4096, 4096, 4096),
+                              ("gemm bf16 gpt2 qkv 16384x768x2304", 16384, 768, 2304),
+                              ("gemm bf16 gpt2 fc 16384x768x3072", 16384, 768, 3072),
+                              ("gemm bf16 gpt2 proj 16384x3072x768", 16384, 3072, 768)]:
+            a = torch.rand(m, k, device=dev, dtype=bf16)
+            b = torch.rand(k, n, device=dev, dtype=bf16)
+            rows[name] = time_ms(lambda: torch.matmul(a, b))
+        x = torch.rand(16384, 768, device=dev, dtype=bf16)
+        w = torch.rand(768, device=dev, dtype=bf16)
+        bias = torch.rand(768, device=dev, dtype=bf16)
+        rows["layer_norm fwd bf16 16384x768"] = time_ms(lambda: F.layer_norm(x, (768,), w, bias))
+        wide = torch.rand(16384, 3072, device=dev, dtype=bf16)
+        rows["gelu fwd bf16 16384x3072"] = time_ms(lambda: F.gelu(wide, approximate="tanh"))
+        rows["dropout fwd bf16 16384x3072"] = time_ms(lambda: F.dropout(wide, 0.1, True))
+        scores = torch.rand(8 * 12 * 1024, 1024, device=dev, dtype=bf16)
+        rows["softmax fwd bf16 98304x1024"] = time_ms(lambda: torch.softmax(scores, -1))
+        rows["add bf16 16384x3072"] = time_ms(lambda: torch.add(wide, wide))
+        n = 124_439_808
+        p, m_, v = (torch.rand(n, device=dev) for _ in range(3))
+        rows["adamw-style addcdiv_ f32 124M"] = time_ms(lambda: p.addcdiv_(m_, v, value=-1e-3))
+        del p, m_, v
+        logits = torch.rand(8192, 50304, device=dev, dtype=bf16)
+        targets = torch.randint(0, 50257, (8192,), device=dev)
+        rows["cross_entropy fwd bf16 8192x50304"] = time_ms(lambda: F.cross_entropy(logits, targets))
+    q, k, v = (torch.rand(8, 12, 1024, 64, device=dev, dtype=bf16, requires_grad=True) for _ in range(3))
+    grad = torch.rand(8, 12, 1024, 64, device=dev, dtype=bf16)
+
+    def attention():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(grad)
+
+    rows["attention fwd+bwd causal bf16 B8 H12 T1024 D64"] = time_ms(attention)
+    return rows
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        subprocess.run([sys.argv[1], "--json", f.name], check=True)
+        ours = json.load(open(f.name))
+    theirs = torch_rows()
+    print(f"\n{torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(f"{'kernel':48s} {'colossal ms':>12s} {'torch ms':>10s} {'torch/colossal':>15s}")
+    for row in ours:
+        name = row["name"]
+        t = theirs.get(name)
+        if row["error"] is not None:
+            print(f"{name:48s} {'n/a':>12s} {t if t is None else f'{t:10.3f}'}")
+            continue
+        ratio = f"{t / row['ms']:15.2f}" if t else ""
+        print(f"{name:48s} {row['ms']:12.3f} {t if t is None else f'{t:10.3f}'} {ratio}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+// GPU kernel benchmark: measures the device's ceilings (a large device-to-device copy, a large bf16
+// GEMM) and then each kernel's achieved GB/s or TFLOP/s beside them, at sizes that fill an H100.
+// Prints one table; --json FILE also writes the rows for bench/compare/kernels.py to pair with
+// PyTorch's numbers from the same machine and run.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "colossal/ops.h"
+
+using namespace colossal;
+
+namespace {
+
+struct Row {
+  std::string name;
+  double ms = 0;        // median time per call
+  double bytes = 0;     // bytes moved per call (0 for compute-bound rows)
+  double flops = 0;     // floating-point operations per call (0 for memory-bound rows)
+  std::string error;    // set when the kernel is missing or failed
+};
+
+/// Median over `reps` timed calls (after warm-up), in milliseconds, timed with CUDA events.
+double time_ms(const std::function<void()>& fn, int reps = 20) {
+  const Device gpu = core::cuda_device(0);
+  const Stream stream = core::cuda::current_stream(gpu);
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> samples;
+  for (int i = 0; i < reps; ++i) {
+    core::cuda::Event start(true), stop(true);
+    start.record(stream);
+    fn();
+    stop.record(stream);
+    stop.synchronize();
+    samples.push_back(start.elapsed_ms(stop));
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+Tensor random_gpu(const Shape& shape, DType dtype, uint64_t seed, double low = -1, double high = 1) {
+  core::Generator gen(seed);
+  Tensor t = core::empty(shape, TensorOptions(DType::f32, core::cuda_device(0)));
+  core::uniform_(t, low, high, &gen);
+  return t.to(dtype);
+}
+
+Row measure(const std::string& name, double bytes, double flops, const std::function<void()>& fn) {
+  Row row{name, 0, bytes, flops, ""};
+  try {
+    row.ms = time_ms(fn);
+  } catch (const std::exception& e) {
+    row.error = e.what();
+    if (auto cut = row.error.find(" ("); cut != std::string::npos) row.error.resize(cut);
+  }
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[++i];
+  }
+  if (!core::cuda::is_available()) {
+    std::printf("gpu_kernels_bench: no CUDA GPU, nothing to measure\n");
+    return 0;
+  }
+  const Device gpu = core::cuda_device(0);
+  const auto props = core::cuda::properties(0);
+  autograd::NoGradGuard no_grad;  // forward-only rows; backward rows build their own graphs
+  std::vector<Row> rows;
+
+  // ---- ceilings
+  const int64_t copy_elems = int64_t{1} << 28;  // 512 MiB of bf16 each way
+  Tensor copy_src = random_gpu({copy_elems}, DType::bf16, 1);
+  Tensor copy_dst = core::empty({copy_elems}, TensorOptions(DType::bf16, gpu));
+  rows.push_back(measure("ceiling: device copy 512 MiB", 2.0 * copy_src.nbytes(), 0, [&] { copy_dst.copy_(copy_src); }));
+  const double copy_gbs = rows.back().bytes / (rows.back().ms * 1e-3) / 1e9;
+  const int64_t big = 8192;
+  Tensor ga = random_gpu({big, big}, DType::bf16, 2), gb = random_gpu({big, big}, DType::bf16, 3);
+  rows.push_back(measure("ceiling: bf16 GEMM 8192^3", 0, 2.0 * big * big * big, [&] { ops::matmul(ga, gb); }));
+  const double gemm_tflops = rows.back().error.empty() ? rows.back().flops / (rows.back().ms * 1e-3) / 1e12 : 0;
+  ga = gb = Tensor();
+
+  // ---- GEMMs
+  auto gemm_row = [&](const char* name, int64_t m, int64_t k, int64_t n) {
+    Tensor a = random_gpu({m, k}, DType::bf16, 4), b = random_gpu({k, n}, DType::bf16, 5);
+    rows.push_back(measure(name, 0, 2.0 * m * n * k, [&] { ops::matmul(a, b); }));
+  };
+  gemm_row("gemm bf16 4096^3", 4096, 4096, 4096);
+  gemm_row("gemm bf16 gpt2 qkv 16384x768x2304", 16384, 768, 2304);
+  gemm_row("gemm bf16 gpt2 fc 16384x768x3072", 16384, 768, 3072);
+  gemm_row("gemm bf16 gpt2 proj 16384x3072x768", 16384, 3072, 768);
+
+  // ---- memory-bound kernels at GPT-2 activation sizes (B*T = 16384 rows)
+  const int64_t rows_n = 16384, width = 768;
+  Tensor x = random_gpu({rows_n, width}, DType::bf16, 6);
+  Tensor w = random_gpu({width}, DType::bf16, 7), bias = random_gpu({width}, DType::bf16, 8);
+  const double act_bytes = static_cast<double>(x.nbytes());
+  rows.push_back(measure("layer_norm fwd bf16 16384x768", 2 * act_bytes, 0, [&] { ops::layer_norm(x, {width}, w, bias); }));
+  Tensor wide = random_gpu({rows_n, 4 * width}, DType::bf16, 9);
+  rows.push_back(measure("gelu fwd bf16 16384x3072", 2.0 * wide.nbytes(), 0, [&] { ops::gelu(wide, ops::GeluApproximation::tanh); }));
+  rows.push_back(measure("dropout fwd bf16 16384x3072", 2.0 * wide.nbytes(), 0, [&] { ops::dropout(wide, 0.1, true); }));
+  Tensor scores = random_gpu({8 * 12 * 1024, 1024}, DType::bf16, 10);
+  rows.push_back(measure("softmax fwd bf16 98304x1024", 2.0 * scores.nbytes(), 0, [&] { ops::softmax(scores, -1); }));
+  rows.push_back(measure("add bf16 16384x3072", 3.0 * wide.nbytes(), 0, [&] { ops::add(wide, wide); }));
+  {
+    // AdamW's elementwise core on 124M f32 parameters: p, g, m, v read; p, m, v written.
+    const int64_t n = 124'439'808;
+    Tensor p = random_gpu({n}, DType::f32, 11), g = random_gpu({n}, DType::f32, 12);
+    Tensor m = random_gpu({n}, DType::f32, 13), v = random_gpu({n}, DType::f32, 14, 0.1, 1);
+    rows.push_back(measure("adamw-style addcdiv_ f32 124M", 4.0 * p.nbytes(), 0, [&] {
+      ops::addcdiv_(p, m, v, -1e-3);
+    }));
+  }
+  {
+    Tensor logits = random_gpu({8192, 50304}, DType::bf16, 15);
+    Tensor targets = core::randint(0, 50257, {8192}, TensorOptions(DType::i64, gpu));
+    rows.push_back(measure("cross_entropy fwd bf16 8192x50304", static_cast<double>(logits.nbytes()), 0,
+                           [&] { ops::cross_entropy(logits, targets); }));
+  }
+  // ---- attention (B8, H12, T1024, D64, causal, bf16): forward + backward
+  {
+    autograd::EnableGradGuard grad;
+    const int64_t B = 8, H = 12, T = 1024, D = 64;
+    Tensor q = random_gpu({B, H, T, D}, DType::bf16, 16).set_requires_grad(true);
+    Tensor k = random_gpu({B, H, T, D}, DType::bf16, 17).set_requires_grad(true);
+    Tensor v = random_gpu({B, H, T, D}, DType::bf16, 18).set_requires_grad(true);
+    Tensor grad_out = random_gpu({B, H, T, D}, DType::bf16, 19);
+    // Causal: half of the 4 B H T^2 D forward FLOPs; backward is 2.5x forward.
+    const double fwd_flops = 4.0 * B * H * T * T * D / 2;
+    rows.push_back(measure("attention fwd+bwd causal bf16 B8 H12 T1024 D64", 0, 3.5 * fwd_flops, [&] {
+      Tensor out = ops::scaled_dot_product_attention(q, k, v, {.causal = true});
+      autograd::backward(out, grad_out);
+    }));
+  }
+
+  std::printf("\ncolossal GPU kernels on %s (%d SMs)\n", props.name.c_str(), props.multiprocessor_count);
+  std::printf("ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n\n", copy_gbs, gemm_tflops);
+  std::printf("%-48s %10s %12s %10s\n", "kernel", "ms", "achieved", "% ceiling");
+  for (const Row& r : rows) {
+    if (!r.error.empty()) {
+      std::printf("%-48s %10s %s\n", r.name.c_str(), "n/a", r.error.c_str());
+      continue;
+    }
+    if (r.flops > 0) {
+      const double tflops = r.flops / (r.ms * 1e-3) / 1e12;
+      std::printf("%-48s %10.3f %7.1f TF/s %9.1f%%\n", r.name.c_str(), r.ms, tflops, gemm_tflops > 0 ? 100 * tflops / gemm_tflops : 0);
+    } else {
+      const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
+      std::printf("%-48s %10.3f %7.0f GB/s %9.1f%%\n", r.name.c_str(), r.ms, gbs, 100 * gbs / copy_gbs);
+    }
+  }
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f) {
+      std::fprintf(f, "[\n");
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const Row& r = rows[i];
+        std::fprintf(f, "  {\"name\": \"%s\", \"ms\": %.6f, \"bytes\": %.0f, \"flops\": %.0f, \"error\": %s}%s\n", r.name.c_str(),
+                     r.ms, r.bytes, r.flops, r.error.empty() ? "null" : "\"missing\"", i + 1 < rows.size() ? "," : "");
+      }
+      std::fprintf(f, "]\n");
+      std::fclose(f);
+    }
+  }
+  return 0;
+}
