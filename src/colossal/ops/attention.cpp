@@ -1,0 +1,114 @@
+// scaled_dot_product_attention: shape checks, broadcasting of the batch (and head) dimensions, and
+// autograd through the fused forward and backward kernels of ops/nn_kernels.h. The forward saves
+// only each query row's logsumexp; the backward recomputes the probabilities from it, as flash
+// attention does, so memory stays O(T) per row instead of O(Tq * Tk).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "colossal/autograd/function.h"  // record
+#include "colossal/core/view.h"          // expand_raw, contiguous_raw, broadcast_shapes
+#include "colossal/ops/nn_functional.h"
+#include "colossal/ops/nn_kernels.h"
+#include "colossal/ops/reduction.h"  // sum_to
+
+namespace colossal::ops {
+
+constinit core::DispatchStub<AttentionForwardKernel> attention_forward_stub("attention_forward");
+constinit core::DispatchStub<AttentionBackwardKernel> attention_backward_stub("attention_backward");
+
+namespace {
+
+Shape batch_shape(const Tensor& t) {
+  return Shape(t.shape().begin(), t.shape().end() - 2);
+}
+
+/// Whether the shapes broadcast together: aligned from the right, each dimension's sizes other
+/// than 1 agree.
+bool batches_broadcast(const std::vector<Shape>& shapes) {
+  size_t rank = 0;
+  for (const Shape& s : shapes) rank = std::max(rank, s.size());
+  for (size_t i = 1; i <= rank; ++i) {
+    int64_t size = 1;
+    for (const Shape& s : shapes) {
+      if (i > s.size() || s[s.size() - i] == 1) continue;
+      if (size != 1 && s[s.size() - i] != size) return false;
+      size = s[s.size() - i];
+    }
+  }
+  return true;
+}
+
+/// t [..., T, D] expanded (a view) to the common batch shape.
+Tensor expand_batch(const Tensor& t, const Shape& batch) {
+  Shape full = batch;
+  full.insert(full.end(), {t.size(-2), t.size(-1)});
+  return core::expand_raw(t, full);
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& options) {
+  const char* op = "scaled_dot_product_attention";
+  COLOSSAL_CHECK(q.defined() && k.defined() && v.defined(), "{}: q, k and v must be defined tensors", op);
+  for (const Tensor* t : {&q, &k, &v}) {
+    COLOSSAL_CHECK(core::is_floating(t->dtype()),
+                   "{}: expected floating q, k, v (f32, f64, f16, bf16), got {}, {}, {}; convert with .to(DType::f32)",
+                   op, q.dtype(), k.dtype(), v.dtype());
+  }
+  COLOSSAL_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "{}: q, k and v must share a dtype, got {}, {}, {}",
+                 op, q.dtype(), k.dtype(), v.dtype());
+  COLOSSAL_CHECK(q.device() == k.device() && q.device() == v.device(),
+                 "{}: q, k and v must be on one device, got {}, {}, {}", op, q.device(), k.device(), v.device());
+  COLOSSAL_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2,
+                 "{}: q, k and v need at least 2 dimensions [..., T, D], got q {}, k {}, v {}", op, q.shape(),
+                 k.shape(), v.shape());
+  COLOSSAL_CHECK(q.size(-1) == k.size(-1), "{}: q {} and k {} must have the same head dimension (last), {} vs {}", op,
+                 q.shape(), k.shape(), q.size(-1), k.size(-1));
+  COLOSSAL_CHECK(k.size(-2) == v.size(-2),
+                 "{}: k {} and v {} must have the same sequence length (second-to-last), {} vs {}", op, k.shape(),
+                 v.shape(), k.size(-2), v.size(-2));
+  COLOSSAL_CHECK(batches_broadcast({batch_shape(q), batch_shape(k), batch_shape(v)}),
+                 "{}: the batch dimensions of q {}, k {} and v {} cannot be broadcast together", op, q.shape(),
+                 k.shape(), v.shape());
+  const Shape batch =
+      core::broadcast_shapes(core::broadcast_shapes(batch_shape(q), batch_shape(k), op), batch_shape(v), op);
+  const int64_t head_dim = q.size(-1), tq = q.size(-2), dv = v.size(-1);
+  COLOSSAL_CHECK(options.scale.has_value() || head_dim > 0,
+                 "{}: the default scale 1 / sqrt(head_dim) needs head_dim > 0, got q {}", op, q.shape());
+  AttentionParams params;
+  params.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  params.causal = options.causal;
+
+  const Tensor qb = expand_batch(q, batch);
+  const Tensor kb = expand_batch(k, batch);
+  const Tensor vb = expand_batch(v, batch);
+  const DType stat_dtype = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Shape out_shape = batch, lse_shape = batch;
+  out_shape.insert(out_shape.end(), {tq, dv});
+  lse_shape.push_back(tq);
+  Tensor out = core::empty(out_shape, TensorOptions(q.dtype(), q.device()));
+  Tensor lse = core::empty(lse_shape, TensorOptions(stat_dtype, q.device()));
+  if (out.numel() > 0) attention_forward_stub(q.device(), out, lse, qb, kb, vb, params);
+
+  autograd::record("scaled_dot_product_attention", {q, k, v}, {out},
+                   [qb = qb.detach(), kb = kb.detach(), vb = vb.detach(), out = out.detach(), lse = lse.detach(),
+                    params, q_shape = q.shape(), k_shape = k.shape(),
+                    v_shape = v.shape()](const std::vector<Tensor>& grads, const autograd::Node& node) {
+                     const TensorOptions options(qb.dtype(), qb.device());
+                     Tensor grad_q = core::empty(qb.shape(), options);
+                     Tensor grad_k = core::empty(kb.shape(), options);
+                     Tensor grad_v = core::empty(vb.shape(), options);
+                     const Tensor grad_out = core::contiguous_raw(grads[0]);
+                     attention_backward_stub(qb.device(), grad_q, grad_k, grad_v, grad_out, qb, kb, vb, out, lse,
+                                             params);
+                     // The kernel's gradients are per broadcast batch entry; sum them back onto each input's shape.
+                     return std::vector<Tensor>{node.needs_input_grad(0) ? sum_to(grad_q, q_shape) : Tensor(),
+                                                node.needs_input_grad(1) ? sum_to(grad_k, k_shape) : Tensor(),
+                                                node.needs_input_grad(2) ? sum_to(grad_v, v_shape) : Tensor()};
+                   });
+  return out;
+}
+
+}  // namespace colossal::ops

@@ -1,0 +1,185 @@
+// matmul, bmm and linear: their shape rules and backward formulas, all computed by the one batched
+// GEMM stub (ops/linalg_kernels.h). Backward: dA = dC B^T and dB = A^T dC, summed over the batch
+// dimensions an operand was broadcast along.
+#include "colossal/ops/linalg.h"
+
+#include <algorithm>
+
+#include "colossal/autograd/function.h"  // record
+#include "colossal/core/view.h"          // expand_raw, transpose_raw, try_view, broadcast_shapes
+#include "colossal/ops/linalg_kernels.h"
+#include "colossal/ops/reduction.h"  // sum, sum_to
+
+namespace colossal::ops {
+
+constinit core::DispatchStub<BatchedGemmKernel> batched_gemm_stub("batched_gemm");
+
+namespace {
+
+using autograd::Node;
+
+void check_floating_pair(const char* op, const Tensor& a, const char* a_name, const Tensor& b, const char* b_name) {
+  COLOSSAL_CHECK(a.defined() && b.defined(), "{}: {} and {} must be defined tensors", op, a_name, b_name);
+  COLOSSAL_CHECK(
+      core::is_floating(a.dtype()) && core::is_floating(b.dtype()),
+      "{}: expected floating tensors (f32, f64, f16, bf16), got {} {} and {} {}; convert with .to(DType::f32)", op,
+      a_name, a.dtype(), b_name, b.dtype());
+  COLOSSAL_CHECK(a.dtype() == b.dtype(), "{}: {} is {} but {} is {}; convert one so the dtypes match", op, a_name,
+                 a.dtype(), b_name, b.dtype());
+  COLOSSAL_CHECK(a.device() == b.device(), "{}: {} is on {} but {} is on {}", op, a_name, a.device(), b_name,
+                 b.device());
+}
+
+/// A view with the new shape when the strides allow one, else a contiguous copy.
+Tensor reshape_raw(const Tensor& t, const Shape& shape) {
+  Tensor v = core::try_view(t, shape);
+  return v.defined() ? v : core::view_raw(core::contiguous_raw(t), shape);
+}
+
+Tensor transpose_last(const Tensor& t) {
+  return core::transpose_raw(t, -1, -2);
+}
+
+/// t as a matrix [product of all but the last dimension, last dimension].
+Tensor flatten_to_matrix(const Tensor& t) {
+  return reshape_raw(t, {core::shape_numel(Shape(t.shape().begin(), t.shape().end() - 1)), t.size(-1)});
+}
+
+Shape batch_shape(const Tensor& t) {
+  return Shape(t.shape().begin(), t.shape().end() - 2);
+}
+
+/// The broadcast of the batch dimensions of a and b, which are at least 2-D views of the operands
+/// the user passed as user_a and user_b (named in the error).
+Shape broadcast_batches(const char* op, const Tensor& a, const Tensor& b, const Tensor& user_a, const Tensor& user_b) {
+  const Shape a_batch = batch_shape(a), b_batch = batch_shape(b);
+  for (size_t i = 1; i <= std::min(a_batch.size(), b_batch.size()); ++i) {
+    const int64_t x = a_batch[a_batch.size() - i], y = b_batch[b_batch.size() - i];
+    COLOSSAL_CHECK(x == y || x == 1 || y == 1,
+                   "{}: batch dimensions {} of a {} and {} of b {} cannot be broadcast together", op, a_batch,
+                   user_a.shape(), b_batch, user_b.shape());
+  }
+  return core::broadcast_shapes(a_batch, b_batch, op);
+}
+
+/// a [..., M, K] times b [..., K, N] with the batch dimensions broadcast; not recorded.
+Tensor gemm(const Tensor& a, const Tensor& b) {
+  Shape batch = core::broadcast_shapes(batch_shape(a), batch_shape(b), "matmul");
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  Shape a_shape = batch, b_shape = batch, out_shape = batch;
+  a_shape.insert(a_shape.end(), {m, k});
+  b_shape.insert(b_shape.end(), {k, n});
+  out_shape.insert(out_shape.end(), {m, n});
+  Tensor out = core::empty(out_shape, TensorOptions(a.dtype(), a.device()));
+  batched_gemm_stub(out.device(), out, core::expand_raw(a, a_shape), core::expand_raw(b, b_shape), 0.0);
+  return out;
+}
+
+/// Computes a_mat @ b_mat (matrices or batches of them: views of the user's a and b) and records
+/// the backward for a and b, whose shapes the gradients are reshaped back to.
+Tensor matrix_product(const char* name, const Tensor& a, const Tensor& b, const Tensor& a_mat, const Tensor& b_mat,
+                      const Shape& out_shape) {
+  Tensor out_mat = gemm(a_mat, b_mat);
+  Tensor out = core::view_raw(out_mat, out_shape);
+  if (out.is_same(out_mat)) out = out.detach();
+  autograd::record(name, {a, b}, {out},
+                   [a_shape = a.shape(), b_shape = b.shape(), a_mat = a_mat.detach(), b_mat = b_mat.detach(),
+                    out_mat_shape = out_mat.shape()](const std::vector<Tensor>& grads, const Node& node) {
+                     const Tensor grad = reshape_raw(grads[0], out_mat_shape);
+                     Tensor grad_a, grad_b;
+                     if (node.needs_input_grad(0)) {
+                       grad_a = reshape_raw(sum_to(gemm(grad, transpose_last(b_mat)), a_mat.shape()), a_shape);
+                     }
+                     if (node.needs_input_grad(1)) {
+                       grad_b = reshape_raw(sum_to(gemm(transpose_last(a_mat), grad), b_mat.shape()), b_shape);
+                     }
+                     return std::vector<Tensor>{grad_a, grad_b};
+                   });
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_floating_pair("matmul", a, "a", b, "b");
+  COLOSSAL_CHECK(a.dim() >= 1 && b.dim() >= 1,
+                 "matmul: both operands need at least one dimension, got a {} and b {}; use mul for scalars", a.shape(),
+                 b.shape());
+  const int64_t a_inner = a.size(-1);
+  const int64_t b_inner = b.dim() == 1 ? b.size(0) : b.size(-2);
+  COLOSSAL_CHECK(a_inner == b_inner,
+                 "matmul: inner dimensions differ: a {} @ b {} (a's last dimension is {}, b's {} is {})", a.shape(),
+                 b.shape(), a_inner, b.dim() == 1 ? "only dimension" : "second-to-last dimension", b_inner);
+
+  // The output drops the row dimension a 1-D a was given and the column dimension of a 1-D b.
+  Shape out_shape;
+  if (a.dim() >= 3 && b.dim() <= 2) {
+    // Fold a's batch dimensions into its rows: one GEMM, and b's gradient needs no batch reduction.
+    const Tensor a_mat = flatten_to_matrix(a);
+    const Tensor b_mat = b.dim() == 1 ? core::unsqueeze_raw(b, 1) : b;
+    out_shape.assign(a.shape().begin(), a.shape().end() - 1);
+    if (b.dim() == 2) out_shape.push_back(b.size(1));
+    return matrix_product("matmul", a, b, a_mat, b_mat, out_shape);
+  }
+  const Tensor a_mat = a.dim() == 1 ? core::unsqueeze_raw(a, 0) : a;
+  const Tensor b_mat = b.dim() == 1 ? core::unsqueeze_raw(b, 1) : b;
+  out_shape = broadcast_batches("matmul", a_mat, b_mat, a, b);
+  if (a.dim() > 1) out_shape.push_back(a.size(-2));
+  if (b.dim() > 1) out_shape.push_back(b.size(-1));
+  return matrix_product("matmul", a, b, a_mat, b_mat, out_shape);
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  check_floating_pair("bmm", a, "a", b, "b");
+  COLOSSAL_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D operands [B, M, K] and [B, K, N], got a {} and b {}",
+                 a.shape(), b.shape());
+  COLOSSAL_CHECK(a.size(0) == b.size(0), "bmm: batch sizes differ: a {} and b {} (bmm does not broadcast; use matmul)",
+                 a.shape(), b.shape());
+  COLOSSAL_CHECK(a.size(2) == b.size(1), "bmm: inner dimensions differ: a {} @ b {} ({} vs {})", a.shape(), b.shape(),
+                 a.size(2), b.size(1));
+  return matrix_product("bmm", a, b, a, b, {a.size(0), a.size(1), b.size(2)});
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_floating_pair("linear", x, "input", weight, "weight");
+  COLOSSAL_CHECK(weight.dim() == 2, "linear: weight must be [out_features, in_features], got shape {}", weight.shape());
+  COLOSSAL_CHECK(x.dim() >= 1, "linear: input must have at least one dimension, got shape {}", x.shape());
+  const int64_t in_features = weight.size(1), out_features = weight.size(0);
+  COLOSSAL_CHECK(x.size(-1) == in_features,
+                 "linear: input {} has {} features in its last dimension but weight {} expects {}", x.shape(),
+                 x.size(-1), weight.shape(), in_features);
+  if (bias.defined()) {
+    check_floating_pair("linear", x, "input", bias, "bias");
+    COLOSSAL_CHECK(bias.dim() == 1 && bias.size(0) == out_features,
+                   "linear: bias must be [{}] to match weight {}, got shape {}", out_features, weight.shape(),
+                   bias.shape());
+  }
+
+  const Tensor x_mat = flatten_to_matrix(x);
+  const int64_t rows = x_mat.size(0);
+  Tensor out_mat = core::empty({rows, out_features}, TensorOptions(x.dtype(), x.device()));
+  double beta = 0.0;
+  if (bias.defined()) {  // the bias goes into the output first and the GEMM accumulates onto it
+    out_mat.copy_(core::expand_raw(bias, {rows, out_features}));
+    beta = 1.0;
+  }
+  batched_gemm_stub(x.device(), out_mat, x_mat, transpose_last(weight), beta);
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(out_features);
+  Tensor out = core::view_raw(out_mat, out_shape);
+  if (out.is_same(out_mat)) out = out.detach();
+
+  autograd::record("linear", {x, weight, bias}, {out},
+                   [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows](
+                       const std::vector<Tensor>& grads, const Node& node) {
+                     const Tensor grad = reshape_raw(grads[0], {rows, weight.size(0)});
+                     Tensor grad_x, grad_weight, grad_bias;
+                     if (node.needs_input_grad(0)) grad_x = reshape_raw(gemm(grad, weight), x_shape);
+                     if (node.needs_input_grad(1)) grad_weight = gemm(transpose_last(grad), x_mat);
+                     if (node.needs_input_grad(2)) grad_bias = sum(grad, {0});
+                     return std::vector<Tensor>{grad_x, grad_weight, grad_bias};
+                   });
+  return out;
+}
+
+}  // namespace colossal::ops

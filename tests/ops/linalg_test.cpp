@@ -1,0 +1,227 @@
+// matmul, bmm and linear: gradient checks for every operand-rank case, values derived by hand,
+// transposed and strided operands, f32/f64 and half-precision agreement, and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "gradcheck.h"
+
+namespace colossal {
+namespace {
+
+using testing::check_gradients;
+using testing::expect_close;
+using testing::expect_values;
+using testing::random_leaf;
+using testing::random_tensor;
+
+/// Gradient check of matmul for operands of the given shapes.
+void check_matmul(const Shape& a_shape, const Shape& b_shape) {
+  SCOPED_TRACE(fmt::format("a {} @ b {}", a_shape, b_shape));
+  check_gradients({.make_inputs =
+                       [=] {
+                         return std::vector<Tensor>{random_leaf(a_shape, 1), random_leaf(b_shape, 2)};
+                       },
+                   .fn = [](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1]); }});
+}
+
+TEST(GradCheck, matmul) {
+  check_matmul({3, 4}, {4, 5});
+}
+TEST(GradCheck, matmul_batched_broadcast) {
+  check_matmul({2, 1, 3, 4}, {3, 4, 2});  // batch [2, 1] against [3]
+  check_matmul({3, 4}, {2, 4, 5});        // a 2-D a broadcast over b's batch
+  check_matmul({2, 3, 4}, {4, 5});        // a's batch folded into its rows
+}
+TEST(GradCheck, matmul_vector) {
+  check_matmul({4}, {4});        // dot product
+  check_matmul({3, 4}, {4});     // matrix-vector
+  check_matmul({4}, {4, 5});     // vector-matrix
+  check_matmul({4}, {2, 4, 5});  // vector against a batch
+  check_matmul({2, 3, 4}, {4});  // batch against a vector
+}
+TEST(GradCheck, matmul_transposed_operands) {
+  // Transposed views go to BLAS as transpose flags; the gradients must land in the right layout.
+  check_gradients({.make_inputs =
+                       [] {
+                         return std::vector<Tensor>{random_leaf({4, 3}, 3), random_leaf({5, 4}, 4)};
+                       },
+                   .fn = [](const std::vector<Tensor>& in) { return ops::matmul(in[0].t(), in[1].t()); }});
+}
+TEST(GradCheck, bmm) {
+  check_gradients({.make_inputs =
+                       [] {
+                         return std::vector<Tensor>{random_leaf({2, 3, 4}, 5), random_leaf({2, 4, 2}, 6)};
+                       },
+                   .fn = [](const std::vector<Tensor>& in) { return ops::bmm(in[0], in[1]); }});
+}
+TEST(GradCheck, linear) {
+  check_gradients(
+      {.make_inputs =
+           [] {
+             return std::vector<Tensor>{random_leaf({2, 3, 4}, 7), random_leaf({5, 4}, 8), random_leaf({5}, 9)};
+           },
+       .fn = [](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2]); }});
+}
+TEST(GradCheck, linear_without_bias) {
+  check_gradients({.make_inputs =
+                       [] {
+                         return std::vector<Tensor>{random_leaf({4}, 10), random_leaf({3, 4}, 11)};
+                       },
+                   .fn = [](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1]); }});
+}
+
+TEST(Matmul, KnownValues) {
+  // [[1, 2, 3], [4, 5, 6]] @ [[7, 8], [9, 10], [11, 12]], by hand:
+  // row 0: 1*7 + 2*9 + 3*11 = 58, 1*8 + 2*10 + 3*12 = 64; row 1: 139, 154.
+  Tensor a = core::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = core::from_vector<float>({7, 8, 9, 10, 11, 12}, {3, 2});
+  Tensor c = ops::matmul(a, b);
+  EXPECT_EQ(c.shape(), (Shape{2, 2}));
+  expect_values(c, {58, 64, 139, 154});
+  // Dot product: 1*7 + 2*8 + 3*9 = 50, a 0-d result.
+  Tensor dot = ops::matmul(core::from_vector<double>({1, 2, 3}, {3}), core::from_vector<double>({7, 8, 9}, {3}));
+  EXPECT_EQ(dot.dim(), 0);
+  EXPECT_EQ(dot.item<double>(), 50.0);
+  // Matrix-vector: [[1, 2, 3], [4, 5, 6]] @ [1, 0, -1] = [1 - 3, 4 - 6] = [-2, -2].
+  Tensor mv = ops::matmul(a, core::from_vector<float>({1, 0, -1}, {3}));
+  EXPECT_EQ(mv.shape(), (Shape{2}));
+  expect_values(mv, {-2, -2});
+}
+
+TEST(Matmul, KnownGradients) {
+  // C = A B with dC = ones: dA = ones @ B^T (row sums of B, repeated), dB = A^T @ ones (column
+  // sums of A, repeated). B's rows sum to 15, 19, 23; A's columns sum to 5, 7, 9.
+  Tensor a = core::from_vector<double>({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = core::from_vector<double>({7, 8, 9, 10, 11, 12}, {3, 2});
+  a.set_requires_grad(true);
+  b.set_requires_grad(true);
+  autograd::backward(ops::sum(ops::matmul(a, b)));
+  expect_values(a.grad(), {15, 19, 23, 15, 19, 23});
+  expect_values(b.grad(), {5, 5, 7, 7, 9, 9});
+}
+
+TEST(Matmul, BroadcastBatchShapes) {
+  // [2, 1, 3, 4] @ [5, 4, 6] -> [2, 5, 3, 6]; every batch entry equals its 2-D product.
+  Tensor a = random_tensor({2, 1, 3, 4}, 20);
+  Tensor b = random_tensor({5, 4, 6}, 21);
+  Tensor c = ops::matmul(a, b);
+  ASSERT_EQ(c.shape(), (Shape{2, 5, 3, 6}));
+  for (int64_t i = 0; i < 2; ++i) {
+    for (int64_t j = 0; j < 5; ++j) {
+      // f64 GEMM of length-4 dot products: rounding is a few ulp of O(1) values (1e-16); 1e-12 is margin.
+      expect_close(c.select(0, i).select(0, j), ops::matmul(a.select(0, i).select(0, 0), b.select(0, j)), 1e-12, 0,
+                   fmt::format("batch ({}, {})", i, j));
+    }
+  }
+}
+
+TEST(Matmul, StridedOperandsMatchContiguous) {
+  // A transposed view (transpose flag), a column slice (leading dimension > columns) and a step
+  // along the last dimension (packed) all give the product of their contiguous copies.
+  Tensor base = random_tensor({6, 8}, 30);
+  Tensor b = random_tensor({4, 3}, 31);
+  const std::vector<Tensor> lhs = {base.t().slice(0, 0, 5).slice(1, 0, 4),  // transposed
+                                   base.slice(1, 2, 6),                     // ld = 8 > 4 columns
+                                   base.slice(1, 0, 8, 2)};                 // column stride 2
+  for (const Tensor& a : lhs) {
+    // f64, length-4 dot products of O(1) values: 1e-12 is far above rounding (1e-16).
+    expect_close(ops::matmul(a, b), ops::matmul(a.contiguous(), b), 1e-12, 0, fmt::format("a {}", a.strides()));
+  }
+}
+
+TEST(Matmul, F32AgreesWithF64) {
+  Tensor a = random_tensor({2, 7, 33}, 40);
+  Tensor b = random_tensor({33, 9}, 41);
+  Tensor reference = ops::matmul(a, b);
+  // f32 dot products of 33 terms in [-1, 1): error ~ sqrt(33) * 6e-8 * |terms|, below 1e-5.
+  expect_close(ops::matmul(a.to(DType::f32), b.to(DType::f32)), reference, 1e-5, 1e-5, "f32");
+}
+
+TEST(Matmul, HalfPrecisionWithinTolerance) {
+  Tensor a = random_tensor({3, 16}, 50);
+  Tensor b = random_tensor({16, 5}, 51);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    // The inputs are rounded to the half type (relative 2^-11 for f16, 2^-8 for bf16), the GEMM runs
+    // in f32 and the result is rounded again. Compare against the f64 product of the rounded inputs:
+    // the only error left is the final rounding, |c| * 2^-8 <= 16 * 0.004 for bf16, so 0.07 (f16: 0.01).
+    Tensor ah = a.to(dtype), bh = b.to(dtype);
+    Tensor c = ops::matmul(ah, bh);
+    EXPECT_EQ(c.dtype(), dtype);
+    const double tolerance = dtype == DType::bf16 ? 0.07 : 0.01;
+    expect_close(c, ops::matmul(ah.to(DType::f64), bh.to(DType::f64)), tolerance, 0,
+                 std::string(core::dtype_name(dtype)));
+  }
+}
+
+TEST(Linear, KnownValuesAndShape) {
+  // x [1, 2] times W [[1, 0], [0, 1], [1, 1]] transposed plus b [0.5, -0.5, 0]:
+  // [1 + 0.5, 2 - 0.5, 3 + 0] = [1.5, 1.5, 3].
+  Tensor x = core::from_vector<float>({1, 2}, {1, 1, 2});
+  Tensor w = core::from_vector<float>({1, 0, 0, 1, 1, 1}, {3, 2});
+  Tensor b = core::from_vector<float>({0.5f, -0.5f, 0}, {3});
+  Tensor y = ops::linear(x, w, b);
+  EXPECT_EQ(y.shape(), (Shape{1, 1, 3}));
+  expect_values(y, {1.5, 1.5, 3});
+}
+
+TEST(Linear, MatchesMatmulInHalfPrecision) {
+  Tensor x = random_tensor({4, 8}, 60, -1, 1, DType::bf16);
+  Tensor w = random_tensor({3, 8}, 61, -1, 1, DType::bf16);
+  Tensor b = random_tensor({3}, 62, -1, 1, DType::bf16);
+  Tensor y = ops::linear(x, w, b);
+  Tensor reference = ops::add(ops::matmul(x.to(DType::f64), w.to(DType::f64).t()), b.to(DType::f64));
+  // One bf16 rounding of values |y| <= 9: 9 * 2^-8 = 0.035; 0.05 leaves margin.
+  expect_close(y, reference, 0.05, 0, "bf16 linear");
+}
+
+TEST(Bmm, MatchesPerBatchMatmul) {
+  Tensor a = random_tensor({3, 2, 5}, 70);
+  Tensor b = random_tensor({3, 5, 4}, 71);
+  Tensor c = ops::bmm(a, b);
+  ASSERT_EQ(c.shape(), (Shape{3, 2, 4}));
+  for (int64_t i = 0; i < 3; ++i) {
+    // f64 length-5 dot products: rounding ~1e-16, 1e-12 is margin.
+    expect_close(c.select(0, i), ops::matmul(a.select(0, i), b.select(0, i)), 1e-12, 0);
+  }
+}
+
+TEST(Bmm, ManyBatchesReuseBuffers) {
+  // 64 products of 16 x 16 matrices; bf16 goes through conversion buffers reused batch after
+  // batch. Each must equal its own 2-D product.
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Tensor a = random_tensor({64, 16, 16}, 80, -1, 1, dtype);
+    Tensor b = random_tensor({64, 16, 16}, 81, -1, 1, dtype);
+    Tensor c = ops::bmm(a, b);
+    for (int64_t i = 0; i < 64; i += 9) {
+      // The same inputs through the same f32 GEMM on one matrix: identical up to BLAS blocking, so
+      // f32 rounding of 16-term sums (1e-6) bounds the difference; bf16 outputs may then round to
+      // neighbouring values, one ulp of |c| <= 16 at 2^-8: 0.07.
+      expect_close(c.select(0, i), ops::matmul(a.select(0, i), b.select(0, i)), dtype == DType::f32 ? 1e-5 : 0.07, 0,
+                   fmt::format("{} batch {}", core::dtype_name(dtype), i));
+    }
+  }
+}
+
+TEST(Matmul, EmptyInnerDimensionGivesZeros) {
+  Tensor c = ops::matmul(core::ones({2, 0}), core::ones({0, 3}));
+  EXPECT_EQ(c.shape(), (Shape{2, 3}));
+  expect_values(c, {0, 0, 0, 0, 0, 0});
+}
+
+TEST(Matmul, BadInput) {
+  EXPECT_ERROR_CONTAINS(ops::matmul(core::ones({2, 3}), core::ones({4, 5})), "[2, 3]");
+  EXPECT_ERROR_CONTAINS(ops::matmul(core::ones({2, 3}), core::ones({4, 5})), "[4, 5]");
+  EXPECT_ERROR_CONTAINS(ops::matmul(core::ones({2, 3}, DType::i64), core::ones({3, 2}, DType::i64)), "i64");
+  EXPECT_ERROR_CONTAINS(ops::matmul(core::ones({2, 3}), core::ones({3, 2}, DType::f64)), "f64");
+  EXPECT_ERROR_CONTAINS(ops::matmul(core::ones({2, 3, 4}), core::ones({3, 4, 5})), "[2]");  // batches [2] vs [3]
+  EXPECT_ERROR_CONTAINS(ops::matmul(core::scalar_tensor(1.0), core::ones({2})), "at least one dimension");
+  EXPECT_ERROR_CONTAINS(ops::bmm(core::ones({2, 3, 4}), core::ones({3, 4, 5})), "batch sizes differ");
+  EXPECT_ERROR_CONTAINS(ops::bmm(core::ones({3, 4}), core::ones({4, 5})), "3-D");
+  EXPECT_ERROR_CONTAINS(ops::linear(core::ones({2, 3}), core::ones({4, 5})), "[4, 5]");
+  EXPECT_ERROR_CONTAINS(ops::linear(core::ones({2, 5}), core::ones({4, 5}), core::ones({3})), "bias");
+  EXPECT_ERROR_CONTAINS(ops::linear(core::ones({2, 5}, DType::i32), core::ones({4, 5}, DType::i32)), "i32");
+}
+
+}  // namespace
+}  // namespace colossal
