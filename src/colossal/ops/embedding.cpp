@@ -1,0 +1,53 @@
+// embedding: input checks, the flattened [n, dim] layout the kernels work on, and autograd through
+// the deterministic scatter-add backward kernel (ops/loss_kernels.h).
+#include "colossal/autograd/function.h"  // record
+#include "colossal/core/view.h"          // contiguous_raw, view_raw
+#include "colossal/ops/loss_kernels.h"
+#include "colossal/ops/nn_functional.h"
+
+namespace colossal::ops {
+
+constinit core::DispatchStub<EmbeddingForwardKernel> embedding_forward_stub("embedding_forward");
+constinit core::DispatchStub<EmbeddingBackwardKernel> embedding_backward_stub("embedding_backward");
+
+Tensor embedding(const Tensor& indices, const Tensor& weight, int64_t padding_idx) {
+  COLOSSAL_CHECK(indices.defined() && weight.defined(), "embedding: indices and weight must be defined");
+  COLOSSAL_CHECK(indices.dtype() == DType::i32 || indices.dtype() == DType::i64,
+                 "embedding: indices must be i32 or i64, got {} of shape {}", indices.dtype(), indices.shape());
+  COLOSSAL_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, dim], got shape {}", weight.shape());
+  COLOSSAL_CHECK(core::is_floating(weight.dtype()),
+                 "embedding: weight must be floating (f32, f64, f16, bf16), got {} of shape {}", weight.dtype(),
+                 weight.shape());
+  COLOSSAL_CHECK(indices.device() == weight.device(), "embedding: indices are on {} but weight is on {}",
+                 indices.device(), weight.device());
+  const int64_t num_embeddings = weight.shape()[0];
+  const int64_t dim = weight.shape()[1];
+  // Negative padding_idx means "no padding row" (the default -1), as documented in the header.
+  COLOSSAL_CHECK(padding_idx < num_embeddings,
+                 "embedding: padding_idx {} is out of range for num_embeddings {} (valid: 0..{}, or negative for none)",
+                 padding_idx, num_embeddings, num_embeddings - 1);
+
+  const Tensor flat_indices = core::contiguous_raw(indices);
+  Shape out_shape = indices.shape();
+  out_shape.push_back(dim);
+  Tensor out = core::empty(out_shape, TensorOptions(weight.dtype(), weight.device()));
+  if (indices.numel() > 0) {  // with dim == 0 the indices are still checked
+    embedding_forward_stub(weight.device(), core::view_raw(out, {indices.numel(), dim}), flat_indices, weight);
+  }
+
+  autograd::record("embedding", {weight}, {out},
+                   [saved_indices = flat_indices.detach(), weight_shape = weight.shape(), dtype = weight.dtype(),
+                    device = weight.device(), padding_idx](const std::vector<Tensor>& grads, const autograd::Node&) {
+                     const int64_t n = saved_indices.numel();
+                     const Tensor grad_out = core::contiguous_raw(grads[0]);
+                     Tensor grad_weight = core::empty(weight_shape, TensorOptions(dtype, device));
+                     if (grad_weight.numel() > 0) {
+                       embedding_backward_stub(device, grad_weight, core::view_raw(grad_out, {n, weight_shape[1]}),
+                                               saved_indices, padding_idx);
+                     }
+                     return std::vector<Tensor>{grad_weight};
+                   });
+  return out;
+}
+
+}  // namespace colossal::ops
