@@ -25,7 +25,7 @@ struct Row {
 /// Median over `reps` timed calls (after warm-up), in milliseconds, timed with CUDA events.
 double time_ms(const std::function<void()>& fn, int reps = 20) {
   const Device gpu = core::cuda_device(0);
-  const Stream stream = core::cuda::current_stream(gpu);
+  const core::Stream stream = core::cuda::current_stream(gpu);
   for (int i = 0; i < 3; ++i) fn();
   std::vector<double> samples;
   for (int i = 0; i < reps; ++i) {

@@ -1,0 +1,72 @@
+// The colossal program. `colossal info` says what this build was compiled with; `colossal train`
+// runs the built-in training job (for now the synthetic MLP of train_mlp.h, on the CPU).
+#include <cblas.h>  // openblas_get_config, openblas_get_num_threads
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+
+#include "colossal/cli/train_mlp.h"
+#include "colossal/core/build_config.h"  // COLOSSAL_VERSION, COLOSSAL_WITH_*
+#include "colossal/core/error.h"         // colossal::Error
+
+namespace colossal::cli {
+namespace {
+
+const char* on_off(bool on) {
+  return on ? "yes" : "no";
+}
+
+void print_info() {
+  fmt::print("colossal {}\n", COLOSSAL_VERSION);
+  fmt::print("engines: cpu yes, cuda {}, nccl {}, mpi {}\n", on_off(COLOSSAL_WITH_CUDA), on_off(COLOSSAL_WITH_NCCL),
+             on_off(COLOSSAL_WITH_MPI));
+  fmt::print("openmp threads: {}\n", omp_get_max_threads());
+  fmt::print("blas: {} ({} threads)\n", openblas_get_config(), openblas_get_num_threads());
+}
+
+void run_train(const MlpTrainConfig& config) {
+  fmt::print(
+      "train: 2-layer MLP {} -> {} -> {} on teacher-labelled Gaussian points; SGD lr {}, batch {}, {} steps, "
+      "seed {}\n",
+      config.input_dim, config.hidden, config.num_classes, config.lr, config.batch_size, config.steps, config.seed);
+  const MlpTrainResult result =
+      train_mlp(config, [](int64_t step, double loss) { fmt::print("step {:6d}  loss {:.4f}\n", step, loss); });
+  fmt::print(
+      "final: loss {:.4f} (first batch {:.4f}), held-out loss {:.4f}, accuracy {:.2f}% (majority class {:.2f}%), "
+      "{:.2f} s\n",
+      result.final_loss, result.first_loss, result.eval_loss, 100 * result.eval_accuracy,
+      100 * result.majority_accuracy, result.seconds);
+}
+
+}  // namespace
+}  // namespace colossal::cli
+
+int main(int argc, char** argv) {
+  using colossal::cli::MlpTrainConfig;
+  CLI::App app{"colossal: native C++ training of large neural networks"};
+  app.require_subcommand(1);
+
+  CLI::App* info = app.add_subcommand("info", "Print the version and the engines this build was compiled with");
+
+  MlpTrainConfig config;
+  CLI::App* train = app.add_subcommand("train", "Train a 2-layer MLP on a synthetic classification task (CPU)");
+  train->add_option("--steps", config.steps, "SGD steps")->capture_default_str();
+  train->add_option("--batch-size", config.batch_size, "Examples per step")->capture_default_str();
+  train->add_option("--lr", config.lr, "Learning rate")->capture_default_str();
+  train->add_option("--hidden", config.hidden, "Hidden layer width")->capture_default_str();
+  train->add_option("--seed", config.seed, "Seed of the task and of the run")->capture_default_str();
+  train->add_option("--log-every", config.log_every, "Print the loss every N steps (0: only the last)")
+      ->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (info->parsed()) colossal::cli::print_info();
+    if (train->parsed()) colossal::cli::run_train(config);
+  } catch (const colossal::Error& e) {
+    fmt::print(stderr, "colossal: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
