@@ -1,0 +1,45 @@
+// BatchNorm2d: buffers, the momentum rule and the fused ops::batch_norm2d call.
+#include "colossal/nn/batch_norm.h"
+
+#include <fmt/format.h>
+
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/ops/conv.h"            // batch_norm2d
+#include "colossal/ops/elementwise.h"     // add_
+
+namespace colossal::nn {
+
+BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, std::optional<double> momentum, bool affine,
+                         bool track_running_stats)
+    : Module("BatchNorm2d"), num_features_(num_features), eps_(eps), momentum_(momentum) {
+  COLOSSAL_CHECK(num_features > 0, "BatchNorm2d: num_features must be positive, got {}", num_features);
+  COLOSSAL_CHECK(eps > 0.0, "BatchNorm2d: eps must be positive, got {}", eps);
+  COLOSSAL_CHECK(!momentum || (*momentum >= 0.0 && *momentum <= 1.0),
+                 "BatchNorm2d: momentum must be in [0, 1] (or nullopt for a cumulative average), got {}", *momentum);
+  weight_ = &register_parameter("weight", affine ? core::ones({num_features}) : Tensor());
+  bias_ = &register_parameter("bias", affine ? core::zeros({num_features}) : Tensor());
+  running_mean_ = &register_buffer("running_mean", track_running_stats ? core::zeros({num_features}) : Tensor());
+  running_var_ = &register_buffer("running_var", track_running_stats ? core::ones({num_features}) : Tensor());
+  num_batches_tracked_ =
+      &register_buffer("num_batches_tracked", track_running_stats ? core::zeros({}, DType::i64) : Tensor());
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  const bool tracking = running_mean_->defined();
+  const bool use_batch_stats = is_training() || !tracking;
+  double momentum = momentum_.value_or(0.0);
+  if (is_training() && tracking) {
+    autograd::NoGradGuard no_grad;
+    ops::add_(*num_batches_tracked_, 1.0);
+    if (!momentum_) momentum = 1.0 / num_batches_tracked_->item<double>();
+  }
+  // In evaluation without running stats the op gets none and uses the batch's own statistics.
+  return ops::batch_norm2d(x, *running_mean_, *running_var_, *weight_, *bias_, use_batch_stats, momentum, eps_);
+}
+
+std::string BatchNorm2d::extra_repr() const {
+  return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}", num_features_, eps_,
+                     momentum_ ? fmt::format("{}", *momentum_) : "None", weight_->defined(), running_mean_->defined());
+}
+
+}  // namespace colossal::nn

@@ -1,0 +1,41 @@
+// BatchNorm2d: per-channel normalisation of NCHW images with running statistics for evaluation,
+// under PyTorch's parameter and buffer names (weight, bias, running_mean, running_var,
+// num_batches_tracked) so ResNet checkpoints load as they are.
+#pragma once
+
+#include <optional>
+
+#include "colossal/nn/module.h"
+
+namespace colossal::nn {
+
+class BatchNorm2d : public Module {
+ public:
+  /// momentum: running = (1 - momentum) * running + momentum * batch; nullopt gives the
+  /// cumulative average over all batches seen (momentum 1 / num_batches_tracked), as PyTorch's
+  /// momentum=None. Without track_running_stats there are no buffers and evaluation also
+  /// normalises with the batch's statistics.
+  BatchNorm2d(int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1, bool affine = true,
+              bool track_running_stats = true);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const Tensor& weight() const { return *weight_; }
+  const Tensor& bias() const { return *bias_; }
+  const Tensor& running_mean() const { return *running_mean_; }
+  const Tensor& running_var() const { return *running_var_; }
+  const Tensor& num_batches_tracked() const { return *num_batches_tracked_; }
+  int64_t num_features() const { return num_features_; }
+
+ private:
+  int64_t num_features_;
+  double eps_;
+  std::optional<double> momentum_;
+  Tensor* weight_;
+  Tensor* bias_;
+  Tensor* running_mean_;
+  Tensor* running_var_;
+  Tensor* num_batches_tracked_;
+};
+
+}  // namespace colossal::nn

@@ -1,0 +1,103 @@
+// Adam and AdamW: validation, step, and the reference update shared by both.
+#include "colossal/optim/adam.h"
+
+#include <cmath>
+
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/ops/elementwise.h"     // add, add_, addcmul_, addcdiv_, div, maximum, mul_, sqrt
+
+namespace colossal::optim {
+
+constinit core::DispatchStub<AdamStepKernel> adam_step_stub("adam_step");
+
+std::map<std::string, double> AdamOptions::to_map() const {
+  return {{"lr", lr},
+          {"beta1", beta1},
+          {"beta2", beta2},
+          {"eps", eps},
+          {"weight_decay", weight_decay},
+          {"amsgrad", amsgrad ? 1.0 : 0.0}};
+}
+
+AdamOptions AdamOptions::from_group(const ParamGroup& group) {
+  return {.lr = group.get("lr"),
+          .beta1 = group.get("beta1"),
+          .beta2 = group.get("beta2"),
+          .eps = group.get("eps"),
+          .weight_decay = group.get("weight_decay"),
+          .amsgrad = group.get("amsgrad") != 0.0};
+}
+
+Adam::Adam(std::string name, WeightDecayMode mode, std::vector<ParamGroup> groups, AdamOptions defaults)
+    : Optimizer(std::move(name), std::move(groups), defaults.to_map()), mode_(mode) {
+  validate_all_groups();
+}
+
+Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults)
+    : Adam("Adam", WeightDecayMode::l2, std::move(groups), defaults) {}
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions defaults) : Adam(single_group(std::move(params)), defaults) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions defaults)
+    : Adam("AdamW", WeightDecayMode::decoupled, std::move(groups), defaults) {}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamOptions defaults) : AdamW(single_group(std::move(params)), defaults) {}
+
+void Adam::validate_group(const ParamGroup& group, size_t g) const {
+  auto finite_non_negative = [](double v) { return v >= 0.0 && std::isfinite(v); };
+  auto unit_interval = [](double v) { return v >= 0.0 && v < 1.0; };
+  checked_option(group, g, "lr", finite_non_negative, "a finite number >= 0");
+  checked_option(group, g, "beta1", unit_interval, "in [0, 1)");
+  checked_option(group, g, "beta2", unit_interval, "in [0, 1)");
+  checked_option(group, g, "eps", finite_non_negative, "a finite number >= 0");
+  checked_option(group, g, "weight_decay", finite_non_negative, "a finite number >= 0");
+  checked_option(
+      group, g, "amsgrad", [](double v) { return v == 0.0 || v == 1.0; }, "0 (false) or 1 (true)");
+}
+
+void Adam::step() {
+  autograd::NoGradGuard no_grad;
+  validate_all_groups();
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    const AdamOptions options = AdamOptions::from_group(param_groups()[g]);
+    std::vector<std::string> buffers{"exp_avg", "exp_avg_sq"};
+    if (options.amsgrad) buffers.push_back("max_exp_avg_sq");
+    for (const MultiTensorLists& lists : gather_for_update(g, buffers)) {
+      run_multi_tensor(adam_step_stub, &adam_step_reference, lists, options, mode_);
+    }
+  }
+}
+
+void adam_step_reference(const MultiTensorLists& lists, const AdamOptions& o, WeightDecayMode mode) {
+  for (size_t i = 0; i < lists.params.size(); ++i) {
+    Tensor p = lists.params[i];
+    Tensor grad = lists.grads[i];
+    Tensor exp_avg = lists.state[0][i];
+    Tensor exp_avg_sq = lists.state[1][i];
+    if (o.weight_decay != 0.0) {
+      if (mode == WeightDecayMode::decoupled) {
+        ops::mul_(p, 1.0 - o.lr * o.weight_decay);
+      } else {
+        grad = ops::add(grad, p, o.weight_decay);
+      }
+    }
+    ops::mul_(exp_avg, o.beta1);
+    ops::add_(exp_avg, grad, 1.0 - o.beta1);
+    ops::mul_(exp_avg_sq, o.beta2);
+    ops::addcmul_(exp_avg_sq, grad, grad, 1.0 - o.beta2);
+
+    const auto step = static_cast<double>(lists.steps[i]);
+    const double bias_correction1 = 1.0 - std::pow(o.beta1, step);
+    const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
+    Tensor second_moment = exp_avg_sq;
+    if (o.amsgrad) {
+      Tensor max_exp_avg_sq = lists.state[2][i];
+      max_exp_avg_sq.copy_(ops::maximum(max_exp_avg_sq, exp_avg_sq));
+      second_moment = max_exp_avg_sq;
+    }
+    const Tensor denom = ops::add(ops::div(ops::sqrt(second_moment), std::sqrt(bias_correction2)), o.eps);
+    ops::addcdiv_(p, exp_avg, denom, -o.lr / bias_correction1);
+  }
+}
+
+}  // namespace colossal::optim

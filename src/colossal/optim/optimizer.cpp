@@ -1,0 +1,340 @@
+// The Optimizer base: parameter groups with defaults, per-parameter state, the flat state_dict
+// format, and the decay / no-decay grouping rule.
+#include "colossal/optim/optimizer.h"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+#include <string_view>
+#include <unordered_set>
+
+#include "colossal/core/error.h"  // COLOSSAL_CHECK
+
+namespace colossal::optim {
+
+// Note [Multi-tensor optimizer kernels]
+// Every optimizer's step() validates each group's hyper-parameters, then gathers the parameters
+// that have gradients into MultiTensorLists (one per device) and hands each list to its update:
+// a DispatchStub (sgd_step_stub, adam_step_stub, ...) when a backend registered a kernel for that
+// device, the per-tensor reference loop otherwise. The reference loop is written with in-place
+// ops:: calls, so it already runs on any device whose elementwise kernels exist; a fused CUDA
+// kernel (one launch over all tensors of a group, as apex's multi_tensor_apply) only has to
+// register itself on the stub to replace it. Scalars that depend on the step count (bias
+// corrections) are computed per tensor from lists.steps, so a kernel sees the same numbers.
+
+double ParamGroup::get(const std::string& key) const {
+  auto it = options.find(key);
+  if (it != options.end()) return it->second;
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : options) keys.push_back(k);
+  COLOSSAL_FAIL("param group has no option '{}'; it has: {}", key, fmt::join(keys, ", "));
+}
+
+std::string ParamGroup::param_label(size_t index) const {
+  if (index < names.size()) return fmt::format("'{}'", names[index]);
+  return fmt::format("#{}", index);
+}
+
+Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<std::string, double> defaults)
+    : name_(std::move(name)), defaults_(std::move(defaults)) {
+  COLOSSAL_CHECK(!groups.empty(), "{}: needs at least one param group", name_);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    check_and_fill_group(groups[g], g);
+    groups_.push_back(std::move(groups[g]));
+  }
+  check_no_duplicate_params();
+  // Hyper-parameter ranges are checked by the derived constructor: a virtual call from here would
+  // not reach it.
+}
+
+std::string Optimizer::group_context(size_t group_index) const {
+  return fmt::format("{}: param group {}: ", name_, group_index);
+}
+
+double Optimizer::checked_option(const ParamGroup& group, size_t group_index, const std::string& key,
+                                 bool (*valid)(double), const char* range) const {
+  COLOSSAL_CHECK(group.has(key), "{}option '{}' is missing", group_context(group_index), key);
+  const double value = group.get(key);
+  COLOSSAL_CHECK(valid(value), "{}{} must be {}, got {}", group_context(group_index), key, range, value);
+  return value;
+}
+
+void Optimizer::check_and_fill_group(ParamGroup& group, size_t group_index) const {
+  const std::string context = group_context(group_index);
+  COLOSSAL_CHECK(group.names.empty() || group.names.size() == group.params.size(),
+                 "{}names must be empty or one per parameter: {} names for {} parameters", context, group.names.size(),
+                 group.params.size());
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    const Tensor& p = group.params[i];
+    COLOSSAL_CHECK(p.defined(), "{}parameter {} is an undefined tensor", context, group.param_label(i));
+    COLOSSAL_CHECK(core::is_floating(p.dtype()), "{}parameter {} has dtype {}; only floating tensors can be optimized",
+                   context, group.param_label(i), p.dtype());
+    COLOSSAL_CHECK(p.is_leaf(),
+                   "{}parameter {} is not a leaf (it was produced by an op); optimize the leaf it came from", context,
+                   group.param_label(i));
+  }
+  for (const auto& [key, value] : group.options) {
+    if (!defaults_.contains(key)) {
+      std::vector<std::string> known;
+      for (const auto& [k, v] : defaults_) known.push_back(k);
+      COLOSSAL_FAIL("{}unknown option '{}'; {} options are: {}", context, key, name_, fmt::join(known, ", "));
+    }
+  }
+  for (const auto& [key, value] : defaults_) group.options.try_emplace(key, value);
+}
+
+void Optimizer::check_no_duplicate_params() const {
+  std::unordered_set<const core::TensorImpl*> seen;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      COLOSSAL_CHECK(seen.insert(groups_[g].params[i].impl()).second,
+                     "{}parameter {} appears more than once across the param groups; each parameter must be in "
+                     "exactly one group",
+                     group_context(g), groups_[g].param_label(i));
+    }
+  }
+}
+
+void Optimizer::validate_all_groups() const {
+  for (size_t g = 0; g < groups_.size(); ++g) validate_group(groups_[g], g);
+}
+
+void Optimizer::add_param_group(ParamGroup group) {
+  const size_t index = groups_.size();
+  check_and_fill_group(group, index);
+  validate_group(group, index);
+  groups_.push_back(std::move(group));
+  try {
+    check_no_duplicate_params();
+  } catch (...) {
+    groups_.pop_back();
+    throw;
+  }
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (ParamGroup& group : groups_) {
+    for (Tensor& p : group.params) {
+      if (set_to_none) {
+        p.set_grad(Tensor());
+      } else if (Tensor grad = p.grad(); grad.defined()) {
+        grad.zero_();
+      }
+    }
+  }
+}
+
+ParamState& Optimizer::state(size_t group, size_t param) {
+  COLOSSAL_CHECK(group < groups_.size(), "{}: param group {} out of range [0, {})", name_, group, groups_.size());
+  COLOSSAL_CHECK(param < groups_[group].params.size(), "{}parameter index {} out of range [0, {})",
+                 group_context(group), param, groups_[group].params.size());
+  if (state_.size() < groups_.size()) state_.resize(groups_.size());
+  auto& group_state = state_[group];
+  if (group_state.size() < groups_[group].params.size()) group_state.resize(groups_[group].params.size());
+  return group_state[param];
+}
+
+const ParamState* Optimizer::find_state(size_t group, size_t param) const {
+  if (group >= state_.size() || param >= state_[group].size()) return nullptr;
+  const ParamState& s = state_[group][param];
+  return s.step == 0 && s.buffers.empty() ? nullptr : &s;
+}
+
+std::vector<MultiTensorLists> Optimizer::gather_for_update(size_t group_index,
+                                                           const std::vector<std::string>& buffer_names) {
+  const ParamGroup& group = groups_[group_index];
+  std::vector<MultiTensorLists> buckets;
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    const Tensor& p = group.params[i];
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    COLOSSAL_CHECK(grad.shape() == p.shape(), "{}parameter {} has shape {} but its gradient has shape {}",
+                   group_context(group_index), group.param_label(i), p.shape(), grad.shape());
+    COLOSSAL_CHECK(grad.device() == p.device(), "{}parameter {} is on {} but its gradient is on {}",
+                   group_context(group_index), group.param_label(i), p.device(), grad.device());
+    auto bucket = std::find_if(buckets.begin(), buckets.end(), [&](const auto& b) { return b.device == p.device(); });
+    if (bucket == buckets.end()) {
+      MultiTensorLists lists;
+      lists.device = p.device();
+      lists.state.resize(buffer_names.size());
+      buckets.push_back(std::move(lists));
+      bucket = buckets.end() - 1;
+    }
+    ParamState& s = state(group_index, i);
+    bool created = false;
+    for (size_t k = 0; k < buffer_names.size(); ++k) {
+      auto [it, inserted] = s.buffers.try_emplace(buffer_names[k]);
+      if (inserted) it->second = core::zeros_like(p);
+      created = created || inserted;
+      bucket->state[k].push_back(it->second);
+    }
+    s.step += 1;
+    bucket->params.push_back(p);
+    bucket->grads.push_back(grad);
+    bucket->steps.push_back(s.step);
+    bucket->buffers_created.push_back(created ? 1 : 0);
+  }
+  return buckets;
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict out;
+  int64_t global = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const ParamGroup& group = groups_[g];
+    std::vector<int64_t> indices;
+    for (size_t i = 0; i < group.params.size(); ++i, ++global) {
+      indices.push_back(global);
+      const ParamState* s = find_state(g, i);
+      if (s == nullptr) continue;
+      out[fmt::format("state.{}.step", global)] = core::scalar_tensor(static_cast<double>(s->step), DType::i64);
+      for (const auto& [name, buffer] : s->buffers) out[fmt::format("state.{}.{}", global, name)] = buffer.detach();
+    }
+    out[fmt::format("param_groups.{}.params", g)] =
+        core::from_vector(indices, {static_cast<int64_t>(indices.size())}, DType::i64);
+    for (const auto& [key, value] : group.options) {
+      out[fmt::format("param_groups.{}.{}", g, key)] = core::scalar_tensor(value, DType::f64);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+/// Splits "a.b.c" into its three parts; returns false when the key has another form.
+bool split_key(const std::string& key, std::string_view& head, std::string_view& index, std::string_view& tail) {
+  const size_t first = key.find('.');
+  if (first == std::string::npos) return false;
+  const size_t second = key.find('.', first + 1);
+  if (second == std::string::npos) return false;
+  const std::string_view view(key);
+  head = view.substr(0, first);
+  index = view.substr(first + 1, second - first - 1);
+  tail = view.substr(second + 1);
+  return !index.empty() && index.size() <= 18 && !tail.empty() &&
+         std::all_of(index.begin(), index.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+}  // namespace
+
+void Optimizer::load_state_dict(const StateDict& state_dict) {
+  const std::string context = fmt::format("{}: load_state_dict: ", name_);
+  // Where each global parameter index lives.
+  std::vector<std::pair<size_t, size_t>> locations;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) locations.emplace_back(g, i);
+  }
+
+  std::vector<std::map<std::string, double>> new_options(groups_.size());
+  std::vector<bool> saw_params(groups_.size(), false);
+  std::map<size_t, ParamState> new_state;  // by global index
+  for (const auto& [key, tensor] : state_dict) {
+    std::string_view head, index_text, tail;
+    COLOSSAL_CHECK(split_key(key, head, index_text, tail) && (head == "state" || head == "param_groups"),
+                   "{}unexpected key '{}'; keys have the form state.<i>.<name> or param_groups.<g>.<option>", context,
+                   key);
+    COLOSSAL_CHECK(tensor.defined(), "{}key '{}' holds an undefined tensor", context, key);
+    const size_t index = std::stoull(std::string(index_text));
+    const std::string name(tail);
+    if (head == "param_groups") {
+      COLOSSAL_CHECK(index < groups_.size(), "{}key '{}' names param group {}, but this optimizer has {} group(s)",
+                     context, key, index, groups_.size());
+      if (name == "params") {
+        COLOSSAL_CHECK(tensor.dim() == 1 && tensor.numel() == static_cast<int64_t>(groups_[index].params.size()),
+                       "{}param group {} was saved with {} parameter(s) (key '{}', shape {}), but has {} now", context,
+                       index, tensor.numel(), key, tensor.shape(), groups_[index].params.size());
+        saw_params[index] = true;
+        continue;
+      }
+      COLOSSAL_CHECK(defaults_.contains(name), "{}key '{}' names option '{}', which {} does not have", context, key,
+                     name, name_);
+      COLOSSAL_CHECK(tensor.numel() == 1, "{}key '{}' must hold one value, got shape {}", context, key, tensor.shape());
+      new_options[index][name] = tensor.item<double>();
+      continue;
+    }
+    COLOSSAL_CHECK(index < locations.size(), "{}key '{}' names parameter {}, but this optimizer has {} parameter(s)",
+                   context, key, index, locations.size());
+    ParamState& s = new_state[index];
+    if (name == "step") {
+      COLOSSAL_CHECK(tensor.numel() == 1, "{}key '{}' must hold one value, got shape {}", context, key, tensor.shape());
+      s.step = tensor.item<int64_t>();
+      COLOSSAL_CHECK(s.step >= 0, "{}key '{}' holds step {}; steps are >= 0", context, key, s.step);
+      continue;
+    }
+    const auto [g, i] = locations[index];
+    const Tensor& p = groups_[g].params[i];
+    COLOSSAL_CHECK(tensor.shape() == p.shape(), "{}key '{}' has shape {}, but parameter {} of group {} has shape {}",
+                   context, key, tensor.shape(), groups_[g].param_label(i), g, p.shape());
+    Tensor copy = core::empty(p.shape(), TensorOptions(p.dtype(), p.device()));
+    copy.copy_(tensor);
+    s.buffers[name] = copy;
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    COLOSSAL_CHECK(saw_params[g], "{}missing key 'param_groups.{}.params'", context, g);
+    for (const auto& [key, value] : defaults_) {
+      COLOSSAL_CHECK(new_options[g].contains(key), "{}missing key 'param_groups.{}.{}'", context, g, key);
+    }
+    ParamGroup candidate = groups_[g];
+    candidate.options = new_options[g];
+    validate_group(candidate, g);
+  }
+  for (const auto& [index, s] : new_state) {
+    COLOSSAL_CHECK(s.step > 0 || !s.buffers.empty(), "{}state of parameter {} has neither a step nor buffers", context,
+                   index);
+    COLOSSAL_CHECK(state_dict.contains(fmt::format("state.{}.step", index)), "{}missing key 'state.{}.step'", context,
+                   index);
+  }
+
+  // Everything checked: commit.
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(new_options[g]);
+  state_.assign(groups_.size(), {});
+  for (size_t g = 0; g < groups_.size(); ++g) state_[g].resize(groups_[g].params.size());
+  for (auto& [index, s] : new_state) {
+    const auto [g, i] = locations[index];
+    state_[g][i] = std::move(s);
+  }
+}
+
+bool default_no_weight_decay(const std::string& name, const Tensor& param) {
+  if (param.dim() <= 1) return true;
+  if (name.ends_with("bias")) return true;
+  size_t start = 0;
+  while (start <= name.size()) {
+    const size_t end = std::min(name.find('.', start), name.size());
+    std::string component = name.substr(start, end - start);
+    std::transform(component.begin(), component.end(), component.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (component.find("norm") != std::string::npos || component.starts_with("ln")) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+std::vector<ParamGroup> make_param_groups(
+    const NamedParameters& params, double weight_decay,
+    const std::function<bool(const std::string&, const Tensor&)>& no_weight_decay) {
+  COLOSSAL_CHECK(weight_decay >= 0.0, "make_param_groups: weight_decay must be >= 0, got {}", weight_decay);
+  COLOSSAL_CHECK(no_weight_decay != nullptr, "make_param_groups: no_weight_decay predicate is empty");
+  ParamGroup decay, no_decay;
+  decay.set("weight_decay", weight_decay);
+  no_decay.set("weight_decay", 0.0);
+  for (const auto& [name, param] : params) {
+    COLOSSAL_CHECK(param.defined(), "make_param_groups: parameter '{}' is an undefined tensor", name);
+    if (!param.requires_grad()) continue;
+    ParamGroup& target = no_weight_decay(name, param) ? no_decay : decay;
+    target.params.push_back(param);
+    target.names.push_back(name);
+  }
+  std::vector<ParamGroup> groups;
+  if (!decay.params.empty()) groups.push_back(std::move(decay));
+  if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
+  return groups;
+}
+
+std::vector<ParamGroup> single_group(std::vector<Tensor> params) {
+  ParamGroup group;
+  group.params = std::move(params);
+  return {std::move(group)};
+}
+
+}  // namespace colossal::optim

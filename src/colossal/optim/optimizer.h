@@ -1,0 +1,169 @@
+// Optimizer: the base every optimizer (SGD, Adam, AdamW, LAMB, LARS) derives from. It holds the
+// parameter groups and their hyper-parameters, the per-parameter state, zero_grad, and a flat
+// state_dict the checkpoint code saves; make_param_groups builds the usual decay / no-decay split.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "colossal/core/dispatch.h"
+#include "colossal/core/tensor.h"
+
+namespace colossal::optim {
+
+/// Named tensors in a fixed (sorted) order: what state_dict() returns and a checkpoint stores.
+using StateDict = std::map<std::string, Tensor>;
+/// (name, parameter) pairs in model order, as a module's named_parameters() yields them.
+using NamedParameters = std::vector<std::pair<std::string, Tensor>>;
+
+/// Parameters that share hyper-parameters. `options` maps a hyper-parameter's name to its value
+/// (booleans as 0 / 1): "lr", "weight_decay" and the optimizer's own keys ("momentum", "beta1",
+/// ...). A key left out takes the optimizer's default when the group is handed to it, so a group
+/// can override just what differs, as a dict in torch.optim's param_groups does. Schedulers write
+/// "lr" here.
+struct ParamGroup {
+  std::vector<Tensor> params;
+  /// Empty, or one name per parameter (used in error messages and nothing else).
+  std::vector<std::string> names;
+  std::map<std::string, double> options;
+
+  /// The value of `key`; throws naming the key and the keys this group has.
+  double get(const std::string& key) const;
+  bool has(const std::string& key) const { return options.contains(key); }
+  void set(const std::string& key, double value) { options[key] = value; }
+  double lr() const { return get("lr"); }
+  void set_lr(double lr) { set("lr", lr); }
+  double weight_decay() const { return get("weight_decay"); }
+  /// "'fc1.weight'" when the group carries names, else "#3" (the index within the group).
+  std::string param_label(size_t index) const;
+};
+
+/// The state an optimizer keeps for one parameter: how many updates it has had and its buffers
+/// (momentum, moment estimates) by name.
+struct ParamState {
+  int64_t step = 0;
+  std::map<std::string, Tensor> buffers;
+};
+
+/// The tensors of one update on one device, index-aligned: params[i] is updated from grads[i] and
+/// its state buffers state[k][i] (k in the optimizer's buffer order), after steps[i] updates
+/// counting this one. Optimizers hand these to a multi-tensor kernel stub so a backend (the fused
+/// CUDA path) can replace the per-tensor reference loop. See Note [Multi-tensor optimizer kernels].
+struct MultiTensorLists {
+  Device device;
+  std::vector<Tensor> params;
+  std::vector<Tensor> grads;
+  std::vector<std::vector<Tensor>> state;
+  std::vector<int64_t> steps;
+  /// 1 where this update created the parameter's buffers (they hold zeros): SGD and LARS start
+  /// their momentum buffer from the gradient itself then, as torch.optim.SGD does.
+  std::vector<uint8_t> buffers_created;
+};
+
+/// Runs one update of `lists` through `stub`'s kernel for their device when a backend registered
+/// one, else through `reference` (the per-tensor loop built from in-place ops).
+template <class Fn, class... Args>
+void run_multi_tensor(const core::DispatchStub<Fn>& stub, Fn* reference, const MultiTensorLists& lists,
+                      const Args&... args) {
+  if (lists.params.empty()) return;
+  if (stub.supports(lists.device.type)) {
+    stub(lists.device, lists, args...);
+  } else {
+    reference(lists, args...);
+  }
+}
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  /// One update of every parameter that has a gradient (the others are skipped and keep their
+  /// step count). Runs without autograd recording.
+  virtual void step() = 0;
+  /// Drops every gradient (set_to_none) or fills it with zeros.
+  void zero_grad(bool set_to_none = true);
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  /// Appends a group (defaults filled in and validated like the constructor's).
+  void add_param_group(ParamGroup group);
+  /// "SGD", "Adam", ...: names the optimizer in error messages.
+  const std::string& name() const { return name_; }
+  /// The defaults a group's missing options take.
+  const std::map<std::string, double>& defaults() const { return defaults_; }
+
+  /// State of parameter `param` of group `group` (created empty on first use).
+  ParamState& state(size_t group, size_t param);
+  const ParamState* find_state(size_t group, size_t param) const;
+
+  /// Flat state: "state.<i>.step" (i64 0-d) and "state.<i>.<buffer>" for every parameter with
+  /// state, where i counts parameters across groups in order (as torch's state_dict does);
+  /// "param_groups.<g>.params" (i64, the i of each parameter of group g) and
+  /// "param_groups.<g>.<option>" (f64 0-d) for every hyper-parameter. The tensors alias the
+  /// optimizer's buffers: save them before the next step() or copy them.
+  StateDict state_dict() const;
+  /// Restores hyper-parameters and state saved by state_dict() of an optimizer of the same kind
+  /// over parameters of the same shapes and grouping. Buffers are copied (to each parameter's device
+  /// and dtype). Throws naming the first key that is missing, unexpected or of the wrong shape, and
+  /// leaves the optimizer unchanged when it does.
+  void load_state_dict(const StateDict& state_dict);
+
+ protected:
+  /// `defaults` lists every option the optimizer knows, with its default value; a group option
+  /// not among them is an error (it is most likely a misspelling). The derived constructor must
+  /// call validate_all_groups() once it is fully built.
+  Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<std::string, double> defaults);
+
+  /// Throws naming the group and the option when a hyper-parameter is out of its valid range.
+  /// Called for every group at construction, on add_param_group and load_state_dict, and by
+  /// step() implementations before updating (a scheduler or the user may have changed it).
+  virtual void validate_group(const ParamGroup& group, size_t group_index) const = 0;
+  /// Checks that every param group passes validate_group.
+  void validate_all_groups() const;
+
+  /// The parameters of group `group_index` that have a gradient, one bucket per device, with
+  /// their state buffers `buffer_names` (created as zeros like the parameter when missing) and
+  /// their step counts advanced by one. Throws naming the parameter if its gradient's shape or
+  /// device differs from it.
+  std::vector<MultiTensorLists> gather_for_update(size_t group_index, const std::vector<std::string>& buffer_names);
+
+  /// "SGD: param group 1: " - the prefix of a hyper-parameter error.
+  std::string group_context(size_t group_index) const;
+  /// Option `key` of `group`, checked: throws "<name>: param group <g>: <key> must be <range>, got
+  /// <value>" unless valid(value).
+  double checked_option(const ParamGroup& group, size_t group_index, const std::string& key, bool (*valid)(double),
+                        const char* range) const;
+
+ private:
+  void check_and_fill_group(ParamGroup& group, size_t group_index) const;
+  void check_no_duplicate_params() const;
+
+  std::string name_;
+  std::map<std::string, double> defaults_;
+  std::vector<ParamGroup> groups_;
+  std::vector<std::vector<ParamState>> state_;  // [group][param], grown on demand
+};
+
+/// The default rule for which parameters skip weight decay (timm's and Colossal-AI's): 0-d and 1-D
+/// parameters (biases, norm scales), names ending in "bias", and names with a dotted component
+/// that contains "norm" (any case) or starts with "ln" (GPT-2's ln_1, ln_f).
+bool default_no_weight_decay(const std::string& name, const Tensor& param);
+
+/// Splits named parameters into a decay group (weight_decay = `weight_decay`) followed by a
+/// no-decay group (weight_decay = 0), leaving out an empty group; parameters that do not require
+/// grad (frozen) are left out entirely. Other options ("lr", ...) are not set, so they take the
+/// optimizer's defaults.
+std::vector<ParamGroup> make_param_groups(
+    const NamedParameters& params, double weight_decay,
+    const std::function<bool(const std::string&, const Tensor&)>& no_weight_decay = default_no_weight_decay);
+
+/// One group holding `params` with no options set (all take the optimizer's defaults).
+std::vector<ParamGroup> single_group(std::vector<Tensor> params);
+
+}  // namespace colossal::optim
