@@ -41,8 +41,10 @@ colossal_optional_engine(CUDA _cuda_found)
 
 set(_nccl_found OFF)
 if(COLOSSAL_WITH_CUDA AND NOT COLOSSAL_NCCL STREQUAL "OFF")
-  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
-  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
+  # NCCL_ROOT: a folder with include/ and lib/ (a Python environment's nvidia-nccl wheel, say).
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${NCCL_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR}
+               /usr/lib/x86_64-linux-gnu)
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
     set(_nccl_found ON)
   endif()

@@ -107,7 +107,10 @@ int main(int argc, char** argv) {
   rows.push_back(measure("dropout fwd bf16 16384x3072", 2.0 * wide.nbytes(), 0, [&] { ops::dropout(wide, 0.1, true); }));
   Tensor scores = random_gpu({8 * 12 * 1024, 1024}, DType::bf16, 10);
   rows.push_back(measure("softmax fwd bf16 98304x1024", 2.0 * scores.nbytes(), 0, [&] { ops::softmax(scores, -1); }));
-  rows.push_back(measure("add bf16 16384x3072", 3.0 * wide.nbytes(), 0, [&] { ops::add(wide, wide); }));
+  {
+    Tensor other = random_gpu({rows_n, 4 * width}, DType::bf16, 20);  // two distinct inputs: no cache reuse
+    rows.push_back(measure("add bf16 16384x3072", 3.0 * wide.nbytes(), 0, [&] { ops::add(wide, other); }));
+  }
   {
     // AdamW's elementwise core on 124M f32 parameters: p, g, m, v read; p, m, v written.
     const int64_t n = 124'439'808;
