@@ -221,7 +221,7 @@ std::shared_ptr<Module> Module::submodule(std::string_view dotted_name) const {
   return found;
 }
 
-Tensor& Module::parameter(std::string_view dotted_name) {
+Tensor& Module::find_slot(std::string_view dotted_name, std::deque<Slot> Module::*slots, const char* kind) {
   const size_t dot = dotted_name.rfind('.');
   Module* owner = this;
   std::shared_ptr<Module> keep_alive;
@@ -230,29 +230,22 @@ Tensor& Module::parameter(std::string_view dotted_name) {
     owner = keep_alive.get();
   }
   const std::string_view local = dot == std::string_view::npos ? dotted_name : dotted_name.substr(dot + 1);
-  for (Slot& slot : owner->parameters_) {
+  for (Slot& slot : owner->*slots) {
     if (slot.name == local) return slot.tensor;
   }
+  const bool is_parameter = slots == &Module::parameters_;
   std::vector<std::string> names;
-  for (auto& [name, tensor] : named_parameters()) names.push_back(name);
-  COLOSSAL_FAIL("{} has no parameter '{}'{}", type_name_, dotted_name, suggestion(dotted_name, names, "parameters"));
+  for (auto& [name, tensor] : is_parameter ? named_parameters() : named_buffers()) names.push_back(name);
+  COLOSSAL_FAIL("{} has no {} '{}'{}", type_name_, kind, dotted_name,
+                suggestion(dotted_name, names, is_parameter ? "parameters" : "buffers"));
+}
+
+Tensor& Module::parameter(std::string_view dotted_name) {
+  return find_slot(dotted_name, &Module::parameters_, "parameter");
 }
 
 Tensor& Module::buffer(std::string_view dotted_name) {
-  const size_t dot = dotted_name.rfind('.');
-  Module* owner = this;
-  std::shared_ptr<Module> keep_alive;
-  if (dot != std::string_view::npos) {
-    keep_alive = submodule(dotted_name.substr(0, dot));
-    owner = keep_alive.get();
-  }
-  const std::string_view local = dot == std::string_view::npos ? dotted_name : dotted_name.substr(dot + 1);
-  for (Slot& slot : owner->buffers_) {
-    if (slot.name == local) return slot.tensor;
-  }
-  std::vector<std::string> names;
-  for (auto& [name, tensor] : named_buffers()) names.push_back(name);
-  COLOSSAL_FAIL("{} has no buffer '{}'{}", type_name_, dotted_name, suggestion(dotted_name, names, "buffers"));
+  return find_slot(dotted_name, &Module::buffers_, "buffer");
 }
 
 void Module::train(bool on) {

@@ -120,6 +120,8 @@ class Module {
   std::string path() const;
   void check_new_name(const std::string& name, const char* what) const;
   /// Visits every slot of this module and its descendants (dotted name, slot, is_parameter).
+  /// The parameter or buffer (`slots` picks which) at a dotted path; throws naming the nearest names.
+  Tensor& find_slot(std::string_view dotted_name, std::deque<Slot> Module::*slots, const char* kind);
   void visit_slots(const std::string& prefix, const std::function<void(const std::string&, Slot&, bool)>& fn);
   void collect(const std::string& prefix, bool recurse, bool parameters_wanted,
                std::vector<std::pair<std::string, Tensor>>& out, std::vector<const core::TensorImpl*>& seen) const;
