@@ -15,7 +15,8 @@ class CpuAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes, Stream) override {
     const size_t rounded = (std::max<size_t>(nbytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-    void* ptr = std::aligned_alloc(kCpuAlignment, rounded);
+    // Past int64 (the statistics' type) no request can succeed, and the rounding above may wrap.
+    void* ptr = nbytes <= static_cast<size_t>(INT64_MAX) ? std::aligned_alloc(kCpuAlignment, rounded) : nullptr;
     COLOSSAL_CHECK(ptr != nullptr, "out of CPU memory allocating {} bytes ({} already allocated)", nbytes,
                    allocated_.load());
     const int64_t now = allocated_.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);

@@ -27,7 +27,12 @@ int64_t shape_numel(const Shape& shape) {
 }
 
 void check_shape(const Shape& shape, const char* what) {
-  for (int64_t s : shape) COLOSSAL_CHECK(s >= 0, "{}: negative size in shape {}", what, shape);
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    COLOSSAL_CHECK(s >= 0, "{}: negative size in shape {}", what, shape);
+    COLOSSAL_CHECK(!__builtin_mul_overflow(n, s, &n), "{}: shape {} has more elements than fit in 64 bits", what,
+                   shape);
+  }
 }
 
 TensorImpl::TensorImpl(Storage storage, Shape shape, Shape strides, int64_t offset, DType dtype)
@@ -35,7 +40,8 @@ TensorImpl::TensorImpl(Storage storage, Shape shape, Shape strides, int64_t offs
   numel_ = shape_numel(shape_);
   int64_t expected = 1;
   contiguous_ = true;
-  for (int64_t d = static_cast<int64_t>(shape_.size()) - 1; d >= 0; --d) {
+  // A tensor without elements has no layout to violate (row-major strides of [3, 0] are [1, 1]).
+  for (int64_t d = static_cast<int64_t>(shape_.size()) - 1; d >= 0 && numel_ != 0; --d) {
     if (shape_[d] == 1) continue;
     if (strides_[d] != expected) {
       contiguous_ = false;
@@ -68,8 +74,14 @@ int64_t Tensor::wrap_dim(int64_t d, const char* op) const {
                  d, shape(), -bound, bound - 1);
   return d < 0 ? d + bound : d;
 }
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, "size")]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, "stride")]; }
+int64_t Tensor::size(int64_t d) const {
+  COLOSSAL_CHECK(dim() > 0, "size: a 0-d tensor has no dimension {}", d);
+  return shape()[wrap_dim(d, "size")];
+}
+int64_t Tensor::stride(int64_t d) const {
+  COLOSSAL_CHECK(dim() > 0, "stride: a 0-d tensor has no dimension {}", d);
+  return strides()[wrap_dim(d, "stride")];
+}
 int64_t Tensor::offset() const { return checked(impl_).offset(); }
 int64_t Tensor::numel() const { return checked(impl_).numel(); }
 DType Tensor::dtype() const { return checked(impl_).dtype(); }

@@ -128,6 +128,7 @@ Tensor slice_raw(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64
 }
 
 Tensor narrow_raw(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
+  COLOSSAL_CHECK(t.dim() > 0, "narrow: cannot narrow a 0-d tensor");
   const int64_t d = t.wrap_dim(dim, "narrow");
   const int64_t size = t.shape()[d];
   COLOSSAL_CHECK(start >= 0 && length >= 0 && start + length <= size,
@@ -137,6 +138,7 @@ Tensor narrow_raw(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
 }
 
 Tensor select_raw(const Tensor& t, int64_t dim, int64_t index) {
+  COLOSSAL_CHECK(t.dim() > 0, "select: cannot select from a 0-d tensor");
   const int64_t d = t.wrap_dim(dim, "select");
   const int64_t size = t.shape()[d];
   COLOSSAL_CHECK(index >= -size && index < size, "select: index {} is out of range for dimension {} of size {}", index, d,
