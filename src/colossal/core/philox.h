@@ -4,7 +4,9 @@
 // any element without a shared state. Header-only so CUDA kernels include it too.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "colossal/core/half.h"  // COLOSSAL_HOST_DEVICE
 
@@ -44,11 +46,33 @@ COLOSSAL_HOST_DEVICE inline PhiloxBlock philox_block(uint64_t seed, uint64_t off
 }
 
 /// Uniform in [0, 1) with 24 random bits: exact in float.
-COLOSSAL_HOST_DEVICE inline float uniform_float(uint32_t bits) { return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f; }
+COLOSSAL_HOST_DEVICE inline float uniform_float(uint32_t bits) {
+  return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f;
+}
 /// Uniform in [0, 1) with 53 random bits.
 COLOSSAL_HOST_DEVICE inline double uniform_double(uint32_t hi, uint32_t lo) {
   const uint64_t bits = (static_cast<uint64_t>(hi) << 21) ^ (lo >> 11);
   return static_cast<double>(bits & ((1ull << 53) - 1)) * 1.1102230246251565e-16;
+}
+
+/// A uniform draw v in [low, high) stored as T. Rounding to T can land on high itself (in bf16 about
+/// 2 draws in 1000 on [0, 1)), which [low, high) excludes: such a value steps down to the largest T
+/// below high, so every dtype keeps the half-open range.
+template <class T>
+COLOSSAL_HOST_DEVICE inline T store_uniform(double v, double high) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    T t(static_cast<float>(v));
+    if (static_cast<double>(static_cast<float>(t)) >= high) {
+      const bool negative = (t.bits & 0x8000u) != 0;
+      const bool zero = (t.bits & 0x7fffu) == 0;
+      t.bits = zero ? static_cast<uint16_t>(0x8001u) : static_cast<uint16_t>(negative ? t.bits + 1 : t.bits - 1);
+    }
+    return t;
+  } else {
+    T t = static_cast<T>(v);
+    if (static_cast<double>(t) >= high) t = nextafter(t, static_cast<T>(-INFINITY));
+    return t;
+  }
 }
 
 }  // namespace colossal::core

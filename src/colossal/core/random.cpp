@@ -15,7 +15,9 @@ Generator& default_generator() {
   static Generator gen(0);
   return gen;
 }
-void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+void manual_seed(uint64_t seed) {
+  default_generator().manual_seed(seed);
+}
 
 namespace {
 
@@ -60,16 +62,15 @@ void random_fill_cpu_typed(T* out, int64_t n, uint64_t seed, uint64_t offset, in
       }
       for (int w = 0; w < 4; ++w) {
         const int64_t i = block * 4 + w;
-        if (i < n) out[i] = static_cast<T>(static_cast<acc_t<T>>(v[w]));
+        if (i < n) out[i] = kind == kUniform ? store_uniform<T>(v[w], b) : static_cast<T>(static_cast<acc_t<T>>(v[w]));
       }
     }
   });
 }
 
 void random_fill_cpu(const Tensor& t, uint64_t seed, uint64_t offset, int kind, double a, double b) {
-  dispatch_floating(t.dtype(), "random", [&]<class T>() {
-    random_fill_cpu_typed<T>(t.data<T>(), t.numel(), seed, offset, kind, a, b);
-  });
+  dispatch_floating(t.dtype(), "random",
+                    [&]<class T>() { random_fill_cpu_typed<T>(t.data<T>(), t.numel(), seed, offset, kind, a, b); });
 }
 COLOSSAL_REGISTER_KERNEL(random_fill_stub, DeviceType::cpu, random_fill_cpu);
 
@@ -106,7 +107,9 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opti
   int64_t* dst = ints.data<int64_t>();
   const double span = static_cast<double>(high - low);
   for (int64_t i = 0; i < u.numel(); ++i) dst[i] = std::min(high - 1, low + static_cast<int64_t>(src[i] * span));
-  return options.dtype == DType::i64 && options.device.is_cpu() ? ints : to_device_raw(cast_raw(ints, options.dtype), options.device);
+  return options.dtype == DType::i64 && options.device.is_cpu()
+             ? ints
+             : to_device_raw(cast_raw(ints, options.dtype), options.device);
 }
 
 }  // namespace colossal::core

@@ -35,7 +35,8 @@ __host__ __device__ To convert_value(From v) {
 template <class To, class From>
 void copy_typed(const Tensor& dst, const Tensor& src) {
   // launch_map hands f the accumulation type of From; convert from there.
-  launch_map<To, From, 1>(dst, {&src}, [] __device__(acc_t<From> v) { return convert_value<To>(static_cast<From>(v)); });
+  launch_map<To, From, 1>(dst, {&src},
+                          [] __device__(acc_t<From> v) { return convert_value<To>(static_cast<From>(v)); });
 }
 
 template <class T>
@@ -58,9 +59,8 @@ void copy_cuda(const Tensor& dst, const Tensor& src) {
                                         cuda_detail::stream_of(dst)));
     return;
   }
-  dispatch_all(dst.dtype(), [&]<class To>() {
-    dispatch_all(src.dtype(), [&]<class From>() { copy_typed<To, From>(dst, src); });
-  });
+  dispatch_all(dst.dtype(),
+               [&]<class To>() { dispatch_all(src.dtype(), [&]<class From>() { copy_typed<To, From>(dst, src); }); });
 }
 
 void fill_cuda(const Tensor& dst, double value) {
@@ -79,7 +79,8 @@ void cross_device_copy_cuda(const Tensor& dst, const Tensor& src) {
   cuda::DeviceGuard guard(gpu);
   cudaStream_t stream = static_cast<cudaStream_t>(cuda::current_stream(gpu).handle);
   if (dst.device().is_cuda() && src.device().is_cuda()) {
-    COLOSSAL_CUDA_CHECK(cudaMemcpyPeerAsync(dst.raw_data(), dst.device().index, src.raw_data(), src.device().index, dst.nbytes(), stream));
+    COLOSSAL_CUDA_CHECK(cudaMemcpyPeerAsync(dst.raw_data(), dst.device().index, src.raw_data(), src.device().index,
+                                            dst.nbytes(), stream));
     return;
   }
   const cudaMemcpyKind kind = dst.device().is_cuda() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
@@ -91,12 +92,14 @@ template <class T>
 __global__ void random_fill_kernel(T* out, int64_t n, uint64_t seed, uint64_t offset, int kind, double a, double b) {
   constexpr bool kDouble = std::is_same_v<T, double>;
   const int64_t blocks = (n + 3) / 4;
-  for (int64_t block = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; block < blocks; block += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t block = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; block < blocks;
+       block += int64_t{gridDim.x} * blockDim.x) {
     const PhiloxBlock r = philox_block(seed, offset, static_cast<uint64_t>(block));
     const PhiloxBlock r2 = kDouble ? philox_block(seed, offset ^ (1ull << 63), static_cast<uint64_t>(block)) : r;
     double u[4];
 #pragma unroll
-    for (int w = 0; w < 4; ++w) u[w] = kDouble ? uniform_double(r.x[w], r2.x[w]) : static_cast<double>(uniform_float(r.x[w]));
+    for (int w = 0; w < 4; ++w)
+      u[w] = kDouble ? uniform_double(r.x[w], r2.x[w]) : static_cast<double>(uniform_float(r.x[w]));
     double v[4];
     if (kind == 0) {
 #pragma unroll
@@ -113,7 +116,7 @@ __global__ void random_fill_kernel(T* out, int64_t n, uint64_t seed, uint64_t of
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       const int64_t i = block * 4 + w;
-      if (i < n) out[i] = static_cast<T>(static_cast<acc_t<T>>(v[w]));
+      if (i < n) out[i] = kind == 0 ? store_uniform<T>(v[w], b) : static_cast<T>(static_cast<acc_t<T>>(v[w]));
     }
   }
 }
