@@ -69,7 +69,10 @@ struct Pool2dGeometry {
 using MaxPool2dForwardKernel = void(const Tensor& out, const Tensor& indices, const Tensor& x,
                                     const Pool2dGeometry& geometry);
 /// grad_x (overwritten) <- grad_out scattered to `indices`, summing where windows share a maximum.
-using MaxPool2dBackwardKernel = void(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices);
+/// The geometry is the forward's: it tells a kernel that gathers per input element (CUDA) which
+/// windows can hold it.
+using MaxPool2dBackwardKernel = void(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices,
+                                     const Pool2dGeometry& geometry);
 using AvgPool2dForwardKernel = void(const Tensor& out, const Tensor& x, const Pool2dGeometry& geometry);
 /// grad_x (overwritten) <- the adjoint of the averaging.
 using AvgPool2dBackwardKernel = void(const Tensor& grad_x, const Tensor& grad_out, const Pool2dGeometry& geometry);

@@ -66,17 +66,18 @@ Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
   Tensor out = core::empty(pool_output_shape(x, geometry), options_of(x));
   Tensor indices = core::empty(out.shape(), TensorOptions(DType::i64, x.device()));
   if (out.numel() > 0) max_pool2d_forward_stub(x.device(), out, indices, x_c, geometry);
-  autograd::record(
-      "max_pool2d", {x}, {out},
-      [indices = indices.detach(), input_shape = x.shape()](const std::vector<Tensor>& grads, const autograd::Node&) {
-        Tensor grad_x = core::empty(input_shape, options_of(grads[0]));
-        if (grads[0].numel() == 0) {
-          grad_x.fill_(0.0);
-        } else {
-          max_pool2d_backward_stub(grad_x.device(), grad_x, core::contiguous_raw(grads[0]), indices);
-        }
-        return std::vector<Tensor>{grad_x};
-      });
+  autograd::record("max_pool2d", {x}, {out},
+                   [indices = indices.detach(), input_shape = x.shape(), geometry](const std::vector<Tensor>& grads,
+                                                                                   const autograd::Node&) {
+                     Tensor grad_x = core::empty(input_shape, options_of(grads[0]));
+                     if (grads[0].numel() == 0) {
+                       grad_x.fill_(0.0);
+                     } else {
+                       max_pool2d_backward_stub(grad_x.device(), grad_x, core::contiguous_raw(grads[0]), indices,
+                                                geometry);
+                     }
+                     return std::vector<Tensor>{grad_x};
+                   });
   return out;
 }
 

@@ -83,7 +83,9 @@ void max_pool2d_forward_cpu(const Tensor& out, const Tensor& indices, const Tens
   });
 }
 
-void max_pool2d_backward_cpu(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices) {
+/// Scatters by `indices` one plane per task, so it needs no geometry.
+void max_pool2d_backward_cpu(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices,
+                             const Pool2dGeometry&) {
   const Planes p(grad_x, grad_out);
   core::dispatch_floating(grad_x.dtype(), "max_pool2d_backward", [&]<class T>() {
     using A = core::acc_t<T>;

@@ -1,0 +1,433 @@
+// CUDA batch_norm2d forward (training and evaluation) and fused backward, on the per-channel
+// reduction and map of per_channel.cuh. Our own kernels rather than cuDNN's; see
+// Note [batch norm without cuDNN].
+//
+// Forward, training: one read of x for the statistics (Welford/Chan in f32, f64 for f64), a
+// per-channel finish that also updates the running statistics, and a read of x plus a write of y:
+// 3 passes over x's bytes. Backward: one read of (x, dy) for sum(dy) and sum(dy * (x - mean)), then
+// a read of (x, dy) and a write of dx: 5 passes. Both are bandwidth-bound.
+#include <cuda_runtime.h>
+
+#include "colossal/core/cuda/launch.cuh"      // check_on_device, grid_for, stream_of
+#include "colossal/ops/conv_kernels.h"        // batch_norm stubs
+#include "colossal/ops/cuda/per_channel.cuh"  // channel reductions and maps
+
+// Note [batch norm without cuDNN]
+// cuDNN's batch norm (cudnnBatchNormalizationForwardTraining/Inference/Backward) does not fit the
+// kernel contract: it wants f32 scale/bias and running statistics for f16/bf16 input where ours
+// are in x's dtype or undefined and the statistics of any floating dtype, it has no backward for
+// evaluation mode, wants eps in the backward (our contract passes only save_invstd), and does not
+// promise a reduction order. Matching it would take casts and copies around every call; these
+// kernels implement the contract directly, deterministically (fixed splits, fixed trees, partials
+// combined in order) and at the same memory traffic.
+
+namespace colossal::ops {
+namespace {
+
+using core::acc_t;
+using cuda::ChannelShape;
+using cuda::load_group;
+using cuda::store_as;
+using cuda::store_group;
+
+/// save_mean / save_invstd hold f64 for f64 input, f32 otherwise (the contract's accumulation dtype).
+template <class T>
+using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class R>
+__device__ __forceinline__ double to_double(R v) {
+  return static_cast<double>(static_cast<acc_t<R>>(v));
+}
+
+/// Scratch bytes on x's device from the caching allocator, freed in stream order.
+Tensor scratch(int64_t bytes, Device device) {
+  return core::empty({bytes}, TensorOptions(DType::u8, device));
+}
+
+// ---- statistics
+
+/// Count, mean and sum of squared deviations of a set of values.
+template <class A>
+struct Moments {
+  A count, mean, m2;
+};
+
+/// Chan et al.'s combination of two sets' moments; exact in count, stable in m2.
+template <class A>
+__device__ __forceinline__ Moments<A> combine_moments(const Moments<A>& a, const Moments<A>& b) {
+  if (b.count == A(0)) return a;
+  if (a.count == A(0)) return b;
+  const A count = a.count + b.count;
+  const A ratio = b.count / count;
+  const A delta = b.mean - a.mean;
+  return {count, a.mean + delta * ratio, a.m2 + b.m2 + delta * delta * a.count * ratio};
+}
+
+template <class T>
+struct BatchMoments {
+  using A = acc_t<T>;
+  using State = Moments<A>;
+  template <int kVec>
+  struct Loaded {
+    A v[kVec];
+  };
+  const T* x;
+
+  __device__ State identity(int64_t) const { return {A(0), A(0), A(0)}; }
+  template <int kVec>
+  __device__ Loaded<kVec> load(int64_t element, int64_t) const {
+    const auto group = load_group<kVec>(x + element);
+    Loaded<kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) out.v[k] = static_cast<A>(group.v[k]);
+    return out;
+  }
+  /// The group's own moments (two passes over registers), merged in with one division.
+  template <int kVec>
+  __device__ void accumulate(State& state, const Loaded<kVec>& in) const {
+    A sum = A(0);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) sum += in.v[k];
+    const A mean = sum * (A(1) / A(kVec));
+    A m2 = A(0);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) m2 += (in.v[k] - mean) * (in.v[k] - mean);
+    state = combine_moments(state, State{A(kVec), mean, m2});
+  }
+  __device__ static State combine(const State& a, const State& b) {
+    return combine_moments(a, b);
+  }
+};
+
+/// y = x * scale + shift per channel: the normalisation and the affine map folded together.
+template <class A>
+struct Affine {
+  A scale, shift;
+};
+
+/// A running statistic of any floating dtype (they need not match x's, nor each other's).
+struct RunningStat {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+
+  __device__ double load(int64_t c) const {
+    switch (dtype) {
+      case DType::f64:
+        return static_cast<const double*>(data)[c];
+      case DType::f16:
+        return static_cast<float>(static_cast<const core::Half*>(data)[c]);
+      case DType::bf16:
+        return static_cast<float>(static_cast<const core::BFloat16*>(data)[c]);
+      default:
+        return static_cast<const float*>(data)[c];
+    }
+  }
+  /// Rounds through the dtype's accumulation type, as the CPU kernel stores them.
+  __device__ void store(int64_t c, double v) const {
+    switch (dtype) {
+      case DType::f64:
+        static_cast<double*>(data)[c] = v;
+        break;
+      case DType::f16:
+        static_cast<core::Half*>(data)[c] = core::Half(static_cast<float>(v));
+        break;
+      case DType::bf16:
+        static_cast<core::BFloat16*>(data)[c] = core::BFloat16(static_cast<float>(v));
+        break;
+      default:
+        static_cast<float*>(data)[c] = static_cast<float>(v);
+        break;
+    }
+  }
+};
+
+RunningStat running_stat(const Tensor& t) {
+  if (!t.defined()) return {};
+  COLOSSAL_CHECK(core::is_floating(t.dtype()), "batch_norm2d (CUDA): running statistics must be floating, got {}",
+                 t.dtype());
+  return {t.raw_data(), t.dtype()};
+}
+
+/// Per channel: the batch statistics (training, from `partials`) or the running ones (evaluation),
+/// save_mean / save_invstd, the running-statistics update and the folded affine map. One thread per
+/// channel; the splits are combined in order, in f64 as the CPU kernel computes.
+template <class T>
+__global__ void finish_forward_kernel(const Moments<acc_t<T>>* partials, int splits, int64_t channels, int64_t count,
+                                      bool training, double momentum, double eps, RunningStat running_mean,
+                                      RunningStat running_var, const T* weight, const T* bias, stat_t<T>* save_mean,
+                                      stat_t<T>* save_invstd, Affine<acc_t<T>>* affine) {
+  using A = acc_t<T>;
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < channels; c += int64_t{gridDim.x} * blockDim.x) {
+    double mean, invstd;
+    if (training) {
+      Moments<double> total{0.0, 0.0, 0.0};
+      for (int s = 0; s < splits; ++s) {
+        const Moments<A>& p = partials[c * splits + s];
+        total = combine_moments(total, Moments<double>{static_cast<double>(p.count), static_cast<double>(p.mean),
+                                                       static_cast<double>(p.m2)});
+      }
+      mean = total.mean;
+      // The exact count, not the merged floating one.
+      invstd = 1.0 / sqrt(total.m2 / static_cast<double>(count) + eps);
+      if (running_mean.data != nullptr) {
+        const double unbiased_var = total.m2 / static_cast<double>(count - 1);
+        running_mean.store(c, (1.0 - momentum) * running_mean.load(c) + momentum * mean);
+        running_var.store(c, (1.0 - momentum) * running_var.load(c) + momentum * unbiased_var);
+      }
+    } else {
+      mean = running_mean.load(c);
+      invstd = 1.0 / sqrt(running_var.load(c) + eps);
+    }
+    save_mean[c] = static_cast<stat_t<T>>(mean);
+    save_invstd[c] = static_cast<stat_t<T>>(invstd);
+    const double gamma = weight != nullptr ? to_double(weight[c]) : 1.0;
+    const double beta = bias != nullptr ? to_double(bias[c]) : 0.0;
+    affine[c] = {static_cast<A>(gamma * invstd), static_cast<A>(beta - mean * gamma * invstd)};
+  }
+}
+
+template <class T>
+struct Normalize {
+  using A = acc_t<T>;
+  T* y;
+  const T* x;
+  const Affine<A>* affine;
+
+  template <int kVec>
+  __device__ void apply(int64_t element, int64_t c) const {
+    const Affine<A> a = affine[c];
+    const auto in = load_group<kVec>(x + element);
+    cuda::Group<T, kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) out.v[k] = store_as<T>(static_cast<A>(in.v[k]) * a.scale + a.shift);
+    store_group<kVec>(y + element, out);
+  }
+};
+
+template <class T>
+void forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
+                   const Tensor& running_mean, const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                   bool training, double momentum, double eps) {
+  using A = acc_t<T>;
+  using S = stat_t<T>;
+  const ChannelShape shape = cuda::channel_shape(x);
+  const cudaStream_t stream = core::cuda_detail::stream_of(x);
+  const Device device = x.device();
+
+  Tensor partials;
+  int splits = 0;
+  if (training) {
+    const cuda::ChannelReduction plan = cuda::plan_channel_reduction<T>(shape, {x.raw_data()});
+    splits = plan.splits;
+    partials = scratch(shape.channels * splits * static_cast<int64_t>(sizeof(Moments<A>)), device);
+    cuda::launch_channel_partials<T>(BatchMoments<T>{x.data<T>()}, plan, static_cast<Moments<A>*>(partials.raw_data()),
+                                     stream);
+  }
+
+  Tensor affine = scratch(shape.channels * static_cast<int64_t>(sizeof(Affine<A>)), device);
+  auto* affine_data = static_cast<Affine<A>*>(affine.raw_data());
+  const T* weight_data = weight.defined() ? weight.data<T>() : nullptr;
+  const T* bias_data = bias.defined() ? bias.data<T>() : nullptr;
+  finish_forward_kernel<T><<<core::cuda_detail::grid_for(shape.channels), core::cuda_detail::kThreads, 0, stream>>>(
+      partials.defined() ? static_cast<const Moments<A>*>(partials.raw_data()) : nullptr, splits, shape.channels,
+      shape.per_channel(), training, momentum, eps, running_stat(running_mean), running_stat(running_var), weight_data,
+      bias_data, save_mean.data<S>(), save_invstd.data<S>(), affine_data);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+
+  cuda::launch_channel_map<T>(shape, {y.raw_data(), x.raw_data()}, Normalize<T>{y.data<T>(), x.data<T>(), affine_data},
+                              stream);
+}
+
+void batch_norm_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
+                             const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                             const Tensor& bias, bool training, double momentum, double eps) {
+  using core::cuda_detail::check_on_device;
+  const Device device = x.device();
+  for (auto [t, role] : {std::pair{&y, "y"}, std::pair{&save_mean, "save_mean"}, std::pair{&save_invstd, "save_invstd"},
+                         std::pair{&running_mean, "running_mean"}, std::pair{&running_var, "running_var"},
+                         std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
+    if (t->defined()) check_on_device(*t, device, "batch_norm2d", role);
+  }
+  core::cuda::DeviceGuard guard(device);
+  core::dispatch_floating(x.dtype(), "batch_norm2d", [&]<class T>() {
+    forward_typed<T>(y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
+  });
+}
+
+// ---- backward
+
+template <class A>
+struct GradSums {
+  A dy, dy_xmu;  ///< sum(dy) and sum(dy * (x - mean))
+};
+
+template <class T>
+struct BatchGradSums {
+  using A = acc_t<T>;
+  using State = GradSums<A>;
+  template <int kVec>
+  struct Loaded {
+    A dy[kVec], xmu[kVec];
+  };
+  const T* dy;
+  const T* x;
+  const stat_t<T>* mean;
+
+  __device__ State identity(int64_t) const { return {A(0), A(0)}; }
+  template <int kVec>
+  __device__ Loaded<kVec> load(int64_t element, int64_t c) const {
+    const auto g = load_group<kVec>(dy + element);
+    const auto v = load_group<kVec>(x + element);
+    const A m = static_cast<A>(mean[c]);
+    Loaded<kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      out.dy[k] = static_cast<A>(g.v[k]);
+      out.xmu[k] = static_cast<A>(v.v[k]) - m;
+    }
+    return out;
+  }
+  template <int kVec>
+  __device__ void accumulate(State& state, const Loaded<kVec>& in) const {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      state.dy += in.dy[k];
+      state.dy_xmu += in.dy[k] * in.xmu[k];
+    }
+  }
+  __device__ static State combine(const State& a, const State& b) {
+    return {a.dy + b.dy, a.dy_xmu + b.dy_xmu};
+  }
+};
+
+/// dx = scale * dy - offset - (x - mean) * slope, the CPU's scale * (dy - mean(dy) - xhat *
+/// mean(dy * xhat)) with xhat = (x - mean) * invstd; evaluation has offset = slope = 0.
+template <class A>
+struct GradCoefficients {
+  A scale, offset, slope, mean;
+};
+
+/// Per channel: grad_weight, grad_bias and the dx coefficients from the partial sums (combined in
+/// order, in f64). partials is null when only dx of evaluation mode is wanted.
+template <class T>
+__global__ void finish_backward_kernel(const GradSums<acc_t<T>>* partials, int splits, int64_t channels, int64_t count,
+                                       bool training, const T* weight, const stat_t<T>* save_mean,
+                                       const stat_t<T>* save_invstd, T* grad_weight, T* grad_bias,
+                                       GradCoefficients<acc_t<T>>* coefficients) {
+  using A = acc_t<T>;
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < channels; c += int64_t{gridDim.x} * blockDim.x) {
+    double sum_dy = 0.0, sum_dy_xmu = 0.0;
+    if (partials != nullptr) {
+      for (int s = 0; s < splits; ++s) {
+        sum_dy += static_cast<double>(partials[c * splits + s].dy);
+        sum_dy_xmu += static_cast<double>(partials[c * splits + s].dy_xmu);
+      }
+    }
+    const double mean = static_cast<double>(save_mean[c]);
+    const double invstd = static_cast<double>(save_invstd[c]);
+    const double sum_dy_xhat = sum_dy_xmu * invstd;
+    if (grad_bias != nullptr) grad_bias[c] = store_as<T>(static_cast<A>(sum_dy));
+    if (grad_weight != nullptr) grad_weight[c] = store_as<T>(static_cast<A>(sum_dy_xhat));
+    if (coefficients == nullptr) continue;
+    const double scale = (weight != nullptr ? to_double(weight[c]) : 1.0) * invstd;
+    const double mean_dy = training ? sum_dy / static_cast<double>(count) : 0.0;
+    const double mean_dy_xhat = training ? sum_dy_xhat / static_cast<double>(count) : 0.0;
+    coefficients[c] = {static_cast<A>(scale), static_cast<A>(scale * mean_dy),
+                       static_cast<A>(scale * invstd * mean_dy_xhat), static_cast<A>(mean)};
+  }
+}
+
+template <class T, bool kTraining>
+struct GradInput {
+  using A = acc_t<T>;
+  T* dx;
+  const T* dy;
+  const T* x;
+  const GradCoefficients<A>* coefficients;
+
+  template <int kVec>
+  __device__ void apply(int64_t element, int64_t c) const {
+    const GradCoefficients<A> k = coefficients[c];
+    const auto g = load_group<kVec>(dy + element);
+    cuda::Group<T, kVec> out;
+    if constexpr (kTraining) {
+      const auto v = load_group<kVec>(x + element);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        out.v[i] =
+            store_as<T>(k.scale * static_cast<A>(g.v[i]) - k.offset - (static_cast<A>(v.v[i]) - k.mean) * k.slope);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) out.v[i] = store_as<T>(k.scale * static_cast<A>(g.v[i]));
+    }
+    store_group<kVec>(dx + element, out);
+  }
+};
+
+template <class T>
+void backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
+                    const Tensor& x, const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd,
+                    bool training) {
+  using A = acc_t<T>;
+  using S = stat_t<T>;
+  const ChannelShape shape = cuda::channel_shape(x);
+  const cudaStream_t stream = core::cuda_detail::stream_of(x);
+  const Device device = x.device();
+  const bool need_sums = grad_weight.defined() || grad_bias.defined() || (training && grad_x.defined());
+  if (!need_sums && !grad_x.defined()) return;
+
+  Tensor partials;
+  int splits = 0;
+  if (need_sums) {
+    const cuda::ChannelReduction plan = cuda::plan_channel_reduction<T>(shape, {grad_y.raw_data(), x.raw_data()});
+    splits = plan.splits;
+    partials = scratch(shape.channels * splits * static_cast<int64_t>(sizeof(GradSums<A>)), device);
+    cuda::launch_channel_partials<T>(BatchGradSums<T>{grad_y.data<T>(), x.data<T>(), save_mean.data<S>()}, plan,
+                                     static_cast<GradSums<A>*>(partials.raw_data()), stream);
+  }
+  Tensor coefficients;
+  if (grad_x.defined())
+    coefficients = scratch(shape.channels * static_cast<int64_t>(sizeof(GradCoefficients<A>)), device);
+  auto* coefficient_data =
+      coefficients.defined() ? static_cast<GradCoefficients<A>*>(coefficients.raw_data()) : nullptr;
+  finish_backward_kernel<T><<<core::cuda_detail::grid_for(shape.channels), core::cuda_detail::kThreads, 0, stream>>>(
+      partials.defined() ? static_cast<const GradSums<A>*>(partials.raw_data()) : nullptr, splits, shape.channels,
+      shape.per_channel(), training, weight.defined() ? weight.data<T>() : nullptr, save_mean.data<S>(),
+      save_invstd.data<S>(), grad_weight.defined() ? grad_weight.data<T>() : nullptr,
+      grad_bias.defined() ? grad_bias.data<T>() : nullptr, coefficient_data);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+
+  if (!grad_x.defined()) return;
+  if (training) {
+    cuda::launch_channel_map<T>(shape, {grad_x.raw_data(), grad_y.raw_data(), x.raw_data()},
+                                GradInput<T, true>{grad_x.data<T>(), grad_y.data<T>(), x.data<T>(), coefficient_data},
+                                stream);
+  } else {
+    cuda::launch_channel_map<T>(shape, {grad_x.raw_data(), grad_y.raw_data()},
+                                GradInput<T, false>{grad_x.data<T>(), grad_y.data<T>(), x.data<T>(), coefficient_data},
+                                stream);
+  }
+}
+
+void batch_norm_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                              const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                              const Tensor& save_invstd, bool training) {
+  using core::cuda_detail::check_on_device;
+  const Device device = x.device();
+  for (auto [t, role] : {std::pair{&grad_x, "grad_x"}, std::pair{&grad_weight, "grad_weight"},
+                         std::pair{&grad_bias, "grad_bias"}, std::pair{&grad_y, "grad_y"}, std::pair{&weight, "weight"},
+                         std::pair{&save_mean, "save_mean"}, std::pair{&save_invstd, "save_invstd"}}) {
+    if (t->defined()) check_on_device(*t, device, "batch_norm2d_backward", role);
+  }
+  core::cuda::DeviceGuard guard(device);
+  core::dispatch_floating(x.dtype(), "batch_norm2d_backward", [&]<class T>() {
+    backward_typed<T>(grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
+  });
+}
+
+COLOSSAL_REGISTER_KERNEL(batch_norm_forward_stub, core::DeviceType::cuda, batch_norm_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(batch_norm_backward_stub, core::DeviceType::cuda, batch_norm_backward_cuda);
+
+}  // namespace
+}  // namespace colossal::ops

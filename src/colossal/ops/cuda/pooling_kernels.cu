@@ -1,0 +1,355 @@
+// CUDA max, average and adaptive average pooling over NCHW planes, forward and backward: our own
+// kernels, with the CPU kernels' exact semantics (cuDNN's max pooling returns no argmax, and its
+// tie and NaN rules are not ours). Forward: one thread per output reading its window. Backward:
+// one thread per input element gathering from the windows that contain it, in the order the CPU
+// kernel scatters (output rows, then columns), so there are no atomics and the sums are
+// deterministic and rounded as on the CPU. All are bandwidth-bound: each input element is read
+// about (kernel / stride)^2 times, mostly from cache.
+#include <cuda_runtime.h>
+
+#include "colossal/core/cuda/launch.cuh"  // check_on_device, grid_for, stream_of
+#include "colossal/ops/conv_kernels.h"    // pooling stubs, Pool2dGeometry
+
+namespace colossal::ops {
+namespace {
+
+using core::acc_t;
+using core::cuda_detail::check_on_device;
+using core::cuda_detail::grid_for;
+using core::cuda_detail::kThreads;
+using core::cuda_detail::stream_of;
+
+template <class T, class A>
+__device__ __forceinline__ T store_as(A v) {
+  if constexpr (std::is_same_v<T, core::Half> || std::is_same_v<T, core::BFloat16>) {
+    return T(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+/// Sizes of the input planes [N * C, H, W] and output planes [N * C, oH, oW]. Index is int32_t
+/// when every element index fits, so the per-element divisions are 32-bit.
+template <class Index>
+struct PlaneSizes {
+  Index planes, height, width, out_height, out_width;
+};
+
+template <class Index>
+PlaneSizes<Index> plane_sizes(const Tensor& in, const Tensor& out) {
+  return {static_cast<Index>(in.size(0) * in.size(1)), static_cast<Index>(in.size(2)), static_cast<Index>(in.size(3)),
+          static_cast<Index>(out.size(2)), static_cast<Index>(out.size(3))};
+}
+
+/// Calls f.template operator()<Index>() with Index = int32_t when both tensors' element counts
+/// (and the products adaptive windows form, oH * H and oW * W) stay below 2^30, int64_t otherwise.
+/// 2^30 leaves room for a grid-stride step (at most 2^28) on top of any index.
+template <class F>
+void dispatch_index_width(const Tensor& in, const Tensor& out, F&& f) {
+  constexpr int64_t kMax32 = int64_t{1} << 30;
+  const bool fits = in.numel() < kMax32 && out.numel() < kMax32 && (out.size(2) + 1) * in.size(2) < kMax32 &&
+                    (out.size(3) + 1) * in.size(3) < kMax32;
+  if (fits) {
+    f.template operator()<int32_t>();
+  } else {
+    f.template operator()<int64_t>();
+  }
+}
+
+/// One window along one axis: [start, end) inside the input, and the size it has when padding
+/// is counted (the CPU's Window).
+template <class Index>
+struct Window {
+  Index start, end, padded_size;
+};
+
+template <class Index>
+__device__ __forceinline__ Window<Index> window(Index o, Index stride, Index pad, Index kernel, Index size) {
+  const Index start = o * stride - pad;
+  const Index padded_end = min(start + kernel, size + pad);
+  return {max(start, Index(0)), min(padded_end, size), padded_end - start};
+}
+
+/// PyTorch's adaptive window i of `out` over `in`: [floor(i * in / out), ceil((i + 1) * in / out)).
+template <class Index>
+__device__ __forceinline__ Window<Index> adaptive_window(Index i, Index out, Index in) {
+  const Index start = (i * in) / out;
+  const Index end = ((i + 1) * in + out - 1) / out;
+  return {start, end, end - start};
+}
+
+/// The outputs o in [first, last] along one axis whose (non-adaptive) window contains input
+/// position p: o * stride - pad <= p < o * stride - pad + kernel.
+template <class Index>
+__device__ __forceinline__ void covering_outputs(Index p, Index stride, Index pad, Index kernel, Index out_size,
+                                                 Index& first, Index& last) {
+  const Index shifted = p + pad;  // >= 0
+  first = shifted < kernel ? Index(0) : (shifted - kernel) / stride + 1;
+  last = min(shifted / stride, out_size - 1);
+}
+
+/// The adaptive outputs whose windows contain input position p: end(i) > p from i = floor(p *
+/// out / in), start(i) <= p up to i = ceil((p + 1) * out / in) - 1.
+template <class Index>
+__device__ __forceinline__ void covering_adaptive_outputs(Index p, Index out_size, Index in_size, Index& first,
+                                                          Index& last) {
+  first = (p * out_size) / in_size;
+  last = min(((p + 1) * out_size + in_size - 1) / in_size - 1, out_size - 1);
+}
+
+template <class Index>
+struct Geometry {
+  Index kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
+  bool count_include_pad;
+};
+
+template <class Index>
+Geometry<Index> device_geometry(const Pool2dGeometry& g) {
+  return {static_cast<Index>(g.kernel_h),
+          static_cast<Index>(g.kernel_w),
+          static_cast<Index>(g.stride_h),
+          static_cast<Index>(g.stride_w),
+          static_cast<Index>(g.pad_h),
+          static_cast<Index>(g.pad_w),
+          g.count_include_pad};
+}
+
+// ---- max_pool2d
+
+template <class T, class Index>
+__global__ void max_pool_forward_kernel(T* out, int64_t* indices, const T* x, PlaneSizes<Index> p, Geometry<Index> g) {
+  using A = acc_t<T>;
+  const Index total = p.planes * p.out_height * p.out_width;
+  for (Index o = blockIdx.x * Index(blockDim.x) + threadIdx.x; o < total; o += Index(gridDim.x) * blockDim.x) {
+    const Index ow = o % p.out_width;
+    const Index oh = (o / p.out_width) % p.out_height;
+    const Index plane = o / (p.out_width * p.out_height);
+    const T* src = x + int64_t{plane} * p.height * p.width;
+    const Window<Index> wh = window(oh, g.stride_h, g.pad_h, g.kernel_h, p.height);
+    const Window<Index> ww = window(ow, g.stride_w, g.pad_w, g.kernel_w, p.width);
+    // padding <= kernel / 2 guarantees every window holds at least one real element. A NaN
+    // replaces the best each time one is met, as on the CPU.
+    Index best_index = wh.start * p.width + ww.start;
+    A best = static_cast<A>(src[best_index]);
+    for (Index h = wh.start; h < wh.end; ++h) {
+      for (Index w = ww.start; w < ww.end; ++w) {
+        const A v = static_cast<A>(src[h * p.width + w]);
+        if (v > best || v != v) {
+          best = v;
+          best_index = h * p.width + w;
+        }
+      }
+    }
+    out[o] = store_as<T>(best);
+    indices[o] = best_index;
+  }
+}
+
+void max_pool2d_forward_cuda(const Tensor& out, const Tensor& indices, const Tensor& x,
+                             const Pool2dGeometry& geometry) {
+  check_on_device(out, x.device(), "max_pool2d", "out");
+  check_on_device(indices, x.device(), "max_pool2d", "indices");
+  core::cuda::DeviceGuard guard(x.device());
+  core::dispatch_floating(x.dtype(), "max_pool2d", [&]<class T>() {
+    dispatch_index_width(x, out, [&]<class Index>() {
+      max_pool_forward_kernel<T, Index><<<grid_for(out.numel()), kThreads, 0, stream_of(x)>>>(
+          out.data<T>(), indices.data<int64_t>(), x.data<T>(), plane_sizes<Index>(x, out),
+          device_geometry<Index>(geometry));
+      COLOSSAL_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+template <class T, class Index>
+__global__ void max_pool_backward_kernel(T* grad_x, const T* grad_out, const int64_t* indices, PlaneSizes<Index> p,
+                                         Geometry<Index> g) {
+  using A = acc_t<T>;
+  const Index total = p.planes * p.height * p.width;
+  for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < total; i += Index(gridDim.x) * blockDim.x) {
+    const Index w = i % p.width;
+    const Index h = (i / p.width) % p.height;
+    const Index plane = i / (p.width * p.height);
+    const int64_t position = h * p.width + w;
+    Index oh_first, oh_last, ow_first, ow_last;
+    covering_outputs(h, g.stride_h, g.pad_h, g.kernel_h, p.out_height, oh_first, oh_last);
+    covering_outputs(w, g.stride_w, g.pad_w, g.kernel_w, p.out_width, ow_first, ow_last);
+    const int64_t base = int64_t{plane} * p.out_height * p.out_width;
+    A total_grad = A(0);
+    for (Index oh = oh_first; oh <= oh_last; ++oh) {
+      for (Index ow = ow_first; ow <= ow_last; ++ow) {
+        const int64_t o = base + oh * p.out_width + ow;
+        if (indices[o] == position) total_grad += static_cast<A>(grad_out[o]);
+      }
+    }
+    grad_x[i] = store_as<T>(total_grad);
+  }
+}
+
+void max_pool2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices,
+                              const Pool2dGeometry& geometry) {
+  check_on_device(grad_out, grad_x.device(), "max_pool2d_backward", "grad_out");
+  check_on_device(indices, grad_x.device(), "max_pool2d_backward", "indices");
+  core::cuda::DeviceGuard guard(grad_x.device());
+  core::dispatch_floating(grad_x.dtype(), "max_pool2d_backward", [&]<class T>() {
+    dispatch_index_width(grad_x, grad_out, [&]<class Index>() {
+      max_pool_backward_kernel<T, Index><<<grid_for(grad_x.numel()), kThreads, 0, stream_of(grad_x)>>>(
+          grad_x.data<T>(), grad_out.data<T>(), indices.data<int64_t>(), plane_sizes<Index>(grad_x, grad_out),
+          device_geometry<Index>(geometry));
+      COLOSSAL_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+// ---- avg_pool2d
+
+template <class Index>
+__device__ __forceinline__ Index divisor(const Window<Index>& wh, const Window<Index>& ww, bool count_include_pad) {
+  return count_include_pad ? wh.padded_size * ww.padded_size : (wh.end - wh.start) * (ww.end - ww.start);
+}
+
+template <class T, class Index>
+__global__ void avg_pool_forward_kernel(T* out, const T* x, PlaneSizes<Index> p, Geometry<Index> g) {
+  using A = acc_t<T>;
+  const Index total = p.planes * p.out_height * p.out_width;
+  for (Index o = blockIdx.x * Index(blockDim.x) + threadIdx.x; o < total; o += Index(gridDim.x) * blockDim.x) {
+    const Index ow = o % p.out_width;
+    const Index oh = (o / p.out_width) % p.out_height;
+    const Index plane = o / (p.out_width * p.out_height);
+    const T* src = x + int64_t{plane} * p.height * p.width;
+    const Window<Index> wh = window(oh, g.stride_h, g.pad_h, g.kernel_h, p.height);
+    const Window<Index> ww = window(ow, g.stride_w, g.pad_w, g.kernel_w, p.width);
+    A total_value = A(0);
+    for (Index h = wh.start; h < wh.end; ++h) {
+      for (Index w = ww.start; w < ww.end; ++w) total_value += static_cast<A>(src[h * p.width + w]);
+    }
+    out[o] = store_as<T>(total_value / static_cast<A>(divisor(wh, ww, g.count_include_pad)));
+  }
+}
+
+void avg_pool2d_forward_cuda(const Tensor& out, const Tensor& x, const Pool2dGeometry& geometry) {
+  check_on_device(out, x.device(), "avg_pool2d", "out");
+  core::cuda::DeviceGuard guard(x.device());
+  core::dispatch_floating(x.dtype(), "avg_pool2d", [&]<class T>() {
+    dispatch_index_width(x, out, [&]<class Index>() {
+      avg_pool_forward_kernel<T, Index><<<grid_for(out.numel()), kThreads, 0, stream_of(x)>>>(
+          out.data<T>(), x.data<T>(), plane_sizes<Index>(x, out), device_geometry<Index>(geometry));
+      COLOSSAL_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+template <class T, class Index>
+__global__ void avg_pool_backward_kernel(T* grad_x, const T* grad_out, PlaneSizes<Index> p, Geometry<Index> g) {
+  using A = acc_t<T>;
+  const Index total = p.planes * p.height * p.width;
+  for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < total; i += Index(gridDim.x) * blockDim.x) {
+    const Index w = i % p.width;
+    const Index h = (i / p.width) % p.height;
+    const Index plane = i / (p.width * p.height);
+    Index oh_first, oh_last, ow_first, ow_last;
+    covering_outputs(h, g.stride_h, g.pad_h, g.kernel_h, p.out_height, oh_first, oh_last);
+    covering_outputs(w, g.stride_w, g.pad_w, g.kernel_w, p.out_width, ow_first, ow_last);
+    const T* dy = grad_out + int64_t{plane} * p.out_height * p.out_width;
+    A total_grad = A(0);
+    for (Index oh = oh_first; oh <= oh_last; ++oh) {
+      const Window<Index> wh = window(oh, g.stride_h, g.pad_h, g.kernel_h, p.height);
+      for (Index ow = ow_first; ow <= ow_last; ++ow) {
+        const Window<Index> ww = window(ow, g.stride_w, g.pad_w, g.kernel_w, p.width);
+        // The CPU adds dy / divisor, not dy * (1 / divisor): keep its rounding.
+        total_grad += static_cast<A>(dy[oh * p.out_width + ow]) / static_cast<A>(divisor(wh, ww, g.count_include_pad));
+      }
+    }
+    grad_x[i] = store_as<T>(total_grad);
+  }
+}
+
+void avg_pool2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_out, const Pool2dGeometry& geometry) {
+  check_on_device(grad_out, grad_x.device(), "avg_pool2d_backward", "grad_out");
+  core::cuda::DeviceGuard guard(grad_x.device());
+  core::dispatch_floating(grad_x.dtype(), "avg_pool2d_backward", [&]<class T>() {
+    dispatch_index_width(grad_x, grad_out, [&]<class Index>() {
+      avg_pool_backward_kernel<T, Index><<<grid_for(grad_x.numel()), kThreads, 0, stream_of(grad_x)>>>(
+          grad_x.data<T>(), grad_out.data<T>(), plane_sizes<Index>(grad_x, grad_out), device_geometry<Index>(geometry));
+      COLOSSAL_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+// ---- adaptive_avg_pool2d
+
+template <class T, class Index>
+__global__ void adaptive_avg_pool_forward_kernel(T* out, const T* x, PlaneSizes<Index> p) {
+  using A = acc_t<T>;
+  const Index total = p.planes * p.out_height * p.out_width;
+  for (Index o = blockIdx.x * Index(blockDim.x) + threadIdx.x; o < total; o += Index(gridDim.x) * blockDim.x) {
+    const Index ow = o % p.out_width;
+    const Index oh = (o / p.out_width) % p.out_height;
+    const Index plane = o / (p.out_width * p.out_height);
+    const T* src = x + int64_t{plane} * p.height * p.width;
+    const Window<Index> wh = adaptive_window(oh, p.out_height, p.height);
+    const Window<Index> ww = adaptive_window(ow, p.out_width, p.width);
+    A total_value = A(0);
+    for (Index h = wh.start; h < wh.end; ++h) {
+      for (Index w = ww.start; w < ww.end; ++w) total_value += static_cast<A>(src[h * p.width + w]);
+    }
+    out[o] = store_as<T>(total_value / static_cast<A>(wh.padded_size * ww.padded_size));
+  }
+}
+
+template <class T, class Index>
+__global__ void adaptive_avg_pool_backward_kernel(T* grad_x, const T* grad_out, PlaneSizes<Index> p) {
+  using A = acc_t<T>;
+  const Index total = p.planes * p.height * p.width;
+  for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < total; i += Index(gridDim.x) * blockDim.x) {
+    const Index w = i % p.width;
+    const Index h = (i / p.width) % p.height;
+    const Index plane = i / (p.width * p.height);
+    Index oh_first, oh_last, ow_first, ow_last;
+    covering_adaptive_outputs(h, p.out_height, p.height, oh_first, oh_last);
+    covering_adaptive_outputs(w, p.out_width, p.width, ow_first, ow_last);
+    const T* dy = grad_out + int64_t{plane} * p.out_height * p.out_width;
+    A total_grad = A(0);
+    for (Index oh = oh_first; oh <= oh_last; ++oh) {
+      const Window<Index> wh = adaptive_window(oh, p.out_height, p.height);
+      for (Index ow = ow_first; ow <= ow_last; ++ow) {
+        const Window<Index> ww = adaptive_window(ow, p.out_width, p.width);
+        total_grad += static_cast<A>(dy[oh * p.out_width + ow]) / static_cast<A>(wh.padded_size * ww.padded_size);
+      }
+    }
+    grad_x[i] = store_as<T>(total_grad);
+  }
+}
+
+void adaptive_avg_pool2d_forward_cuda(const Tensor& out, const Tensor& x) {
+  check_on_device(out, x.device(), "adaptive_avg_pool2d", "out");
+  core::cuda::DeviceGuard guard(x.device());
+  core::dispatch_floating(x.dtype(), "adaptive_avg_pool2d", [&]<class T>() {
+    dispatch_index_width(x, out, [&]<class Index>() {
+      adaptive_avg_pool_forward_kernel<T, Index><<<grid_for(out.numel()), kThreads, 0, stream_of(x)>>>(
+          out.data<T>(), x.data<T>(), plane_sizes<Index>(x, out));
+      COLOSSAL_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void adaptive_avg_pool2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_out) {
+  check_on_device(grad_out, grad_x.device(), "adaptive_avg_pool2d_backward", "grad_out");
+  core::cuda::DeviceGuard guard(grad_x.device());
+  core::dispatch_floating(grad_x.dtype(), "adaptive_avg_pool2d_backward", [&]<class T>() {
+    dispatch_index_width(grad_x, grad_out, [&]<class Index>() {
+      adaptive_avg_pool_backward_kernel<T, Index><<<grid_for(grad_x.numel()), kThreads, 0, stream_of(grad_x)>>>(
+          grad_x.data<T>(), grad_out.data<T>(), plane_sizes<Index>(grad_x, grad_out));
+      COLOSSAL_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+COLOSSAL_REGISTER_KERNEL(max_pool2d_forward_stub, core::DeviceType::cuda, max_pool2d_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(max_pool2d_backward_stub, core::DeviceType::cuda, max_pool2d_backward_cuda);
+COLOSSAL_REGISTER_KERNEL(avg_pool2d_forward_stub, core::DeviceType::cuda, avg_pool2d_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(avg_pool2d_backward_stub, core::DeviceType::cuda, avg_pool2d_backward_cuda);
+COLOSSAL_REGISTER_KERNEL(adaptive_avg_pool2d_forward_stub, core::DeviceType::cuda, adaptive_avg_pool2d_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(adaptive_avg_pool2d_backward_stub, core::DeviceType::cuda, adaptive_avg_pool2d_backward_cuda);
+
+}  // namespace
+}  // namespace colossal::ops
