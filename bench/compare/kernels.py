@@ -38,16 +38,17 @@ def torch_rows():
         dst = torch.empty_like(src)
         rows["ceiling: device copy 512 MiB"] = time_ms(lambda: dst.copy_(src))
         del src, dst
-        a = torch.rand(8192, 8192, device=dev, dtype=bf16)
-        b = torch.rand(8192, 8192, device=dev, dtype=bf16)
+        # GEMM operands uniform in [-1, 1) as colossal's: tensor-core power (and so clocks) depends on the data.
+        a = torch.rand(8192, 8192, device=dev, dtype=bf16) * 2 - 1
+        b = torch.rand(8192, 8192, device=dev, dtype=bf16) * 2 - 1
         rows["ceiling: bf16 GEMM 8192^3"] = time_ms(lambda: torch.matmul(a, b))
         del a, b
         for name, m, k, n in [("gemm bf16 4096^3", 4096, 4096, 4096),
                               ("gemm bf16 gpt2 qkv 16384x768x2304", 16384, 768, 2304),
                               ("gemm bf16 gpt2 fc 16384x768x3072", 16384, 768, 3072),
                               ("gemm bf16 gpt2 proj 16384x3072x768", 16384, 3072, 768)]:
-            a = torch.rand(m, k, device=dev, dtype=bf16)
-            b = torch.rand(k, n, device=dev, dtype=bf16)
+            a = torch.rand(m, k, device=dev, dtype=bf16) * 2 - 1
+            b = torch.rand(k, n, device=dev, dtype=bf16) * 2 - 1
             rows[name] = time_ms(lambda: torch.matmul(a, b))
         x = torch.rand(16384, 768, device=dev, dtype=bf16)
         w = torch.rand(768, device=dev, dtype=bf16)

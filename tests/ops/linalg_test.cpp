@@ -1,4 +1,4 @@
-// matmul, bmm and linear: gradient checks for every operand-rank case, values derived by hand,
+// matmul, bmm, linear and linear_gelu: gradient checks for every operand-rank case, values derived by hand,
 // transposed and strided operands, f32/f64 and half-precision agreement, and bad input.
 #include <gtest/gtest.h>
 
@@ -69,6 +69,34 @@ TEST(GradCheck, linear_without_bias) {
                          return std::vector<Tensor>{random_leaf({4}, 10), random_leaf({3, 4}, 11)};
                        },
                    .fn = [](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1]); }});
+}
+
+TEST(GradCheck, linear_gelu) {
+  // Pre-activations of [-1, 1) inputs over 4 features stay within [-5, 5], where tanh-GELU is smooth
+  // and eps = 1e-6 central differences are accurate to ~1e-10.
+  check_gradients(
+      {.make_inputs =
+           [] {
+             return std::vector<Tensor>{random_leaf({2, 3, 4}, 12), random_leaf({5, 4}, 13), random_leaf({5}, 14)};
+           },
+       .fn = [](const std::vector<Tensor>& in) { return ops::linear_gelu(in[0], in[1], in[2]); }});
+  check_gradients({.make_inputs =
+                       [] {
+                         return std::vector<Tensor>{random_leaf({4}, 15), random_leaf({3, 4}, 16)};
+                       },
+                   .fn = [](const std::vector<Tensor>& in) { return ops::linear_gelu(in[0], in[1]); }});
+}
+
+TEST(Linear, GeluMatchesLinearThenGelu) {
+  // On the CPU linear_gelu is linear followed by tanh-GELU, the same kernels in the same order.
+  Tensor x = random_tensor({2, 3, 8}, 63, -1, 1, DType::f32);
+  Tensor w = random_tensor({5, 8}, 64, -1, 1, DType::f32);
+  Tensor b = random_tensor({5}, 65, -1, 1, DType::f32);
+  Tensor y = ops::linear_gelu(x, w, b);
+  EXPECT_EQ(y.shape(), (Shape{2, 3, 5}));
+  expect_close(y, ops::gelu(ops::linear(x, w, b), ops::GeluApproximation::tanh), 0, 0, "linear_gelu");
+  expect_close(ops::linear_gelu(x, w), ops::gelu(ops::linear(x, w), ops::GeluApproximation::tanh), 0, 0,
+               "linear_gelu without bias");
 }
 
 TEST(Matmul, KnownValues) {
@@ -221,6 +249,8 @@ TEST(Matmul, BadInput) {
   EXPECT_ERROR_CONTAINS(ops::linear(core::ones({2, 3}), core::ones({4, 5})), "[4, 5]");
   EXPECT_ERROR_CONTAINS(ops::linear(core::ones({2, 5}), core::ones({4, 5}), core::ones({3})), "bias");
   EXPECT_ERROR_CONTAINS(ops::linear(core::ones({2, 5}, DType::i32), core::ones({4, 5}, DType::i32)), "i32");
+  EXPECT_ERROR_CONTAINS(ops::linear_gelu(core::ones({2, 3}), core::ones({4, 5})), "linear_gelu");
+  EXPECT_ERROR_CONTAINS(ops::linear_gelu(core::ones({2, 5}), core::ones({4, 5}), core::ones({3})), "bias");
 }
 
 }  // namespace

@@ -1,18 +1,33 @@
-// matmul, bmm and linear: their shape rules and backward formulas, all computed by the one batched
-// GEMM stub (ops/linalg_kernels.h). Backward: dA = dC B^T and dB = A^T dC, summed over the batch
-// dimensions an operand was broadcast along.
+// matmul, bmm, linear and linear_gelu: their shape rules and backward formulas, computed by the
+// batched GEMM stub and, where the backend fuses them, the GEMM-with-epilogue stub
+// (ops/linalg_kernels.h). Backward: dA = dC B^T and dB = A^T dC, summed over the batch dimensions
+// an operand was broadcast along.
 #include "colossal/ops/linalg.h"
 
 #include <algorithm>
+#include <atomic>
 
-#include "colossal/autograd/function.h"  // record
-#include "colossal/core/view.h"          // expand_raw, transpose_raw, try_view, broadcast_shapes
+#include "colossal/autograd/function.h"        // record, any_requires_grad
+#include "colossal/core/view.h"                // expand_raw, transpose_raw, try_view, broadcast_shapes
+#include "colossal/ops/elementwise_kernels.h"  // unary_stub, unary_backward_stub (tanh GELU)
 #include "colossal/ops/linalg_kernels.h"
 #include "colossal/ops/reduction.h"  // sum, sum_to
 
 namespace colossal::ops {
 
 constinit core::DispatchStub<BatchedGemmKernel> batched_gemm_stub("batched_gemm");
+constinit core::DispatchStub<FusedGemmKernel> fused_gemm_stub("fused_gemm");
+
+namespace {
+std::atomic<Float32MatmulPrecision> float32_precision{Float32MatmulPrecision::high};
+}  // namespace
+
+void set_float32_matmul_precision(Float32MatmulPrecision precision) {
+  float32_precision.store(precision);
+}
+Float32MatmulPrecision float32_matmul_precision() {
+  return float32_precision.load();
+}
 
 namespace {
 
@@ -140,44 +155,114 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   return matrix_product("bmm", a, b, a, b, {a.size(0), a.size(1), b.size(2)});
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  check_floating_pair("linear", x, "input", weight, "weight");
-  COLOSSAL_CHECK(weight.dim() == 2, "linear: weight must be [out_features, in_features], got shape {}", weight.shape());
-  COLOSSAL_CHECK(x.dim() >= 1, "linear: input must have at least one dimension, got shape {}", x.shape());
+namespace {
+
+/// Checks linear's operands: x [..., in], weight [out, in] and an optional bias [out].
+void check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_floating_pair(op, x, "input", weight, "weight");
+  COLOSSAL_CHECK(weight.dim() == 2, "{}: weight must be [out_features, in_features], got shape {}", op, weight.shape());
+  COLOSSAL_CHECK(x.dim() >= 1, "{}: input must have at least one dimension, got shape {}", op, x.shape());
   const int64_t in_features = weight.size(1), out_features = weight.size(0);
   COLOSSAL_CHECK(x.size(-1) == in_features,
-                 "linear: input {} has {} features in its last dimension but weight {} expects {}", x.shape(),
+                 "{}: input {} has {} features in its last dimension but weight {} expects {}", op, x.shape(),
                  x.size(-1), weight.shape(), in_features);
   if (bias.defined()) {
-    check_floating_pair("linear", x, "input", bias, "bias");
+    check_floating_pair(op, x, "input", bias, "bias");
     COLOSSAL_CHECK(bias.dim() == 1 && bias.size(0) == out_features,
-                   "linear: bias must be [{}] to match weight {}, got shape {}", out_features, weight.shape(),
+                   "{}: bias must be [{}] to match weight {}, got shape {}", op, out_features, weight.shape(),
                    bias.shape());
   }
+}
 
-  const Tensor x_mat = flatten_to_matrix(x);
-  const int64_t rows = x_mat.size(0);
-  Tensor out_mat = core::empty({rows, out_features}, TensorOptions(x.dtype(), x.device()));
+/// Runs the backend's fused GEMM when it has one for this case; false when the caller must compose.
+bool try_fused_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const GemmEpilogue& epilogue) {
+  return fused_gemm_stub.supports(out.device().type) && fused_gemm_stub(out.device(), out, a, b, epilogue);
+}
+
+/// x_mat [rows, in] @ weight^T + bias, not recorded.
+Tensor linear_forward(const Tensor& x_mat, const Tensor& weight, const Tensor& bias) {
+  Tensor out = core::empty({x_mat.size(0), weight.size(0)}, TensorOptions(x_mat.dtype(), x_mat.device()));
+  const Tensor weight_t = transpose_last(weight);
+  if (bias.defined() && try_fused_gemm(out, x_mat, weight_t, {.bias = bias})) return out;
   double beta = 0.0;
   if (bias.defined()) {  // the bias goes into the output first and the GEMM accumulates onto it
-    out_mat.copy_(core::expand_raw(bias, {rows, out_features}));
+    out.copy_(core::expand_raw(bias, out.shape()));
     beta = 1.0;
   }
-  batched_gemm_stub(x.device(), out_mat, x_mat, transpose_last(weight), beta);
-  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
-  out_shape.push_back(out_features);
-  Tensor out = core::view_raw(out_mat, out_shape);
-  if (out.is_same(out_mat)) out = out.detach();
+  batched_gemm_stub(out.device(), out, x_mat, weight_t, beta);
+  return out;
+}
 
+/// out_mat [rows, out] viewed as the output of a linear layer on x: [..., out].
+Tensor linear_output(const Tensor& out_mat, const Tensor& x) {
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(out_mat.size(1));
+  Tensor out = core::view_raw(out_mat, out_shape);
+  return out.is_same(out_mat) ? out.detach() : out;
+}
+
+/// Gradients of x, weight and bias of y = x_mat @ weight^T + bias from grad = dy [rows, out]; the
+/// weight and bias gradients come from one GEMM where the backend fuses the bias reduction.
+std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, const Tensor& weight, const Shape& x_shape,
+                                    const Node& node) {
+  Tensor grad_x, grad_weight, grad_bias;
+  if (node.needs_input_grad(0)) grad_x = reshape_raw(gemm(grad, weight), x_shape);
+  const Tensor grad_t = transpose_last(grad);
+  if (node.needs_input_grad(1) && node.needs_input_grad(2) && fused_gemm_stub.supports(grad.device().type)) {
+    Tensor fused_weight = core::empty(weight.shape(), TensorOptions(grad.dtype(), grad.device()));
+    Tensor fused_bias = core::empty({weight.size(0)}, TensorOptions(grad.dtype(), grad.device()));
+    if (try_fused_gemm(fused_weight, grad_t, x_mat, {.bias_grad = fused_bias})) {
+      grad_weight = fused_weight;
+      grad_bias = fused_bias;
+    }
+  }
+  if (node.needs_input_grad(1) && !grad_weight.defined()) grad_weight = gemm(grad_t, x_mat);
+  if (node.needs_input_grad(2) && !grad_bias.defined()) grad_bias = sum(grad, {0});
+  return {grad_x, grad_weight, grad_bias};
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_linear("linear", x, weight, bias);
+  const Tensor x_mat = flatten_to_matrix(x);
+  const int64_t rows = x_mat.size(0);
+  Tensor out = linear_output(linear_forward(x_mat, weight, bias), x);
   autograd::record("linear", {x, weight, bias}, {out},
                    [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows](
                        const std::vector<Tensor>& grads, const Node& node) {
                      const Tensor grad = reshape_raw(grads[0], {rows, weight.size(0)});
-                     Tensor grad_x, grad_weight, grad_bias;
-                     if (node.needs_input_grad(0)) grad_x = reshape_raw(gemm(grad, weight), x_shape);
-                     if (node.needs_input_grad(1)) grad_weight = gemm(transpose_last(grad), x_mat);
-                     if (node.needs_input_grad(2)) grad_bias = sum(grad, {0});
-                     return std::vector<Tensor>{grad_x, grad_weight, grad_bias};
+                     return linear_backward(grad, x_mat, weight, x_shape, node);
+                   });
+  return out;
+}
+
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_linear("linear_gelu", x, weight, bias);
+  const Tensor x_mat = flatten_to_matrix(x);
+  const int64_t rows = x_mat.size(0);
+  // The pre-activation is only kept when a backward will need it.
+  const bool keep_pre_activation = autograd::any_requires_grad({x, weight, bias});
+  Tensor out_mat = core::empty({rows, weight.size(0)}, TensorOptions(x.dtype(), x.device()));
+  Tensor pre_activation;
+  const GemmEpilogue epilogue{
+      .bias = bias, .gelu_tanh = true, .pre_activation = keep_pre_activation ? &pre_activation : nullptr};
+  if (!try_fused_gemm(out_mat, x_mat, transpose_last(weight), epilogue)) {
+    pre_activation = linear_forward(x_mat, weight, bias);
+    if (out_mat.numel() > 0) unary_stub(x.device(), UnaryOp::gelu_tanh, out_mat, pre_activation, 0.0, 0.0);
+  }
+  Tensor out = linear_output(out_mat, x);
+  autograd::record("linear_gelu", {x, weight, bias}, {out},
+                   [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows,
+                    pre_activation = pre_activation.defined() ? pre_activation.detach() : Tensor(),
+                    activation = out_mat.detach()](const std::vector<Tensor>& grads, const Node& node) {
+                     const Tensor grad = reshape_raw(grads[0], {rows, weight.size(0)});
+                     Tensor grad_pre = core::empty(grad.shape(), TensorOptions(grad.dtype(), grad.device()));
+                     if (grad_pre.numel() > 0) {
+                       unary_backward_stub(grad.device(), UnaryOp::gelu_tanh, grad_pre, grad, pre_activation,
+                                           activation, 0.0, 0.0);
+                     }
+                     return linear_backward(grad_pre, x_mat, weight, x_shape, node);
                    });
   return out;
 }

@@ -1,4 +1,5 @@
-// Matrix products through BLAS (OpenBLAS on the CPU; f16/bf16 computed in f32).
+// Matrix products: OpenBLAS on the CPU (f16/bf16 computed in f32), cuBLASLt on the GPU (f16/bf16
+// accumulated in f32, f32 in TF32 unless asked otherwise, f64 in f64).
 #pragma once
 
 #include "colossal/core/tensor.h"
@@ -12,5 +13,18 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);
 /// x [..., in] times weight [out, in] transposed, plus bias [out] when defined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+/// gelu(linear(x, weight, bias)) with the tanh approximation (GPT-2's MLP). On the GPU one cuBLASLt
+/// GEMM whose epilogue adds the bias, applies GELU and keeps the pre-activation for backward.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+/// How f32 matrix products on the GPU may trade precision for speed, as
+/// torch.set_float32_matmul_precision. The CPU always computes f32 products in f32.
+enum class Float32MatmulPrecision {
+  highest,  ///< f32 products and sums
+  high,     ///< inputs rounded to TF32 (10-bit mantissa, relative 2^-11), f32 sums: about 7x the f32 rate on H100
+};
+/// Process-wide; the default is high.
+void set_float32_matmul_precision(Float32MatmulPrecision precision);
+Float32MatmulPrecision float32_matmul_precision();
 
 }  // namespace colossal::ops

@@ -1,6 +1,6 @@
-// Kernel signature and dispatch stub of the batched matrix product behind matmul, bmm and linear
-// (and their backward). The CPU kernel is OpenBLAS (ops/cpu/linalg_kernels.cpp); a CUDA backend
-// registers cuBLASLt.
+// Kernel signatures and dispatch stubs of the matrix products behind matmul, bmm, linear and
+// linear_gelu (and their backward). The CPU kernel is OpenBLAS (ops/cpu/linalg_kernels.cpp); the
+// CUDA backend registers cuBLASLt (ops/cuda/linalg_kernels.cpp), which also fuses epilogues.
 #pragma once
 
 #include "colossal/core/dispatch.h"
@@ -15,5 +15,28 @@ namespace colossal::ops {
 using BatchedGemmKernel = void(const Tensor& out, const Tensor& a, const Tensor& b, double beta);
 
 extern core::DispatchStub<BatchedGemmKernel> batched_gemm_stub;
+
+/// What a fused GEMM does to the product before storing it (cuBLASLt epilogues). Either the
+/// forward part (bias, gelu_tanh, pre_activation) or bias_grad, not both.
+struct GemmEpilogue {
+  /// [N], contiguous: added to every row of the product when defined.
+  Tensor bias;
+  /// GELU with the tanh approximation after the bias (GPT-2's "gelu_new").
+  bool gelu_tanh = false;
+  /// With gelu_tanh: when not null, receives the pre-activation a @ b + bias, [M, N], freshly
+  /// allocated by the kernel (its row stride may be padded past N).
+  Tensor* pre_activation = nullptr;
+  /// [M], contiguous: receives the row sums of a, sum_k a[m, k], when defined. With a = grad^T
+  /// and b = input this is the weight gradient of linear together with its bias gradient.
+  Tensor bias_grad;
+};
+
+/// out = epilogue(a @ b) for a 2-D a [M, K] (any strides), b [K, N] (any strides) and contiguous
+/// out [M, N], all of one dtype and device. Returns false, having written nothing, when the backend
+/// has no fused kernel for this case (dtype, layout, epilogue); callers then compose the parts.
+/// Backends without fused kernels (the CPU) register nothing.
+using FusedGemmKernel = bool(const Tensor& out, const Tensor& a, const Tensor& b, const GemmEpilogue& epilogue);
+
+extern core::DispatchStub<FusedGemmKernel> fused_gemm_stub;
 
 }  // namespace colossal::ops

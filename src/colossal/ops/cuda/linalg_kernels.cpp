@@ -1,0 +1,546 @@
+// CUDA matrix products through cuBLASLt: the batched GEMM and the GEMM with fused epilogues (bias,
+// bias + tanh-GELU keeping the pre-activation, bias gradient) of ops/linalg_kernels.h. Host code
+// only: one cuBLASLt handle per device, a workspace per stream, and the heuristic's best algorithm
+// cached per problem. See Note [Row-major GEMM on column-major cuBLASLt].
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "colossal/core/cuda/cuda_check.h"  // COLOSSAL_CUDA_CHECK
+#include "colossal/core/cuda_device.h"      // DeviceGuard, current_stream
+#include "colossal/core/view.h"             // contiguous_raw, narrow_raw
+#include "colossal/ops/linalg.h"            // float32_matmul_precision
+#include "colossal/ops/linalg_kernels.h"
+
+#define COLOSSAL_CUBLASLT_CHECK(expr)                                                                 \
+  do {                                                                                                \
+    const cublasStatus_t colossal_cublas_status_ = (expr);                                            \
+    if (colossal_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                              \
+      COLOSSAL_FAIL("cuBLASLt error {} ({}) from {}", cublasLtGetStatusName(colossal_cublas_status_), \
+                    cublasLtGetStatusString(colossal_cublas_status_), #expr);                         \
+    }                                                                                                 \
+  } while (0)
+
+namespace colossal::ops {
+namespace {
+
+// Note [Row-major GEMM on column-major cuBLASLt]
+// Our tensors are row-major: out [M, N] = a [M, K] b [K, N]. A row-major [R, C] matrix is the same
+// memory as a column-major [C, R] one, so cuBLASLt computes the transposed product instead:
+// out^T [N, M] = b^T [N, K] a^T [K, M], with cuBLAS's A = our b and cuBLAS's B = our a, and
+// (m, n, k) = (N, M, K). An operand whose last dimension has unit stride enters untransposed with
+// leading dimension = its row stride; one whose second-to-last dimension has unit stride (a
+// transposed view) enters with the transpose flag and leading dimension = its column stride.
+// linear's x @ W^T thus becomes the "TN" GEMM cuBLASLt is fastest at. Epilogues follow the swap:
+// the bias over out's columns is a bias over the rows of cuBLAS's D (CUBLASLT_EPILOGUE_BIAS), and
+// the row sums of our a are the bias gradient of cuBLAS's B (CUBLASLT_EPILOGUE_BGRADB).
+
+/// 32 MiB: what cuBLAS recommends for Hopper; lets the heuristic pick split-K and stream-K kernels.
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+/// cuBLASLt's default (and largest) alignment assumption, in bytes.
+constexpr uint32_t kMaxAlignment = 256;
+/// Algorithms remembered per process; see AlgoCache.
+constexpr size_t kMaxCachedAlgos = 4096;
+
+// ---- library state
+
+using AlgoKey = std::array<int64_t, 24>;
+
+struct AlgoKeyHash {
+  size_t operator()(const AlgoKey& key) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : key) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+/// Handles, workspaces and the algorithm cache, shared by every thread. Created on first use and
+/// never destroyed: tearing cuBLASLt down from a static destructor races the CUDA runtime's own
+/// shutdown, and the process exit frees everything anyway.
+class CublasLtState {
+ public:
+  static CublasLtState& instance() {
+    static CublasLtState* state = new CublasLtState();
+    return *state;
+  }
+
+  /// The device's handle, created on first use (the caller has made the device current).
+  cublasLtHandle_t handle(int device) {
+    std::lock_guard lock(mutex_);
+    auto [it, inserted] = handles_.try_emplace(device, nullptr);
+    if (inserted) {
+      try {
+        COLOSSAL_CUBLASLT_CHECK(cublasLtCreate(&it->second));
+      } catch (...) {
+        handles_.erase(it);
+        throw;
+      }
+    }
+    return it->second;
+  }
+
+  /// The workspace of a stream. One per stream rather than per device: GEMMs on two streams of a
+  /// device may run at the same time and must not share scratch memory. Allocated with cudaMalloc
+  /// once, outside the caching allocator, so that tensor memory statistics stay about tensors.
+  void* workspace(int device, cudaStream_t stream) {
+    std::lock_guard lock(mutex_);
+    auto [it, inserted] = workspaces_.try_emplace({device, stream}, nullptr);
+    if (inserted) {
+      const cudaError_t status = cudaMalloc(&it->second, kWorkspaceBytes);
+      if (status != cudaSuccess) {
+        workspaces_.erase(it);
+        cudaGetLastError();
+        COLOSSAL_FAIL("matmul: cannot allocate the {} MiB cuBLASLt workspace on cuda:{}: {}", kWorkspaceBytes >> 20,
+                      device, cudaGetErrorString(status));
+      }
+    }
+    return it->second;
+  }
+
+  /// The cached heuristic answer for a problem: an algorithm, or nullopt when cuBLASLt has none.
+  /// Returns false when the problem was never asked about.
+  bool find_algo(const AlgoKey& key, std::optional<cublasLtMatmulAlgo_t>* algo) {
+    std::lock_guard lock(mutex_);
+    const auto it = algos_.find(key);
+    if (it == algos_.end()) return false;
+    *algo = it->second;
+    return true;
+  }
+
+  void remember_algo(const AlgoKey& key, const std::optional<cublasLtMatmulAlgo_t>& algo) {
+    std::lock_guard lock(mutex_);
+    // Training loops use a few dozen shapes; the bound only stops unbounded growth when shapes keep
+    // changing (e.g. variable sequence lengths). Starting over costs one heuristic query per shape.
+    if (algos_.size() >= kMaxCachedAlgos) algos_.clear();
+    algos_[key] = algo;
+  }
+
+ private:
+  struct StreamKey {
+    int device;
+    cudaStream_t stream;
+    bool operator==(const StreamKey&) const = default;
+  };
+  struct StreamKeyHash {
+    size_t operator()(const StreamKey& k) const {
+      return std::hash<const void*>()(k.stream) ^ (static_cast<size_t>(k.device) * 0x9e3779b97f4a7c15ull);
+    }
+  };
+
+  std::mutex mutex_;
+  std::unordered_map<int, cublasLtHandle_t> handles_;
+  std::unordered_map<StreamKey, void*, StreamKeyHash> workspaces_;
+  std::unordered_map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>, AlgoKeyHash> algos_;
+};
+
+// ---- problem description
+
+/// The largest power of two (up to 256) dividing the address: what cuBLASLt may assume about it.
+uint32_t alignment_of(const void* ptr) {
+  if (ptr == nullptr) return kMaxAlignment;
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  uint32_t alignment = 1;
+  while (alignment < kMaxAlignment && address % (2 * alignment) == 0) alignment *= 2;
+  return alignment;
+}
+
+/// One input as cuBLASLt reads it: a stored column-major [rows, cols] matrix with leading
+/// dimension ld, transposed or not, and the element stride between batch entries.
+struct MatrixOperand {
+  const void* data = nullptr;
+  bool transpose = false;
+  int64_t rows = 0, cols = 0, ld = 0;
+  int64_t batch_stride = 0;
+};
+
+/// How cuBLASLt reads the transpose of a row-major [rows, cols] matrix with element strides
+/// (row_stride, col_stride), or nothing when neither dimension has unit stride. The stride of a
+/// size-1 dimension is never used, so it is chosen to suit cuBLASLt (views from unsqueeze or
+/// expand often carry odd ones there).
+std::optional<MatrixOperand> describe_transposed(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+  {  // unit stride along columns: the transpose is a column-major [cols, rows], ld = row stride
+    const int64_t rs = rows == 1 ? std::max<int64_t>(cols, 1) : row_stride;
+    const int64_t cs = cols == 1 ? 1 : col_stride;
+    if (cs == 1 && rs >= std::max<int64_t>(cols, 1)) return MatrixOperand{nullptr, false, cols, rows, rs, 0};
+  }
+  {  // unit stride along rows: a column-major [rows, cols] read transposed, ld = column stride
+    const int64_t rs = rows == 1 ? 1 : row_stride;
+    const int64_t cs = cols == 1 ? std::max<int64_t>(rows, 1) : col_stride;
+    if (rs == 1 && cs >= std::max<int64_t>(rows, 1)) return MatrixOperand{nullptr, true, rows, cols, cs, 0};
+  }
+  return std::nullopt;
+}
+
+bool describable(const Tensor& t) {
+  const int64_t r = t.dim();
+  return describe_transposed(t.size(r - 2), t.size(r - 1), t.stride(r - 2), t.stride(r - 1)).has_value();
+}
+
+/// The operand of a [..., rows, cols] tensor t whose matrix starts `element_offset` elements past
+/// t's first element; t must be describable.
+MatrixOperand operand_of(const Tensor& t, int64_t element_offset, int64_t batch_stride) {
+  const int64_t r = t.dim();
+  MatrixOperand op = *describe_transposed(t.size(r - 2), t.size(r - 1), t.stride(r - 2), t.stride(r - 1));
+  op.data = static_cast<const char*>(t.raw_data()) + element_offset * static_cast<int64_t>(t.element_size());
+  op.batch_stride = batch_stride;
+  return op;
+}
+
+/// D [m, n] (column-major, leading dimension ldd) = epilogue(op(A) [m, k] op(B) [k, n]) + beta D,
+/// for batch_count matrices at the given strides.
+struct GemmProblem {
+  cudaDataType_t data_type = CUDA_R_32F;
+  cublasComputeType_t compute_type = CUBLAS_COMPUTE_32F;
+  cudaDataType_t scale_type = CUDA_R_32F;
+  MatrixOperand a, b;
+  void* d = nullptr;
+  int64_t m = 0, n = 0, k = 0, ldd = 0, d_batch_stride = 0;
+  int64_t batch_count = 1;
+  double beta = 0.0;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;  // bias (read) or bias gradient (written)
+  void* aux = nullptr;   // GELU pre-activation (written)
+  int64_t aux_ld = 0;
+};
+
+struct TypeConfig {
+  cudaDataType_t data_type;
+  cublasComputeType_t compute_type;
+  cudaDataType_t scale_type;
+};
+
+/// f16/bf16 accumulate in f32; f32 uses TF32 tensor cores unless the user asked for full f32
+/// (ops::set_float32_matmul_precision); f64 stays f64 so that tests can compare tightly.
+TypeConfig type_config(DType dtype) {
+  switch (dtype) {
+    case DType::f16:
+      return {CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::bf16:
+      return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::f32:
+      return {CUDA_R_32F,
+              float32_matmul_precision() == Float32MatmulPrecision::high ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                         : CUBLAS_COMPUTE_32F,
+              CUDA_R_32F};
+    case DType::f64:
+      return {CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
+    default:
+      break;
+  }
+  COLOSSAL_FAIL("matmul: cuBLASLt handles f32, f64, f16 and bf16, got {}", dtype);
+}
+
+AlgoKey key_of(int device, const GemmProblem& p) {
+  return {device,
+          p.data_type,
+          p.compute_type,
+          static_cast<int64_t>(p.epilogue),
+          p.a.transpose,
+          p.b.transpose,
+          p.m,
+          p.n,
+          p.k,
+          p.a.ld,
+          p.b.ld,
+          p.ldd,
+          p.batch_count,
+          p.a.batch_stride,
+          p.b.batch_stride,
+          p.d_batch_stride,
+          p.aux_ld,
+          alignment_of(p.a.data),
+          alignment_of(p.b.data),
+          alignment_of(p.d),
+          alignment_of(p.bias),
+          alignment_of(p.aux),
+          p.a.rows,
+          p.b.rows};
+}
+
+void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const void* value, size_t size) {
+  COLOSSAL_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, value, size));
+}
+
+void init_layout(cublasLtMatrixLayout_t layout, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
+                 int64_t batch_count, int64_t batch_stride) {
+  COLOSSAL_CUBLASLT_CHECK(
+      cublasLtMatrixLayoutInit(layout, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+  if (batch_count > 1) {
+    const int32_t count = static_cast<int32_t>(batch_count);
+    COLOSSAL_CUBLASLT_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    COLOSSAL_CUBLASLT_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                             &batch_stride, sizeof(batch_stride)));
+  }
+}
+
+/// Runs one cuBLASLt matmul. Returns false, having launched nothing, when cuBLASLt has no
+/// algorithm for the problem.
+bool run_gemm(Device device, const GemmProblem& p) {
+  CublasLtState& state = CublasLtState::instance();
+  const cudaStream_t stream = static_cast<cudaStream_t>(core::cuda::current_stream(device).handle);
+  const cublasLtHandle_t handle = state.handle(device.index);
+
+  // Descriptors live on the stack (the *Init functions fill caller-owned storage): no allocations.
+  cublasLtMatmulDescOpaque_t desc_storage;
+  const cublasLtMatmulDesc_t desc = &desc_storage;
+  COLOSSAL_CUBLASLT_CHECK(cublasLtMatmulDescInit(desc, p.compute_type, p.scale_type));
+  const int32_t trans_a = p.a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int32_t trans_b = p.b.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_desc(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a));
+  set_desc(desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b));
+  if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &p.epilogue, sizeof(p.epilogue));
+    if (p.bias != nullptr) {
+      const int32_t bias_type = p.data_type;  // our bias and bias gradient have the output's dtype
+      set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
+      set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias));
+    }
+    if (p.aux != nullptr) {
+      set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof(p.aux));
+      set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &p.aux_ld, sizeof(p.aux_ld));
+    }
+  }
+
+  cublasLtMatrixLayoutOpaque_t a_storage, b_storage, d_storage;
+  const cublasLtMatrixLayout_t a_layout = &a_storage, b_layout = &b_storage, d_layout = &d_storage;
+  init_layout(a_layout, p.data_type, p.a.rows, p.a.cols, p.a.ld, p.batch_count, p.a.batch_stride);
+  init_layout(b_layout, p.data_type, p.b.rows, p.b.cols, p.b.ld, p.batch_count, p.b.batch_stride);
+  init_layout(d_layout, p.data_type, p.m, p.n, p.ldd, p.batch_count, p.d_batch_stride);
+
+  const AlgoKey key = key_of(device.index, p);
+  std::optional<cublasLtMatmulAlgo_t> algo;
+  if (!state.find_algo(key, &algo)) {
+    cublasLtMatmulPreferenceOpaque_t preference_storage;
+    const cublasLtMatmulPreference_t preference = &preference_storage;
+    COLOSSAL_CUBLASLT_CHECK(cublasLtMatmulPreferenceInit(preference));
+    const uint64_t workspace_bytes = kWorkspaceBytes;
+    COLOSSAL_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                 &workspace_bytes, sizeof(workspace_bytes)));
+    // Split-K partial sums stay in the compute type: reducing them in bf16/f16 (the OUTPUT_TYPE and
+    // INPLACE schemes) would round every partial sum and break the f32-accumulation contract.
+    const uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    COLOSSAL_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                                 &reduction_mask, sizeof(reduction_mask)));
+    // The heuristic assumes 256-byte aligned pointers unless told otherwise; views with offsets
+    // (narrow, select, batch entries) are less aligned.
+    const std::array<std::pair<cublasLtMatmulPreferenceAttributes_t, const void*>, 4> alignments = {
+        {{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.a.data},
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.b.data},
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.d},
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.d}}};
+    for (const auto& [attribute, ptr] : alignments) {
+      const uint32_t alignment = alignment_of(ptr);
+      COLOSSAL_CUBLASLT_CHECK(
+          cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof(alignment)));
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc, a_layout, b_layout, d_layout, d_layout,
+                                                                 preference, 1, &result, &found);
+    if (status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+      algo = result.algo;
+    } else if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
+      COLOSSAL_CUBLASLT_CHECK(status);
+    }
+    state.remember_algo(key, algo);
+  }
+  if (!algo) return false;
+
+  // alpha and beta have the scale type: double for f64, float otherwise.
+  const double alpha_f64 = 1.0, beta_f64 = p.beta;
+  const float alpha_f32 = 1.0f, beta_f32 = static_cast<float>(p.beta);
+  const bool f64_scale = p.scale_type == CUDA_R_64F;
+  const void* alpha = f64_scale ? static_cast<const void*>(&alpha_f64) : static_cast<const void*>(&alpha_f32);
+  const void* beta = f64_scale ? static_cast<const void*>(&beta_f64) : static_cast<const void*>(&beta_f32);
+  COLOSSAL_CUBLASLT_CHECK(cublasLtMatmul(handle, desc, alpha, p.a.data, a_layout, p.b.data, b_layout, beta, p.d,
+                                         d_layout, p.d, d_layout, &*algo, state.workspace(device.index, stream),
+                                         kWorkspaceBytes, stream));
+  return true;
+}
+
+// ---- operand checks
+
+/// Every operand must be a CUDA tensor on out's device, with out's dtype.
+void check_operands(const char* op, const Tensor& out,
+                    std::initializer_list<std::pair<const char*, const Tensor*>> operands) {
+  COLOSSAL_CHECK(out.device().is_cuda(), "{} (cuBLASLt): output {} is on {}, expected a CUDA tensor", op, out.shape(),
+                 out.device());
+  for (const auto& [name, t] : operands) {
+    COLOSSAL_CHECK(t->device() == out.device(),
+                   "{} (cuBLASLt): {} {} is on {} but the output {} is on {}; move every operand to the same GPU", op,
+                   name, t->shape(), t->device(), out.shape(), out.device());
+    COLOSSAL_CHECK(t->dtype() == out.dtype(), "{} (cuBLASLt): {} is {} but the output is {}", op, name, t->dtype(),
+                   out.dtype());
+  }
+}
+
+/// cuBLASLt takes 32-bit sizes and leading dimensions in practice (see CUBLASLT_MATRIX_LAYOUT_ROWS).
+void check_int32_sizes(const char* op, const GemmProblem& p) {
+  constexpr int64_t kLimit = INT32_MAX;
+  for (int64_t v : {p.m, p.n, p.k, p.a.ld, p.b.ld, p.ldd, p.aux_ld, p.batch_count}) {
+    COLOSSAL_CHECK(v <= kLimit, "{} (cuBLASLt): a size or leading dimension of {} exceeds 2^31 - 1 (M {}, N {}, K {})",
+                   op, v, p.n, p.m, p.k);
+  }
+}
+
+// ---- kernels
+
+/// A batch dimension of the product with the element strides of a, b and out along it.
+struct BatchDim {
+  int64_t size, a, b, out;
+};
+
+/// Batch dimensions of size > 1, with neighbours merged wherever all three operands step through
+/// them as through one dimension (broadcast operands with stride 0 included). The largest comes
+/// first: it becomes cuBLASLt's strided batch, and the caller loops over the others.
+std::vector<BatchDim> merged_batch_dims(const Tensor& out, const Tensor& a, const Tensor& b) {
+  std::vector<BatchDim> merged;
+  for (int64_t d = out.dim() - 3; d >= 0; --d) {
+    const BatchDim dim{out.size(d), a.stride(d), b.stride(d), out.stride(d)};
+    if (dim.size == 1) continue;
+    if (!merged.empty()) {
+      BatchDim& inner = merged.back();
+      if (dim.a == inner.a * inner.size && dim.b == inner.b * inner.size && dim.out == inner.out * inner.size) {
+        inner.size *= dim.size;
+        continue;
+      }
+    }
+    merged.push_back(dim);
+  }
+  const auto largest = std::max_element(merged.begin(), merged.end(),
+                                        [](const BatchDim& x, const BatchDim& y) { return x.size < y.size; });
+  if (largest != merged.end()) std::iter_swap(merged.begin(), largest);
+  return merged;
+}
+
+void batched_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, double beta) {
+  check_operands("matmul", out, {{"a", &a_in}, {"b", &b_in}});
+  COLOSSAL_CHECK(out.is_contiguous(), "matmul (cuBLASLt): the output {} must be contiguous", out.shape());
+  const int64_t rank = out.dim();
+  const int64_t m = out.size(rank - 2), n = out.size(rank - 1), k = a_in.size(rank - 1);
+  if (out.numel() == 0) return;
+  if (k == 0) {  // an empty sum
+    if (beta == 0.0) out.zero_();
+    return;
+  }
+  core::cuda::DeviceGuard guard(out.device());
+  // Matrices with no unit stride in either dimension (a step along the last dimension) are packed;
+  // everything else, transposed views and broadcast batches included, is read in place.
+  const Tensor a = describable(a_in) ? a_in : core::contiguous_raw(a_in);
+  const Tensor b = describable(b_in) ? b_in : core::contiguous_raw(b_in);
+
+  const std::vector<BatchDim> batch = merged_batch_dims(out, a, b);
+  const BatchDim inner = batch.empty() ? BatchDim{1, 0, 0, 0} : batch.front();
+  const TypeConfig types = type_config(out.dtype());
+  int64_t outer_count = 1;
+  for (size_t i = 1; i < batch.size(); ++i) outer_count *= batch[i].size;
+
+  // The outer batch dimensions that did not merge are walked here, one strided-batch call each.
+  std::vector<int64_t> index(batch.size(), 0);
+  for (int64_t call = 0; call < outer_count; ++call) {
+    int64_t a_offset = 0, b_offset = 0, out_offset = 0;
+    for (size_t i = 1; i < batch.size(); ++i) {
+      a_offset += index[i] * batch[i].a;
+      b_offset += index[i] * batch[i].b;
+      out_offset += index[i] * batch[i].out;
+    }
+    GemmProblem p;
+    p.data_type = types.data_type;
+    p.compute_type = types.compute_type;
+    p.scale_type = types.scale_type;
+    p.a = operand_of(b, b_offset, inner.b);  // cuBLAS's A is our b; see the Note
+    p.b = operand_of(a, a_offset, inner.a);
+    p.d = static_cast<char*>(out.raw_data()) + out_offset * static_cast<int64_t>(out.element_size());
+    p.m = n;
+    p.n = m;
+    p.k = k;
+    p.ldd = n;
+    p.d_batch_stride = inner.out;
+    p.batch_count = inner.size;
+    p.beta = beta;
+    check_int32_sizes("matmul", p);
+    COLOSSAL_CHECK(run_gemm(out.device(), p),
+                   "matmul (cuBLASLt): no algorithm for {} a {} (strides {}) @ b {} (strides {}) on {}; make the "
+                   "operands contiguous",
+                   out.dtype(), a.shape(), a.strides(), b.shape(), b.strides(), out.device());
+    for (size_t i = 1; i < batch.size() && ++index[i] == batch[i].size; ++i) index[i] = 0;
+  }
+}
+
+bool fused_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmEpilogue& epilogue) {
+  check_operands("linear", out, {{"a", &a_in}, {"b", &b_in}});
+  const bool forward = epilogue.bias.defined() || epilogue.gelu_tanh;
+  if (forward && epilogue.bias_grad.defined()) return false;  // no cuBLASLt epilogue does both
+  if (!forward && !epilogue.bias_grad.defined()) return false;
+  if (out.dim() != 2 || a_in.dim() != 2 || b_in.dim() != 2 || !out.is_contiguous()) return false;
+  // f64 is the dtype of reference comparisons, and cuBLASLt does not document how its GELU is
+  // computed; the composite's f64 tanh-GELU is exact to rounding.
+  if (epilogue.gelu_tanh && out.dtype() == DType::f64) return false;
+  const int64_t m = out.size(0), n = out.size(1), k = a_in.size(1);
+  if (m == 0 || n == 0 || k == 0) return false;  // nothing worth fusing; the composite handles it
+  if (epilogue.bias.defined()) check_operands("linear", out, {{"bias", &epilogue.bias}});
+  if (epilogue.bias_grad.defined()) check_operands("linear", out, {{"bias gradient", &epilogue.bias_grad}});
+  // The epilogues read and write the bias vector with unit stride.
+  if (epilogue.bias_grad.defined() && !epilogue.bias_grad.is_contiguous()) return false;
+
+  core::cuda::DeviceGuard guard(out.device());
+  const Tensor a = describable(a_in) ? a_in : core::contiguous_raw(a_in);
+  const Tensor b = describable(b_in) ? b_in : core::contiguous_raw(b_in);
+  const Tensor bias = epilogue.bias.defined() ? core::contiguous_raw(epilogue.bias) : Tensor();
+  const TypeConfig types = type_config(out.dtype());
+
+  GemmProblem p;
+  p.data_type = types.data_type;
+  p.compute_type = types.compute_type;
+  p.scale_type = types.scale_type;
+  p.a = operand_of(b, 0, 0);
+  p.b = operand_of(a, 0, 0);
+  p.d = out.raw_data();
+  p.m = n;
+  p.n = m;
+  p.k = k;
+  p.ldd = n;
+
+  Tensor aux;  // the pre-activation's storage, [M, round_up(N, 8)]
+  if (!forward) {
+    p.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    p.bias = epilogue.bias_grad.raw_data();
+  } else if (!epilogue.gelu_tanh) {
+    p.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    p.bias = bias.raw_data();
+  } else {
+    const bool keep = epilogue.pre_activation != nullptr;
+    if (bias.defined()) {
+      p.epilogue = keep ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
+      p.bias = bias.raw_data();
+    } else {
+      p.epilogue = keep ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU;
+    }
+    if (keep) {
+      // cuBLASLt wants the auxiliary leading dimension divisible by 8; pad the rows when N is not.
+      p.aux_ld = (n + 7) / 8 * 8;
+      aux = core::empty({m, p.aux_ld}, TensorOptions(out.dtype(), out.device()));
+      p.aux = aux.raw_data();
+    }
+  }
+  check_int32_sizes("linear", p);
+  if (!run_gemm(out.device(), p)) return false;
+  if (aux.defined()) *epilogue.pre_activation = p.aux_ld == n ? aux : core::narrow_raw(aux, 1, 0, n);
+  return true;
+}
+
+COLOSSAL_REGISTER_KERNEL(batched_gemm_stub, core::DeviceType::cuda, batched_gemm_cuda);
+COLOSSAL_REGISTER_KERNEL(fused_gemm_stub, core::DeviceType::cuda, fused_gemm_cuda);
+
+}  // namespace
+}  // namespace colossal::ops
