@@ -2,6 +2,7 @@
 // plain steps, momentum with dampening, Nesterov, weight-decay groups, f32, and bad hyper-parameters.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <vector>
 
 #include "colossal/optim/sgd.h"
@@ -157,6 +158,19 @@ TEST(Sgd, UpdatesFloat32Parameters) {
   EXPECT_EQ(p.dtype(), DType::f32);
   // f32 rounding of values near 1: ulp 1.2e-7, a few operations per step.
   expect_values(p, {0.855, -2.0 - 0.1 * 0.25 - 0.1 * (0.9 * 0.25 + 0.25)}, 1e-6);
+}
+
+TEST(Sgd, StateDictRoundTripContinuesBitIdentically) {
+  testing::expect_state_dict_round_trip([](const NamedParameters& params) {
+    return std::make_unique<Sgd>(make_param_groups(params, 0.01), SgdOptions{.lr = 0.1, .momentum = 0.9});
+  });
+  testing::expect_state_dict_round_trip([](const NamedParameters& params) {
+    return std::make_unique<Sgd>(make_param_groups(params, 0.01),
+                                 SgdOptions{.lr = 0.1, .momentum = 0.8, .nesterov = true});
+  });
+  testing::expect_state_dict_round_trip([](const NamedParameters& params) {  // no momentum: step counts only
+    return std::make_unique<Sgd>(make_param_groups(params, 0.01), SgdOptions{.lr = 0.1});
+  });
 }
 
 TEST(Sgd, RejectsBadHyperParameters) {

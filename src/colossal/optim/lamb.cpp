@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
-#include "colossal/ops/elementwise.h"     // add, add_, addcmul_, div, mul, mul_, sqrt
+#include "colossal/ops/elementwise.h"     // add, add_, addcmul_, clamp, div, mul, mul_, sqrt
 #include "colossal/optim/clip_grad.h"     // vector_norm
 #include "colossal/optim/trust_ratio.h"   // guarded_ratio
 
@@ -19,7 +19,8 @@ std::map<std::string, double> LambOptions::to_map() const {
           {"eps", eps},
           {"weight_decay", weight_decay},
           {"bias_correction", bias_correction ? 1.0 : 0.0},
-          {"use_trust_ratio", use_trust_ratio ? 1.0 : 0.0}};
+          {"use_trust_ratio", use_trust_ratio ? 1.0 : 0.0},
+          {"trust_clip", trust_clip}};
 }
 
 LambOptions LambOptions::from_group(const ParamGroup& group) {
@@ -29,7 +30,8 @@ LambOptions LambOptions::from_group(const ParamGroup& group) {
           .eps = group.get("eps"),
           .weight_decay = group.get("weight_decay"),
           .bias_correction = group.get("bias_correction") != 0.0,
-          .use_trust_ratio = group.get("use_trust_ratio") != 0.0};
+          .use_trust_ratio = group.get("use_trust_ratio") != 0.0,
+          .trust_clip = group.get("trust_clip")};
 }
 
 Lamb::Lamb(std::vector<ParamGroup> groups, LambOptions defaults)
@@ -50,6 +52,8 @@ void Lamb::validate_group(const ParamGroup& group, size_t g) const {
   checked_option(group, g, "weight_decay", finite_non_negative, "a finite number >= 0");
   checked_option(group, g, "bias_correction", flag, "0 (false) or 1 (true)");
   checked_option(group, g, "use_trust_ratio", flag, "0 (false) or 1 (true)");
+  checked_option(
+      group, g, "trust_clip", [](double v) { return v > 0.0; }, "> 0 (infinity turns it off)");
 }
 
 void Lamb::step() {
@@ -83,7 +87,9 @@ void lamb_step_reference(const MultiTensorLists& lists, const LambOptions& o) {
     if (o.use_trust_ratio) {
       const Tensor weight_norm = vector_norm(p);
       const Tensor update_norm = vector_norm(update);
-      update = ops::mul(update, guarded_ratio(weight_norm, update_norm, weight_norm, update_norm));
+      Tensor trust = guarded_ratio(weight_norm, update_norm, weight_norm, update_norm);
+      if (std::isfinite(o.trust_clip)) trust = ops::clamp(trust, 0.0, o.trust_clip);
+      update = ops::mul(update, trust);
     }
     ops::add_(p, update, -o.lr);
   }

@@ -1,8 +1,10 @@
 // Lamb: layer-wise adaptive moments (You et al., "Large Batch Optimization for Deep Learning:
 // Training BERT in 76 minutes") - Adam's direction plus weight decay, rescaled per tensor by the
-// trust ratio ||p|| / ||update||, as Colossal-AI's Lamb and apex's FusedLamb compute it.
+// trust ratio ||p|| / ||update||, as Colossal-AI's Lamb computes it (apex's FusedLAMB differs in
+// where it applies the ratio; see Lamb below).
 #pragma once
 
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +26,9 @@ struct LambOptions {
   bool bias_correction = true;
   /// Off forces the trust ratio to 1 (Colossal-AI's adam=True), leaving Adam with decoupled decay.
   bool use_trust_ratio = true;
+  /// The trust ratio is clamped to [0, trust_clip]; > 0. Infinity, the default, leaves it unclamped
+  /// as Colossal-AI's Lamb does; timm's Lamb(trust_clip=True) is 1.
+  double trust_clip = std::numeric_limits<double>::infinity();
 
   std::map<std::string, double> to_map() const;
   static LambOptions from_group(const ParamGroup& group);
@@ -40,10 +45,13 @@ void lamb_step_reference(const MultiTensorLists& lists, const LambOptions& optio
 ///   m <- beta1 m + (1 - beta1) g;   v <- beta2 v + (1 - beta2) g^2
 ///   m_hat = m / (1 - beta1^t);  v_hat = v / (1 - beta2^t)      (1 instead without bias_correction)
 ///   r = m_hat / (sqrt(v_hat) + eps) + weight_decay * p
-///   trust = ||p|| / ||r||, or 1 when either norm is 0            (1 without use_trust_ratio)
+///   trust = min(||p|| / ||r||, trust_clip), or 1 when either norm is 0   (1 without use_trust_ratio)
 ///   p <- p - lr * trust * r
 /// The norms are taken over the whole tensor (one "layer" per parameter tensor) and stay on the
-/// device: no host sync per tensor.
+/// device: no host sync per tensor. The ratio applies to every tensor, as in Colossal-AI's Lamb (and
+/// apex's use_nvlamb); apex's FusedLAMB by default skips it where weight_decay is 0, which here is
+/// use_trust_ratio = false on the no-decay group. FusedLAMB's global gradient clipping
+/// (max_grad_norm) is not part of this update: call clip_grad_norm before step().
 class Lamb : public Optimizer {
  public:
   explicit Lamb(std::vector<ParamGroup> groups, LambOptions defaults = {});

@@ -239,6 +239,69 @@ double PolynomialWarmupLR::lr_at(int64_t step, double base_lr) const {
   return polynomial_lr(step - warmup_steps_, total_steps_ - warmup_steps_, base_lr, end_lr_, power_);
 }
 
+FlatAnnealingLR::FlatAnnealingLR(Optimizer& optimizer, int64_t total_steps, double pct_start)
+    : LRScheduler("FlatAnnealingLR", optimizer) {
+  COLOSSAL_CHECK(total_steps > 0, "FlatAnnealingLR: total_steps must be > 0, got {}", total_steps);
+  COLOSSAL_CHECK(pct_start >= 0.0 && pct_start <= 1.0, "FlatAnnealingLR: pct_start must be in [0, 1], got {}",
+                 pct_start);
+  flat_steps_ = static_cast<int64_t>(static_cast<double>(total_steps) * pct_start);  // Python's int(): truncates
+  anneal_steps_ = total_steps - flat_steps_;
+  COLOSSAL_CHECK(anneal_steps_ > 0,
+                 "FlatAnnealingLR: pct_start {} leaves no steps to anneal over (total_steps {}); use pct_start < 1",
+                 pct_start, total_steps);
+  start();
+}
+
+double FlatAnnealingLR::lr_at(int64_t step, double base_lr) const {
+  if (step < flat_steps_) return base_lr;
+  return cosine_lr(step - flat_steps_, anneal_steps_, base_lr, 0.0);
+}
+
+FlatAnnealingWarmupLR::FlatAnnealingWarmupLR(Optimizer& optimizer, int64_t total_steps, int64_t warmup_steps,
+                                             double pct_start, double eta_min)
+    : LRScheduler("FlatAnnealingWarmupLR", optimizer), warmup_steps_(warmup_steps), eta_min_(eta_min) {
+  check_total_and_warmup("FlatAnnealingWarmupLR", total_steps, warmup_steps);
+  COLOSSAL_CHECK(pct_start >= 0.0 && pct_start <= 1.0, "FlatAnnealingWarmupLR: pct_start must be in [0, 1], got {}",
+                 pct_start);
+  check_finite_non_negative("FlatAnnealingWarmupLR", "eta_min", eta_min);
+  flat_steps_ = static_cast<int64_t>(static_cast<double>(total_steps - warmup_steps) * pct_start);
+  anneal_steps_ = total_steps - warmup_steps - flat_steps_;
+  COLOSSAL_CHECK(anneal_steps_ > 0,
+                 "FlatAnnealingWarmupLR: pct_start {} leaves no steps to anneal over (total_steps {}, warmup_steps "
+                 "{}); use pct_start < 1",
+                 pct_start, total_steps, warmup_steps);
+  start();
+}
+
+double FlatAnnealingWarmupLR::lr_at(int64_t step, double base_lr) const {
+  if (step < warmup_steps_) return warmup_lr(step, warmup_steps_, base_lr);
+  if (step < warmup_steps_ + flat_steps_) return base_lr;
+  return cosine_lr(step - warmup_steps_ - flat_steps_, anneal_steps_, base_lr, eta_min_);
+}
+
+ExponentialLR::ExponentialLR(Optimizer& optimizer, double gamma)
+    : LRScheduler("ExponentialLR", optimizer), gamma_(gamma) {
+  check_finite_non_negative("ExponentialLR", "gamma", gamma);
+  start();
+}
+
+double ExponentialLR::lr_at(int64_t step, double base_lr) const {
+  return base_lr * std::pow(gamma_, static_cast<double>(step));
+}
+
+LambdaLR::LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> lr_lambda)
+    : LRScheduler("LambdaLR", optimizer), lr_lambda_(std::move(lr_lambda)) {
+  COLOSSAL_CHECK(lr_lambda_ != nullptr, "LambdaLR: lr_lambda is empty");
+  start();
+}
+
+double LambdaLR::lr_at(int64_t step, double base_lr) const {
+  const double factor = lr_lambda_(step);
+  COLOSSAL_CHECK(factor >= 0.0 && std::isfinite(factor),
+                 "LambdaLR: lr_lambda({}) returned {}; the factor must be a finite number >= 0", step, factor);
+  return base_lr * factor;
+}
+
 OneCycleLR::OneCycleLR(Optimizer& optimizer, int64_t total_steps, OneCycleOptions options)
     : LRScheduler("OneCycleLR", optimizer), total_steps_(total_steps), options_(options) {
   const OneCycleOptions& o = options_;

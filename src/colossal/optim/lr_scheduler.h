@@ -1,9 +1,11 @@
 // Learning-rate schedulers with Colossal-AI's formulas (colossalai.nn.lr_scheduler, which wraps
-// torch.optim.lr_scheduler where it can): linear and cosine with warmup, step, multi-step, one-cycle
-// and polynomial. Each sets the "lr" of every param group of an optimizer from that group's base lr.
+// torch.optim.lr_scheduler where it can): linear and cosine with warmup, step, multi-step, one-cycle,
+// polynomial, flat-then-cosine, exponential and lambda. Each sets the "lr" of every param group of
+// an optimizer from that group's base lr.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -172,6 +174,64 @@ class PolynomialWarmupLR : public LRScheduler {
  private:
   int64_t total_steps_, warmup_steps_;
   double end_lr_, power_;
+};
+
+/// Colossal-AI's FlatAnnealingLR: the base lr for flat = floor(total * pct_start) steps, then a
+/// cosine to 0 over the anneal = total - flat steps left (its DelayerScheduler around a cosine):
+///   step < flat:  base
+///   otherwise:    base (1 + cos(pi (step - flat) / anneal)) / 2
+class FlatAnnealingLR : public LRScheduler {
+ public:
+  FlatAnnealingLR(Optimizer& optimizer, int64_t total_steps, double pct_start = 0.72);
+
+ protected:
+  double lr_at(int64_t step, double base_lr) const override;
+
+ private:
+  int64_t flat_steps_, anneal_steps_;
+};
+
+/// Colossal-AI's FlatAnnealingWarmupLR: linear warmup, the base lr for
+/// flat = floor((total - warmup) * pct_start) steps, then a cosine over anneal = total - warmup - flat:
+///   step < warmup:         base * (step + 1) / warmup
+///   step < warmup + flat:  base
+///   otherwise:             eta_min + (base - eta_min) (1 + cos(pi (step - warmup - flat) / anneal)) / 2
+class FlatAnnealingWarmupLR : public LRScheduler {
+ public:
+  FlatAnnealingWarmupLR(Optimizer& optimizer, int64_t total_steps, int64_t warmup_steps = 0, double pct_start = 0.72,
+                        double eta_min = 0.0);
+
+ protected:
+  double lr_at(int64_t step, double base_lr) const override;
+
+ private:
+  int64_t warmup_steps_, flat_steps_, anneal_steps_;
+  double eta_min_;
+};
+
+/// base * gamma^step (torch's ExponentialLR, which Colossal-AI re-exports).
+class ExponentialLR : public LRScheduler {
+ public:
+  explicit ExponentialLR(Optimizer& optimizer, double gamma = 1.0);
+
+ protected:
+  double lr_at(int64_t step, double base_lr) const override;
+
+ private:
+  double gamma_;
+};
+
+/// base * lr_lambda(step) (torch's LambdaLR, which Colossal-AI re-exports), one function for every
+/// group. The function is not part of state_dict: rebuild the scheduler with it, then load.
+class LambdaLR : public LRScheduler {
+ public:
+  LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> lr_lambda);
+
+ protected:
+  double lr_at(int64_t step, double base_lr) const override;
+
+ private:
+  std::function<double(int64_t)> lr_lambda_;
 };
 
 enum class AnnealStrategy { cos, linear };

@@ -8,7 +8,8 @@ namespace colossal::optim {
 
 /// numerator / denominator where guard_a > 0 and guard_b > 0, else 1; all four are 0-d tensors of
 /// one dtype and device (norms, typically). Exact: where the guards hold the result is the
-/// quotient itself, bit for bit. NaN guards count as "not > 0" (giving 1), as in Colossal-AI.
+/// quotient itself, bit for bit. NaN guards count as "not > 0" (giving 1), as torch.where does in
+/// Colossal-AI's Lars.
 Tensor guarded_ratio(const Tensor& numerator, const Tensor& denominator, const Tensor& guard_a, const Tensor& guard_b);
 
 }  // namespace colossal::optim
