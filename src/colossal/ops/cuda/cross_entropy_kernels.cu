@@ -1,0 +1,414 @@
+// CUDA cross-entropy, forward and backward, with the semantics of ops/loss_kernels.h (label
+// smoothing, ignore_index, soft targets; f32, f64, f16, bf16 logits computed in f32). The forward
+// reads each row of logits once (an online logsumexp, with the sums the smoothed and soft losses
+// need gathered in the same pass) and keeps the row's logsumexp; sum and mean then add the row
+// losses in one block in a fixed order (deterministic). The backward writes
+// (softmax * sum(q) - q) * g in one pass from the saved logsumexp.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "colossal/ops/cuda/row_team.cuh"
+#include "colossal/ops/loss_kernels.h"
+
+namespace colossal::ops {
+namespace {
+
+using core::acc_t;
+using cuda::rows::ceil_div;
+using cuda::rows::from_acc;
+using cuda::rows::kBlockTeam;
+using cuda::rows::kWarp;
+using cuda::rows::load_vec;
+using cuda::rows::MaxSum;
+using cuda::rows::row_exp;
+using cuda::rows::store_vec;
+using cuda::rows::TeamScratch;
+using cuda::rows::to_acc;
+using cuda::rows::Vec;
+
+/// Rows of up to kWarp * kWarpVectors vectors go to one warp (8 per block), longer ones to a block.
+constexpr int kWarpVectors = 4;
+constexpr int kWarpBlock = 256;
+constexpr int kMaxRowBlock = 256;
+/// Vectors each thread loads before using any.
+constexpr int kUnroll = 4;
+constexpr int kFinishBlock = 1024;
+
+using Labels = cuda::rows::IndexView;
+
+template <class T>
+struct ForwardArgs {
+  using A = acc_t<T>;
+  const T* logits;
+  Labels labels;  // hard targets (soft == nullptr)
+  const T* soft;  // soft targets [N, C], or nullptr
+  A* lse;         // [N]
+  A* row_loss;    // [N] for sum and mean, else nullptr
+  T* out_rows;    // [N] for Reduction::none, else nullptr
+  unsigned long long* bad_row;
+  int64_t rows, classes, ignore_index;
+  A smoothing;
+};
+
+template <int kTeam>
+__device__ __forceinline__ int64_t team_row() {
+  return blockIdx.x * int64_t{cuda::rows::teams_per_block<kTeam>()} + cuda::rows::team_index<kTeam>();
+}
+
+/// Row i's logsumexp and loss sum_c q_c (lse - x_c). Every sum is taken relative to the row's first
+/// logit x0, so that lse - x_c stays accurate when the logits are large but close together.
+template <class T, int kVec, int kTeam>
+__global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_forward_rows(ForwardArgs<T> args) {
+  using A = acc_t<T>;
+  __shared__ TeamScratch<A, 2> merge_scratch;
+  __shared__ TeamScratch<A, 3> sum_scratch;
+  const int64_t row = team_row<kTeam>();
+  if (row >= args.rows) return;  // only warp teams overshoot, and they never synchronise the block
+  const int rank = cuda::rows::team_rank<kTeam>(), size = cuda::rows::team_size<kTeam>();
+  const int64_t classes = args.classes;
+  const T* xr = args.logits + row * classes;
+  const T* tr = args.soft ? args.soft + row * classes : nullptr;
+  const A uniform_share = args.smoothing / static_cast<A>(classes);
+  const A reference = to_acc(xr[0]);
+
+  MaxSum<A> state{-INFINITY, A(0)};
+  A sum_x = 0, sum_q = 0, sum_qx = 0;  // sum (x - x0); sum q; sum q (x - x0)
+  const int64_t vectors = classes / kVec;
+  for (int64_t base = rank; base < vectors; base += int64_t{kUnroll} * size) {
+    Vec<T, kVec> xs[kUnroll], ts[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = base + int64_t{u} * size;
+      if (v < vectors) {
+        xs[u] = load_vec<kVec>(xr + v * kVec);
+        if (tr) ts[u] = load_vec<kVec>(tr + v * kVec);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + int64_t{u} * size < vectors) {
+        A vector_max = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) vector_max = max(vector_max, to_acc(xs[u].v[j]));
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const A x = to_acc(xs[u].v[j]);
+          cuda::rows::online_add<T>(state, x, vector_max);
+          sum_x += x - reference;
+          if (tr) {
+            const A q = (A(1) - args.smoothing) * to_acc(ts[u].v[j]) + uniform_share;
+            sum_q += q;
+            sum_qx += q * (x - reference);
+          }
+        }
+      }
+    }
+  }
+  state = cuda::rows::team_merge<kTeam, T>(state, merge_scratch);
+  A sums[3] = {sum_x, sum_q, sum_qx};
+  cuda::rows::team_sum<kTeam>(sums, sum_scratch);
+  if (rank != 0) return;
+
+  // A row of -inf logits has sum 0 here; the CPU's exp(-inf - -inf) makes its lse nan.
+  const A lse = state.sum == A(0) ? A(NAN) : state.max + log(state.sum);
+  args.lse[row] = lse;
+  A loss = 0;
+  if (tr) {
+    loss = sums[1] * (lse - reference) - sums[2];
+  } else {
+    const int64_t label = args.labels[row];
+    if (label != args.ignore_index) {
+      if (label < 0 || label >= classes) {
+        cuda::rows::report_bad(args.bad_row, row);
+      } else {
+        // (1 - s) nll + s * mean_c(lse - x_c)
+        loss = (A(1) - args.smoothing) * (lse - to_acc(xr[label]));
+        if (args.smoothing != A(0)) {
+          loss += args.smoothing * ((lse - reference) - sums[0] / static_cast<A>(classes));
+        }
+      }
+    }
+  }
+  if (args.out_rows) {
+    args.out_rows[row] = from_acc<T>(loss);
+  } else {
+    args.row_loss[row] = loss;
+  }
+}
+
+/// One block: total_weight <- the rows not ignored, and for sum/mean out <- the row losses added in
+/// f64 in a fixed order (per thread in row order, then the threads in order), divided by the count
+/// for mean.
+template <class T>
+__global__ void __launch_bounds__(kFinishBlock, 1)
+    cross_entropy_finish(T* __restrict__ out, double* __restrict__ total_weight, const acc_t<T>* __restrict__ row_loss,
+                         Labels labels, bool soft, int64_t rows, int64_t ignore_index, Reduction reduction) {
+  __shared__ TeamScratch<double, 2> scratch;
+  double values[2] = {0.0, 0.0};  // loss sum, rows counted
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    if (row_loss) values[0] += static_cast<double>(row_loss[i]);
+    if (!soft && labels[i] != ignore_index) values[1] += 1.0;
+  }
+  cuda::rows::team_sum<kBlockTeam>(values, scratch);
+  if (threadIdx.x != 0) return;
+  const double counted = soft ? static_cast<double>(rows) : values[1];  // exact below 2^53
+  *total_weight = counted;
+  if (reduction == Reduction::none) return;
+  // mean over no counted rows is 0 / 0 = nan, as in torch (Note [Cross entropy over no targets]).
+  const double total = reduction == Reduction::mean ? values[0] / counted : values[0];
+  out[0] = from_acc<T>(static_cast<acc_t<T>>(total));
+}
+
+template <class T>
+struct BackwardArgs {
+  using A = acc_t<T>;
+  T* grad_logits;  // or nullptr
+  T* grad_target;  // soft targets only, or nullptr
+  const T* grad_out;
+  const T* logits;
+  Labels labels;
+  const T* soft;
+  const A* lse;
+  const double* total_weight;
+  int64_t rows, classes, ignore_index;
+  A smoothing;
+  Reduction reduction;
+};
+
+/// Hard targets: grad = (softmax - q) * g with q = s / C + (1 - s) [c == label], elementwise from
+/// the saved lse; ignored rows (and, memory-safely, labels the forward would have rejected, which
+/// never equal a class) get no one-hot term. Soft targets: sum(q) first, then
+/// grad_logits = (softmax * sum(q) - q) * g and grad_target = -(1 - s) (x - lse) * g.
+template <class T, int kVec, int kTeam>
+__global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_backward_rows(BackwardArgs<T> args) {
+  using A = acc_t<T>;
+  __shared__ TeamScratch<A> scratch;
+  const int64_t row = team_row<kTeam>();
+  if (row >= args.rows) return;  // only warp teams overshoot, and they never synchronise the block
+  const int rank = cuda::rows::team_rank<kTeam>(), size = cuda::rows::team_size<kTeam>();
+  const int64_t classes = args.classes;
+  const int64_t vectors = classes / kVec;
+  const int64_t start = row * classes;
+  const bool soft = args.soft != nullptr;
+  const int64_t label = soft ? -1 : args.labels[row];
+  const bool ignored = !soft && label == args.ignore_index;
+
+  A scale;
+  if (args.reduction == Reduction::none) {
+    scale = to_acc(args.grad_out[row]);
+  } else {
+    double shared = static_cast<double>(to_acc(args.grad_out[0]));
+    if (args.reduction == Reduction::mean) shared /= *args.total_weight;
+    scale = static_cast<A>(shared);
+  }
+  const A lse = args.lse[row];
+  const A uniform_share = args.smoothing / static_cast<A>(classes);
+  const A keep = A(1) - args.smoothing;
+
+  if (!soft) {
+    if (!args.grad_logits) return;
+    for (int64_t base = rank; base < vectors; base += int64_t{kUnroll} * size) {
+      Vec<T, kVec> xs[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = base + int64_t{u} * size;
+        if (v < vectors && !ignored) xs[u] = load_vec<kVec>(args.logits + start + v * kVec);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = base + int64_t{u} * size;
+        if (v < vectors) {
+          Vec<T, kVec> out;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            // Ignored rows get an exact 0 even when mean's divisor is 0 (Note [Cross entropy over no targets]).
+            if (ignored) {
+              out.v[j] = from_acc<T>(A(0));
+            } else {
+              const A q = uniform_share + (v * kVec + j == label ? keep : A(0));
+              out.v[j] = from_acc<T>((row_exp<T>(to_acc(xs[u].v[j]) - lse) - q) * scale);
+            }
+          }
+          store_vec<kVec>(args.grad_logits + start + v * kVec, out);
+        }
+      }
+    }
+    return;
+  }
+
+  const T* tr = args.soft + start;
+  A q_total = 0;  // soft targets need not sum to 1
+  if (args.grad_logits) {
+    for (int64_t v = rank; v < vectors; v += size) {
+      const Vec<T, kVec> ts = load_vec<kVec>(tr + v * kVec);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) q_total += keep * to_acc(ts.v[j]) + uniform_share;
+    }
+    q_total = cuda::rows::team_sum<kTeam>(q_total, scratch);
+  }
+  for (int64_t v = rank; v < vectors; v += size) {
+    const Vec<T, kVec> xs = load_vec<kVec>(args.logits + start + v * kVec);
+    const Vec<T, kVec> ts = load_vec<kVec>(tr + v * kVec);
+    Vec<T, kVec> dx, dt;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const A log_p = to_acc(xs.v[j]) - lse;
+      const A q = keep * to_acc(ts.v[j]) + uniform_share;
+      dx.v[j] = from_acc<T>((row_exp<T>(log_p) * q_total - q) * scale);
+      dt.v[j] = from_acc<T>(-keep * log_p * scale);
+    }
+    if (args.grad_logits) store_vec<kVec>(args.grad_logits + start + v * kVec, dx);
+    if (args.grad_target) store_vec<kVec>(args.grad_target + start + v * kVec, dt);
+  }
+}
+
+// ---- launchers
+
+/// A warp for short rows, else one block of up to kMaxRowBlock threads per row.
+struct RowLaunch {
+  bool warp;
+  unsigned grid;
+  int block;
+};
+
+RowLaunch plan_rows(int64_t rows, int64_t vectors) {
+  if (vectors <= int64_t{kWarp} * kWarpVectors) {
+    return {true, static_cast<unsigned>(ceil_div(rows, kWarpBlock / kWarp)), kWarpBlock};
+  }
+  return {false, static_cast<unsigned>(rows), cuda::rows::pow2_team(ceil_div(vectors, kWarpVectors), 64, kMaxRowBlock)};
+}
+
+Labels labels_of(const Tensor& target, const CrossEntropyParams& params) {
+  return params.soft_target ? Labels{} : cuda::rows::index_view(target);
+}
+
+template <class T, int kVec>
+void launch_forward(const ForwardArgs<T>& args, cudaStream_t stream) {
+  const RowLaunch launch = plan_rows(args.rows, args.classes / kVec);
+  if (launch.warp) {
+    cross_entropy_forward_rows<T, kVec, kWarp><<<launch.grid, launch.block, 0, stream>>>(args);
+  } else {
+    cross_entropy_forward_rows<T, kVec, kBlockTeam><<<launch.grid, launch.block, 0, stream>>>(args);
+  }
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
+template <class T, int kVec>
+void launch_backward(const BackwardArgs<T>& args, cudaStream_t stream) {
+  const RowLaunch launch = plan_rows(args.rows, args.classes / kVec);
+  if (launch.warp) {
+    cross_entropy_backward_rows<T, kVec, kWarp><<<launch.grid, launch.block, 0, stream>>>(args);
+  } else {
+    cross_entropy_backward_rows<T, kVec, kBlockTeam><<<launch.grid, launch.block, 0, stream>>>(args);
+  }
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
+void check_devices(const char* op, Device device,
+                   std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
+  for (const auto& [t, role] : tensors) {
+    if (t->defined()) core::cuda_detail::check_on_device(*t, device, op, role);
+  }
+}
+
+void cross_entropy_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& total_weight, const Tensor& logits,
+                                const Tensor& target, const CrossEntropyParams& params) {
+  const Device device = logits.device();
+  check_devices("cross_entropy", device,
+                {{&out, "the output"}, {&lse, "lse"}, {&total_weight, "total_weight"}, {&target, "target"}});
+  const int64_t rows = logits.shape()[0];
+  const int64_t classes = logits.shape()[1];
+  COLOSSAL_CHECK(rows < (int64_t{1} << 31), "cross_entropy: {} rows exceed the CUDA grid limit", rows);
+  COLOSSAL_CHECK(classes > 0 || rows == 0, "cross_entropy: logits of shape {} have no classes", logits.shape());
+  core::cuda::DeviceGuard guard(device);
+  cudaStream_t stream = core::cuda_detail::stream_of(logits);
+  const Labels labels = labels_of(target, params);
+  std::optional<cuda::rows::DeviceErrorSlot> bad_row;
+  if (!params.soft_target && rows > 0) bad_row.emplace(device, stream);
+  core::dispatch_floating(logits.dtype(), "cross_entropy", [&]<class T>() {
+    using A = acc_t<T>;
+    const bool none = params.reduction == Reduction::none;
+    Tensor row_loss;
+    if (!none && rows > 0) row_loss = core::empty({rows}, TensorOptions(core::dtype_of<A>(), device));
+    if (rows > 0) {
+      const ForwardArgs<T> args{logits.data<T>(),
+                                labels,
+                                params.soft_target ? target.data<T>() : nullptr,
+                                lse.data<A>(),
+                                none ? nullptr : row_loss.data<A>(),
+                                none ? out.data<T>() : nullptr,
+                                bad_row ? bad_row->get() : nullptr,
+                                rows,
+                                classes,
+                                params.ignore_index,
+                                static_cast<A>(params.label_smoothing)};
+      if (cuda::rows::rows_vectorizable<T>(classes, {logits.raw_data(), args.soft})) {
+        launch_forward<T, cuda::rows::kVecOf<T>>(args, stream);
+      } else {
+        launch_forward<T, 1>(args, stream);
+      }
+    }
+    cross_entropy_finish<T><<<1, kFinishBlock, 0, stream>>>(
+        none ? nullptr : out.data<T>(), total_weight.data<double>(), row_loss.defined() ? row_loss.data<A>() : nullptr,
+        labels, params.soft_target, rows, params.ignore_index, params.reduction);
+    COLOSSAL_CUDA_CHECK_LAUNCH();
+  });
+  if (!bad_row) return;
+  // The op's one host synchronisation: the contract throws for a bad target, and only the host can.
+  if (const std::optional<int64_t> row = bad_row->first_bad()) {
+    const int64_t value = cuda::rows::read_index_at(target, *row, stream);
+    COLOSSAL_FAIL(
+        "cross_entropy: target {} at row {} is out of range for {} classes (valid: 0..{}, or ignore_index {})", value,
+        *row, classes, classes - 1, params.ignore_index);
+  }
+}
+
+// The backward does not check the targets again: they are the tensor the forward validated (the op
+// saves it), and a bad label cannot make this kernel touch memory out of bounds; a second host
+// synchronisation per step would only stall the backward.
+void cross_entropy_backward_cuda(const Tensor& grad_logits, const Tensor& grad_target, const Tensor& grad_out,
+                                 const Tensor& logits, const Tensor& target, const Tensor& lse,
+                                 const Tensor& total_weight, const CrossEntropyParams& params) {
+  const Device device = logits.device();
+  check_devices("cross_entropy backward", device,
+                {{&grad_logits, "grad_logits"},
+                 {&grad_target, "grad_target"},
+                 {&grad_out, "grad_out"},
+                 {&target, "target"},
+                 {&lse, "lse"},
+                 {&total_weight, "total_weight"}});
+  const int64_t rows = logits.shape()[0];
+  const int64_t classes = logits.shape()[1];
+  if (rows == 0 || classes == 0 || (!grad_logits.defined() && !grad_target.defined())) return;
+  COLOSSAL_CHECK(rows < (int64_t{1} << 31), "cross_entropy backward: {} rows exceed the CUDA grid limit", rows);
+  core::cuda::DeviceGuard guard(device);
+  cudaStream_t stream = core::cuda_detail::stream_of(logits);
+  core::dispatch_floating(logits.dtype(), "cross_entropy backward", [&]<class T>() {
+    using A = acc_t<T>;
+    const BackwardArgs<T> args{grad_logits.defined() ? grad_logits.data<T>() : nullptr,
+                               grad_target.defined() ? grad_target.data<T>() : nullptr,
+                               grad_out.data<T>(),
+                               logits.data<T>(),
+                               labels_of(target, params),
+                               params.soft_target ? target.data<T>() : nullptr,
+                               lse.data<A>(),
+                               total_weight.data<double>(),
+                               rows,
+                               classes,
+                               params.ignore_index,
+                               static_cast<A>(params.label_smoothing),
+                               params.reduction};
+    if (cuda::rows::rows_vectorizable<T>(classes, {args.grad_logits, args.grad_target, args.logits, args.soft})) {
+      launch_backward<T, cuda::rows::kVecOf<T>>(args, stream);
+    } else {
+      launch_backward<T, 1>(args, stream);
+    }
+  });
+}
+
+COLOSSAL_REGISTER_KERNEL(cross_entropy_forward_stub, core::DeviceType::cuda, cross_entropy_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(cross_entropy_backward_stub, core::DeviceType::cuda, cross_entropy_backward_cuda);
+
+}  // namespace
+}  // namespace colossal::ops

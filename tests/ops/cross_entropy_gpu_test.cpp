@@ -1,0 +1,209 @@
+// CUDA cross_entropy against the CPU kernels on fresh random inputs, f32/bf16/f16, the loss and
+// the gradients of the logits (and of soft targets): every reduction, label smoothing,
+// ignore_index (out of range and in range, and every row ignored), soft targets, i32 and i64
+// targets, widths from 10 to 50304 (warp rows, block rows, element loads), out-of-range targets
+// raising the CPU's message, and targets on the wrong device. Tolerances: tests/support/gpu_compare.h's
+// per dtype, with atol also capped by the data's scale (expect_scaled_match): the gradients
+// (softmax - q) * g of C classes are ~1 / C, below the harness's fixed atol.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "colossal/core/view.h"  // to_device_raw
+#include "gpu_compare.h"
+
+namespace colossal {
+namespace {
+
+using ops::CrossEntropyOptions;
+using ops::Reduction;
+using testing::expect_close;
+using testing::expect_cuda_matches_cpu;
+using testing::random_input;
+
+constexpr DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
+constexpr Reduction kReductions[] = {Reduction::none, Reduction::mean, Reduction::sum};
+
+/// The harness's comparison (tests/support/gpu_compare.h) with the absolute tolerance also capped
+/// by the data's scale: |gpu - cpu| <= factor * (min(atol, rtol * max|cpu|) + rtol * |cpu|) for the
+/// output and every input gradient. Probabilities of wide rows (~1/C) sit below the harness's fixed
+/// atol (1e-5 in f32), which would accept any small value; here they are held to the relative
+/// precision of the largest entry.
+void expect_scaled_match(const testing::DeviceCase& test_case, DType dtype, double factor, const std::string& what) {
+  const testing::Tolerance tol = testing::tolerance_for(dtype);
+  const Device gpu = core::cuda_device(0);
+  auto compare = [&](const Tensor& actual, const Tensor& expected, const std::string& label) {
+    const double scale = ops::max(ops::abs(expected.detach().to(DType::f64))).item<double>();
+    expect_close(actual.to(core::kCpu), expected, factor * std::min(tol.atol, tol.rtol * scale), factor * tol.rtol,
+                 fmt::format("{} {} ({})", what, label, dtype));
+  };
+  std::vector<Tensor> cpu_inputs = test_case.make_inputs(dtype);
+  std::vector<Tensor> gpu_inputs;
+  for (const Tensor& t : cpu_inputs) {
+    Tensor g = t.defined() ? core::to_device_raw(t.detach(), gpu) : Tensor();
+    if (t.defined() && t.requires_grad()) g.set_requires_grad(true);
+    gpu_inputs.push_back(g);
+  }
+  const Tensor cpu_out = test_case.fn(cpu_inputs);
+  const Tensor gpu_out = test_case.fn(gpu_inputs);
+  compare(gpu_out, cpu_out, "forward");
+  if (!test_case.check_backward) return;
+  const Tensor upstream = random_input(cpu_out.shape(), 777, cpu_out.dtype(), -1, 1, false);
+  autograd::backward(cpu_out, upstream);
+  autograd::backward(gpu_out, upstream.to(gpu));
+  for (size_t i = 0; i < cpu_inputs.size(); ++i) {
+    if (!cpu_inputs[i].defined() || !cpu_inputs[i].requires_grad()) continue;
+    ASSERT_TRUE(gpu_inputs[i].grad().defined()) << what << ": input " << i << " got no gradient on the GPU";
+    compare(gpu_inputs[i].grad(), cpu_inputs[i].grad(), fmt::format("gradient of input {}", i));
+  }
+}
+
+const char* name_of(Reduction r) {
+  return r == Reduction::none ? "none" : r == Reduction::mean ? "mean" : "sum";
+}
+
+/// Class indices for `rows` rows: a fixed pseudo-random pattern over [0, classes), with every
+/// `ignore_every`-th row set to ignore_index (0: none ignored).
+Tensor class_targets(int64_t rows, int64_t classes, DType dtype, int64_t ignore_every = 0,
+                     int64_t ignore_index = -100) {
+  std::vector<int64_t> labels(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    labels[static_cast<size_t>(i)] = (i * 7919 + 13) % classes;
+    if (ignore_every > 0 && i % ignore_every == 1) labels[static_cast<size_t>(i)] = ignore_index;
+  }
+  Tensor t = core::from_vector<int64_t>(labels, {rows});
+  return dtype == DType::i64 ? t : t.to(dtype);
+}
+
+/// Hard targets: logits in [-4, 4); loss and logits' gradient compared. The mean and sum add up to
+/// 64 row losses in f64 on both sides, so they match to the rows' own rounding: base tolerance
+/// unless `factor` says otherwise.
+void check_hard(int64_t rows, int64_t classes, const CrossEntropyOptions& options, DType target_dtype = DType::i64,
+                int64_t ignore_every = 0, double factor = 1.0) {
+  const Tensor target = class_targets(rows, classes, target_dtype, ignore_every, options.ignore_index);
+  for (DType dtype : kDtypes) {
+    SCOPED_TRACE(fmt::format("[{}, {}] {} reduction {}, smoothing {}, ignore_index {} (every {})", rows, classes, dtype,
+                             name_of(options.reduction), options.label_smoothing, options.ignore_index, ignore_every));
+    expect_scaled_match(
+        {.make_inputs =
+             [=](DType d) {
+               return std::vector<Tensor>{random_input({rows, classes}, 31, d, -4, 4), target};
+             },
+         .fn = [=](const std::vector<Tensor>& in) { return ops::cross_entropy(in[0], in[1], options); }},
+        dtype, factor, "cross_entropy");
+  }
+}
+
+TEST(CrossEntropyGpu, HardTargetsEveryOption) {
+  COLOSSAL_REQUIRE_GPU();
+  for (Reduction reduction : kReductions) {
+    for (double smoothing : {0.0, 0.1}) {
+      check_hard(64, 10, {.label_smoothing = smoothing, .reduction = reduction});
+      check_hard(64, 1000, {.label_smoothing = smoothing, .reduction = reduction}, DType::i32);
+      check_hard(33, 37, {.label_smoothing = smoothing, .reduction = reduction}, DType::i64, 3);  // odd, some ignored
+      // An in-range ignore_index: rows whose target is 2 are ignored.
+      check_hard(40, 129, {.ignore_index = 2, .label_smoothing = smoothing, .reduction = reduction}, DType::i32, 4);
+    }
+  }
+}
+
+TEST(CrossEntropyGpu, EveryRowIgnored) {
+  COLOSSAL_REQUIRE_GPU();
+  // mean over no counted rows is nan on both devices; the gradient is 0 (Note [Cross entropy over no targets]).
+  Tensor logits = random_input({4, 10}, 32, DType::f32, -1, 1);
+  Tensor target = core::full({4}, -100, DType::i64);
+  Tensor gpu_logits = logits.detach().to(core::cuda_device(0)).set_requires_grad(true);
+  Tensor loss = ops::cross_entropy(gpu_logits, target.to(core::cuda_device(0)));
+  EXPECT_TRUE(std::isnan(loss.item<double>()));
+  autograd::backward(loss);
+  expect_close(gpu_logits.grad().to(core::kCpu), core::zeros({4, 10}), 0, 0, "gradient with every row ignored");
+  // sum over no rows is 0.
+  EXPECT_EQ(
+      ops::cross_entropy(gpu_logits, target.to(core::cuda_device(0)), {.reduction = Reduction::sum}).item<double>(),
+      0.0);
+}
+
+TEST(CrossEntropyGpu, SoftTargets) {
+  COLOSSAL_REQUIRE_GPU();
+  for (Reduction reduction : kReductions) {
+    for (double smoothing : {0.0, 0.2}) {
+      for (int64_t classes : {10, 1000, 129}) {
+        for (DType dtype : kDtypes) {
+          SCOPED_TRACE(fmt::format("soft [24, {}] {} reduction {}, smoothing {}", classes, dtype, name_of(reduction),
+                                   smoothing));
+          // Unnormalised positive probabilities (as mixup can give), both inputs differentiated.
+          expect_scaled_match({.make_inputs =
+                                   [=](DType d) {
+                                     return std::vector<Tensor>{random_input({24, classes}, 33, d, -4, 4),
+                                                                random_input({24, classes}, 34, d, 0.0, 2.0 / classes)};
+                                   },
+                               .fn =
+                                   [=](const std::vector<Tensor>& in) {
+                                     return ops::cross_entropy(in[0], in[1],
+                                                               {.label_smoothing = smoothing, .reduction = reduction});
+                                   }},
+                              dtype, 1.0, "cross_entropy (soft targets)");
+        }
+      }
+    }
+  }
+}
+
+TEST(CrossEntropyGpu, UnbatchedLogits) {
+  COLOSSAL_REQUIRE_GPU();
+  for (DType dtype : kDtypes) {
+    expect_cuda_matches_cpu(
+        {.make_inputs = [](DType d) { return std::vector<Tensor>{random_input({50}, 35, d, -4, 4)}; },
+         .fn =
+             [](const std::vector<Tensor>& in) {
+               return ops::cross_entropy(in[0], core::from_vector<int64_t>({7}, {}).to(in[0].device()),
+                                         {.label_smoothing = 0.1});
+             }},
+        dtype, "cross_entropy of [C] logits");
+  }
+}
+
+// GPT-2's vocabulary: one block per row, logits read once. Sums of 50304 terms in a different
+// order: 4x the base tolerance, as for the reduction tests.
+TEST(CrossEntropyGpu, VocabularyRows) {
+  COLOSSAL_REQUIRE_GPU();
+  for (Reduction reduction : kReductions) {
+    check_hard(8, 50304, {.label_smoothing = 0.1, .reduction = reduction}, DType::i64, 0, 4.0);
+  }
+  check_hard(6, 50257, {.reduction = Reduction::mean}, DType::i64, 3, 4.0);  // odd width, one row ignored
+}
+
+TEST(CrossEntropyGpu, OutOfRangeTargets) {
+  COLOSSAL_REQUIRE_GPU();
+  const Device gpu = core::cuda_device(0);
+  Tensor logits = random_input({3, 4}, 37, DType::f32, -1, 1, false).to(gpu);
+  // The same message as the CPU kernel, naming the first bad row.
+  EXPECT_ERROR_CONTAINS(
+      ops::cross_entropy(logits, core::from_vector<int64_t>({0, 4, 7}, {3}).to(gpu)),
+      "cross_entropy: target 4 at row 1 is out of range for 4 classes (valid: 0..3, or ignore_index -100)");
+  EXPECT_ERROR_CONTAINS(ops::cross_entropy(logits, core::from_vector<int32_t>({-1, 0, 1}, {3}).to(gpu)),
+                        "target -1 at row 0 is out of range");
+  EXPECT_ERROR_CONTAINS(
+      ops::cross_entropy(logits, core::from_vector<int64_t>({0, 1, -5}, {3}).to(gpu), {.ignore_index = 1}),
+      "target -5 at row 2 is out of range for 4 classes (valid: 0..3, or ignore_index 1)");
+  // The long-row kernel checks too.
+  Tensor wide = random_input({2, 5000}, 38, DType::bf16, -1, 1, false).to(gpu);
+  EXPECT_ERROR_CONTAINS(ops::cross_entropy(wide, core::from_vector<int64_t>({4999, 5000}, {2}).to(gpu)),
+                        "target 5000 at row 1 is out of range for 5000 classes");
+  // A valid call afterwards still works (the error left no state behind).
+  EXPECT_FALSE(
+      std::isnan(ops::cross_entropy(logits, core::from_vector<int64_t>({0, 1, 3}, {3}).to(gpu)).item<double>()));
+}
+
+TEST(CrossEntropyGpu, TargetOnAnotherDevice) {
+  COLOSSAL_REQUIRE_GPU();
+  Tensor logits = core::ones({2, 3}, TensorOptions(DType::f32, core::cuda_device(0)));
+  EXPECT_ERROR_CONTAINS(ops::cross_entropy(logits, core::from_vector<int64_t>({0, 1}, {2})),
+                        "cross_entropy: logits are on cuda:0 but target is on cpu");
+}
+
+}  // namespace
+}  // namespace colossal
