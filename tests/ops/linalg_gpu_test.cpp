@@ -450,11 +450,11 @@ TEST(LinalgGpu, BadInputIsAClearError) {
   Tensor gpu_a = core::ones({2, 3}, TensorOptions(DType::f32, gpu)),
          gpu_w = core::ones({4, 3}, TensorOptions(DType::f32, gpu));
   Tensor gpu_b = core::ones({3, 4}, TensorOptions(DType::f32, gpu));
-  EXPECT_ERROR_CONTAINS(ops::matmul(cpu_a, gpu_b), "a is on cpu but b is on cuda:0");
+  EXPECT_ERROR_CONTAINS(ops::matmul(cpu_a, gpu_b), "a [2, 3] is on cpu but b [3, 4] is on cuda:0");
   EXPECT_ERROR_CONTAINS(ops::bmm(core::ones({1, 2, 3}, TensorOptions(DType::f32, gpu)), core::ones({1, 3, 4})),
-                        "a is on cuda:0 but b is on cpu");
-  EXPECT_ERROR_CONTAINS(ops::linear(gpu_a, gpu_w, core::ones({4})), "input is on cuda:0 but bias is on cpu");
-  EXPECT_ERROR_CONTAINS(ops::linear_gelu(cpu_a, gpu_w), "input is on cpu but weight is on cuda:0");
+                        "a [1, 2, 3] is on cuda:0 but b [1, 3, 4] is on cpu");
+  EXPECT_ERROR_CONTAINS(ops::linear(gpu_a, gpu_w, core::ones({4})), "input [2, 3] is on cuda:0 but bias [4] is on cpu");
+  EXPECT_ERROR_CONTAINS(ops::linear_gelu(cpu_a, gpu_w), "input [2, 3] is on cpu but weight [4, 3] is on cuda:0");
   // The kernel checks too, for callers that reach the stub directly.
   Tensor out = core::empty({2, 4}, TensorOptions(DType::f32, gpu));
   EXPECT_ERROR_CONTAINS(ops::batched_gemm_stub(gpu, out, cpu_a, gpu_b, 0.0),

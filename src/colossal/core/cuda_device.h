@@ -36,7 +36,8 @@ class DeviceGuard {
 Stream current_stream(Device device);
 /// Sets this thread's current stream for stream.device.
 void set_current_stream(Stream stream);
-/// A new non-blocking stream on device; the caller owns it (destroy_stream).
+/// A new non-blocking stream on device; the caller owns it (destroy_stream). Tensors allocated while
+/// it was current are freed in its order, so drop them before destroying it.
 Stream create_stream(Device device, bool high_priority = false);
 void destroy_stream(Stream stream);
 /// Sets a stream current for a scope and restores the previous one afterwards.

@@ -41,8 +41,8 @@ void check_floating_pair(const char* op, const Tensor& a, const char* a_name, co
       a_name, a.dtype(), b_name, b.dtype());
   COLOSSAL_CHECK(a.dtype() == b.dtype(), "{}: {} is {} but {} is {}; convert one so the dtypes match", op, a_name,
                  a.dtype(), b_name, b.dtype());
-  COLOSSAL_CHECK(a.device() == b.device(), "{}: {} is on {} but {} is on {}", op, a_name, a.device(), b_name,
-                 b.device());
+  COLOSSAL_CHECK(a.device() == b.device(), "{}: {} {} is on {} but {} {} is on {}; move one with .to(device)", op,
+                 a_name, a.shape(), a.device(), b_name, b.shape(), b.device());
 }
 
 /// A view with the new shape when the strides allow one, else a contiguous copy.
