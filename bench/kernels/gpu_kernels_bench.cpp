@@ -102,6 +102,13 @@ int main(int argc, char** argv) {
   Tensor w = random_gpu({width}, DType::bf16, 7), bias = random_gpu({width}, DType::bf16, 8);
   const double act_bytes = static_cast<double>(x.nbytes());
   rows.push_back(measure("layer_norm fwd bf16 16384x768", 2 * act_bytes, 0, [&] { ops::layer_norm(x, {width}, w, bias); }));
+  {
+    // The same at a size that fills the GPU (128 MiB each way), where launch and tail effects vanish.
+    Tensor big_x = random_gpu({65536, 1024}, DType::bf16, 21);
+    Tensor big_w = random_gpu({1024}, DType::bf16, 22), big_b = random_gpu({1024}, DType::bf16, 23);
+    rows.push_back(measure("layer_norm fwd bf16 65536x1024", 2.0 * big_x.nbytes(), 0,
+                           [&] { ops::layer_norm(big_x, {1024}, big_w, big_b); }));
+  }
   Tensor wide = random_gpu({rows_n, 4 * width}, DType::bf16, 9);
   rows.push_back(measure("gelu fwd bf16 16384x3072", 2.0 * wide.nbytes(), 0, [&] { ops::gelu(wide, ops::GeluApproximation::tanh); }));
   rows.push_back(measure("dropout fwd bf16 16384x3072", 2.0 * wide.nbytes(), 0, [&] { ops::dropout(wide, 0.1, true); }));

@@ -16,32 +16,46 @@ using cuda::rows::to_acc;
 using cuda::rows::Vec;
 
 /// Elements decided by one Philox block.
-constexpr int kPerBlock = 4;
+constexpr int kPerBlock = 4;  // elements decided by one Philox call
 
-/// kVectorized: out and x are aligned to four elements, so each full group of four moves as one
-/// 8-byte (16-bit types), 16-byte (f32) or 32-byte (f64) access.
+/// Philox blocks per thread and step: enough that a thread moves 16 bytes (two blocks for bf16/f16,
+/// one for f32), so each load is a full vector and is issued before the Philox rounds it waits for.
+template <class T>
+constexpr int kBlocksPerThread = sizeof(T) >= 4 ? 1 : 16 / (sizeof(T) * kPerBlock);
+
 template <class T, bool kVectorized>
 __global__ void dropout_kernel(T* __restrict__ out, const T* __restrict__ x, int64_t n, DropoutParams params,
                                acc_t<T> scale) {
   using A = acc_t<T>;
-  const int64_t groups = (n + kPerBlock - 1) / kPerBlock;
-  for (int64_t group = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; group < groups;
-       group += int64_t{gridDim.x} * blockDim.x) {
-    const core::PhiloxBlock bits = core::philox_block(params.seed, params.offset, static_cast<uint64_t>(group));
-    const int64_t first = group * kPerBlock;
-    if (kVectorized && first + kPerBlock <= n) {
-      const Vec<T, kPerBlock> in = cuda::rows::load_vec<kPerBlock>(x + first);
-      Vec<T, kPerBlock> result;
+  constexpr int kBlocks = kVectorized ? kBlocksPerThread<T> : 1;
+  constexpr int kElems = kBlocks * kPerBlock;
+  const int64_t steps = (n + kElems - 1) / kElems;
+  for (int64_t step = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; step < steps;
+       step += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t first = step * kElems;
+    if (kVectorized && first + kElems <= n) {
+      const Vec<T, kElems> in = cuda::rows::load_vec<kElems>(x + first);
+      Vec<T, kElems> result;
 #pragma unroll
-      for (int w = 0; w < kPerBlock; ++w) {
-        result.v[w] = from_acc<T>(dropout_keeps(bits.x[w], params.keep_threshold) ? to_acc(in.v[w]) * scale : A(0));
+      for (int b = 0; b < kBlocks; ++b) {
+        const core::PhiloxBlock bits =
+            core::philox_block(params.seed, params.offset, static_cast<uint64_t>(step * kBlocks + b));
+#pragma unroll
+        for (int w = 0; w < kPerBlock; ++w) {
+          const int e = b * kPerBlock + w;
+          result.v[e] = from_acc<T>(dropout_keeps(bits.x[w], params.keep_threshold) ? to_acc(in.v[e]) * scale : A(0));
+        }
       }
-      cuda::rows::store_vec<kPerBlock>(out + first, result);
+      cuda::rows::store_vec<kElems>(out + first, result);
     } else {
-      const int count = static_cast<int>(min(int64_t{kPerBlock}, n - first));
-      for (int w = 0; w < count; ++w) {
-        out[first + w] =
-            from_acc<T>(dropout_keeps(bits.x[w], params.keep_threshold) ? to_acc(x[first + w]) * scale : A(0));
+      const int64_t last = min(first + kElems, n);
+      for (int64_t i = first; i < last; i += kPerBlock) {
+        const core::PhiloxBlock bits =
+            core::philox_block(params.seed, params.offset, static_cast<uint64_t>(i / kPerBlock));
+        const int count = static_cast<int>(min(int64_t{kPerBlock}, last - i));
+        for (int w = 0; w < count; ++w) {
+          out[i + w] = from_acc<T>(dropout_keeps(bits.x[w], params.keep_threshold) ? to_acc(x[i + w]) * scale : A(0));
+        }
       }
     }
   }
@@ -57,12 +71,14 @@ void dropout_cuda(const Tensor& out, const Tensor& x, const DropoutParams& param
     using A = acc_t<T>;
     T* y = out.data<T>();
     const T* in = x.data<T>();
-    const unsigned grid = core::cuda_detail::grid_for((n + kPerBlock - 1) / kPerBlock);
-    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kPerBlock) == 0; };
-    if (aligned(y) && aligned(in)) {
+    constexpr int kElems = kBlocksPerThread<T> * kPerBlock;
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kElems) == 0; };
+    const bool vectorized = aligned(y) && aligned(in);
+    const unsigned grid = core::cuda_detail::grid_for((n + kElems - 1) / kElems);
+    if (vectorized) {
       dropout_kernel<T, true>
           <<<grid, core::cuda_detail::kThreads, 0, stream>>>(y, in, n, params, static_cast<A>(params.scale));
-    } else {
+    } else {  // element loads; one Philox block per step
       dropout_kernel<T, false>
           <<<grid, core::cuda_detail::kThreads, 0, stream>>>(y, in, n, params, static_cast<A>(params.scale));
     }
