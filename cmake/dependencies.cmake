@@ -3,6 +3,12 @@
 find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(fmt REQUIRED)
+# nlohmann-json (header only): the JSON headers of safetensors files and model configs.
+find_package(nlohmann_json 3.2 REQUIRED)
+# zlib: the data layer reads gzip-compressed dataset files (MNIST/Fashion-MNIST .gz).
+find_package(ZLIB REQUIRED)
+# toml++: config files (config/). Debian's package builds it as a shared library, with a CMake config.
+find_package(tomlplusplus 3 REQUIRED)
 
 # OpenBLAS: the CPU GEMM. Debian ships it with a pkg-config file and cblas.h under include/openblas
 # or include/<triplet>/openblas-pthread; BLAS_LIBRARIES alone would not give us the header.

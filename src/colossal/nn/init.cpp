@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/parallel.h"       // parallel_for
 #include "colossal/core/view.h"           // to_device_raw
 
 namespace colossal::nn::init {
@@ -80,7 +81,8 @@ double erfinv(double y) {
   if (y <= -1.0) return -std::numeric_limits<double>::infinity();
   if (y >= 1.0) return std::numeric_limits<double>::infinity();
   // M. Giles, "Approximating the erfinv function" (GPU Gems 4, 2010), single-precision branch:
-  // about 1e-7 relative, then Newton on erf(x) = y doubles the correct digits each step.
+  // about 1e-7 relative, then one Halley step on erf(x) = y triples the correct digits (to f64's
+  // limit) at the cost of one erf and one exp, half of what two Newton steps cost.
   double w = -std::log((1.0 - y) * (1.0 + y));
   double p;
   if (w < 5.0) {
@@ -108,7 +110,10 @@ double erfinv(double y) {
   }
   double x = p * y;
   constexpr double kTwoOverSqrtPi = 1.12837916709551257390;
-  for (int step = 0; step < 2; ++step) x -= (std::erf(x) - y) / (kTwoOverSqrtPi * std::exp(-x * x));
+  // Halley: x -= f / (f' - f f'' / (2 f')) with f = erf(x) - y, f' = 2 / sqrt(pi) exp(-x^2) and
+  // f'' = -2 x f', which simplifies to x -= f / (f' + x f).
+  const double f = std::erf(x) - y;
+  x -= f / (kTwoOverSqrtPi * std::exp(-x * x) + x * f);
   return x;
 }
 
@@ -126,7 +131,10 @@ const Tensor& trunc_normal_(const Tensor& t, double mean, double std, double a, 
   Tensor u = core::empty(t.shape(), DType::f64);
   core::uniform_(u, low, high, generator);
   double* values = u.data<double>();
-  for (int64_t i = 0; i < u.numel(); ++i) values[i] = std::clamp(mean + std * kSqrt2 * erfinv(values[i]), a, b);
+  // Each element is independent, so the split over threads cannot change the values.
+  core::parallel_for(0, u.numel(), core::kParallelGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) values[i] = std::clamp(mean + std * kSqrt2 * erfinv(values[i]), a, b);
+  });
   t.copy_(t.device().is_cpu() ? u : core::to_device_raw(u, t.device()));
   return t;
 }

@@ -31,7 +31,7 @@ const Tensor& normal_(const Tensor& t, double mean = 0.0, double std = 1.0, core
 /// std 0.02 with a = -2, b = 2 truncates nothing in practice). Method (timm's, from JAX): draw
 /// u ~ U(2 Phi(alpha) - 1, 2 Phi(beta) - 1) with alpha, beta the standardised bounds, take
 /// x = mean + std * sqrt(2) * erfinv(u) and clamp to [a, b] against rounding. The inverse CDF is
-/// computed in f64 on the host (erfinv by Giles' approximation refined with two Newton steps),
+/// computed in f64 on the host (erfinv by Giles' approximation refined with one Halley step),
 /// so every device gets the same values; initialisation runs once, so the host round trip is cheap.
 const Tensor& trunc_normal_(const Tensor& t, double mean = 0.0, double std = 1.0, double a = -2.0, double b = 2.0,
                             core::Generator* generator = nullptr);

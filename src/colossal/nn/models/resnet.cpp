@@ -1,0 +1,173 @@
+// ResNet: the two residual block kinds, the stages built from them, torchvision's initialisation
+// and the pipeline pieces.
+#include "colossal/nn/models/resnet.h"
+
+#include "colossal/nn/init.h"          // kaiming_normal_, zeros_
+#include "colossal/ops/conv.h"         // max_pool2d, adaptive_avg_pool2d
+#include "colossal/ops/elementwise.h"  // add, relu
+
+namespace colossal::nn::models {
+
+void ResNetConfig::validate() const {
+  for (int64_t blocks : layers) {
+    COLOSSAL_CHECK(blocks > 0, "ResNetConfig: every stage needs at least one block, got layers [{}, {}, {}, {}]",
+                   layers[0], layers[1], layers[2], layers[3]);
+  }
+  COLOSSAL_CHECK(num_classes > 0 && in_chans > 0, "ResNetConfig: num_classes ({}) and in_chans ({}) must be positive",
+                 num_classes, in_chans);
+}
+
+ResNetConfig ResNetConfig::resnet18(int64_t num_classes) {
+  return {.block = ResNetBlockKind::basic, .layers = {2, 2, 2, 2}, .num_classes = num_classes};
+}
+ResNetConfig ResNetConfig::resnet34(int64_t num_classes) {
+  return {.block = ResNetBlockKind::basic, .layers = {3, 4, 6, 3}, .num_classes = num_classes};
+}
+ResNetConfig ResNetConfig::resnet50(int64_t num_classes) {
+  return {.block = ResNetBlockKind::bottleneck, .layers = {3, 4, 6, 3}, .num_classes = num_classes};
+}
+
+namespace {
+
+std::shared_ptr<Conv2d> conv3x3(int64_t in, int64_t out, int64_t stride, core::Generator* generator) {
+  return std::make_shared<Conv2d>(
+      in, out, 3, Conv2dOptions{.stride = {stride, stride}, .padding = {1, 1}, .bias = false}, generator);
+}
+
+std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride, core::Generator* generator) {
+  return std::make_shared<Conv2d>(in, out, 1, Conv2dOptions{.stride = {stride, stride}, .bias = false}, generator);
+}
+
+/// torchvision's downsample: a strided 1x1 conv and a BatchNorm matching the branch's output, or
+/// none when the shapes already agree.
+std::shared_ptr<Sequential> make_downsample(int64_t in_planes, int64_t out_planes, int64_t stride,
+                                            core::Generator* generator) {
+  if (stride == 1 && in_planes == out_planes) return nullptr;
+  return std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+      conv1x1(in_planes, out_planes, stride, generator), std::make_shared<BatchNorm2d>(out_planes)});
+}
+
+Tensor residual(const Tensor& branch, const std::shared_ptr<Sequential>& downsample, const Tensor& x) {
+  return ops::relu(ops::add(branch, downsample ? downsample->forward(x) : x));
+}
+
+}  // namespace
+
+BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator)
+    : Module("BasicBlock") {
+  conv1_ = register_module("conv1", conv3x3(in_planes, planes, stride, generator));
+  bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
+  conv2_ = register_module("conv2", conv3x3(planes, planes, 1, generator));
+  bn2_ = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
+  downsample_ = make_downsample(in_planes, planes * kExpansion, stride, generator);
+  if (downsample_) register_module("downsample", downsample_);
+}
+
+Tensor BasicBlock::forward(const Tensor& x) {
+  const Tensor out = ops::relu(bn1_->forward(conv1_->forward(x)));
+  return residual(bn2_->forward(conv2_->forward(out)), downsample_, x);
+}
+
+Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator)
+    : Module("Bottleneck") {
+  conv1_ = register_module("conv1", conv1x1(in_planes, planes, 1, generator));
+  bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
+  conv2_ = register_module("conv2", conv3x3(planes, planes, stride, generator));
+  bn2_ = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
+  conv3_ = register_module("conv3", conv1x1(planes, planes * kExpansion, 1, generator));
+  bn3_ = register_module("bn3", std::make_shared<BatchNorm2d>(planes * kExpansion));
+  downsample_ = make_downsample(in_planes, planes * kExpansion, stride, generator);
+  if (downsample_) register_module("downsample", downsample_);
+}
+
+Tensor Bottleneck::forward(const Tensor& x) {
+  Tensor out = ops::relu(bn1_->forward(conv1_->forward(x)));
+  out = ops::relu(bn2_->forward(conv2_->forward(out)));
+  return residual(bn3_->forward(conv3_->forward(out)), downsample_, x);
+}
+
+namespace {
+
+Tensor stem(Conv2d& conv1, BatchNorm2d& bn1, bool cifar_stem, const Tensor& images) {
+  const Tensor x = ops::relu(bn1.forward(conv1.forward(images)));
+  return cifar_stem ? x : ops::max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
+}
+
+Tensor head(Linear& fc, const Tensor& features) {
+  return fc.forward(ops::adaptive_avg_pool2d(features, {1, 1}).flatten(1));
+}
+
+}  // namespace
+
+ResNet::ResNet(const ResNetConfig& config, core::Generator* generator) : Module("ResNet"), config_(config) {
+  config.validate();
+  const bool bottleneck = config.block == ResNetBlockKind::bottleneck;
+  const int64_t expansion = bottleneck ? Bottleneck::kExpansion : BasicBlock::kExpansion;
+  conv1_ = register_module(
+      "conv1", config.cifar_stem ? conv3x3(config.in_chans, 64, 1, generator)
+                                 : std::make_shared<Conv2d>(
+                                       config.in_chans, 64, 7,
+                                       Conv2dOptions{.stride = {2, 2}, .padding = {3, 3}, .bias = false}, generator));
+  bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(64));
+  int64_t in_planes = 64;
+  for (size_t s = 0; s < 4; ++s) {
+    const int64_t planes = int64_t{64} << s;
+    auto stage = std::make_shared<Sequential>();
+    for (int64_t b = 0; b < config.layers[s]; ++b) {
+      const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
+      if (bottleneck) {
+        stage->push_back(std::make_shared<Bottleneck>(in_planes, planes, stride, generator));
+      } else {
+        stage->push_back(std::make_shared<BasicBlock>(in_planes, planes, stride, generator));
+      }
+      in_planes = planes * expansion;
+    }
+    stages_[s] = register_module("layer" + std::to_string(s + 1), stage);
+  }
+  fc_ = register_module("fc", std::make_shared<Linear>(512 * expansion, config.num_classes, true, generator));
+
+  // torchvision's init: convs kaiming_normal(fan_out, relu); BatchNorms are ones and zeros already.
+  for (const auto& [name, module] : named_modules()) {
+    if (auto* conv = dynamic_cast<Conv2d*>(module)) {
+      init::kaiming_normal_(conv->weight(), 0.0, init::FanMode::fan_out, init::Nonlinearity::relu, generator);
+    }
+    if (!config.zero_init_residual) continue;
+    if (auto* block = dynamic_cast<Bottleneck*>(module)) init::zeros_(block->last_bn()->weight());
+    if (auto* block = dynamic_cast<BasicBlock*>(module)) init::zeros_(block->last_bn()->weight());
+  }
+}
+
+Tensor ResNet::forward(const Tensor& images) {
+  COLOSSAL_CHECK(images.dim() == 4 && images.size(1) == config_.in_chans,
+                 "ResNet: expected images [B, {}, H, W], got shape {}", config_.in_chans, images.shape());
+  Tensor x = stem(*conv1_, *bn1_, config_.cifar_stem, images);
+  for (const auto& stage : stages_) x = stage->forward(x);
+  return head(*fc_, x);
+}
+
+std::vector<std::shared_ptr<Module>> ResNet::layers() {
+  std::vector<std::shared_ptr<Module>> pieces;
+  auto stem_view = std::make_shared<LayerView>(
+      "ResNetStem", [conv1 = conv1_, bn1 = bn1_, cifar = config_.cifar_stem](LayerView&, const Tensor& images) {
+        return stem(*conv1, *bn1, cifar, images);
+      });
+  stem_view->share_module("conv1", conv1_);
+  stem_view->share_module("bn1", bn1_);
+  pieces.push_back(stem_view);
+  for (size_t s = 0; s < 4; ++s) {
+    for (size_t b = 0; b < stages_[s]->size(); ++b) {
+      auto block = (*stages_[s])[b];
+      auto view = std::make_shared<LayerView>(block->type_name(),
+                                              [block](LayerView&, const Tensor& x) { return block->forward(x); });
+      view->share_module("layer" + std::to_string(s + 1) + "." + std::to_string(b), block);
+      pieces.push_back(view);
+    }
+  }
+  auto head_view = std::make_shared<LayerView>(
+      "ResNetHead", [fc = fc_](LayerView&, const Tensor& features) { return head(*fc, features); });
+  head_view->share_module("fc", fc_);
+  pieces.push_back(head_view);
+  return pieces;
+}
+
+}  // namespace colossal::nn::models

@@ -1,0 +1,108 @@
+// ResNet-18/34/50 (torchvision's ResNet, v1.5: the bottleneck's stride sits on its 3x3 conv)
+// under torchvision's names (conv1, bn1, layer1.0.conv1, layer2.0.downsample.0/1, fc), so
+// torchvision checkpoints load through load_state_dict as they are; with a CIFAR stem option (a
+// 3x3 stride-1 conv1 and no max pool, for 32x32 images) and torchvision's zero_init_residual.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "colossal/core/random.h"
+#include "colossal/nn/batch_norm.h"
+#include "colossal/nn/conv.h"
+#include "colossal/nn/linear.h"
+#include "colossal/nn/models/layer_view.h"
+
+namespace colossal::nn::models {
+
+enum class ResNetBlockKind {
+  basic,       ///< two 3x3 convs (ResNet-18/34), expansion 1
+  bottleneck,  ///< 1x1, 3x3, 1x1 convs (ResNet-50 and deeper), expansion 4
+};
+
+struct ResNetConfig {
+  ResNetBlockKind block = ResNetBlockKind::bottleneck;
+  /// Blocks in layer1..layer4.
+  std::array<int64_t, 4> layers{3, 4, 6, 3};
+  int64_t num_classes = 1000;
+  int64_t in_chans = 3;
+  /// conv1 a 3x3 stride-1 convolution and no max pool, keeping 32x32 images (CIFAR) at full
+  /// resolution into layer1; off is ImageNet's 7x7 stride-2 conv1 and 3x3 stride-2 max pool.
+  bool cifar_stem = false;
+  /// Start the last BatchNorm of every residual branch (bn2 of a basic block, bn3 of a
+  /// bottleneck) with gamma 0, so each block begins as the identity (torchvision's
+  /// zero_init_residual; Goyal et al., "Accurate, Large Minibatch SGD").
+  bool zero_init_residual = false;
+
+  void validate() const;
+
+  static ResNetConfig resnet18(int64_t num_classes = 1000);
+  static ResNetConfig resnet34(int64_t num_classes = 1000);
+  static ResNetConfig resnet50(int64_t num_classes = 1000);
+};
+
+/// torchvision's BasicBlock: relu(bn2(conv2(relu(bn1(conv1(x))))) + downsample(x)).
+class BasicBlock : public Module {
+ public:
+  static constexpr int64_t kExpansion = 1;
+  /// downsample (conv 1x1 with stride, then BatchNorm) is added when the stride or the width changes.
+  BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator);
+  Tensor forward(const Tensor& x) override;
+  /// The branch's last BatchNorm (zero_init_residual sets its gamma to 0).
+  const std::shared_ptr<BatchNorm2d>& last_bn() const { return bn2_; }
+
+ private:
+  std::shared_ptr<Conv2d> conv1_;
+  std::shared_ptr<BatchNorm2d> bn1_;
+  std::shared_ptr<Conv2d> conv2_;
+  std::shared_ptr<BatchNorm2d> bn2_;
+  std::shared_ptr<Sequential> downsample_;
+};
+
+/// torchvision's Bottleneck: relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + downsample(x)),
+/// conv2 carrying the stride; the output has 4 * planes channels.
+class Bottleneck : public Module {
+ public:
+  static constexpr int64_t kExpansion = 4;
+  Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator);
+  Tensor forward(const Tensor& x) override;
+  const std::shared_ptr<BatchNorm2d>& last_bn() const { return bn3_; }
+
+ private:
+  std::shared_ptr<Conv2d> conv1_;
+  std::shared_ptr<BatchNorm2d> bn1_;
+  std::shared_ptr<Conv2d> conv2_;
+  std::shared_ptr<BatchNorm2d> bn2_;
+  std::shared_ptr<Conv2d> conv3_;
+  std::shared_ptr<BatchNorm2d> bn3_;
+  std::shared_ptr<Sequential> downsample_;
+};
+
+class ResNet : public Module {
+ public:
+  /// generator draws the initial weights, as torchvision's: every conv kaiming_normal(fan_out,
+  /// relu), BatchNorms one and zero, fc PyTorch's Linear default.
+  explicit ResNet(const ResNetConfig& config, core::Generator* generator = nullptr);
+
+  /// images [B, in_chans, H, W] -> logits [B, num_classes].
+  Tensor forward(const Tensor& images) override;
+  /// The model as pieces for pipeline parallelism (Note [Pipeline layers]): "stem" (conv1, bn1,
+  /// relu, max pool), one piece per residual block layer<k>.<i>, and "head" (global average pool,
+  /// fc).
+  std::vector<std::shared_ptr<Module>> layers();
+
+  const ResNetConfig& config() const { return config_; }
+  /// layer1..layer4 (index 0..3).
+  const std::shared_ptr<Sequential>& stage(size_t index) const { return stages_.at(index); }
+  const std::shared_ptr<Linear>& fc() const { return fc_; }
+
+ private:
+  ResNetConfig config_;
+  std::shared_ptr<Conv2d> conv1_;
+  std::shared_ptr<BatchNorm2d> bn1_;
+  std::array<std::shared_ptr<Sequential>, 4> stages_;
+  std::shared_ptr<Linear> fc_;
+};
+
+}  // namespace colossal::nn::models
