@@ -69,6 +69,15 @@ def torch_rows():
         p, m_, v = (torch.rand(n, device=dev) for _ in range(3))
         rows["adamw-style addcdiv_ f32 124M"] = time_ms(lambda: p.addcdiv_(m_, v, value=-1e-3))
         del p, m_, v
+        block = [(768,), (768,), (768, 2304), (2304,), (768, 768), (768,),
+                 (768,), (768,), (768, 3072), (3072,), (3072, 768), (768,)]
+        shapes = [(50257, 768), (1024, 768)] + block * 12 + [(768,), (768,)]
+        params = [(torch.rand(s, device=dev) * 2 - 1).requires_grad_() for s in shapes]
+        for param in params:
+            param.grad = torch.rand_like(param) * 2 - 1
+        adamw = torch.optim.AdamW(params, lr=6e-4, weight_decay=0.1, fused=True)
+        rows["fused adamw step f32 gpt2-124M 148 tensors"] = time_ms(adamw.step)
+        del params, adamw
         logits = torch.rand(8192, 50304, device=dev, dtype=bf16)
         targets = torch.randint(0, 50257, (8192,), device=dev)
         rows["cross_entropy fwd bf16 8192x50304"] = time_ms(lambda: F.cross_entropy(logits, targets))
