@@ -1,0 +1,448 @@
+// CUDA scaled dot-product attention, forward and backward, under the contract of ops/nn_kernels.h.
+// bf16/f16 with head dimensions up to 128 run the FlashAttention-2 kernels of attention_flash.cuh
+// on the tensor cores (padded to 64 or 128); f32, f64 and wider heads run the simple kernels of
+// attention_simple.cuh. Both save only each row's logsumexp; the backward recomputes P from it.
+//
+// Note [dQ through atomics]
+// The flash backward gives each CTA a block of keys, so dK and dV stay in its registers, while
+// every CTA adds its share of dQ = dS K into an f32 buffer with atomics (converted to T at the
+// end), as FlashAttention-2 does. The deterministic alternative, a second pass over query tiles
+// recomputing S and dP, costs 7 products instead of 5 (+40% FLOPs) for a backward that is
+// already the slower half; the price of atomics is that dQ's f32 sums may differ in the last bits
+// from run to run (below bf16/f16 resolution almost always). The simple kernels are deterministic.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <optional>
+#include <vector>
+
+#include "colossal/core/cuda/launch.cuh"  // stream_of, check_on_device, Vec, aligned16
+#include "colossal/core/view.h"           // contiguous_raw
+#include "colossal/ops/cuda/attention_flash.cuh"
+#include "colossal/ops/cuda/attention_simple.cuh"
+#include "colossal/ops/nn_kernels.h"
+
+namespace colossal::ops {
+namespace {
+
+using namespace cuda::attention;  // NOLINT: the kernels and their parameter blocks
+
+constexpr const char* kOp = "scaled_dot_product_attention";
+/// The flash backward's query tile; the saved statistics are padded to a multiple of it.
+constexpr int kStatsPadding = 64;
+
+struct AttentionShape {
+  int64_t batch, tq, tk, head_dim, value_dim;
+};
+
+AttentionShape shape_of(const Tensor& q, const Tensor& k, const Tensor& v) {
+  int64_t batch = 1;
+  for (int64_t d = 0; d < q.dim() - 2; ++d) batch *= q.size(d);
+  return {batch, q.size(-2), k.size(-2), q.size(-1), v.size(-1)};
+}
+
+void check_supported(const AttentionShape& s, const Tensor& q, const Tensor& v) {
+  COLOSSAL_CHECK(s.head_dim <= kSimpleMaxDim && s.value_dim <= kSimpleMaxDim,
+                 "{}: CUDA attention supports head dimensions up to {}, got q {} and v {} (head_dim {}, value_dim "
+                 "{}); split the heads further or run on the CPU",
+                 kOp, kSimpleMaxDim, q.shape(), v.shape(), s.head_dim, s.value_dim);
+  COLOSSAL_CHECK(s.batch <= INT_MAX, "{}: {} (batch, head) matrices exceed the CUDA grid limit of {}", kOp, s.batch,
+                 INT_MAX);
+}
+
+/// Whether the tensor-core kernels take this problem (otherwise the simple kernels do).
+template <class T>
+bool use_flash(const AttentionShape& s) {
+  return kIs16Bit<T> && s.head_dim > 0 && s.tk > 0 && std::max(s.head_dim, s.value_dim) <= 128;
+}
+
+/// Tiles along grid.y must stay within CUDA's 65535.
+void check_tiles(int64_t length, int64_t tile, const char* what) {
+  COLOSSAL_CHECK(ceil_div(length, tile) <= 65535, "{}: {} of {} is too long for the CUDA kernels (at most {})", kOp,
+                 what, length, 65535 * tile);
+}
+
+template <class Kernel>
+void allow_shared_memory(Kernel kernel, size_t bytes, int device) {
+  if (bytes <= 48 * 1024) return;
+  int limit = 0;
+  COLOSSAL_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  COLOSSAL_CHECK(bytes <= static_cast<size_t>(limit),
+                 "{}: the kernel needs {} bytes of shared memory per block, the GPU allows {}", kOp, bytes, limit);
+  COLOSSAL_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// ---- operand descriptions
+
+/// t's batch dimensions merged where the strides allow (size-1 dimensions dropped); nullopt when
+/// more than kMaxBatchDims remain.
+std::optional<MatrixOperand> describe(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (size, stride), outermost first
+  for (int64_t d = 0; d < t.dim() - 2; ++d) {
+    if (t.size(d) == 1) continue;
+    if (!dims.empty() && dims.back().second == t.stride(d) * t.size(d)) {
+      dims.back() = {dims.back().first * t.size(d), t.stride(d)};
+    } else {
+      dims.emplace_back(t.size(d), t.stride(d));
+    }
+  }
+  if (dims.size() > static_cast<size_t>(kMaxBatchDims)) return std::nullopt;
+  MatrixOperand m;
+  m.data = t.raw_data();
+  m.row_stride = t.stride(-2);
+  m.col_stride = t.stride(-1);
+  m.batch_dims = static_cast<int>(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    m.batch_sizes[i] = dims[i].first;
+    m.batch_strides[i] = dims[i].second;
+  }
+  return m;
+}
+
+/// A contiguous [batch, rows, cols] buffer as an operand.
+MatrixOperand contiguous_operand(const void* data, int64_t batch, int64_t rows, int64_t cols) {
+  MatrixOperand m;
+  m.data = data;
+  m.row_stride = cols;
+  m.col_stride = 1;
+  m.batch_dims = 1;
+  m.batch_sizes[0] = batch;
+  m.batch_strides[0] = rows * cols;
+  return m;
+}
+
+/// An operand for the simple kernels, which take any strides; `keep` holds a copy if one was needed.
+MatrixOperand simple_operand(const Tensor& t, Tensor& keep) {
+  if (auto m = describe(t)) return *m;
+  keep = core::contiguous_raw(t);
+  return *describe(keep);
+}
+
+/// dst[b, r, c] = src's element (b, r, c) for c < cols, 0 for cols <= c < padded_cols.
+template <class T>
+__global__ void pack_operand_kernel(T* dst, const MatrixOperand src, int64_t rows, int64_t cols, int64_t padded_cols,
+                                    int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i % padded_cols, rest = i / padded_cols;
+    const int64_t r = rest % rows, b = rest / rows;
+    dst[i] = c < cols ? src.matrix<T>(b)[r * src.row_stride + c * src.col_stride] : T(0.f);
+  }
+}
+
+/// An operand of the flash kernels: `cols` (a multiple of 8) columns readable with 16-byte
+/// copies; `storage` holds the packed copy when the tensor itself is not laid out for that.
+struct FlashOperand {
+  MatrixOperand matrix;
+  int cols;
+  Tensor storage;
+};
+
+/// Rows must be 16-byte aligned runs of a multiple of 8 elements (every batch entry too); a
+/// transposed [B, T, H, D] view or broadcast heads qualify, other layouts are packed first.
+template <class T>
+FlashOperand flash_operand(const Tensor& t, int64_t batch, cudaStream_t stream) {
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  const std::optional<MatrixOperand> m = describe(t);
+  bool direct = m.has_value() && m->col_stride == 1 && m->row_stride % 8 == 0 && cols % 8 == 0 &&
+                core::cuda_detail::aligned16(t.raw_data());
+  for (int d = 0; direct && d < m->batch_dims; ++d) direct = m->batch_strides[d] % 8 == 0;
+  if (direct) return {*m, static_cast<int>(cols), Tensor()};
+
+  Tensor keep;
+  const MatrixOperand source = simple_operand(t, keep);
+  const int64_t padded_cols = ceil_div<int64_t>(cols, 8) * 8;
+  Tensor packed = core::empty({batch, rows, padded_cols}, TensorOptions(t.dtype(), t.device()));
+  const int64_t total = packed.numel();
+  pack_operand_kernel<T><<<core::cuda_detail::grid_for(total), core::cuda_detail::kThreads, 0, stream>>>(
+      packed.data<T>(), source, rows, cols, padded_cols, total);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+  return {contiguous_operand(packed.raw_data(), batch, rows, padded_cols), static_cast<int>(padded_cols), packed};
+}
+
+// ---- forward
+
+template <class Cfg>
+void launch_flash_forward(const FlashForwardParams& p, int64_t batch, int device, cudaStream_t stream) {
+  check_tiles(p.tq, Cfg::kBlockM, "a query length");
+  allow_shared_memory(flash_forward_kernel<Cfg>, Cfg::kSmemBytes, device);
+  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(ceil_div<int64_t>(p.tq, Cfg::kBlockM)));
+  flash_forward_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void flash_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const AttentionShape& s, const AttentionParams& params, cudaStream_t stream) {
+  const FlashOperand fq = flash_operand<T>(q, s.batch, stream), fk = flash_operand<T>(k, s.batch, stream),
+                     fv = flash_operand<T>(v, s.batch, stream);
+  FlashForwardParams p;
+  p.q = fq.matrix;
+  p.k = fk.matrix;
+  p.v = fv.matrix;
+  p.out = out.raw_data();
+  p.lse = lse.data<float>();
+  p.tq = s.tq;
+  p.tk = s.tk;
+  p.qk_cols = fq.cols;  // equal to fk.cols: both are round_up(head_dim, 8)
+  p.v_cols = fv.cols;
+  p.value_dim = static_cast<int>(s.value_dim);
+  p.scale_log2 = static_cast<float>(params.scale) * kLog2e;
+  p.causal = params.causal;
+  const int device = q.device().index;
+  // 128 query rows (32 per warp, sharing each K/V fragment between two mma row tiles) against
+  // 64-key tiles keeps S, O and the statistics within 255 registers at head dimension 128.
+  if (std::max(p.qk_cols, p.v_cols) <= 64) {
+    launch_flash_forward<FlashForwardConfig<T, 64, 128, 64, 4>>(p, s.batch, device, stream);
+  } else {
+    launch_flash_forward<FlashForwardConfig<T, 128, 128, 64, 4>>(p, s.batch, device, stream);
+  }
+}
+
+template <class T>
+void simple_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const AttentionShape& s, const AttentionParams& params, cudaStream_t stream) {
+  using A = acc_t<T>;
+  constexpr int kRows = kSimpleRows<A>;
+  Tensor keep_q, keep_k, keep_v;
+  SimpleParams p{};
+  p.q = simple_operand(q, keep_q);
+  p.k = simple_operand(k, keep_k);
+  p.v = simple_operand(v, keep_v);
+  p.tq = s.tq;
+  p.tk = s.tk;
+  p.head_dim = s.head_dim;
+  p.value_dim = s.value_dim;
+  p.scale = params.scale;
+  p.causal = params.causal;
+  p.out = out.raw_data();
+  p.lse = lse.raw_data();
+  check_tiles(s.tq, kRows, "a query length");
+  const size_t smem = simple_forward_smem<A>(s.head_dim, s.value_dim);
+  allow_shared_memory(simple_forward_kernel<T>, smem, q.device().index);
+  const dim3 grid(static_cast<unsigned>(s.batch), static_cast<unsigned>(ceil_div<int64_t>(s.tq, kRows)));
+  simple_forward_kernel<T><<<grid, kSimpleThreads, smem, stream>>>(p);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
+void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const AttentionParams& params) {
+  const Device device = q.device();
+  for (const auto& [t, role] : {std::pair{&k, "k"}, {&v, "v"}, {&out, "the output"}, {&lse, "the logsumexp"}}) {
+    core::cuda_detail::check_on_device(*t, device, kOp, role);
+  }
+  const AttentionShape s = shape_of(q, k, v);
+  check_supported(s, q, v);
+  if (s.batch == 0 || s.tq == 0 || s.value_dim == 0) return;
+  core::cuda::DeviceGuard guard(device);
+  cudaStream_t stream = core::cuda_detail::stream_of(q);
+  core::dispatch_floating(q.dtype(), kOp, [&]<class T>() {
+    if constexpr (kIs16Bit<T>) {
+      if (use_flash<T>(s)) return flash_forward<T>(out, lse, q, k, v, s, params, stream);
+    }
+    simple_forward<T>(out, lse, q, k, v, s, params, stream);
+  });
+}
+
+// ---- backward
+
+/// delta[b, i] = rowsum(dout * out) and lse_bwd[b, i] = lse * lse_factor, +inf for a row that
+/// sees no key (so that its recomputed P is 0 rather than inf); rows tq <= i < tq_padded get
+/// delta 0 and lse_bwd +inf. A team of 8 lanes per row, kVec elements per load.
+template <class T, int kVec>
+__global__ void backward_statistics_kernel(const T* out, const T* dout, const acc_t<T>* lse, acc_t<T>* lse_bwd,
+                                           acc_t<T>* delta, int64_t rows_padded, int64_t tq, int64_t tq_padded,
+                                           int64_t cols, acc_t<T> lse_factor) {
+  using A = acc_t<T>;
+  constexpr int kTeam = 8;
+  const int64_t team = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kTeam;
+  const int rank = static_cast<int>(threadIdx.x) % kTeam;
+  const int64_t b = team / tq_padded, i = team % tq_padded;
+  const bool real = team < rows_padded && i < tq;
+  A dot = 0;
+  if (real) {
+    const int64_t start = (b * tq + i) * cols;
+    for (int64_t c = int64_t{rank} * kVec; c < cols; c += kTeam * kVec) {
+      const auto o = *reinterpret_cast<const core::cuda_detail::Vec<T, kVec>*>(out + start + c);
+      const auto g = *reinterpret_cast<const core::cuda_detail::Vec<T, kVec>*>(dout + start + c);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) dot += to_acc(o.v[j]) * to_acc(g.v[j]);
+    }
+  }
+#pragma unroll
+  for (int offset = kTeam / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+  if (team < rows_padded && rank == 0) {
+    const A row_lse = real ? lse[b * tq + i] : A(-INFINITY);
+    delta[team] = dot;
+    lse_bwd[team] = row_lse == A(-INFINITY) ? A(INFINITY) : row_lse * lse_factor;
+  }
+}
+
+/// dq = accum * scale, dropping the accumulator's padding columns.
+template <class T>
+__global__ void dq_from_accumulator_kernel(T* dq, const float* accum, int64_t rows, int64_t cols, int64_t accum_cols,
+                                           float scale) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    dq[i] = from_acc<T>(accum[(i / cols) * accum_cols + i % cols] * scale);
+  }
+}
+
+template <class Cfg>
+void launch_flash_backward(const FlashBackwardParams& p, int64_t batch, int device, cudaStream_t stream) {
+  static_assert(kStatsPadding % Cfg::kBlockM == 0, "the statistics cover whole query tiles");
+  check_tiles(p.tk, Cfg::kBlockN, "a key length");
+  allow_shared_memory(flash_backward_kernel<Cfg>, Cfg::kSmemBytes, device);
+  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(ceil_div<int64_t>(p.tk, Cfg::kBlockN)));
+  flash_backward_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void flash_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_out,
+                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse_bwd, const Tensor& delta,
+                    const AttentionShape& s, const AttentionParams& params, cudaStream_t stream) {
+  const FlashOperand fq = flash_operand<T>(q, s.batch, stream), fk = flash_operand<T>(k, s.batch, stream),
+                     fv = flash_operand<T>(v, s.batch, stream), fdo = flash_operand<T>(grad_out, s.batch, stream);
+  Tensor dq_accum = core::empty({s.batch, s.tq, fq.cols}, TensorOptions(DType::f32, q.device()));
+  COLOSSAL_CUDA_CHECK(cudaMemsetAsync(dq_accum.raw_data(), 0, dq_accum.numel() * sizeof(float), stream));
+  FlashBackwardParams p;
+  p.q = fq.matrix;
+  p.k = fk.matrix;
+  p.v = fv.matrix;
+  p.dout = fdo.matrix;
+  p.lse = lse_bwd.data<float>();
+  p.delta = delta.data<float>();
+  p.dq_accum = dq_accum.data<float>();
+  p.dk = grad_k.raw_data();
+  p.dv = grad_v.raw_data();
+  p.tq = s.tq;
+  p.tk = s.tk;
+  p.tq_padded = lse_bwd.size(-1);
+  p.qk_cols = fq.cols;
+  p.v_cols = fv.cols;  // equal to fdo.cols: both are round_up(value_dim, 8)
+  p.head_dim = static_cast<int>(s.head_dim);
+  p.value_dim = static_cast<int>(s.value_dim);
+  p.scale = static_cast<float>(params.scale);
+  p.scale_log2 = p.scale * kLog2e;
+  p.causal = params.causal;
+  const int device = q.device().index;
+  // 128 keys per CTA (16 per warp) against 64-query tiles, as FlashAttention-2 for these widths.
+  if (std::max(p.qk_cols, p.v_cols) <= 64) {
+    launch_flash_backward<FlashBackwardConfig<T, 64, 64, 128, 8>>(p, s.batch, device, stream);
+  } else {
+    launch_flash_backward<FlashBackwardConfig<T, 128, 64, 128, 8>>(p, s.batch, device, stream);
+  }
+  const int64_t rows = s.batch * s.tq;
+  dq_from_accumulator_kernel<T>
+      <<<core::cuda_detail::grid_for(rows * s.head_dim), core::cuda_detail::kThreads, 0, stream>>>(
+          grad_q.data<T>(), p.dq_accum, rows, s.head_dim, fq.cols, p.scale);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void simple_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_out,
+                     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse_bwd, const Tensor& delta,
+                     const AttentionShape& s, const AttentionParams& params, cudaStream_t stream) {
+  using A = acc_t<T>;
+  constexpr int kRows = kSimpleRows<A>;
+  Tensor keep_q, keep_k, keep_v;
+  SimpleParams p{};
+  p.q = simple_operand(q, keep_q);
+  p.k = simple_operand(k, keep_k);
+  p.v = simple_operand(v, keep_v);
+  p.tq = s.tq;
+  p.tk = s.tk;
+  p.head_dim = s.head_dim;
+  p.value_dim = s.value_dim;
+  p.scale = params.scale;
+  p.causal = params.causal;
+  p.dout = grad_out.raw_data();
+  p.lse_bwd = lse_bwd.raw_data();
+  p.delta = delta.raw_data();
+  p.tq_padded = lse_bwd.size(-1);
+  p.dq = grad_q.raw_data();
+  p.dk = grad_k.raw_data();
+  p.dv = grad_v.raw_data();
+  check_tiles(s.tq, kRows, "a query length");
+  check_tiles(s.tk, kRows, "a key length");
+  const size_t smem = simple_backward_smem<A>(s.head_dim, s.value_dim);
+  const int device = q.device().index;
+  allow_shared_memory(simple_backward_dq_kernel<T>, smem, device);
+  allow_shared_memory(simple_backward_dkdv_kernel<T>, smem, device);
+  if (s.head_dim > 0) {
+    const dim3 grid(static_cast<unsigned>(s.batch), static_cast<unsigned>(ceil_div<int64_t>(s.tq, kRows)));
+    simple_backward_dq_kernel<T><<<grid, kSimpleThreads, smem, stream>>>(p);
+    COLOSSAL_CUDA_CHECK_LAUNCH();
+  }
+  const dim3 grid(static_cast<unsigned>(s.batch), static_cast<unsigned>(ceil_div<int64_t>(s.tk, kRows)));
+  simple_backward_dkdv_kernel<T><<<grid, kSimpleThreads, smem, stream>>>(p);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
+void zero_(const Tensor& t, cudaStream_t stream) {
+  if (t.numel() > 0) {
+    COLOSSAL_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.numel() * core::element_size(t.dtype()), stream));
+  }
+}
+
+void attention_backward_cuda(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_out,
+                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                             const AttentionParams& params) {
+  const char* op = "scaled_dot_product_attention backward";
+  const Device device = q.device();
+  for (const auto& [t, role] : {std::pair{&k, "k"},
+                                {&v, "v"},
+                                {&out, "the output"},
+                                {&lse, "the logsumexp"},
+                                {&grad_out, "grad_out"},
+                                {&grad_q, "grad_q"},
+                                {&grad_k, "grad_k"},
+                                {&grad_v, "grad_v"}}) {
+    core::cuda_detail::check_on_device(*t, device, op, role);
+  }
+  const AttentionShape s = shape_of(q, k, v);
+  check_supported(s, q, v);
+  core::cuda::DeviceGuard guard(device);
+  cudaStream_t stream = core::cuda_detail::stream_of(q);
+  if (s.batch == 0) return;
+  if (s.tq == 0 || s.tk == 0 || s.value_dim == 0) {
+    // No query, no key or an empty output: the output does not depend on the inputs.
+    for (const Tensor* g : {&grad_q, &grad_k, &grad_v}) zero_(*g, stream);
+    return;
+  }
+  core::dispatch_floating(q.dtype(), op, [&]<class T>() {
+    using A = acc_t<T>;
+    const bool flash = use_flash<T>(s);
+    const TensorOptions stats(std::is_same_v<A, double> ? DType::f64 : DType::f32, device);
+    const int64_t tq_padded = ceil_div<int64_t>(s.tq, kStatsPadding) * kStatsPadding;
+    Tensor lse_bwd = core::empty({s.batch, tq_padded}, stats), delta = core::empty({s.batch, tq_padded}, stats);
+    const int64_t rows_padded = s.batch * tq_padded;
+    const unsigned blocks = static_cast<unsigned>(ceil_div<int64_t>(rows_padded * 8, core::cuda_detail::kThreads));
+    // The flash kernels work in log2 units; the simple ones call exp.
+    const A lse_factor = flash ? A(kLog2e) : A(1);
+    constexpr int kVec = 16 / sizeof(T);
+    if (s.value_dim % kVec == 0 && core::cuda_detail::aligned16(out.raw_data()) &&
+        core::cuda_detail::aligned16(grad_out.raw_data())) {
+      backward_statistics_kernel<T, kVec><<<blocks, core::cuda_detail::kThreads, 0, stream>>>(
+          out.data<T>(), grad_out.data<T>(), lse.data<A>(), lse_bwd.data<A>(), delta.data<A>(), rows_padded, s.tq,
+          tq_padded, s.value_dim, lse_factor);
+    } else {
+      backward_statistics_kernel<T, 1><<<blocks, core::cuda_detail::kThreads, 0, stream>>>(
+          out.data<T>(), grad_out.data<T>(), lse.data<A>(), lse_bwd.data<A>(), delta.data<A>(), rows_padded, s.tq,
+          tq_padded, s.value_dim, lse_factor);
+    }
+    COLOSSAL_CUDA_CHECK_LAUNCH();
+    if constexpr (kIs16Bit<T>) {
+      if (flash) return flash_backward<T>(grad_q, grad_k, grad_v, grad_out, q, k, v, lse_bwd, delta, s, params, stream);
+    }
+    simple_backward<T>(grad_q, grad_k, grad_v, grad_out, q, k, v, lse_bwd, delta, s, params, stream);
+  });
+}
+
+COLOSSAL_REGISTER_KERNEL(attention_forward_stub, core::DeviceType::cuda, attention_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(attention_backward_stub, core::DeviceType::cuda, attention_backward_cuda);
+
+}  // namespace
+}  // namespace colossal::ops
