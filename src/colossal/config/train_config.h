@@ -1,0 +1,231 @@
+// TrainConfig: everything a training run is configured by, in Colossal-AI's vocabulary (parallel,
+// fp16, zero, gradient_accumulation, clip_grad_norm, ...), loaded from TOML with `--set key=value`
+// overrides and checked at load so that a typo or a bad value fails before any GPU is touched.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "colossal/config/option_table.h"
+
+namespace colossal::config {
+
+/// How tensor-parallel layers split their weights (Colossal-AI's parallel.tensor.mode).
+enum class TensorParallelMode {
+  k1d,    ///< "1d": Megatron-LM column/row splits over all tp ranks
+  k2d,    ///< "2d": SUMMA over a q x q grid; tensor.size = q*q
+  k2p5d,  ///< "2.5d": depth stacked q x q grids; tensor.size = depth*q*q
+  k3d,    ///< "3d": a d x d x d cube; tensor.size = d*d*d
+};
+
+/// fp16.mode: Colossal-AI's AMP_TYPE, plus "off".
+enum class AmpMode {
+  kOff,    ///< "off": fp32 (or bf16, see TrainConfig::bf16)
+  kTorch,  ///< "torch": autocast with a dynamic grad scaler, fp32 parameters
+  kNaive,  ///< "naive": fp16 parameters, fp32 master copy, dynamic loss scale with hysteresis
+};
+
+/// zero.placement_policy: where ZeRO-3 (Gemini) keeps parameter chunks between uses.
+enum class ZeroPlacement {
+  kCuda,  ///< "cuda": on the GPU
+  kCpu,   ///< "cpu": in pinned host memory, fetched for each use
+  kAuto,  ///< "auto": on the GPU while memory lasts, the rest on the host (Gemini's policy)
+};
+
+enum class ModelName { kMlp, kGpt2, kVit, kResnet };                              ///< "mlp" "gpt2" "vit" "resnet"
+enum class DatasetName { kSynthetic, kMnist, kFashionMnist, kCifar10, kTokens };  ///< see DataConfig::dataset
+enum class OptimizerName { kSgd, kAdam, kAdamw, kLamb, kLars };  ///< "sgd" "adam" "adamw" "lamb" "lars"
+/// lr_scheduler.name; each may start with a linear warmup (warmup_steps or warmup_epochs), which
+/// gives Colossal-AI's *WarmupLR variants: "linear" is LinearWarmupLR, "cosine" with warmup
+/// CosineAnnealingWarmupLR, and so on.
+enum class SchedulerName {
+  kConstant,    ///< "constant": lr throughout (after any warmup)
+  kLinear,      ///< "linear": decays linearly to 0 at total_steps
+  kCosine,      ///< "cosine": cosine annealing to eta_min at total_steps
+  kMultistep,   ///< "multistep": multiplied by gamma at each of milestones
+  kPolynomial,  ///< "polynomial": (1 - t/total)^power decay to eta_min
+};
+enum class DeviceKind { kAuto, kCpu, kCuda };  ///< "auto" (cuda when present) "cpu" "cuda"
+
+/// The config-file spelling of each enum value ("2.5d", "adamw", ...).
+std::string_view to_string(TensorParallelMode value);
+std::string_view to_string(AmpMode value);
+std::string_view to_string(ZeroPlacement value);
+std::string_view to_string(ModelName value);
+std::string_view to_string(DatasetName value);
+std::string_view to_string(OptimizerName value);
+std::string_view to_string(SchedulerName value);
+std::string_view to_string(DeviceKind value);
+
+struct TensorParallelConfig {
+  int size = 1;                                       ///< ranks each layer is split over; 1: none
+  TensorParallelMode mode = TensorParallelMode::k1d;  ///< the split; its rule on size is checked at load
+  int depth = 1;                                      ///< 2.5d only: the number of stacked q x q grids
+
+  friend bool operator==(const TensorParallelConfig&, const TensorParallelConfig&) = default;
+};
+
+/// Colossal-AI's `parallel = dict(data=..., pipeline=..., tensor=dict(size, mode, depth))`; ranks are
+/// laid out tensor innermost, then pipeline, then data (docs/design.md).
+struct ParallelConfig {
+  int data = 0;      ///< data-parallel size; 0: the world size / (pipeline * tensor.size)
+  int pipeline = 1;  ///< pipeline stages; 1: none
+  TensorParallelConfig tensor;
+  /// Microbatches each batch is split into under a pipeline (Colossal-AI's NUM_MICRO_BATCHES); the
+  /// batch size must divide by it.
+  int num_microbatches = 1;
+  /// Model chunks per pipeline stage (NUM_CHUNKS); more than 1 selects the interleaved 1F1B
+  /// schedule, which needs num_microbatches to be a multiple of pipeline.
+  int num_chunks = 1;
+
+  friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
+};
+
+/// fp16 = dict(mode=AMP_TYPE.TORCH | AMP_TYPE.NAIVE, ...): mixed precision with a dynamic loss scale.
+/// The scale options apply to both modes.
+struct Fp16Config {
+  AmpMode mode = AmpMode::kOff;
+  double initial_scale = 65536;   ///< loss scale at the first step (2^16)
+  double growth_factor = 2;       ///< scale *= this after growth_interval steps without overflow
+  double backoff_factor = 0.5;    ///< scale *= this on overflow (after hysteresis overflows for naive)
+  int growth_interval = 1000;     ///< overflow-free steps before the scale grows
+  int hysteresis = 2;             ///< naive: overflowing steps tolerated before backing off
+  double max_scale = 4294967296;  ///< the scale never grows past this (2^32)
+
+  friend bool operator==(const Fp16Config&, const Fp16Config&) = default;
+};
+
+/// zero = dict(...): ZeRO sharding of optimizer states (stage 1), gradients (2) and parameters (3)
+/// over the data-parallel ranks, with Gemini's chunked placement for stage 3.
+struct ZeroConfig {
+  int stage = 0;                                          ///< 0: off
+  ZeroPlacement placement_policy = ZeroPlacement::kCuda;  ///< stage 3 only (anything but cuda needs it)
+  bool offload_optimizer = false;  ///< keep optimizer states and fp32 master weights on the host and step there
+  int chunk_size_mb = 32;          ///< stage 3: parameters are managed in chunks of this many MiB
+  int reduce_bucket_mb = 25;       ///< stages 1-2: gradients are reduce-scattered in buckets of this many MiB
+
+  friend bool operator==(const ZeroConfig&, const ZeroConfig&) = default;
+};
+
+struct ModelConfig {
+  ModelName name = ModelName::kMlp;
+  /// A named size of the model: gpt2: "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"; vit: timm's
+  /// "vit_tiny_patch16_224" ... "vit_large_patch16_224", "vit_tiny_patch4_32" (CIFAR),
+  /// "vit_tiny_patch4_28" (MNIST); resnet: "resnet18", "resnet34", "resnet50"; mlp has none.
+  /// Empty: the model's own default, adjusted by options.
+  std::string preset;
+  /// Keyword arguments of the model builder (num_classes, dropout, n_layer, activation
+  /// checkpointing, ...), checked by the builder with OptionTable::reject_unknown.
+  OptionTable options{"model.options"};
+
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+};
+
+struct DataConfig {
+  /// "synthetic" (generated, no files), "mnist" and "fashion_mnist" (IDX files, .gz or not),
+  /// "cifar10" (the binary version), "tokens" (uint16 token files from tokenize_file).
+  DatasetName dataset = DatasetName::kSynthetic;
+  std::string path;       ///< the dataset's file or folder; required unless synthetic
+  std::string test_path;  ///< a held-out split; empty: the dataset's own test split where it has one
+  /// Samples each data-parallel rank loads per iteration; under a pipeline it is split into
+  /// parallel.num_microbatches microbatches.
+  int batch_size = 64;
+  int num_workers = 0;     ///< loader threads; 0: load on the training thread
+  bool shuffle = true;     ///< reshuffle the training set each epoch (by train.seed and the epoch)
+  bool drop_last = true;   ///< skip a last incomplete batch
+  bool pin_memory = true;  ///< stage batches in pinned host memory for asynchronous copies
+  int seq_len = 0;         ///< tokens: tokens per sample; 0: the model's context length
+  /// Applied in order to training images: "random_crop", "random_flip", "resize", "center_crop",
+  /// "normalize", "auto_augment", "mixup"; their parameters (crop padding, normalize mean/std,
+  /// mixup_alpha, ...) go in options.
+  std::vector<std::string> transforms;
+  OptionTable options{"data.options"};  ///< dataset- and transform-specific settings
+
+  friend bool operator==(const DataConfig&, const DataConfig&) = default;
+};
+
+struct OptimizerConfig {
+  OptimizerName name = OptimizerName::kAdamw;
+  double lr = 1e-3;                          ///< peak learning rate (after warmup)
+  double weight_decay = 0;                   ///< decoupled for adamw and lamb, L2 for sgd, adam and lars
+  std::vector<double> betas = {0.9, 0.999};  ///< adam, adamw, lamb: the two moment decay rates
+  double eps = 1e-8;                         ///< adam, adamw, lamb: added to the second moment's root
+  double momentum = 0;                       ///< sgd, lars
+  bool nesterov = false;                     ///< sgd: Nesterov momentum (needs momentum > 0)
+
+  friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
+};
+
+struct LrSchedulerConfig {
+  SchedulerName name = SchedulerName::kConstant;
+  int64_t warmup_steps = 0;         ///< linear warmup from 0 over this many steps...
+  int64_t warmup_epochs = 0;        ///< ...or epochs (at most one of the two)
+  int64_t total_steps = 0;          ///< where decays end; 0: the run's length (train.max_steps or epochs)
+  double eta_min = 0;               ///< cosine, polynomial: the final learning rate
+  std::vector<int64_t> milestones;  ///< multistep: increasing steps at which lr *= gamma
+  double gamma = 0.1;               ///< multistep: the factor at each milestone
+  double power = 1;                 ///< polynomial: the exponent
+
+  friend bool operator==(const LrSchedulerConfig&, const LrSchedulerConfig&) = default;
+};
+
+/// The loop: how long, how often to log, test and checkpoint (Colossal-AI's trainer.fit arguments).
+struct TrainLoopConfig {
+  int64_t epochs = 1;               ///< passes over the training set; 0: bounded by max_steps alone
+  int64_t max_steps = 0;            ///< optimizer steps at most; 0: no bound besides epochs
+  int64_t seed = 1024;              ///< seeds initialisation, shuffling and dropout (Colossal-AI's default seed)
+  int64_t log_interval = 10;        ///< log every this many steps
+  int64_t test_interval = 1;        ///< evaluate every this many epochs; 0: never
+  std::string checkpoint_dir;       ///< where checkpoints go; empty: none are written
+  int64_t checkpoint_interval = 1;  ///< save every this many epochs (with checkpoint_dir)
+  std::string resume_from;          ///< a checkpoint to resume from; empty: start fresh
+  std::string log_dir;              ///< TensorBoard events and JSON-lines metrics; empty: console only
+  double label_smoothing = 0;       ///< cross-entropy label smoothing
+  DeviceKind device = DeviceKind::kAuto;
+
+  friend bool operator==(const TrainLoopConfig&, const TrainLoopConfig&) = default;
+};
+
+/// The whole run. Top-level keys as in Colossal-AI's config files; sections as TOML tables.
+struct TrainConfig {
+  ParallelConfig parallel;
+  Fp16Config fp16;
+  bool bf16 = false;  ///< bf16 autocast with fp32 parameters, no loss scaling (not with fp16)
+  ZeroConfig zero;
+  int gradient_accumulation = 1;  ///< iterations whose gradients add up before each optimizer step
+  double clip_grad_norm = 0;      ///< clip gradients to this global L2 norm; 0: no clipping
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  LrSchedulerConfig lr_scheduler;
+  TrainLoopConfig train;
+
+  friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
+};
+
+/// Reads the TOML file at `path`, applies `overrides` in order and checks the result. Each override
+/// is "dotted.key=value" with a TOML value (1, 2.5e-4, true, "text", [0.9, 0.95], {a = 1}); a value
+/// that is not TOML is taken as a bare string (--set optimizer.name=lamb). Throws colossal::Error
+/// listing every problem: unknown keys (with the nearest valid key), wrong types, values out of
+/// range or not among the choices (with the range or the choices), broken rules between keys (tensor
+/// size against mode, ...), each naming the full dotted key and the file and line, or the override,
+/// it came from.
+TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides = {});
+
+/// As load_config, from TOML text; `source_name` stands for the file in messages.
+TrainConfig parse_config(std::string_view toml, const std::vector<std::string>& overrides = {},
+                         std::string_view source_name = "<config>");
+
+/// Checks a config built or changed in code by the rules load_config applies (ranges, choices, rules
+/// between keys); throws colossal::Error listing every problem.
+void validate(const TrainConfig& config);
+
+/// The effective config as a TOML document with every key (choices noted in comments); parse_config
+/// reads it back to an equal TrainConfig.
+std::string describe(const TrainConfig& config);
+
+}  // namespace colossal::config
