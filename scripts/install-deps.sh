@@ -13,6 +13,7 @@ packages=(
   libcli11-dev        # the colossal program's command line
   nlohmann-json3-dev libspdlog-dev zlib1g-dev
   libtomlplusplus-dev # config files
+  dataset-fashion-mnist  # the default training data (and the IDX reader's test on real files)
 )
 if [[ "${COLOSSAL_INSTALL_MPI:-1}" != 0 ]]; then
   packages+=(libopenmpi-dev openmpi-bin)
