@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <type_traits>
 
@@ -75,6 +76,53 @@ __device__ __forceinline__ Vec<T, kVec> load_vec(const T* p) {
 template <int kVec, class T>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, kVec>& v) {
   *reinterpret_cast<Vec<T, kVec>*>(p) = v;
+}
+
+// ---- cache-hinted vector access. Streaming (evict-first in L1 and L2) for data touched once, like
+// the rows of a row kernel, so that what every row re-reads (a layer norm's weight and bias) stays
+// cached; read-only (the non-coherent path) for those re-read parameters.
+
+template <int kBytes>
+struct BitsOf;
+template <>
+struct BitsOf<16> {
+  using type = uint4;
+};
+template <>
+struct BitsOf<8> {
+  using type = uint2;
+};
+template <>
+struct BitsOf<4> {
+  using type = unsigned int;
+};
+template <>
+struct BitsOf<2> {
+  using type = unsigned short;
+};
+
+template <class T, int kVec>
+using VecBits = typename BitsOf<sizeof(Vec<T, kVec>)>::type;
+
+template <int kVec, class T>
+__device__ __forceinline__ Vec<T, kVec> load_vec_streaming(const T* p) {
+  const VecBits<T, kVec> bits = __ldcs(reinterpret_cast<const VecBits<T, kVec>*>(p));
+  Vec<T, kVec> v;
+  memcpy(&v, &bits, sizeof v);
+  return v;
+}
+template <int kVec, class T>
+__device__ __forceinline__ Vec<T, kVec> load_vec_readonly(const T* p) {
+  const VecBits<T, kVec> bits = __ldg(reinterpret_cast<const VecBits<T, kVec>*>(p));
+  Vec<T, kVec> v;
+  memcpy(&v, &bits, sizeof v);
+  return v;
+}
+template <int kVec, class T>
+__device__ __forceinline__ void store_vec_streaming(T* p, const Vec<T, kVec>& v) {
+  VecBits<T, kVec> bits;
+  memcpy(&bits, &v, sizeof v);
+  __stcs(reinterpret_cast<VecBits<T, kVec>*>(p), bits);
 }
 
 // ---- team reductions. Every lane of the team gets the same bits: the xor butterfly adds the same
