@@ -30,7 +30,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
+#include <optional>
 
 #include "colossal/core/view.h"           // to_device_raw
 #include "colossal/ops/linalg_kernels.h"  // batched_gemm_stub, fused_gemm_stub (direct epilogue checks)
@@ -389,10 +391,80 @@ TEST(LinalgGpu, FusedEpilogues) {
     check_fused(dtype, 128, 768, 3072, dtype != DType::f32);  // f32 training is not the fast path
     check_fused(dtype, 37, 129, 65, false);  // odd sizes may or may not have fused kernels; either is right
   }
+  // 4.8 GFLOP per product, above the autotuning threshold (1e9): every epilogue is timed on the call's
+  // own buffers first (bias gradient and pre-activation written while timing), then run for real.
+  check_fused(DType::bf16, 1024, 768, 3072, true);
   check_fused(DType::f64, 37, 129, 65, false);
 }
 
 // ---- modes, streams and bad input
+
+/// Sets (or, with nullptr, unsets) an environment variable for a scope and restores it afterwards.
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) previous_ = old;
+    set(value);
+  }
+  ~EnvGuard() { set(previous_ ? previous_->c_str() : nullptr); }
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+
+ private:
+  void set(const char* value) {
+    if (value != nullptr) {
+      setenv(name_, value, 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  const char* name_;
+  std::optional<std::string> previous_;
+};
+
+TEST(LinalgGpu, AutotuningIsCorrectAndCached) {
+  COLOSSAL_REQUIRE_GPU();
+  // See Note [GEMM autotuning] in ops/cuda/linalg_kernels.cpp. 2 M N K = 3.6 GFLOP, above the 1e9
+  // threshold, and a shape no other test uses, so that its first call here is the first in the process.
+  const Device gpu = core::cuda_device(0);
+  const int64_t m = 1024, k = 2304, n = 768;
+  const double s = weight_scale(k);
+  const GemmTolerance tol = tolerance_for(kPrecisions[2], false);  // bf16
+  const Tensor a = random_input({m, k}, 50, DType::bf16, -1, 1, false);
+  const Tensor b = random_input({k, n}, 51, DType::bf16, -s, s, false);
+  const Tensor expected = ops::matmul(a, b);
+  const Tensor ag = a.to(gpu), bg = b.to(gpu);
+
+  Tensor heuristic;  // the heuristic's first pick, as with autotuning off
+  {
+    EnvGuard off("COLOSSAL_GEMM_AUTOTUNE", "0");
+    const int64_t before = ops::gemm_autotune_count();
+    heuristic = ops::matmul(ag, bg);
+    EXPECT_EQ(ops::gemm_autotune_count(), before) << "COLOSSAL_GEMM_AUTOTUNE=0 still autotuned";
+  }
+  EnvGuard on("COLOSSAL_GEMM_AUTOTUNE", "1");
+  const int64_t before = ops::gemm_autotune_count();
+  const Tensor tuned = ops::matmul(ag, bg);  // the unsettled pick is tuned now that tuning is on
+  EXPECT_EQ(ops::gemm_autotune_count(), before + 1) << "the first call with autotuning on did not tune";
+  const Tensor again = ops::matmul(ag, bg);
+  EXPECT_EQ(ops::gemm_autotune_count(), before + 1) << "the second call tuned again instead of using the cache";
+  expect_gemm_close(heuristic, expected, tol, "heuristic pick");
+  expect_gemm_close(tuned, expected, tol, "autotuned pick");
+  expect_gemm_close(again, expected, tol, "cached autotuned pick");
+  // One algorithm and no atomics (see SameBitsTwice): the cached call repeats the tuned one exactly.
+  testing::expect_close(again.to(core::kCpu), tuned.to(core::kCpu), 0, 0, "autotuned twice");
+
+  // An accumulating call (beta = 1) is timed into scratch: the output is accumulated exactly once.
+  const int64_t n2 = 640;  // another shape, so another problem to tune
+  const Tensor b2 = random_input({k, n2}, 52, DType::bf16, -s, s, false);
+  const Tensor c = random_input({m, n2}, 53, DType::bf16, -1, 1, false);
+  Tensor accumulated_cpu = c.clone();
+  ops::batched_gemm_stub(core::kCpu, accumulated_cpu, a, b2, 1.0);
+  Tensor accumulated = c.to(gpu);
+  ops::batched_gemm_stub(gpu, accumulated, ag, b2.to(gpu), 1.0);
+  EXPECT_EQ(ops::gemm_autotune_count(), before + 2) << "the accumulating call was not tuned";
+  expect_gemm_close(accumulated, accumulated_cpu, tol, "autotuned accumulation (beta = 1)");
+}
 
 TEST(LinalgGpu, Float32PrecisionSetting) {
   COLOSSAL_REQUIRE_GPU();

@@ -3,6 +3,9 @@
 // CUDA backend registers cuBLASLt (ops/cuda/linalg_kernels.cpp), which also fuses epilogues.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+
 #include "colossal/core/dispatch.h"
 #include "colossal/core/tensor.h"
 
@@ -38,5 +41,13 @@ struct GemmEpilogue {
 using FusedGemmKernel = bool(const Tensor& out, const Tensor& a, const Tensor& b, const GemmEpilogue& epilogue);
 
 extern core::DispatchStub<FusedGemmKernel> fused_gemm_stub;
+
+/// GEMM problems the CUDA backend has autotuned in this process (see Note [GEMM autotuning] in
+/// ops/cuda/linalg_kernels.cpp): a test hook showing that a shape is timed once, then cached. Stays
+/// 0 without CUDA; defined here so that builds without CUDA still link the tests that read it.
+inline std::atomic<int64_t> gemm_autotune_counter{0};
+inline int64_t gemm_autotune_count() {
+  return gemm_autotune_counter.load(std::memory_order_relaxed);
+}
 
 }  // namespace colossal::ops
