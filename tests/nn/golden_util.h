@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <string_view>
 
 #include "colossal/nn/module.h"
 #include "colossal/nn/safetensors.h"
+#include "colossal/optim/adam.h"
 
 namespace colossal::testing {
 
@@ -74,5 +76,48 @@ class ErrorTracker {
   double max_ = 0.0;
   std::string worst_ = "-";
 };
+
+/// The f64 check both golden files share: `loss_of(model)` (forward on the file's inputs) against
+/// output.logits/output.loss through `logits_of`, every parameter's gradient against grad.<name>,
+/// then the README's optimiser (torch.optim.AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight
+/// decay 0.1 on every parameter) for three steps on the same batch against output.losses_steps_0_1_2
+/// and step3.<name>. `label` names the model in the printed error lines.
+inline void check_golden_f64_training(nn::Module& model, const nn::SafetensorsFile& golden, const std::string& label,
+                                      const std::function<Tensor(nn::Module&)>& logits_of,
+                                      const std::function<Tensor(const Tensor&)>& loss_of, double tolerance) {
+  const Tensor logits = logits_of(model);
+  Tensor loss = loss_of(logits);
+  {
+    ErrorTracker forward(label + " f64 logits, loss", tolerance);
+    forward.check(logits, golden.tensors.at("output.logits"), "logits");
+    forward.check(loss.reshape({1}), golden.tensors.at("output.loss"), "loss");
+  }
+  autograd::backward(loss);
+  {
+    ErrorTracker backward(label + " f64 gradients", tolerance);
+    const nn::StateDict expected = with_prefix(golden.tensors, "grad.", DType::f64);
+    const auto params = model.named_parameters();
+    EXPECT_EQ(params.size(), expected.size());
+    for (const auto& [name, param] : params) backward.check(param.grad(), expected.at(name), name);
+  }
+  ASSERT_NE(golden.metadata.at("adamw").find("\"weight_decay\": 0.1"), std::string::npos);
+  optim::AdamW optimizer(
+      model.parameters(),
+      optim::AdamOptions{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1});
+  std::vector<double> losses{loss.item<double>()};
+  optimizer.step();
+  for (int step = 1; step < 3; ++step) {
+    optimizer.zero_grad();
+    loss = loss_of(logits_of(model));
+    losses.push_back(loss.item<double>());
+    autograd::backward(loss);
+    optimizer.step();
+  }
+  ErrorTracker training(label + " f64 AdamW losses, step-3 params", tolerance);
+  training.check(core::from_vector(losses, {3}), golden.tensors.at("output.losses_steps_0_1_2"), "losses_steps_0_1_2");
+  const nn::StateDict expected = with_prefix(golden.tensors, "step3.", DType::f64);
+  EXPECT_EQ(sorted_keys(model.state_dict()), sorted_keys(expected));
+  for (const auto& [name, param] : model.named_parameters()) training.check(param, expected.at(name), name);
+}
 
 }  // namespace colossal::testing

@@ -14,6 +14,7 @@ namespace {
 
 using nn::models::VisionTransformer;
 using nn::models::ViTConfig;
+using testing::check_golden_f64_training;
 using testing::ErrorTracker;
 using testing::sorted_keys;
 using testing::with_prefix;
@@ -70,42 +71,9 @@ TEST_F(ViTGolden, Float64ForwardBackwardAndThreeAdamWStepsMatchTimm) {
   const Tensor& images = at("input.images");
   const Tensor& labels = at("input.labels");
 
-  const Tensor logits = model->forward(images);
-  Tensor loss = vit_loss(logits, labels);
-  {
-    ErrorTracker forward("vit f64 logits, loss", kF64Tolerance);
-    forward.check(logits, at("output.logits"), "logits");
-    forward.check(loss.reshape({1}), at("output.loss"), "loss");
-  }
-  autograd::backward(loss);
-  {
-    ErrorTracker backward("vit f64 gradients", kF64Tolerance);
-    const nn::StateDict expected = with_prefix(golden_.tensors, "grad.", DType::f64);
-    const auto params = model->named_parameters();
-    EXPECT_EQ(params.size(), expected.size());
-    for (const auto& [name, param] : params) backward.check(param.grad(), expected.at(name), name);
-  }
-
-  // The README's optimiser: torch.optim.AdamW(lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay
-  // 0.1 on every parameter), three steps on the same batch.
-  ASSERT_NE(golden_.metadata.at("adamw").find("\"weight_decay\": 0.1"), std::string::npos);
-  optim::AdamW optimizer(
-      model->parameters(),
-      optim::AdamOptions{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1});
-  std::vector<double> losses{loss.item<double>()};
-  optimizer.step();
-  for (int step = 1; step < 3; ++step) {
-    optimizer.zero_grad();
-    loss = vit_loss(model->forward(images), labels);
-    losses.push_back(loss.item<double>());
-    autograd::backward(loss);
-    optimizer.step();
-  }
-  ErrorTracker training("vit f64 AdamW losses, step-3 params", kF64Tolerance);
-  training.check(core::from_vector(losses, {3}), at("output.losses_steps_0_1_2"), "losses_steps_0_1_2");
-  const nn::StateDict expected = with_prefix(golden_.tensors, "step3.", DType::f64);
-  EXPECT_EQ(sorted_keys(model->state_dict()), sorted_keys(expected));
-  for (const auto& [name, param] : model->named_parameters()) training.check(param, expected.at(name), name);
+  check_golden_f64_training(
+      *model, golden_, "vit", [&](nn::Module& m) { return m.forward(images); },
+      [&](const Tensor& logits) { return vit_loss(logits, labels); }, kF64Tolerance);
 }
 
 TEST_F(ViTGolden, Float32ForwardAndBackwardStayWithinFloat32Error) {
