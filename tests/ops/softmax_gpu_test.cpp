@@ -18,43 +18,10 @@ namespace colossal {
 namespace {
 
 using testing::expect_close;
+using testing::expect_scaled_match;
 using testing::random_input;
 
 constexpr DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
-
-/// The harness's comparison (tests/support/gpu_compare.h) with the absolute tolerance also capped
-/// by the data's scale: |gpu - cpu| <= factor * (min(atol, rtol * max|cpu|) + rtol * |cpu|) for the
-/// output and every input gradient. Probabilities of wide rows (~1/C) sit below the harness's fixed
-/// atol (1e-5 in f32), which would accept any small value; here they are held to the relative
-/// precision of the largest entry.
-void expect_scaled_match(const testing::DeviceCase& test_case, DType dtype, double factor, const std::string& what) {
-  const testing::Tolerance tol = testing::tolerance_for(dtype);
-  const Device gpu = core::cuda_device(0);
-  auto compare = [&](const Tensor& actual, const Tensor& expected, const std::string& label) {
-    const double scale = ops::max(ops::abs(expected.detach().to(DType::f64))).item<double>();
-    expect_close(actual.to(core::kCpu), expected, factor * std::min(tol.atol, tol.rtol * scale), factor * tol.rtol,
-                 fmt::format("{} {} ({})", what, label, dtype));
-  };
-  std::vector<Tensor> cpu_inputs = test_case.make_inputs(dtype);
-  std::vector<Tensor> gpu_inputs;
-  for (const Tensor& t : cpu_inputs) {
-    Tensor g = t.defined() ? core::to_device_raw(t.detach(), gpu) : Tensor();
-    if (t.defined() && t.requires_grad()) g.set_requires_grad(true);
-    gpu_inputs.push_back(g);
-  }
-  const Tensor cpu_out = test_case.fn(cpu_inputs);
-  const Tensor gpu_out = test_case.fn(gpu_inputs);
-  compare(gpu_out, cpu_out, "forward");
-  if (!test_case.check_backward) return;
-  const Tensor upstream = random_input(cpu_out.shape(), 777, cpu_out.dtype(), -1, 1, false);
-  autograd::backward(cpu_out, upstream);
-  autograd::backward(gpu_out, upstream.to(gpu));
-  for (size_t i = 0; i < cpu_inputs.size(); ++i) {
-    if (!cpu_inputs[i].defined() || !cpu_inputs[i].requires_grad()) continue;
-    ASSERT_TRUE(gpu_inputs[i].grad().defined()) << what << ": input " << i << " got no gradient on the GPU";
-    compare(gpu_inputs[i].grad(), cpu_inputs[i].grad(), fmt::format("gradient of input {}", i));
-  }
-}
 
 Tensor apply(bool log, const Tensor& x, int64_t dim) {
   return log ? ops::log_softmax(x, dim) : ops::softmax(x, dim);
