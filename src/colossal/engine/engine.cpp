@@ -1,0 +1,62 @@
+// Engine: see engine.h.
+#include "colossal/engine/engine.h"
+
+#include <utility>
+
+#include "colossal/autograd/engine.h"     // backward
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/error.h"          // COLOSSAL_CHECK
+#include "colossal/ops/elementwise.h"     // div
+#include "colossal/optim/clip_grad.h"     // clip_grad_norm
+
+namespace colossal::engine {
+
+Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimizer> optimizer, Criterion criterion,
+               EngineOptions options, std::shared_ptr<optim::LRScheduler> lr_scheduler)
+    : model_(std::move(model)),
+      optimizer_(std::move(optimizer)),
+      criterion_(std::move(criterion)),
+      options_(options),
+      lr_scheduler_(std::move(lr_scheduler)) {
+  COLOSSAL_CHECK(model_ != nullptr, "Engine needs a model");
+  COLOSSAL_CHECK(optimizer_ != nullptr, "Engine needs an optimizer");
+  COLOSSAL_CHECK(static_cast<bool>(criterion_), "Engine needs a criterion");
+  COLOSSAL_CHECK(options_.gradient_accumulation >= 1, "gradient_accumulation must be >= 1, got {}",
+                 options_.gradient_accumulation);
+  COLOSSAL_CHECK(!options_.clip_grad_norm || *options_.clip_grad_norm > 0.0, "clip_grad_norm must be > 0, got {}",
+                 options_.clip_grad_norm.value_or(0.0));
+}
+
+void Engine::zero_grad() {
+  optimizer_->zero_grad();
+  micro_step_ = 0;
+}
+
+Tensor Engine::step(const Tensor& input, const Tensor& target) {
+  Tensor output = model_->forward(input);
+  Tensor loss = criterion_(output, target);
+  // Dividing by the window length makes the summed gradient that of the window's mean loss.
+  Tensor scaled =
+      options_.gradient_accumulation == 1 ? loss : ops::div(loss, static_cast<double>(options_.gradient_accumulation));
+  autograd::backward(scaled);
+  last_output_ = output.detach();
+  ++micro_step_;
+  last_step_updated_ = micro_step_ == options_.gradient_accumulation;
+  if (last_step_updated_) {
+    if (options_.clip_grad_norm) {
+      last_grad_norm_ = optim::clip_grad_norm(model_->parameters(), *options_.clip_grad_norm, options_.clip_norm_type);
+    }
+    optimizer_->step();
+    zero_grad();
+    if (lr_scheduler_) lr_scheduler_->step();
+    ++num_updates_;
+  }
+  return loss.detach();
+}
+
+Tensor Engine::evaluate(const Tensor& input) {
+  autograd::NoGradGuard no_grad;
+  return model_->forward(input);
+}
+
+}  // namespace colossal::engine

@@ -1,0 +1,79 @@
+// Engine: one training step of a model (forward, loss, backward, and every `gradient_accumulation`
+// micro-steps clipping, optimizer update and scheduler step) and evaluation without autograd,
+// as Colossal-AI's Engine does for the Trainer and for hand-written loops.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "colossal/core/tensor.h"
+#include "colossal/nn/module.h"
+#include "colossal/optim/lr_scheduler.h"
+#include "colossal/optim/optimizer.h"
+
+namespace colossal::engine {
+
+/// The loss of a model's output against its target, e.g. ops::cross_entropy.
+using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+struct EngineOptions {
+  /// Micro-steps whose gradients are summed before one optimizer update; each micro-step's loss is
+  /// divided by this count, so with a mean loss the update equals that of the concatenated batch.
+  int64_t gradient_accumulation = 1;
+  /// Clip the global gradient norm to this value before each update (Colossal-AI's clip_grad_norm
+  /// config); unset leaves gradients alone.
+  std::optional<double> clip_grad_norm;
+  double clip_norm_type = 2.0;
+};
+
+class Engine {
+ public:
+  /// `lr_scheduler`, when given, steps once per optimizer update (per iteration, as Colossal-AI's
+  /// engine steps it); leave it out to step one from an LRSchedulerHook instead.
+  Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimizer> optimizer, Criterion criterion,
+         EngineOptions options = {}, std::shared_ptr<optim::LRScheduler> lr_scheduler = nullptr);
+
+  void train() { model_->train(); }
+  void eval() { model_->eval(); }
+  /// Drops the gradients and restarts the accumulation window.
+  void zero_grad();
+
+  /// One micro-step: forward, loss, backward of loss / gradient_accumulation; on the window's last
+  /// micro-step also clipping, optimizer.step(), zero_grad and the scheduler's step. Returns the
+  /// unscaled loss, detached.
+  Tensor step(const Tensor& input, const Tensor& target);
+  /// The model's output for `input` with autograd off.
+  Tensor evaluate(const Tensor& input);
+  /// The criterion on (output, target).
+  Tensor criterion(const Tensor& output, const Tensor& target) const { return criterion_(output, target); }
+
+  /// The output of the last step()'s forward (detached), for metric hooks.
+  const Tensor& last_output() const { return last_output_; }
+  /// Whether the last step() updated the parameters (it ended an accumulation window).
+  bool last_step_updated() const { return last_step_updated_; }
+  /// The gradient norm before clipping at the last update, when clipping is on.
+  std::optional<double> last_grad_norm() const { return last_grad_norm_; }
+  /// Optimizer updates so far.
+  int64_t num_updates() const { return num_updates_; }
+
+  nn::Module& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  optim::LRScheduler* lr_scheduler() { return lr_scheduler_.get(); }
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  std::shared_ptr<nn::Module> model_;
+  std::shared_ptr<optim::Optimizer> optimizer_;
+  Criterion criterion_;
+  EngineOptions options_;
+  std::shared_ptr<optim::LRScheduler> lr_scheduler_;
+  int64_t micro_step_ = 0;  // micro-steps done in the current accumulation window
+  int64_t num_updates_ = 0;
+  bool last_step_updated_ = false;
+  std::optional<double> last_grad_norm_;
+  Tensor last_output_;
+};
+
+}  // namespace colossal::engine

@@ -1,0 +1,211 @@
+// The stock hooks: see hooks.h.
+#include "colossal/engine/hooks.h"
+
+#include <algorithm>
+#include <iostream>
+#include <utility>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "colossal/core/error.h"  // COLOSSAL_CHECK
+#include "colossal/engine/trainer.h"
+#include "colossal/nn/metrics.h"  // topk_correct
+
+namespace colossal::engine {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The value of `key` in `table` as JSON, null when no hook wrote it.
+nlohmann::json metric_or_null(const MetricTable& table, const std::string& key) {
+  auto it = table.find(key);
+  return it == table.end() ? nlohmann::json(nullptr) : nlohmann::json(it->second);
+}
+
+nlohmann::json optional_or_null(const std::optional<double>& value) {
+  return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+// ---- LossHook
+
+void LossHook::before_train_epoch(Trainer&) {
+  train_sum_ = 0.0;
+  train_count_ = 0;
+}
+
+void LossHook::after_train_iter(Trainer&, const Tensor&, const Tensor&, const Tensor& loss) {
+  if (!loss.defined()) return;
+  train_sum_ += loss.item<double>();
+  ++train_count_;
+}
+
+void LossHook::after_train_epoch(Trainer& trainer) {
+  if (train_count_ > 0) trainer.train_metrics()["loss"] = train_sum_ / static_cast<double>(train_count_);
+}
+
+void LossHook::before_test_epoch(Trainer&) {
+  test_sum_ = 0.0;
+  test_count_ = 0;
+}
+
+void LossHook::after_test_iter(Trainer&, const Tensor&, const Tensor&, const Tensor& loss) {
+  if (!loss.defined()) return;
+  test_sum_ += loss.item<double>();
+  ++test_count_;
+}
+
+void LossHook::after_test_epoch(Trainer& trainer) {
+  if (test_count_ > 0) trainer.test_metrics()["loss"] = test_sum_ / static_cast<double>(test_count_);
+}
+
+// ---- AccuracyHook
+
+void AccuracyHook::before_test_epoch(Trainer&) {
+  correct_ = 0;
+  total_ = 0;
+}
+
+void AccuracyHook::after_test_iter(Trainer&, const Tensor& output, const Tensor& target, const Tensor&) {
+  if (!target.defined()) return;
+  const nn::AccuracyCounts counts = nn::topk_correct(output, target, {1}).front();
+  correct_ += counts.correct;
+  total_ += counts.total;
+}
+
+void AccuracyHook::after_test_epoch(Trainer& trainer) {
+  if (total_ > 0) trainer.test_metrics()["accuracy"] = static_cast<double>(correct_) / static_cast<double>(total_);
+}
+
+// ---- LRSchedulerHook
+
+LRSchedulerHook::LRSchedulerHook(std::shared_ptr<optim::LRScheduler> scheduler, bool by_epoch, int priority)
+    : Hook(priority), scheduler_(std::move(scheduler)), by_epoch_(by_epoch) {
+  COLOSSAL_CHECK(scheduler_ != nullptr, "LRSchedulerHook needs a scheduler");
+}
+
+void LRSchedulerHook::before_train_epoch(Trainer&) {
+  const std::vector<double> lrs = scheduler_->last_lr();
+  epoch_lr_ = lrs.empty() ? 0.0 : lrs.front();
+}
+
+void LRSchedulerHook::after_train_iter(Trainer& trainer, const Tensor&, const Tensor&, const Tensor&) {
+  // Per step means per optimizer update: micro-steps inside an accumulation window do not count.
+  if (!by_epoch_ && trainer.engine().last_step_updated()) scheduler_->step();
+}
+
+void LRSchedulerHook::after_train_epoch(Trainer& trainer) {
+  trainer.train_metrics()["lr"] = epoch_lr_;
+  if (by_epoch_) scheduler_->step();
+}
+
+// ---- ThroughputHook
+
+void ThroughputHook::before_train_epoch(Trainer&) {
+  samples_ = 0;
+  start_ = std::chrono::steady_clock::now();
+}
+
+void ThroughputHook::after_train_iter(Trainer&, const Tensor& output, const Tensor&, const Tensor&) {
+  if (output.defined() && output.dim() > 0) samples_ += output.size(0);
+}
+
+void ThroughputHook::after_train_epoch(Trainer& trainer) {
+  const double seconds = seconds_since(start_);
+  trainer.train_metrics()["throughput"] = seconds > 0.0 ? static_cast<double>(samples_) / seconds : 0.0;
+}
+
+// ---- LogMetricByEpochHook
+
+LogMetricByEpochHook::LogMetricByEpochHook(std::ostream* out, int priority)
+    : Hook(priority), out_(out != nullptr ? out : &std::cout) {}
+
+namespace {
+void log_metrics(std::ostream& out, const Trainer& trainer, const char* phase, const MetricTable& metrics) {
+  std::string line = fmt::format("Epoch {}/{} | {} |", trainer.cur_epoch() + 1, trainer.max_epochs(), phase);
+  for (const auto& [key, value] : metrics) line += fmt::format(" {}={:.6g}", key, value);
+  out << line << '\n' << std::flush;
+}
+}  // namespace
+
+void LogMetricByEpochHook::after_train_epoch(Trainer& trainer) {
+  log_metrics(*out_, trainer, "train", trainer.train_metrics());
+}
+
+void LogMetricByEpochHook::after_test_epoch(Trainer& trainer) {
+  log_metrics(*out_, trainer, "test", trainer.test_metrics());
+}
+
+// ---- MetricsJsonlHook
+
+MetricsJsonlHook::MetricsJsonlHook(std::string path, int priority) : Hook(priority), path_(std::move(path)) {}
+
+void MetricsJsonlHook::before_train(Trainer&) {
+  file_ = std::ofstream(path_, std::ios::out | std::ios::trunc);
+  COLOSSAL_CHECK(file_.good(), "MetricsJsonlHook: cannot open '{}' for writing", path_);
+  start_ = std::chrono::steady_clock::now();
+  epochs_written_ = 0;
+  final_train_loss_.reset();
+  final_test_loss_.reset();
+  final_test_accuracy_.reset();
+  best_test_accuracy_.reset();
+  throughput_sum_ = 0.0;
+  throughput_count_ = 0;
+}
+
+void MetricsJsonlHook::after_train_epoch(Trainer& trainer) {
+  // An epoch with a test pass is written once that pass has published its metrics.
+  if (!trainer.testing_this_epoch()) write_epoch(trainer, false);
+}
+
+void MetricsJsonlHook::after_test(Trainer& trainer) {
+  write_epoch(trainer, true);
+}
+
+void MetricsJsonlHook::write_epoch(Trainer& trainer, bool tested) {
+  const MetricTable& train = trainer.train_metrics();
+  const MetricTable empty;
+  const MetricTable& test = tested ? trainer.test_metrics() : empty;
+  nlohmann::json line = {{"epoch", trainer.cur_epoch()},
+                         {"train_loss", metric_or_null(train, "loss")},
+                         {"test_loss", metric_or_null(test, "loss")},
+                         {"test_accuracy", metric_or_null(test, "accuracy")},
+                         {"samples_per_s", metric_or_null(train, "throughput")}};
+  if (auto it = train.find("lr"); it != train.end()) line["lr"] = it->second;
+  file_ << line.dump() << '\n' << std::flush;
+  ++epochs_written_;
+
+  if (auto it = train.find("loss"); it != train.end()) final_train_loss_ = it->second;
+  if (auto it = test.find("loss"); it != test.end()) final_test_loss_ = it->second;
+  if (auto it = test.find("accuracy"); it != test.end()) {
+    final_test_accuracy_ = it->second;
+    best_test_accuracy_ = std::max(best_test_accuracy_.value_or(it->second), it->second);
+  }
+  if (auto it = train.find("throughput"); it != train.end()) {
+    throughput_sum_ += it->second;
+    ++throughput_count_;
+  }
+}
+
+void MetricsJsonlHook::after_train(Trainer&) {
+  // Built as JSON directly: routing it through std::optional trips a false -Wmaybe-uninitialized.
+  const nlohmann::json mean_throughput = throughput_count_ > 0
+                                             ? nlohmann::json(throughput_sum_ / static_cast<double>(throughput_count_))
+                                             : nlohmann::json(nullptr);
+  nlohmann::json summary = {{"event", "summary"},
+                            {"epochs", epochs_written_},
+                            {"final_train_loss", optional_or_null(final_train_loss_)},
+                            {"final_test_loss", optional_or_null(final_test_loss_)},
+                            {"final_test_accuracy", optional_or_null(final_test_accuracy_)},
+                            {"best_test_accuracy", optional_or_null(best_test_accuracy_)},
+                            {"mean_samples_per_s", mean_throughput},
+                            {"wall_time_s", seconds_since(start_)}};
+  file_ << summary.dump() << '\n' << std::flush;
+  file_.close();
+}
+
+}  // namespace colossal::engine

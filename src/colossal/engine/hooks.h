@@ -1,0 +1,122 @@
+// The stock hooks of Colossal-AI's trainer: per-epoch loss and top-1 accuracy, LR scheduling by
+// epoch or by step, throughput, a log line per epoch, and a JSONL metrics file (one object per
+// epoch, then a summary) that scripts and dashboards read.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "colossal/engine/hook.h"
+#include "colossal/optim/lr_scheduler.h"
+
+namespace colossal::engine {
+
+/// Mean of the per-iteration losses of each pass: train_metrics()["loss"] at after_train_epoch and
+/// test_metrics()["loss"] at after_test_epoch (Colossal-AI's LossHook and LossMetric).
+class LossHook : public Hook {
+ public:
+  explicit LossHook(int priority = 0) : Hook(priority) {}
+  std::string name() const override { return "LossHook"; }
+  void before_train_epoch(Trainer& trainer) override;
+  void after_train_iter(Trainer& trainer, const Tensor& output, const Tensor& target, const Tensor& loss) override;
+  void after_train_epoch(Trainer& trainer) override;
+  void before_test_epoch(Trainer& trainer) override;
+  void after_test_iter(Trainer& trainer, const Tensor& output, const Tensor& target, const Tensor& loss) override;
+  void after_test_epoch(Trainer& trainer) override;
+
+ private:
+  double train_sum_ = 0.0, test_sum_ = 0.0;
+  int64_t train_count_ = 0, test_count_ = 0;
+};
+
+/// Top-1 accuracy over the whole test pass (correct / total rows): test_metrics()["accuracy"].
+class AccuracyHook : public Hook {
+ public:
+  explicit AccuracyHook(int priority = 0) : Hook(priority) {}
+  std::string name() const override { return "AccuracyHook"; }
+  void before_test_epoch(Trainer& trainer) override;
+  void after_test_iter(Trainer& trainer, const Tensor& output, const Tensor& target, const Tensor& loss) override;
+  void after_test_epoch(Trainer& trainer) override;
+
+ private:
+  int64_t correct_ = 0, total_ = 0;
+};
+
+/// Steps `scheduler` after every training epoch (by_epoch) or after every optimizer update, and
+/// records the first group's lr of the epoch in train_metrics()["lr"]. Give the Engine no scheduler
+/// when using this hook, or the schedule advances twice.
+class LRSchedulerHook : public Hook {
+ public:
+  LRSchedulerHook(std::shared_ptr<optim::LRScheduler> scheduler, bool by_epoch, int priority = 1);
+  std::string name() const override { return "LRSchedulerHook"; }
+  void before_train_epoch(Trainer& trainer) override;
+  void after_train_iter(Trainer& trainer, const Tensor& output, const Tensor& target, const Tensor& loss) override;
+  void after_train_epoch(Trainer& trainer) override;
+
+ private:
+  std::shared_ptr<optim::LRScheduler> scheduler_;
+  bool by_epoch_;
+  double epoch_lr_ = 0.0;
+};
+
+/// Training samples per second of wall time over each training pass: train_metrics()["throughput"].
+/// Priority 5 so that it publishes before the logging hooks (priority 10) read it.
+class ThroughputHook : public Hook {
+ public:
+  explicit ThroughputHook(int priority = 5) : Hook(priority) {}
+  std::string name() const override { return "ThroughputHook"; }
+  void before_train_epoch(Trainer& trainer) override;
+  void after_train_iter(Trainer& trainer, const Tensor& output, const Tensor& target, const Tensor& loss) override;
+  void after_train_epoch(Trainer& trainer) override;
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  int64_t samples_ = 0;
+};
+
+/// Prints "Epoch 1/10 | train | loss=0.6931 throughput=1234.5" after each pass to `out` (stdout by
+/// default), as Colossal-AI's LogMetricByEpochHook; epochs are shown 1-based.
+class LogMetricByEpochHook : public Hook {
+ public:
+  explicit LogMetricByEpochHook(std::ostream* out = nullptr, int priority = 10);
+  std::string name() const override { return "LogMetricByEpochHook"; }
+  void after_train_epoch(Trainer& trainer) override;
+  void after_test_epoch(Trainer& trainer) override;
+
+ private:
+  std::ostream* out_;
+};
+
+/// Writes `path` (truncated at before_train): after each epoch one JSON object
+///   {"epoch": e, "train_loss": ..., "test_loss": ..., "test_accuracy": ..., "samples_per_s": ...}
+/// with e 0-based and null for a metric no hook produced (no test pass that epoch), then
+///   {"event": "summary", "epochs": N, "final_train_loss": ..., "final_test_loss": ...,
+///    "final_test_accuracy": ..., "best_test_accuracy": ..., "mean_samples_per_s": ..., "wall_time_s": ...}
+/// at after_train. Lines are flushed as written, so a crashed run keeps its finished epochs.
+class MetricsJsonlHook : public Hook {
+ public:
+  explicit MetricsJsonlHook(std::string path, int priority = 10);
+  std::string name() const override { return "MetricsJsonlHook"; }
+  void before_train(Trainer& trainer) override;
+  void after_train_epoch(Trainer& trainer) override;
+  void after_test(Trainer& trainer) override;
+  void after_train(Trainer& trainer) override;
+
+ private:
+  void write_epoch(Trainer& trainer, bool tested);
+
+  std::string path_;
+  std::ofstream file_;
+  std::chrono::steady_clock::time_point start_;
+  int64_t epochs_written_ = 0;
+  std::optional<double> final_train_loss_, final_test_loss_, final_test_accuracy_, best_test_accuracy_;
+  double throughput_sum_ = 0.0;
+  int64_t throughput_count_ = 0;
+};
+
+}  // namespace colossal::engine
