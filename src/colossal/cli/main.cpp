@@ -6,7 +6,10 @@
 
 #include <CLI/CLI.hpp>
 #include <exception>
+#include <string>
+#include <vector>
 
+#include "colossal/cli/train_config.h"
 #include "colossal/cli/train_mlp.h"
 #include "colossal/core/build_config.h"  // COLOSSAL_VERSION, COLOSSAL_WITH_*
 #include "colossal/core/error.h"         // colossal::Error
@@ -57,13 +60,27 @@ int main(int argc, char** argv) {
   train->add_option("--lr", config.lr, "Learning rate")->capture_default_str();
   train->add_option("--hidden", config.hidden, "Hidden layer width")->capture_default_str();
   train->add_option("--seed", config.seed, "Seed of the task and of the run")->capture_default_str();
+  std::string config_path, metrics_path;
+  std::vector<std::string> overrides;
+  train->add_option("--config", config_path, "Train from a TOML config (configs/*.toml) instead of the MLP job")
+      ->check(CLI::ExistingFile);
+  train->add_option("--set", overrides, "Override a config key: key=value (repeatable; needs --config)")
+      ->allow_extra_args(false);
+  train->add_option("--metrics", metrics_path, "With --config: write per-epoch metrics and a summary as JSONL");
   train->add_option("--log-every", config.log_every, "Print the loss every N steps (0: only the last)")
       ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (info->parsed()) colossal::cli::print_info();
-    if (train->parsed()) colossal::cli::run_train(config);
+    if (train->parsed()) {
+      if (!config_path.empty()) return colossal::cli::train_from_config(config_path, overrides, metrics_path);
+      if (!overrides.empty() || !metrics_path.empty()) {
+        fmt::print(stderr, "colossal: --set and --metrics need --config\n");
+        return 2;
+      }
+      colossal::cli::run_train(config);
+    }
   } catch (const colossal::Error& e) {
     fmt::print(stderr, "colossal: {}\n", e.what());
     return 1;
