@@ -1,5 +1,6 @@
 // Tests of `colossal train --config` (cli/train_config.h): a tiny ViT on synthetic images runs a few
-// steps and writes a metrics summary with a finite loss; unsupported keys fail naming the key.
+// steps and writes a metrics summary with finite numbers; a run resumed from its checkpoints repeats
+// the uninterrupted run's losses exactly; unsupported keys fail naming the key.
 #include "colossal/cli/train_config.h"
 
 #include <gtest/gtest.h>
@@ -9,7 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "colossal/core/error.h"
 
@@ -47,47 +53,113 @@ fs::path write_config(const std::string& name) {
   return path;
 }
 
-// The value after `"key": ` in a JSON line, as a double (NaN when absent or null).
-double json_number(const std::string& line, const std::string& key) {
-  const std::string needle = "\"" + key + "\":";
-  const size_t at = line.find(needle);
-  if (at == std::string::npos) return std::nan("");
-  const char* begin = line.c_str() + at + needle.size();
-  char* end = nullptr;
-  const double value = std::strtod(begin, &end);
-  return end == begin ? std::nan("") : value;
+/// The JSON objects of a metrics file, one per line.
+std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+/// The "step" lines of a metrics file by step number.
+std::map<int64_t, nlohmann::json> step_lines(const std::vector<nlohmann::json>& lines) {
+  std::map<int64_t, nlohmann::json> steps;
+  for (const nlohmann::json& line : lines) {
+    if (line["event"] == "step") steps[line["step"].get<int64_t>()] = line;
+  }
+  return steps;
+}
+
+fs::path temp_path(const std::string& name) {
+  return fs::temp_directory_path() /
+         ("colossal_cli_train_config_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+          name);
 }
 
 TEST(TrainConfig, synthetic_vit_writes_a_finite_summary) {
   const fs::path config = write_config("colossal_cli_train_config_test.toml");
-  const fs::path metrics = fs::temp_directory_path() / "colossal_cli_train_config_test.jsonl";
+  const fs::path metrics = temp_path("summary.jsonl");
   fs::remove(metrics);
-  ASSERT_EQ(train_from_config(config.string(), {}, metrics.string()), 0);
+  ASSERT_EQ(train_from_config(config.string(), {"train.log_interval=2"}, metrics.string()), 0);
 
-  std::ifstream in(metrics);
-  std::string line, summary;
-  while (std::getline(in, line)) {
-    if (line.find("\"summary\"") != std::string::npos) summary = line;
+  const std::vector<nlohmann::json> lines = read_jsonl(metrics);
+  fs::remove(metrics);
+  ASSERT_FALSE(lines.empty());
+  const nlohmann::json& summary = lines.back();
+  SCOPED_TRACE(summary.dump());
+  ASSERT_EQ(summary["event"], "summary");
+  for (const char* key : {"train_loss", "test_loss", "test_accuracy", "samples_per_s", "wall_s"}) {
+    ASSERT_TRUE(summary[key].is_number()) << key;
+    EXPECT_TRUE(std::isfinite(summary[key].get<double>())) << key;
   }
-  ASSERT_FALSE(summary.empty()) << "no summary line in " << metrics;
-  // The summary's key is final_train_loss; accept train_loss too for a spacing-insensitive read.
-  std::string compact;
-  for (char ch : summary) {
-    if (ch != ' ') compact += ch;
-  }
-  double loss = json_number(compact, "final_train_loss");
-  if (std::isnan(loss)) loss = json_number(compact, "train_loss");
-  EXPECT_TRUE(std::isfinite(loss)) << summary;
-  EXPECT_GT(loss, 0.0) << summary;
+  EXPECT_GT(summary["train_loss"].get<double>(), 0.0);
+  EXPECT_EQ(summary["steps"].get<int64_t>(), 5);
+  EXPECT_EQ(step_lines(lines).size(), 2u);  // steps 2 and 4
 }
 
-TEST(TrainConfig, unsupported_model_names_the_key) {
+// A run with checkpoints every 3 optimizer steps and at each epoch's end; resuming from a
+// checkpoint inside epoch 0 and from the end of epoch 0 repeats the uninterrupted run's step losses
+// exactly (the JSON numbers round-trip doubles). Dropout makes the generator state matter.
+TEST(TrainConfig, resume_repeats_the_uninterrupted_losses_bit_for_bit) {
+  const fs::path config = write_config("colossal_cli_train_config_test_resume.toml");
+  const fs::path dir = temp_path("checkpoints");
+  fs::remove_all(dir);
+  const std::vector<std::string> run = {"train.epochs=2", "train.max_steps=0", "train.log_interval=1",
+                                        "train.checkpoint_steps=3", "train.progress=false",
+                                        "model.options.dropout=0.2", "train.checkpoint_dir=\"" + dir.string() + "\""};
+  const fs::path full_metrics = temp_path("full.jsonl");
+  ASSERT_EQ(train_from_config(config.string(), run, full_metrics.string()), 0);
+  const std::map<int64_t, nlohmann::json> full = step_lines(read_jsonl(full_metrics));
+  ASSERT_EQ(full.size(), 16u);  // 64 samples in batches of 8, 2 epochs
+  for (const char* name : {"epoch0-step3.safetensors", "epoch0-step6.safetensors", "epoch1-step8.safetensors",
+                           "epoch1-step15.safetensors", "epoch2-step16.safetensors"}) {
+    EXPECT_TRUE(fs::exists(dir / name)) << name;
+  }
+
+  for (const auto& [name, first_step] : {std::pair{"epoch0-step6.safetensors", 7}, {"epoch1-step8.safetensors", 9}}) {
+    SCOPED_TRACE(name);
+    std::vector<std::string> resume = run;
+    resume.back() = "train.checkpoint_dir=\"\"";
+    resume.push_back("train.resume_from=" + toml_string((dir / name).string()));
+    const fs::path metrics = temp_path("resumed.jsonl");
+    fs::remove(metrics);
+    ASSERT_EQ(train_from_config(config.string(), resume, metrics.string()), 0);
+    const std::map<int64_t, nlohmann::json> resumed = step_lines(read_jsonl(metrics));
+    fs::remove(metrics);
+    ASSERT_EQ(resumed.size(), static_cast<size_t>(16 - first_step + 1));
+    for (const auto& [step, line] : resumed) {
+      ASSERT_EQ(line["loss"].get<double>(), full.at(step)["loss"].get<double>()) << "step " << step;
+      ASSERT_EQ(line["lr"].get<double>(), full.at(step)["lr"].get<double>()) << "step " << step;
+    }
+  }
+
+  // Another batch size would make the data position mean other samples.
+  std::vector<std::string> bad = run;
+  bad.back() = "train.resume_from=" + toml_string(dir.string());
+  bad.push_back("data.batch_size=16");
+  try {
+    train_from_config(config.string(), bad, "");
+    FAIL() << "resumed with another batch size";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.batch_size = 8"), std::string::npos) << e.what();
+  }
+  fs::remove(full_metrics);
+  fs::remove_all(dir);
+}
+
+TEST(TrainConfig, toml_string_escapes_what_toml_needs) {
+  EXPECT_EQ(toml_string("/tmp/a b"), "\"/tmp/a b\"");
+  EXPECT_EQ(toml_string("C:\\x\"y"), "\"C:\\\\x\\\"y\"");
+  EXPECT_EQ(toml_string(std::string("a\nb")), "\"a\\u000Ab\"");
+}
+
+TEST(TrainConfig, unsupported_keys_are_named) {
   const fs::path config = write_config("colossal_cli_train_config_test_bad.toml");
   try {
-    train_from_config(config.string(), {"model.name=gpt2"}, "");
+    train_from_config(config.string(), {"fp16.mode=torch"}, "");
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model.name"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fp16.mode"), std::string::npos) << e.what();
   }
 }
 

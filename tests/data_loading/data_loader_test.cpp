@@ -135,6 +135,42 @@ TEST(DataLoader, SameBytesWithZeroOneOrFourWorkers) {
   EXPECT_EQ(b.target.shape(), (Shape{5, 10}));
 }
 
+// A resumed run starts its epoch at the batch after its checkpoint: the batches from there on are
+// byte for byte those of a full pass, with any number of workers; a start past the end is refused.
+TEST(DataLoader, StartingMidEpochHandsOutTheRestOfTheFullPass) {
+  auto ds = augmented_dataset();
+  DataLoader full(ds, augmented_options(0, 1));
+  full.set_epoch(3);
+  const PassRecord reference = record_pass(full);
+  ASSERT_EQ(reference.inputs.size(), 8u);
+  for (int64_t workers : {0, 3}) {
+    DataLoader loader(ds, augmented_options(workers, 2));
+    loader.set_epoch(3);
+    for (int64_t first : {0, 5, 8}) {
+      SCOPED_TRACE(::testing::Message() << workers << " workers, first batch " << first);
+      loader.start(first);
+      PassRecord rest;
+      while (std::optional<Batch> b = loader.next()) {
+        rest.inputs.push_back(raw_bytes(b->input));
+        rest.targets.push_back(raw_bytes(b->target));
+        rest.indices.push_back(b->sample_indices);
+        EXPECT_EQ(b->index, first + static_cast<int64_t>(rest.indices.size()) - 1);
+      }
+      PassRecord expected;
+      expected.inputs.assign(reference.inputs.begin() + first, reference.inputs.end());
+      expected.targets.assign(reference.targets.begin() + first, reference.targets.end());
+      expected.indices.assign(reference.indices.begin() + first, reference.indices.end());
+      EXPECT_TRUE(rest == expected);
+    }
+    try {
+      loader.start(9);
+      FAIL() << "started past the end";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("valid: 0..8"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(DataLoader, ShufflesPerEpochAndRepeatsForTheSameSeedAndEpoch) {
   auto ds = std::make_shared<IndexDataset>(50);
   DataLoader a(ds, {.batch_size = 50, .shuffle = true, .seed = 7, .num_workers = 2});

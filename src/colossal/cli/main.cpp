@@ -66,7 +66,13 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   train->add_option("--set", overrides, "Override a config key: key=value (repeatable; needs --config)")
       ->allow_extra_args(false);
-  train->add_option("--metrics", metrics_path, "With --config: write per-epoch metrics and a summary as JSONL");
+  train->add_option("--metrics", metrics_path,
+                    "With --config: write JSONL metrics: a line every train.log_interval steps, one per epoch, then a "
+                    "summary");
+  std::string resume_path;
+  train->add_option("--resume", resume_path,
+                    "With --config: continue from a checkpoint file, or from the newest one in a checkpoint folder "
+                    "(same as --set train.resume_from=PATH)");
   train->add_option("--log-every", config.log_every, "Print the loss every N steps (0: only the last)")
       ->capture_default_str();
 
@@ -74,9 +80,12 @@ int main(int argc, char** argv) {
   try {
     if (info->parsed()) colossal::cli::print_info();
     if (train->parsed()) {
-      if (!config_path.empty()) return colossal::cli::train_from_config(config_path, overrides, metrics_path);
-      if (!overrides.empty() || !metrics_path.empty()) {
-        fmt::print(stderr, "colossal: --set and --metrics need --config\n");
+      if (!config_path.empty()) {
+        if (!resume_path.empty()) overrides.push_back("train.resume_from=" + colossal::cli::toml_string(resume_path));
+        return colossal::cli::train_from_config(config_path, overrides, metrics_path);
+      }
+      if (!overrides.empty() || !metrics_path.empty() || !resume_path.empty()) {
+        fmt::print(stderr, "colossal: --set, --metrics and --resume need --config\n");
         return 2;
       }
       colossal::cli::run_train(config);

@@ -6,17 +6,24 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "colossal/cli/builders.h"
 #include "colossal/config/train_config.h"
+#include "colossal/core/build_config.h"  // COLOSSAL_WITH_CUDA
+#include "colossal/core/cuda_device.h"   // is_available
 #include "colossal/core/error.h"
 #include "colossal/data/data_loader.h"
 #include "colossal/data/sampler.h"
+#include "colossal/engine/checkpoint.h"
 #include "colossal/engine/engine.h"
 #include "colossal/engine/hooks.h"
+#include "colossal/engine/log_hooks.h"
 #include "colossal/engine/trainer.h"
 #include "colossal/ops/nn_functional.h"
 
@@ -34,26 +41,66 @@ void reject_unsupported(const TrainConfig& c) {
     unsupported("fp16.mode other than \"off\" is not supported by train --config yet");
   if (c.bf16) unsupported("bf16 = true is not supported by train --config yet");
   if (c.zero.stage > 0) unsupported("zero.stage > 0 is not supported by train --config yet");
-  if (!c.train.checkpoint_dir.empty())
-    unsupported("train.checkpoint_dir: checkpointing is not supported by train --config yet");
-  if (!c.train.resume_from.empty()) unsupported("train.resume_from: resuming is not supported by train --config yet");
-  if (c.train.device == config::DeviceKind::kCuda) {
-    unsupported("train.device = \"cuda\": train --config runs on the CPU only for now (use \"cpu\" or \"auto\")");
+}
+
+/// train.device resolved: "auto" is the first GPU when one is usable, else the CPU.
+Device pick_device(const TrainConfig& c) {
+  switch (c.train.device) {
+    case config::DeviceKind::kCpu:
+      return Device{};
+    case config::DeviceKind::kCuda:
+      if (!core::cuda::is_available()) {
+        unsupported(fmt::format("train.device = \"cuda\" but {}; use \"cpu\" or \"auto\"",
+                                COLOSSAL_WITH_CUDA ? "no GPU is visible" : "this build has no CUDA"));
+      }
+      return Device{core::DeviceType::cuda, 0};
+    case config::DeviceKind::kAuto:
+      break;
   }
+  return core::cuda::is_available() ? Device{core::DeviceType::cuda, 0} : Device{};
+}
+
+/// What must agree between a checkpoint and the run resuming from it for the data position to mean
+/// the same batches, with the config keys that set each.
+std::map<std::string, std::string> resume_invariants(const TrainConfig& c, int64_t train_size,
+                                                     int64_t steps_per_epoch) {
+  return {{"data.batch_size", std::to_string(c.data.batch_size)},
+          {"data.shuffle", c.data.shuffle ? "true" : "false"},
+          {"train.seed", std::to_string(c.train.seed)},
+          {"gradient_accumulation", std::to_string(c.gradient_accumulation)},
+          {"training set size", std::to_string(train_size)},
+          {"steps per epoch", std::to_string(steps_per_epoch)}};
 }
 
 }  // namespace
+
+std::string toml_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) {
+      out += fmt::format("\\u{:04X}", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+    } else {
+      out += ch;
+    }
+  }
+  return out + '"';
+}
 
 int train_from_config(const std::string& path, const std::vector<std::string>& overrides,
                       const std::string& metrics_path) {
   const TrainConfig c = config::load_config(path, overrides);
   reject_unsupported(c);
   if (c.train.epochs == 0 && c.train.max_steps == 0) unsupported("train.epochs and train.max_steps are both 0");
+  const Device device = pick_device(c);
 
   Datasets d = make_datasets(c);
   const auto seed = static_cast<uint64_t>(c.train.seed);
   core::Generator init(seed), dropout(seed + 7);
   std::shared_ptr<nn::Module> model = make_model(c, d, init, dropout);
+  model->to(device);
 
   // Steps per epoch and the run's length in epochs, with max_steps bounding it.
   const int64_t batch = c.data.batch_size;
@@ -87,7 +134,9 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
   lo.shuffle = c.data.shuffle;
   lo.seed = seed;
   lo.num_workers = c.data.num_workers;
-  lo.pin_memory = false;  // CPU only
+  if (device.is_cuda()) {
+    lo.device = device;  // pinned staging and side-stream copies
+  }
   lo.batch_transform = d.batch_transform;
   data::DataLoader train_loader(d.train, lo, sampler);
   std::unique_ptr<data::DataLoader> test_loader;
@@ -107,21 +156,62 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
   eo.gradient_accumulation = accum;
   if (c.clip_grad_norm > 0) eo.clip_grad_norm = c.clip_grad_norm;
   engine::Engine eng(model, optimizer, make_criterion(c, d), eo, scheduler);
+  engine::Trainer trainer(eng);
+
+  // Generators that draw after initialisation; checkpoints carry their states.
+  const engine::NamedGenerators generators = {{"dropout", &dropout}, {"default", &core::default_generator()}};
+  std::map<std::string, std::string> invariants = resume_invariants(c, n, steps_per_epoch);
+  bool resumed = false;
+  if (!c.train.resume_from.empty()) {
+    const std::filesystem::path file = engine::find_checkpoint(c.train.resume_from);
+    const engine::CheckpointInfo info = engine::load_checkpoint(file, eng, generators);
+    for (const auto& [key, value] : invariants) {
+      auto it = info.extra.find(key);
+      if (it != info.extra.end() && it->second != value) {
+        unsupported(fmt::format("train.resume_from {}: the checkpoint was written with {} = {}, this run has {}; "
+                                "resume with the checkpoint's config",
+                                file.string(), key, it->second, value));
+      }
+    }
+    if (info.position.epoch >= epochs) {
+      fmt::print("resume: {} is already at epoch {} of {}: nothing left to train\n", file.string(),
+                 info.position.epoch, epochs);
+    }
+    trainer.resume_at(info.position);
+    resumed = true;
+    fmt::print("resume: {} (epoch {}, batch {} of it, step {}, {} optimizer updates)\n", file.string(),
+               info.position.epoch + 1, info.position.iter, info.position.step, info.num_updates);
+  }
 
   std::vector<std::shared_ptr<engine::Hook>> hooks = {
       std::make_shared<engine::LossHook>(), std::make_shared<engine::AccuracyHook>(),
       std::make_shared<engine::ThroughputHook>(), std::make_shared<engine::LogMetricByEpochHook>()};
-  if (!metrics_path.empty()) hooks.push_back(std::make_shared<engine::MetricsJsonlHook>(metrics_path));
+  hooks.push_back(std::make_shared<engine::LogTimingHook>());
+  hooks.push_back(std::make_shared<engine::LogMemoryHook>());
+  // With a progress bar the bar shows the running loss; without one, a line every log_interval steps.
+  if (!c.train.progress) hooks.push_back(std::make_shared<engine::LogMetricByStepHook>(nullptr, c.train.log_interval));
+  if (!metrics_path.empty()) {
+    hooks.push_back(std::make_shared<engine::MetricsJsonlHook>(metrics_path, c.train.log_interval, resumed));
+  }
+  if (!c.train.log_dir.empty()) {
+    hooks.push_back(std::make_shared<engine::TensorboardHook>(c.train.log_dir, c.train.log_interval));
+  }
+  if (!c.train.checkpoint_dir.empty()) {
+    invariants["config"] = config::describe(c);
+    hooks.push_back(std::make_shared<engine::SaveCheckpointHook>(c.train.checkpoint_dir, generators,
+                                                                 c.train.checkpoint_interval, c.train.checkpoint_steps,
+                                                                 invariants, c.train.keep_checkpoints));
+  }
 
   fmt::print(
       "train: {} samples ({} steps/epoch of {}), {} epoch(s), {} optimizer updates; {} lr {}, scheduler {}, "
-      "workers {}\n",
+      "workers {}, device {}\n",
       n, steps_per_epoch, batch, epochs, total_updates, config::to_string(c.optimizer.name), c.optimizer.lr,
-      config::to_string(c.lr_scheduler.name), c.data.num_workers);
+      config::to_string(c.lr_scheduler.name), c.data.num_workers, device);
+  std::fflush(stdout);
   const auto start = std::chrono::steady_clock::now();
-  engine::Trainer trainer(eng);
   trainer.fit(train_loader, epochs, test_loader.get(), std::max<int64_t>(1, c.train.test_interval), hooks,
-              /*display_progress=*/false);
+              c.train.progress);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print("done: {} steps in {:.1f} s ({:.3f} s/step incl. evaluation)\n", trainer.cur_step(), seconds,
              seconds / static_cast<double>(std::max<int64_t>(1, trainer.cur_step())));

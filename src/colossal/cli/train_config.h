@@ -7,10 +7,16 @@
 
 namespace colossal::cli {
 
-/// Loads `path` with `overrides` ("key=value", as --set), trains on the CPU and, when
-/// `metrics_path` is not empty, writes the per-epoch and summary JSONL there (MetricsJsonlHook).
+/// Loads `path` with `overrides` ("key=value", as --set), trains on train.device (the GPU under
+/// "auto" when there is one), checkpointing into train.checkpoint_dir and continuing from
+/// train.resume_from when set, and, when `metrics_path` is not empty, writes the step, epoch and
+/// summary JSONL there (MetricsJsonlHook; appended to when resuming).
 /// Returns 0 on success; throws colossal::Error naming the config key of anything unsupported.
 int train_from_config(const std::string& path, const std::vector<std::string>& overrides,
                       const std::string& metrics_path);
+
+/// `text` as a TOML basic string ("..." with quotes, backslashes and control characters escaped),
+/// for building a --set override from a path.
+std::string toml_string(const std::string& text);
 
 }  // namespace colossal::cli

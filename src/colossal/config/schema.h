@@ -202,11 +202,14 @@ void visit_fields(Config& c, Visitor& v) {
   v("train.log_interval", c.train.log_interval, IntRange{1, kIntMax});
   v("train.test_interval", c.train.test_interval, IntRange{0, kIntMax});
   v("train.checkpoint_dir", c.train.checkpoint_dir);
-  v("train.checkpoint_interval", c.train.checkpoint_interval, IntRange{1, kIntMax});
+  v("train.checkpoint_interval", c.train.checkpoint_interval, IntRange{0, kIntMax});
+  v("train.checkpoint_steps", c.train.checkpoint_steps, IntRange{0, kIntMax});
+  v("train.keep_checkpoints", c.train.keep_checkpoints, IntRange{0, kIntMax});
   v("train.resume_from", c.train.resume_from);
   v("train.log_dir", c.train.log_dir);
   v("train.label_smoothing", c.train.label_smoothing, FloatRange{0, 1, false, true});
   v("train.device", c.train.device);
+  v("train.progress", c.train.progress);
 }
 
 }  // namespace colossal::config::detail

@@ -181,11 +181,16 @@ struct TrainLoopConfig {
   int64_t log_interval = 10;        ///< log every this many steps
   int64_t test_interval = 1;        ///< evaluate every this many epochs; 0: never
   std::string checkpoint_dir;       ///< where checkpoints go; empty: none are written
-  int64_t checkpoint_interval = 1;  ///< save every this many epochs (with checkpoint_dir)
-  std::string resume_from;          ///< a checkpoint to resume from; empty: start fresh
+  int64_t checkpoint_interval = 1;  ///< save every this many epochs (with checkpoint_dir); 0: not by epoch
+  int64_t checkpoint_steps = 0;     ///< also save every this many optimizer steps inside epochs; 0: never
+  int64_t keep_checkpoints = 0;     ///< keep only the newest this many checkpoints; 0: all
+  /// A checkpoint file, or a checkpoint_dir whose newest checkpoint is taken, to continue from;
+  /// empty: start fresh.
+  std::string resume_from;
   std::string log_dir;              ///< TensorBoard events and JSON-lines metrics; empty: console only
   double label_smoothing = 0;       ///< cross-entropy label smoothing
   DeviceKind device = DeviceKind::kAuto;
+  bool progress = true;  ///< a progress bar per pass on stderr (redrawn on a terminal, every 10% otherwise)
 
   friend bool operator==(const TrainLoopConfig&, const TrainLoopConfig&) = default;
 };

@@ -191,7 +191,7 @@ void DataLoader::stop_pass() {
   pass_.reset();
 }
 
-void DataLoader::start() {
+void DataLoader::start(int64_t first_batch) {
   stop_pass();
   auto pass = std::make_unique<Pass>();
   pass->epoch = epoch_;
@@ -205,10 +205,16 @@ void DataLoader::start() {
     pass->batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(begin),
                                order.begin() + static_cast<std::ptrdiff_t>(end));
   }
+  COLOSSAL_CHECK(first_batch >= 0 && first_batch <= pass->num_batches(),
+                 "DataLoader: cannot start epoch {} at batch {}: the epoch has {} batches (valid: 0..{})", epoch_,
+                 first_batch, pass->num_batches(), pass->num_batches());
+  // Batches draw their randomness from (seed, epoch, batch index), so skipping the first ones
+  // leaves the rest exactly as a full pass would produce them.
+  pass->next_claim = pass->next_consume = first_batch;
   pass->capacity = std::max<int64_t>(1, options_.num_workers * options_.prefetch_factor);
   Pass& p = *pass;
   pass_ = std::move(pass);
-  const int64_t threads = std::min(options_.num_workers, p.num_batches());
+  const int64_t threads = std::min(options_.num_workers, p.num_batches() - first_batch);
   for (int64_t i = 0; i < threads; ++i) p.workers.emplace_back([this, &p] { worker_loop(p); });
 }
 

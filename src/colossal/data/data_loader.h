@@ -60,8 +60,10 @@ class DataLoader {
   int64_t size() const;
   const DataLoaderOptions& options() const { return options_; }
 
-  /// Starts (or restarts) a pass over the current epoch.
-  void start();
+  /// Starts (or restarts) a pass over the current epoch at batch `first_batch` (0 <= first_batch <=
+  /// size()): the batches handed out are those a full pass hands out from that index on, bit for
+  /// bit, which is how a resumed run continues mid-epoch.
+  void start(int64_t first_batch = 0);
   /// The next batch of the pass, starting one if none is running; nullopt once the pass is over
   /// (until start() or set_epoch()). A sample or collation error is rethrown here, at the batch it
   /// belongs to, naming the batch and the sample; the pass then ends.

@@ -55,8 +55,12 @@ class Engine {
   bool last_step_updated() const { return last_step_updated_; }
   /// The gradient norm before clipping at the last update, when clipping is on.
   std::optional<double> last_grad_norm() const { return last_grad_norm_; }
-  /// Optimizer updates so far.
+  /// Optimizer updates so far; a checkpoint restores the count.
   int64_t num_updates() const { return num_updates_; }
+  void set_num_updates(int64_t updates) { num_updates_ = updates; }
+  /// Micro-steps taken in the current accumulation window (0: at a window boundary, where a
+  /// checkpoint holds the whole training state).
+  int64_t micro_step() const { return micro_step_; }
 
   nn::Module& model() { return *model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }

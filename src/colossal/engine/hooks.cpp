@@ -2,6 +2,7 @@
 #include "colossal/engine/hooks.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <utility>
 
@@ -142,12 +143,16 @@ void LogMetricByEpochHook::after_test_epoch(Trainer& trainer) {
 
 // ---- MetricsJsonlHook
 
-MetricsJsonlHook::MetricsJsonlHook(std::string path, int priority) : Hook(priority), path_(std::move(path)) {}
+MetricsJsonlHook::MetricsJsonlHook(std::string path, int64_t log_interval, bool append, int priority)
+    : Hook(priority), path_(std::move(path)), log_interval_(log_interval), append_(append) {
+  COLOSSAL_CHECK(log_interval_ >= 0, "MetricsJsonlHook: log_interval must be >= 0, got {}", log_interval_);
+}
 
-void MetricsJsonlHook::before_train(Trainer&) {
-  file_ = std::ofstream(path_, std::ios::out | std::ios::trunc);
+void MetricsJsonlHook::before_train(Trainer& trainer) {
+  file_ = std::ofstream(path_, std::ios::out | (append_ ? std::ios::app : std::ios::trunc));
   COLOSSAL_CHECK(file_.good(), "MetricsJsonlHook: cannot open '{}' for writing", path_);
   start_ = std::chrono::steady_clock::now();
+  first_step_ = trainer.cur_step();
   epochs_written_ = 0;
   final_train_loss_.reset();
   final_test_loss_.reset();
@@ -155,6 +160,26 @@ void MetricsJsonlHook::before_train(Trainer&) {
   best_test_accuracy_.reset();
   throughput_sum_ = 0.0;
   throughput_count_ = 0;
+}
+
+void MetricsJsonlHook::before_train_iter(Trainer& trainer) {
+  // The lr this iteration's update uses: an Engine-owned scheduler moves it on inside step().
+  const auto& groups = trainer.engine().optimizer().param_groups();
+  iter_lr_ = groups.empty() ? std::nan("") : groups[0].options.at("lr");
+}
+
+void MetricsJsonlHook::after_train_iter(Trainer& trainer, const Tensor&, const Tensor&, const Tensor& loss) {
+  const int64_t step = trainer.cur_step() + 1;
+  if (log_interval_ == 0 || step % log_interval_ != 0 || !loss.defined()) return;
+  nlohmann::json line = {{"event", "step"},
+                         {"epoch", trainer.cur_epoch()},
+                         {"step", step},
+                         {"loss", loss.item<double>()},
+                         {"lr", std::isnan(iter_lr_) ? nlohmann::json(nullptr) : nlohmann::json(iter_lr_)}};
+  if (auto norm = trainer.engine().last_grad_norm(); norm && trainer.engine().last_step_updated()) {
+    line["grad_norm"] = *norm;
+  }
+  file_ << line.dump() << '\n' << std::flush;
 }
 
 void MetricsJsonlHook::after_train_epoch(Trainer& trainer) {
@@ -170,7 +195,9 @@ void MetricsJsonlHook::write_epoch(Trainer& trainer, bool tested) {
   const MetricTable& train = trainer.train_metrics();
   const MetricTable empty;
   const MetricTable& test = tested ? trainer.test_metrics() : empty;
-  nlohmann::json line = {{"epoch", trainer.cur_epoch()},
+  nlohmann::json line = {{"event", "epoch"},
+                         {"epoch", trainer.cur_epoch()},
+                         {"step", trainer.cur_step()},
                          {"train_loss", metric_or_null(train, "loss")},
                          {"test_loss", metric_or_null(test, "loss")},
                          {"test_accuracy", metric_or_null(test, "accuracy")},
@@ -191,19 +218,21 @@ void MetricsJsonlHook::write_epoch(Trainer& trainer, bool tested) {
   }
 }
 
-void MetricsJsonlHook::after_train(Trainer&) {
+void MetricsJsonlHook::after_train(Trainer& trainer) {
   // Built as JSON directly: routing it through std::optional trips a false -Wmaybe-uninitialized.
   const nlohmann::json mean_throughput = throughput_count_ > 0
                                              ? nlohmann::json(throughput_sum_ / static_cast<double>(throughput_count_))
                                              : nlohmann::json(nullptr);
   nlohmann::json summary = {{"event", "summary"},
                             {"epochs", epochs_written_},
-                            {"final_train_loss", optional_or_null(final_train_loss_)},
-                            {"final_test_loss", optional_or_null(final_test_loss_)},
-                            {"final_test_accuracy", optional_or_null(final_test_accuracy_)},
+                            {"steps", trainer.cur_step()},
+                            {"steps_this_run", trainer.cur_step() - first_step_},
+                            {"train_loss", optional_or_null(final_train_loss_)},
+                            {"test_loss", optional_or_null(final_test_loss_)},
+                            {"test_accuracy", optional_or_null(final_test_accuracy_)},
                             {"best_test_accuracy", optional_or_null(best_test_accuracy_)},
-                            {"mean_samples_per_s", mean_throughput},
-                            {"wall_time_s", seconds_since(start_)}};
+                            {"samples_per_s", mean_throughput},
+                            {"wall_s", seconds_since(start_)}};
   file_ << summary.dump() << '\n' << std::flush;
   file_.close();
 }

@@ -92,17 +92,26 @@ class LogMetricByEpochHook : public Hook {
   std::ostream* out_;
 };
 
-/// Writes `path` (truncated at before_train): after each epoch one JSON object
-///   {"epoch": e, "train_loss": ..., "test_loss": ..., "test_accuracy": ..., "samples_per_s": ...}
-/// with e 0-based and null for a metric no hook produced (no test pass that epoch), then
-///   {"event": "summary", "epochs": N, "final_train_loss": ..., "final_test_loss": ...,
-///    "final_test_accuracy": ..., "best_test_accuracy": ..., "mean_samples_per_s": ..., "wall_time_s": ...}
-/// at after_train. Lines are flushed as written, so a crashed run keeps its finished epochs.
+/// Writes `path` (truncated at before_train, or appended to when `append`, as a resumed run does),
+/// one JSON object per line, flushed as written so that a crashed run keeps what it logged:
+///   every `log_interval` training iterations (0: never)
+///     {"event": "step", "epoch": e, "step": s, "loss": ..., "lr": ..., ["grad_norm": ...]}
+///   (lr: the one this iteration's update used)
+///   after each epoch (after its test pass, if any)
+///     {"event": "epoch", "epoch": e, "step": s, "train_loss": ..., "test_loss": ..., "test_accuracy": ...,
+///      "samples_per_s": ..., ["lr": ...]}
+///   at after_train
+///     {"event": "summary", "epochs": N, "steps": S, "steps_this_run": ..., "train_loss": ..., "test_loss": ...,
+///      "test_accuracy": ..., "best_test_accuracy": ..., "samples_per_s": ..., "wall_s": ...}
+/// with e 0-based, s counting training iterations, losses and accuracy those of the last epoch (the
+/// summary's samples_per_s the mean over epochs), and null for a metric no hook produced.
 class MetricsJsonlHook : public Hook {
  public:
-  explicit MetricsJsonlHook(std::string path, int priority = 10);
+  explicit MetricsJsonlHook(std::string path, int64_t log_interval = 0, bool append = false, int priority = 10);
   std::string name() const override { return "MetricsJsonlHook"; }
   void before_train(Trainer& trainer) override;
+  void before_train_iter(Trainer& trainer) override;
+  void after_train_iter(Trainer& trainer, const Tensor& output, const Tensor& target, const Tensor& loss) override;
   void after_train_epoch(Trainer& trainer) override;
   void after_test(Trainer& trainer) override;
   void after_train(Trainer& trainer) override;
@@ -110,9 +119,13 @@ class MetricsJsonlHook : public Hook {
  private:
   void write_epoch(Trainer& trainer, bool tested);
 
+  double iter_lr_ = 0.0;  // the lr of the current iteration's update
   std::string path_;
+  int64_t log_interval_;
+  bool append_;
   std::ofstream file_;
   std::chrono::steady_clock::time_point start_;
+  int64_t first_step_ = 0;
   int64_t epochs_written_ = 0;
   std::optional<double> final_train_loss_, final_test_loss_, final_test_accuracy_, best_test_accuracy_;
   double throughput_sum_ = 0.0;

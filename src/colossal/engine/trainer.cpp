@@ -2,12 +2,15 @@
 #include "colossal/engine/trainer.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <utility>
 
 #include <fmt/core.h>
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"          // COLOSSAL_CHECK
+#include "colossal/engine/progress_bar.h"
 
 namespace colossal::engine {
 
@@ -20,36 +23,52 @@ void Trainer::fit(data::DataLoader& train_loader, int64_t epochs, data::DataLoad
                    [](const auto& a, const auto& b) { return a->priority() < b->priority(); });
   hooks_ = std::move(hooks);
   max_epochs_ = epochs;
-  cur_step_ = 0;
+  const TrainPosition start = std::exchange(start_, TrainPosition{});
+  COLOSSAL_CHECK(start.epoch >= 0 && start.iter >= 0 && start.step >= 0, "fit: bad resume position epoch {} iter {}",
+                 start.epoch, start.iter);
+  cur_step_ = start.step;
 
   call_hooks([&](Hook& h) { h.before_train(*this); });
-  for (cur_epoch_ = 0; cur_epoch_ < epochs; ++cur_epoch_) {
+  for (cur_epoch_ = start.epoch; cur_epoch_ < epochs; ++cur_epoch_) {
     testing_this_epoch_ = test_loader != nullptr && cur_epoch_ % test_interval == 0;
-    train_epoch(train_loader, display_progress);
+    train_epoch(train_loader, cur_epoch_ == start.epoch ? start.iter : 0, display_progress);
     if (testing_this_epoch_) test_epoch(*test_loader, display_progress);
   }
   call_hooks([&](Hook& h) { h.after_train(*this); });
 }
 
-void Trainer::train_epoch(data::DataLoader& loader, bool display_progress) {
+void Trainer::resume_at(TrainPosition position) {
+  COLOSSAL_CHECK(position.epoch >= 0 && position.iter >= 0 && position.step >= 0,
+                 "resume_at: epoch, iter and step must be >= 0, got {}, {}, {}", position.epoch, position.iter,
+                 position.step);
+  start_ = position;
+}
+
+std::string Trainer::pass_label(const char* pass) const {
+  return fmt::format("epoch {}/{} {}", cur_epoch_ + 1, max_epochs_, pass);
+}
+
+void Trainer::train_epoch(data::DataLoader& loader, int64_t first_iter, bool display_progress) {
   engine_.train();
   loader.set_epoch(cur_epoch_);
   train_metrics_.clear();
   call_hooks([&](Hook& h) { h.before_train_epoch(*this); });
-  cur_iter_ = 0;
+  cur_iter_ = first_iter;
   // A window left open by the previous epoch's last batches is dropped rather than mixed in.
   engine_.zero_grad();
-  for (data::Batch& batch : loader) {
+  std::optional<ProgressBar> bar;
+  if (display_progress) bar.emplace(pass_label("train"), loader.size(), first_iter);
+  loader.start(first_iter);
+  while (std::optional<data::Batch> batch = loader.next()) {
     call_hooks([&](Hook& h) { h.before_train_iter(*this); });
-    Tensor loss = engine_.step(batch.input, batch.target);
-    call_hooks([&](Hook& h) { h.after_train_iter(*this, engine_.last_output(), batch.target, loss); });
+    Tensor loss = engine_.step(batch->input, batch->target);
+    call_hooks([&](Hook& h) { h.after_train_iter(*this, engine_.last_output(), batch->target, loss); });
     ++cur_iter_;
     ++cur_step_;
+    if (bar) bar->update(cur_iter_, [&] { return loss.item<double>(); });
   }
+  if (bar) bar->finish();
   call_hooks([&](Hook& h) { h.after_train_epoch(*this); });
-  if (display_progress) {
-    fmt::print("[Epoch {} / train] {} iterations\n", cur_epoch_, cur_iter_);
-  }
 }
 
 void Trainer::test_epoch(data::DataLoader& loader, bool display_progress) {
@@ -59,6 +78,8 @@ void Trainer::test_epoch(data::DataLoader& loader, bool display_progress) {
   call_hooks([&](Hook& h) { h.before_test(*this); });
   call_hooks([&](Hook& h) { h.before_test_epoch(*this); });
   cur_iter_ = 0;
+  std::optional<ProgressBar> bar;
+  if (display_progress) bar.emplace(pass_label("test"), loader.size());
   for (data::Batch& batch : loader) {
     call_hooks([&](Hook& h) { h.before_test_iter(*this); });
     Tensor output = engine_.evaluate(batch.input);
@@ -69,13 +90,12 @@ void Trainer::test_epoch(data::DataLoader& loader, bool display_progress) {
     }
     call_hooks([&](Hook& h) { h.after_test_iter(*this, output, batch.target, loss); });
     ++cur_iter_;
+    if (bar) bar->update(cur_iter_, [&] { return loss.defined() ? loss.item<double>() : std::nan(""); });
   }
+  if (bar) bar->finish();
   call_hooks([&](Hook& h) { h.after_test_epoch(*this); });
   call_hooks([&](Hook& h) { h.after_test(*this); });
   engine_.train();
-  if (display_progress) {
-    fmt::print("[Epoch {} / test] {} iterations\n", cur_epoch_, cur_iter_);
-  }
 }
 
 }  // namespace colossal::engine

@@ -18,6 +18,16 @@ namespace colossal::engine {
 /// Metric name ("loss", "accuracy", "throughput") -> value of the current epoch.
 using MetricTable = std::map<std::string, double>;
 
+/// Where a run stands between two iterations: what a checkpoint records and what a resumed fit()
+/// starts from.
+struct TrainPosition {
+  int64_t epoch = 0;  ///< the epoch in progress (0-based)
+  int64_t iter = 0;   ///< batches of that epoch already trained
+  int64_t step = 0;   ///< training iterations done across all epochs
+
+  friend bool operator==(const TrainPosition&, const TrainPosition&) = default;
+};
+
 class Trainer {
  public:
   explicit Trainer(Engine& engine) : engine_(engine) {}
@@ -28,9 +38,14 @@ class Trainer {
   ///   before_train; per epoch { before_train_epoch; per batch { before_train_iter; after_train_iter }
   ///   after_train_epoch; [before_test; before_test_epoch; per batch { before_test_iter;
   ///   after_test_iter } after_test_epoch; after_test] }; after_train.
-  /// display_progress prints one line per epoch pass to stdout.
+  /// display_progress draws a ProgressBar per pass on stderr (epoch, step/total, rate, ETA, loss).
+  /// After resume_at(p), the first epoch is p.epoch and its first p.iter batches are skipped (the
+  /// loader hands out the remaining ones exactly as a full pass would); before_train still runs.
   void fit(data::DataLoader& train_loader, int64_t epochs, data::DataLoader* test_loader = nullptr,
            int64_t test_interval = 1, std::vector<std::shared_ptr<Hook>> hooks = {}, bool display_progress = false);
+
+  /// Makes the next fit() continue from `position` (restored from a checkpoint) instead of epoch 0.
+  void resume_at(TrainPosition position);
 
   Engine& engine() { return engine_; }
   /// The epoch being run (0-based), and the number of epochs of the current fit().
@@ -39,6 +54,10 @@ class Trainer {
   /// Training iterations done so far across epochs, and the iteration within the current pass.
   int64_t cur_step() const { return cur_step_; }
   int64_t cur_iter() const { return cur_iter_; }
+  /// The position once the current training iteration has finished (inside after_train_iter), or
+  /// once the current epoch's training pass has (inside after_train_epoch and later in the epoch).
+  TrainPosition position_after_iter() const { return {cur_epoch_, cur_iter_ + 1, cur_step_ + 1}; }
+  TrainPosition position_after_epoch() const { return {cur_epoch_ + 1, 0, cur_step_}; }
   /// Whether the current epoch runs a test pass.
   bool testing_this_epoch() const { return testing_this_epoch_; }
   /// Metrics of the current epoch, written by metric hooks (cleared at each before_*_epoch).
@@ -47,7 +66,8 @@ class Trainer {
   const std::vector<std::shared_ptr<Hook>>& hooks() const { return hooks_; }
 
  private:
-  void train_epoch(data::DataLoader& loader, bool display_progress);
+  void train_epoch(data::DataLoader& loader, int64_t first_iter, bool display_progress);
+  std::string pass_label(const char* pass) const;
   void test_epoch(data::DataLoader& loader, bool display_progress);
   template <class Fn>
   void call_hooks(Fn&& fn) {
@@ -61,6 +81,7 @@ class Trainer {
   int64_t cur_step_ = 0;
   int64_t cur_iter_ = 0;
   bool testing_this_epoch_ = false;
+  TrainPosition start_;  // where the next fit() begins (resume_at)
   MetricTable train_metrics_;
   MetricTable test_metrics_;
 };

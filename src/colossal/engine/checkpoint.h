@@ -1,0 +1,82 @@
+// Training checkpoints: one safetensors file holding everything a run needs to continue as if it
+// had never stopped: the model's state_dict ("model.<name>"), the optimizer's ("optimizer.<key>"),
+// the LR scheduler's ("lr_scheduler.<key>"), and in the header's metadata the position
+// (epoch, iteration within it, step, optimizer updates), the state of every named random generator
+// (dropout, ...), and what the writer wants to check on resume (steps per epoch, the config).
+// Files are written under a temporary name and renamed, so a crash never leaves half a checkpoint.
+// See Note [Bit-exact resume] in checkpoint.cpp.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "colossal/core/random.h"  // Generator
+#include "colossal/engine/engine.h"
+#include "colossal/engine/hook.h"
+#include "colossal/engine/trainer.h"  // TrainPosition
+
+namespace colossal::engine {
+
+/// The random generators a run draws from after initialisation, by name ("dropout"); their (seed,
+/// offset) states are saved and restored.
+using NamedGenerators = std::map<std::string, core::Generator*>;
+
+/// What a checkpoint records beside the tensors.
+struct CheckpointInfo {
+  TrainPosition position;
+  int64_t num_updates = 0;
+  /// Free-form strings the writer checks on resume ("steps_per_epoch", "config", ...).
+  std::map<std::string, std::string> extra;
+};
+
+/// Writes `engine`'s model, optimizer and scheduler state, the generators' states and `info` to
+/// `path` (temporary name, then rename). The engine must be at an accumulation-window boundary
+/// (engine.micro_step() == 0): gradients in flight are not part of a checkpoint.
+void save_checkpoint(const std::filesystem::path& path, Engine& engine, const NamedGenerators& generators,
+                     const CheckpointInfo& info);
+
+/// Restores what save_checkpoint wrote into `engine` (whose model, optimizer and scheduler must be
+/// built as the writer's were) and the generators, and returns the recorded info. Throws naming the
+/// file and the key when something is missing, extra, of another shape, or not a colossal checkpoint;
+/// the engine may then be partly loaded and should not be used.
+CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine, const NamedGenerators& generators);
+
+/// `path` itself when it is a file; for a directory, its checkpoint with the most training steps
+/// (file names from checkpoint_file_name). Throws naming the directory when it holds none.
+std::filesystem::path find_checkpoint(const std::filesystem::path& path);
+
+/// "epoch3.safetensors" at an epoch's end, "epoch3-step1200.safetensors" inside epoch 3 (1-based
+/// epochs, as logged); names sort by (epoch, step) in find_checkpoint.
+std::string checkpoint_file_name(const TrainPosition& position);
+
+/// Colossal-AI's SaveCheckpointHook: saves into `dir` after every `epoch_interval`-th training
+/// epoch (0: never) and, when `step_interval` > 0, after every step_interval-th optimizer update
+/// inside an epoch, keeping the newest `keep` files (0: all). Runs last (priority 100) so that the
+/// scheduler has stepped.
+class SaveCheckpointHook : public Hook {
+ public:
+  SaveCheckpointHook(std::filesystem::path dir, NamedGenerators generators, int64_t epoch_interval,
+                     int64_t step_interval = 0, std::map<std::string, std::string> extra = {}, int64_t keep = 0,
+                     int priority = 100);
+  std::string name() const override { return "SaveCheckpointHook"; }
+  void after_train_iter(Trainer& trainer, const Tensor& output, const Tensor& target, const Tensor& loss) override;
+  void after_train_epoch(Trainer& trainer) override;
+  /// Paths written by this hook, oldest first (the kept ones).
+  const std::vector<std::filesystem::path>& written() const { return written_; }
+
+ private:
+  void save(Trainer& trainer, const TrainPosition& position);
+
+  std::filesystem::path dir_;
+  NamedGenerators generators_;
+  int64_t epoch_interval_, step_interval_;
+  std::map<std::string, std::string> extra_;
+  int64_t keep_;
+  std::vector<std::filesystem::path> written_;
+};
+
+}  // namespace colossal::engine
