@@ -9,8 +9,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 
 #include "colossal/ops/cuda/row_team.cuh"
 #include "colossal/ops/nn_kernels.h"
@@ -43,6 +41,14 @@ constexpr int kStreamBlock = 512;
 
 // ---- forward
 
+/// One row per team (a warp, or the block for rows of more than 32 * kChunks vectors), no loop: x
+/// streams through once (evict-first), y is written evict-first, and weight and bias stay in L1.
+/// Plain as it is, a lab copy of it moved bytes as fast as a device copy: at 65536 x 1024 bf16 on
+/// an H100, 92.6 us a call against cudaMemcpy's 92.1 us for the same 2 x 128 MiB (20 calls back to
+/// back). Tried and slower there, in the same run: persistent warps that load their next row before
+/// reducing the current one (104.2 us: fewer resident warps keep fewer rows in flight than this
+/// grid does), and persistent warps fed by the bulk copy engine, 2 to 8 rows deep in shared
+/// memory (100.7 to 115.2 us).
 template <class T, int kVec, int kTeam>
 __global__ void __launch_bounds__(kBlock, 1)
     layer_norm_forward_registers(T* __restrict__ y, acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out,
@@ -62,7 +68,7 @@ __global__ void __launch_bounds__(kBlock, 1)
   for (int k = 0; k < kChunks; ++k) {
     const int64_t v = int64_t{k} * size + rank;
     if (v < vectors) {
-      data[k] = load_vec<kVec>(xr + v * kVec);
+      data[k] = cuda::rows::load_vec_streaming<kVec>(xr + v * kVec);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) sum += to_acc(data[k].v[j]);
     }
@@ -92,8 +98,8 @@ __global__ void __launch_bounds__(kBlock, 1)
     const int64_t v = int64_t{k} * size + rank;
     if (v < vectors) {
       Vec<T, kVec> w, b, out;
-      if (weight) w = load_vec<kVec>(weight + v * kVec);
-      if (bias) b = load_vec<kVec>(bias + v * kVec);
+      if (weight) w = cuda::rows::load_vec_readonly<kVec>(weight + v * kVec);  // L1 hits after the first rows
+      if (bias) b = cuda::rows::load_vec_readonly<kVec>(bias + v * kVec);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         A value = (to_acc(data[k].v[j]) - mean) * rstd;
@@ -101,103 +107,8 @@ __global__ void __launch_bounds__(kBlock, 1)
         if (bias) value += to_acc(b.v[j]);
         out.v[j] = from_acc<T>(value);
       }
-      store_vec<kVec>(yr + v * kVec, out);
+      cuda::rows::store_vec_streaming<kVec>(yr + v * kVec, out);
     }
-  }
-}
-
-/// Threads per block of the warp-per-row forward: small blocks, so that the SM's register file
-/// divides into blocks with little left over.
-constexpr int kForwardWarpBlock = 128;
-/// Blocks per SM it is compiled for: 6 x 4 warps (80 registers) for the 16-bit types, 3 x 4 for
-/// the wider ones, whose two rows of x take twice the registers.
-template <class T>
-constexpr int kForwardWarpBlocksPerSm = sizeof(T) <= 2 ? 6 : 3;
-
-/// Loads warp lane `lane`'s vectors of `row` (nothing past the last row or the row's end).
-template <class T, int kVec, int kChunks>
-__device__ __forceinline__ void load_row(Vec<T, kVec> (&data)[kChunks], const T* __restrict__ x, int64_t row,
-                                         int64_t rows, int64_t cols, int lane) {
-  if (row >= rows) return;
-  const int vectors = static_cast<int>(cols / kVec);  // <= kWarp * kChunks
-  const T* xr = x + row * cols;
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    const int v = k * kWarp + lane;
-    if (v < vectors) data[k] = cuda::rows::load_vec_streaming<kVec>(xr + v * kVec);
-  }
-}
-
-/// Rows of up to kWarp * kChunks vectors, a warp per row, persistent: warp w of the grid takes
-/// rows w, w + warps, w + 2 warps, ... and issues the loads of its next row before it reduces the
-/// current one, so that each warp always has a row of x on its way from memory. The kernel is
-/// bound by the bytes in flight: a warp that loaded one row and exited left the memory system idle
-/// during its shuffles and stores. Same arithmetic, in the same order, as the team kernel above.
-template <class T, int kVec>
-__global__ void __launch_bounds__(kForwardWarpBlock, kForwardWarpBlocksPerSm<T>)
-    layer_norm_forward_warps(T* __restrict__ y, acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out,
-                             const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                             int64_t rows, int64_t cols, acc_t<T> eps) {
-  using A = acc_t<T>;
-  constexpr int kChunks = kForwardChunks<kVec>;
-  constexpr int kWarps = kForwardWarpBlock / kWarp;
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int64_t stride = int64_t{gridDim.x} * kWarps;
-  const int vectors = static_cast<int>(cols / kVec);  // <= kWarp * kChunks
-  int64_t row = int64_t{blockIdx.x} * kWarps + static_cast<int>(threadIdx.x) / kWarp;
-  Vec<T, kVec> data[kChunks];
-  load_row(data, x, row, rows, cols, lane);
-  // `row` is the same on every lane of the warp, so whole warps run the loop and its shuffles.
-  for (; row < rows; row += stride) {
-    Vec<T, kVec> ahead[kChunks];
-    load_row(ahead, x, row + stride, rows, cols, lane);
-    A sum = 0;
-#pragma unroll
-    for (int k = 0; k < kChunks; ++k) {
-      if (k * kWarp + lane < vectors) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) sum += to_acc(data[k].v[j]);
-      }
-    }
-    const A mean = cuda::rows::warp_sum(sum) / static_cast<A>(cols);
-    // Two passes over the registers (mean, then squared deviations), as the CPU kernel.
-    A squares = 0;
-#pragma unroll
-    for (int k = 0; k < kChunks; ++k) {
-      if (k * kWarp + lane < vectors) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const A d = to_acc(data[k].v[j]) - mean;
-          squares += d * d;
-        }
-      }
-    }
-    const A variance = cuda::rows::warp_sum(squares) / static_cast<A>(cols);
-    const A rstd = A(1) / sqrt(variance + eps);
-    if (lane == 0) {
-      mean_out[row] = mean;
-      rstd_out[row] = rstd;
-    }
-    T* yr = y + row * cols;
-#pragma unroll
-    for (int k = 0; k < kChunks; ++k) {
-      const int v = k * kWarp + lane;
-      if (v < vectors) {
-        Vec<T, kVec> w, b, out;
-        if (weight) w = cuda::rows::load_vec_readonly<kVec>(weight + v * kVec);  // L1 hits after the first row
-        if (bias) b = cuda::rows::load_vec_readonly<kVec>(bias + v * kVec);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          A value = (to_acc(data[k].v[j]) - mean) * rstd;
-          if (weight) value *= to_acc(w.v[j]);
-          if (bias) value += to_acc(b.v[j]);
-          out.v[j] = from_acc<T>(value);
-        }
-        cuda::rows::store_vec_streaming<kVec>(yr + v * kVec, out);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kChunks; ++k) data[k] = ahead[k];
   }
 }
 
@@ -482,25 +393,6 @@ T* optional_mutable_data(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
-/// Blocks of layer_norm_forward_warps<T, kVec> resident on the current device at once, looked up
-/// once per device.
-template <class T, int kVec>
-int64_t forward_warps_resident() {
-  static std::array<std::atomic<int>, 64> cached{};  // 0: not looked up yet
-  int device = 0;
-  COLOSSAL_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < static_cast<int>(cached.size())) {
-    if (const int known = cached[device].load(std::memory_order_relaxed); known > 0) return known;
-  }
-  int sms = 0, per_sm = 0;
-  COLOSSAL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  COLOSSAL_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, layer_norm_forward_warps<T, kVec>, kForwardWarpBlock, 0));
-  const int blocks = std::max(sms * per_sm, 1);
-  if (device < static_cast<int>(cached.size())) cached[device].store(blocks, std::memory_order_relaxed);
-  return blocks;
-}
-
 template <class T, int kVec>
 void forward_rows(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                   const Tensor& bias, double eps, cudaStream_t stream) {
@@ -514,14 +406,7 @@ void forward_rows(const Tensor& y, const Tensor& mean, const Tensor& rstd, const
                                        static_cast<A>(eps));
   };
   if (vectors <= kWarp * kChunks) {
-    // A persistent grid of one wave, with the rows spread evenly over its warps: as many rows per
-    // warp as a full wave needs, and only the warps that this takes (no warp idles at the end
-    // while others still have a row to go).
-    constexpr int64_t kWarps = kForwardWarpBlock / kWarp;
-    const int64_t max_warps = forward_warps_resident<T, kVec>() * kWarps;
-    const int64_t rows_per_warp = ceil_div(rows, max_warps);
-    args(layer_norm_forward_warps<T, kVec>, static_cast<unsigned>(ceil_div(ceil_div(rows, rows_per_warp), kWarps)),
-         kForwardWarpBlock);
+    args(layer_norm_forward_registers<T, kVec, kWarp>, static_cast<unsigned>(ceil_div(rows, kBlock / kWarp)), kBlock);
   } else if (vectors <= kBlock * kChunks) {
     args(layer_norm_forward_registers<T, kVec, kBlockTeam>, static_cast<unsigned>(rows),
          cuda::rows::pow2_team(ceil_div(vectors, kChunks), 64, kBlock));
