@@ -44,6 +44,25 @@ TEST(ResNet, ParameterCountsMatchTorchvision) {
   EXPECT_EQ(ResNet(ResNetConfig::resnet50()).num_parameters(), 25'557'032);
 }
 
+// width scales every stage: ResNet-18 at width 16 on 1-channel images with 10 classes has
+// 9*1*16 + 2*16 (stem) + 9,344 + 33,088 + 131,712 + 525,568 (layer1..4) + 128*10 + 10 (fc) = 701,178
+// parameters, counted by hand per block (two 3x3 convs and two BatchNorms, plus a 1x1 downsample and
+// its BatchNorm where the width or stride changes).
+TEST(ResNet, WidthScalesEveryStage) {
+  ResNetConfig config = ResNetConfig::resnet18(10);
+  config.cifar_stem = true;
+  config.in_chans = 1;
+  config.width = 16;
+  ResNet model(config);
+  EXPECT_EQ(model.num_parameters(), 701'178);
+  EXPECT_EQ(model.parameter("layer4.1.conv2.weight").shape(), (Shape{128, 128, 3, 3}));
+  EXPECT_EQ(model.parameter("fc.weight").shape(), (Shape{10, 128}));
+  const Tensor images = testing::random_tensor({2, 1, 28, 28}, 3, -1.0, 1.0, DType::f32);
+  EXPECT_EQ(model.forward(images).shape(), (Shape{2, 10}));
+  config.width = 0;
+  EXPECT_THROW(ResNet{config}, Error);
+}
+
 TEST(ResNet, CifarStemKeepsFullResolution) {
   ResNetConfig config = ResNetConfig::resnet18(10);
   config.cifar_stem = true;

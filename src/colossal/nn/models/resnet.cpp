@@ -13,6 +13,7 @@ void ResNetConfig::validate() const {
     COLOSSAL_CHECK(blocks > 0, "ResNetConfig: every stage needs at least one block, got layers [{}, {}, {}, {}]",
                    layers[0], layers[1], layers[2], layers[3]);
   }
+  COLOSSAL_CHECK(width > 0 && width <= (int64_t{1} << 20), "ResNetConfig: width must be in [1, 2^20], got {}", width);
   COLOSSAL_CHECK(num_classes > 0 && in_chans > 0, "ResNetConfig: num_classes ({}) and in_chans ({}) must be positive",
                  num_classes, in_chans);
 }
@@ -104,14 +105,14 @@ ResNet::ResNet(const ResNetConfig& config, core::Generator* generator) : Module(
   const bool bottleneck = config.block == ResNetBlockKind::bottleneck;
   const int64_t expansion = bottleneck ? Bottleneck::kExpansion : BasicBlock::kExpansion;
   conv1_ = register_module(
-      "conv1", config.cifar_stem ? conv3x3(config.in_chans, 64, 1, generator)
+      "conv1", config.cifar_stem ? conv3x3(config.in_chans, config.width, 1, generator)
                                  : std::make_shared<Conv2d>(
-                                       config.in_chans, 64, 7,
+                                       config.in_chans, config.width, 7,
                                        Conv2dOptions{.stride = {2, 2}, .padding = {3, 3}, .bias = false}, generator));
-  bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(64));
-  int64_t in_planes = 64;
+  bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(config.width));
+  int64_t in_planes = config.width;
   for (size_t s = 0; s < 4; ++s) {
-    const int64_t planes = int64_t{64} << s;
+    const int64_t planes = config.width << s;
     auto stage = std::make_shared<Sequential>();
     for (int64_t b = 0; b < config.layers[s]; ++b) {
       const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
@@ -124,7 +125,8 @@ ResNet::ResNet(const ResNetConfig& config, core::Generator* generator) : Module(
     }
     stages_[s] = register_module("layer" + std::to_string(s + 1), stage);
   }
-  fc_ = register_module("fc", std::make_shared<Linear>(512 * expansion, config.num_classes, true, generator));
+  fc_ = register_module("fc", std::make_shared<Linear>((config.width << 3) * expansion, config.num_classes, true,
+                                                      generator));
 
   // torchvision's init: convs kaiming_normal(fan_out, relu); BatchNorms are ones and zeros already.
   for (const auto& [name, module] : named_modules()) {

@@ -34,6 +34,9 @@ struct ResNetConfig {
   /// bottleneck) with gamma 0, so each block begins as the identity (torchvision's
   /// zero_init_residual; Goyal et al., "Accurate, Large Minibatch SGD").
   bool zero_init_residual = false;
+  /// Channels of conv1 and layer1; layer2..4 double it each (torchvision: 64). Smaller widths give
+  /// the narrow ResNets that train quickly on small images.
+  int64_t width = 64;
 
   void validate() const;
 
