@@ -1,30 +1,24 @@
-// Builders of a training run's pieces from a TrainConfig: see builders.h.
+// The model, loss, optimizer and LR scheduler builders of builders.h (the datasets are in
+// data_builders.cpp).
 #include "colossal/cli/builders.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "colossal/config/train_config.h"
-#include "colossal/core/build_config.h"  // COLOSSAL_WITH_CUDA
+#include "colossal/core/dtype.h"  // is_floating
 #include "colossal/core/error.h"
-#include "colossal/data/cifar10.h"
-#include "colossal/data/data_loader.h"
-#include "colossal/data/dataset.h"
-#include "colossal/data/mnist.h"
-#include "colossal/data/sampler.h"
-#include "colossal/data/synthetic.h"
-#include "colossal/data/transform.h"
-#include "colossal/data/transforms.h"
-#include "colossal/engine/engine.h"
-#include "colossal/engine/hooks.h"
-#include "colossal/engine/trainer.h"
-#include "colossal/nn/models/vit.h"
-#include "colossal/ops/nn_functional.h"
+#include "colossal/nn/models/gpt2.h"     // GPT2, GPT2Config, lm_cross_entropy
+#include "colossal/nn/models/resnet.h"   // ResNet, ResNetConfig
+#include "colossal/nn/models/vit.h"      // VisionTransformer, ViTConfig
+#include "colossal/ops/nn_functional.h"  // cross_entropy
 #include "colossal/optim/adam.h"
 #include "colossal/optim/lamb.h"
 #include "colossal/optim/lars.h"
@@ -46,158 +40,255 @@ std::vector<int64_t> TruncatedSampler::indices() const {
   return all;
 }
 
-Datasets make_datasets(const TrainConfig& c) {
-  Datasets d;
-  const config::OptionTable& opt = c.data.options;
-  std::vector<std::shared_ptr<const data::Transform>> transforms;
-  bool u8_images = true;
-  std::vector<double> mean, std;
-  switch (c.data.dataset) {
-    case config::DatasetName::kSynthetic: {
-      opt.reject_unknown({"size", "test_size", "image_size", "channels", "num_classes"});
-      data::SyntheticImageOptions so;
-      so.size = opt.get_int("size", 1024, 1);
-      d.image_size = opt.get_int("image_size", 28, 1);
-      d.channels = opt.get_int("channels", 1, 1);
-      d.num_classes = opt.get_int("num_classes", 10, 2);
-      so.image_shape = {d.channels, d.image_size, d.image_size};
-      so.num_classes = d.num_classes;
-      so.seed = static_cast<uint64_t>(c.train.seed);
-      d.train = std::make_shared<data::SyntheticImageDataset>(so);
-      so.size = opt.get_int("test_size", 256, 0);
-      so.seed += 1;
-      if (so.size > 0) d.test = std::make_shared<data::SyntheticImageDataset>(so);
-      u8_images = false;
+namespace {
+
+/// An array of integers at `key`, each at least `min`; nullopt when absent.
+std::optional<std::vector<int64_t>> get_int_list(const config::OptionTable& o, std::string_view key, int64_t min) {
+  const auto it = o.values().find(key);
+  if (it == o.values().end()) return std::nullopt;
+  const auto* array = std::get_if<config::OptionValue::Array>(&it->second.value);
+  std::vector<int64_t> values;
+  for (size_t i = 0; array != nullptr && i < array->size(); ++i) {
+    const int64_t* value = std::get_if<int64_t>(&(*array)[i].value);
+    if (value == nullptr || *value < min) {
+      array = nullptr;
       break;
     }
-    case config::DatasetName::kMnist:
-    case config::DatasetName::kFashionMnist: {
-      opt.reject_unknown({"normalize_mean", "normalize_std"});
-      std::string dir = c.data.path;
-      if (dir.empty() && c.data.dataset == config::DatasetName::kFashionMnist) {
-        if (auto found = data::find_fashion_mnist()) dir = *found;
-      }
-      if (dir.empty()) {
-        unsupported(
-            fmt::format("data.path is empty and data.dataset = \"{}\" has no default location (fashion_mnist: set "
-                        "$COLOSSAL_FASHION_MNIST_DIR or install Debian's dataset-fashion-mnist)",
-                        config::to_string(c.data.dataset)));
-      }
-      d.train = std::make_shared<data::MnistDataset>(dir, data::Split::train);
-      d.test =
-          std::make_shared<data::MnistDataset>(c.data.test_path.empty() ? dir : c.data.test_path, data::Split::test);
-      d.channels = 1;
-      d.image_size = 28;
-      d.num_classes = data::MnistDataset::kNumClasses;
-      const bool fashion = c.data.dataset == config::DatasetName::kFashionMnist;
-      mean = {opt.get_double("normalize_mean", fashion ? 0.2860 : 0.1307)};
-      std = {opt.get_double("normalize_std", fashion ? 0.3530 : 0.3081, 1e-12)};
-      break;
-    }
-    case config::DatasetName::kCifar10: {
-      opt.reject_unknown({});
-      if (c.data.path.empty())
-        unsupported("data.path must name the CIFAR-10 binary folder for data.dataset = \"cifar10\"");
-      d.train = std::make_shared<data::Cifar10Dataset>(c.data.path, data::Split::train);
-      d.test = std::make_shared<data::Cifar10Dataset>(c.data.test_path.empty() ? c.data.path : c.data.test_path,
-                                                      data::Split::test);
-      d.channels = 3;
-      d.image_size = 32;
-      d.num_classes = data::Cifar10Dataset::kNumClasses;
-      mean = {0.4914, 0.4822, 0.4465};
-      std = {0.2470, 0.2435, 0.2616};
-      break;
-    }
-    case config::DatasetName::kTokens:
-      unsupported("data.dataset = \"tokens\" (language modelling) is not supported by train --config yet");
+    values.push_back(*value);
   }
-  bool normalize = false;
-  for (const std::string& t : c.data.transforms) {
-    if (t != "normalize") {
+  if (array == nullptr) {
+    unsupported(fmt::format("{}.{} = {}: expected an array of integers of at least {}", o.prefix(), key,
+                            config::to_toml(it->second), min));
+  }
+  return values;
+}
+
+/// Image models take image data and a class count covering every label.
+void check_image_model(const TrainConfig& c, const Datasets& d, int64_t num_classes) {
+  if (d.seq_len > 0 || d.image_size == 0) {
+    unsupported(fmt::format("model.name = \"{}\" classifies images; data.dataset = \"{}\" is not an image dataset",
+                            config::to_string(c.model.name), config::to_string(c.data.dataset)));
+  }
+  if (num_classes < d.num_classes) {
+    unsupported(fmt::format("model.options.num_classes = {} is fewer than the {} classes of data.dataset = \"{}\"",
+                            num_classes, d.num_classes, config::to_string(c.data.dataset)));
+  }
+  if (d.batch_transform && num_classes != d.num_classes) {
+    unsupported(
+        fmt::format("model.options.num_classes = {} must equal the dataset's {} classes with mixup (its soft "
+                    "targets have one column per class)",
+                    num_classes, d.num_classes));
+  }
+}
+
+int64_t count_parameters(nn::Module& model) {
+  int64_t n = 0;
+  for (const Tensor& p : model.parameters()) n += p.numel();
+  return n;
+}
+
+std::shared_ptr<nn::Module> make_vit(const TrainConfig& c, const Datasets& d, core::Generator& init,
+                                     core::Generator& dropout) {
+  const config::OptionTable& o = c.model.options;
+  nn::models::ViTConfig v;
+  const std::string& p = c.model.preset;
+  if (p.empty() || p == "vit_tiny_patch4_28") {
+    v = nn::models::ViTConfig::vit_tiny_patch4_28(d.num_classes);
+  } else if (p == "vit_tiny_patch4_32") {
+    v = nn::models::ViTConfig::vit_tiny_patch4_32(d.num_classes);
+  } else if (p == "vit_tiny_patch16_224") {
+    v = nn::models::ViTConfig::vit_tiny_patch16_224(d.num_classes);
+  } else if (p == "vit_small_patch16_224") {
+    v = nn::models::ViTConfig::vit_small_patch16_224(d.num_classes);
+  } else if (p == "vit_base_patch16_224") {
+    v = nn::models::ViTConfig::vit_base_patch16_224(d.num_classes);
+  } else if (p == "vit_large_patch16_224") {
+    v = nn::models::ViTConfig::vit_large_patch16_224(d.num_classes);
+  } else {
+    unsupported(fmt::format("model.preset = \"{}\" is not a ViT preset", p));
+  }
+  o.reject_unknown({"img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_ratio",
+                    "qkv_bias", "dropout", "drop_rate", "attn_drop_rate", "drop_path_rate", "zero_head_init"});
+  v.img_size = o.get_int("img_size", d.image_size, 1);
+  v.in_chans = o.get_int("in_chans", d.channels, 1);
+  v.num_classes = o.get_int("num_classes", d.num_classes, 1);
+  v.patch_size = o.get_int("patch_size", v.patch_size, 1);
+  v.embed_dim = o.get_int("embed_dim", v.embed_dim, 1);
+  v.depth = o.get_int("depth", v.depth, 1);
+  v.num_heads = o.get_int("num_heads", v.num_heads, 1);
+  v.mlp_ratio = o.get_double("mlp_ratio", v.mlp_ratio, 0);
+  v.qkv_bias = o.get_bool("qkv_bias", v.qkv_bias);
+  const double dropout_p = o.get_double("dropout", 0.0, 0, 1);
+  v.drop_rate = o.get_double("drop_rate", dropout_p, 0, 1);
+  v.pos_drop_rate = dropout_p;
+  v.proj_drop_rate = dropout_p;
+  v.attn_drop_rate = o.get_double("attn_drop_rate", 0.0, 0, 1);
+  v.drop_path_rate = o.get_double("drop_path_rate", 0.0, 0, 1);
+  v.zero_head_init = o.get_bool("zero_head_init", v.zero_head_init);
+  check_image_model(c, d, v.num_classes);
+  if (v.img_size != d.image_size || v.in_chans != d.channels) {
+    unsupported(
+        fmt::format("model.options img_size {} / in_chans {} do not match the data ({} x {} x {} after "
+                    "data.transforms)",
+                    v.img_size, v.in_chans, d.channels, d.image_size, d.image_size));
+  }
+  try {
+    v.validate();
+  } catch (const Error& e) {
+    throw Error(fmt::format("model.options: {}", e.what()));
+  }
+  fmt::print("model: ViT img {} patch {} embed {} depth {} heads {} mlp_ratio {} classes {} ({} parameters)\n",
+             v.img_size, v.patch_size, v.embed_dim, v.depth, v.num_heads, v.mlp_ratio, v.num_classes,
+             v.num_parameters());
+  return std::make_shared<nn::models::VisionTransformer>(v, &init, &dropout);
+}
+
+std::shared_ptr<nn::Module> make_resnet(const TrainConfig& c, const Datasets& d, core::Generator& init) {
+  const config::OptionTable& o = c.model.options;
+  using nn::models::ResNetConfig;
+  const std::string& p = c.model.preset;
+  ResNetConfig r;
+  if (p == "resnet18") {
+    r = ResNetConfig::resnet18(d.num_classes);
+  } else if (p == "resnet34") {
+    r = ResNetConfig::resnet34(d.num_classes);
+  } else if (p.empty() || p == "resnet50") {
+    r = ResNetConfig::resnet50(d.num_classes);
+  } else {
+    unsupported(fmt::format("model.preset = \"{}\" is not a ResNet preset", p));
+  }
+  o.reject_unknown({"num_classes", "in_chans", "cifar_stem", "zero_init_residual", "block", "layers", "width"});
+  r.num_classes = o.get_int("num_classes", d.num_classes, 1);
+  r.in_chans = o.get_int("in_chans", d.channels, 1);
+  r.cifar_stem = o.get_bool("cifar_stem", r.cifar_stem);
+  r.zero_init_residual = o.get_bool("zero_init_residual", r.zero_init_residual);
+  r.width = o.get_int("width", r.width, 1, 1 << 16);
+  const std::string block =
+      o.get_string("block", r.block == nn::models::ResNetBlockKind::basic ? "basic" : "bottleneck");
+  if (block == "basic") {
+    r.block = nn::models::ResNetBlockKind::basic;
+  } else if (block == "bottleneck") {
+    r.block = nn::models::ResNetBlockKind::bottleneck;
+  } else {
+    unsupported(
+        fmt::format("model.options.block = \"{}\" must be \"basic\" (ResNet-18/34) or \"bottleneck\" "
+                    "(ResNet-50)",
+                    block));
+  }
+  if (auto layers = get_int_list(o, "layers", 1)) {
+    if (layers->size() != 4) {
       unsupported(
-          fmt::format("data.transforms entry \"{}\" is not supported by train --config yet (only \"normalize\")", t));
+          fmt::format("model.options.layers has {} entries; it needs 4 (blocks in layer1..layer4)", layers->size()));
     }
-    if (!u8_images) unsupported("data.transforms \"normalize\" does not apply to data.dataset = \"synthetic\"");
-    normalize = true;
+    std::copy(layers->begin(), layers->end(), r.layers.begin());
   }
-  if (u8_images) {
-    transforms.push_back(std::make_shared<data::ToTensor>());
-    if (normalize) transforms.push_back(std::make_shared<data::Normalize>(mean, std));
-    auto compose = std::make_shared<data::Compose>(transforms);
-    const auto seed = static_cast<uint64_t>(c.train.seed);
-    d.train = std::make_shared<data::TransformDataset>(d.train, compose, seed);
-    if (d.test) d.test = std::make_shared<data::TransformDataset>(d.test, compose, seed + 1);
+  check_image_model(c, d, r.num_classes);
+  if (r.in_chans != d.channels) {
+    unsupported(
+        fmt::format("model.options.in_chans = {} does not match the data's {} channels", r.in_chans, d.channels));
   }
-  return d;
+  try {
+    r.validate();
+  } catch (const Error& e) {
+    throw Error(fmt::format("model.options: {}", e.what()));
+  }
+  auto model = std::make_shared<nn::models::ResNet>(r, &init);
+  fmt::print("model: ResNet {} blocks [{}, {}, {}, {}] width {} {} stem, classes {} ({} parameters)\n",
+             r.block == nn::models::ResNetBlockKind::basic ? "basic" : "bottleneck", r.layers[0], r.layers[1],
+             r.layers[2], r.layers[3], r.width, r.cifar_stem ? "CIFAR 3x3" : "ImageNet 7x7", r.num_classes,
+             count_parameters(*model));
+  return model;
+}
+
+}  // namespace
+
+nn::models::GPT2Config gpt2_config(const TrainConfig& c) {
+  using nn::models::GPT2Config;
+  if (c.model.name != config::ModelName::kGpt2) {
+    unsupported(fmt::format("model.name = \"{}\" is not \"gpt2\"", config::to_string(c.model.name)));
+  }
+  const std::string& p = c.model.preset;
+  GPT2Config g;
+  if (p.empty() || p == "gpt2") {
+    g = GPT2Config::gpt2_124m();
+  } else if (p == "gpt2-medium") {
+    g = GPT2Config::gpt2_350m();
+  } else if (p == "gpt2-large") {
+    g = GPT2Config::gpt2_774m();
+  } else if (p == "gpt2-xl") {
+    g = GPT2Config::gpt2_1558m();
+  } else {
+    unsupported(fmt::format("model.preset = \"{}\" is not a GPT-2 preset", p));
+  }
+  const config::OptionTable& o = c.model.options;
+  o.reject_unknown({"n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "vocab_multiple", "dropout",
+                    "layer_norm_epsilon", "initializer_range"});
+  g.n_layer = o.get_int("n_layer", g.n_layer, 1);
+  g.n_embd = o.get_int("n_embd", g.n_embd, 1);
+  g.n_head = o.get_int("n_head", g.n_head, 1);
+  g.n_positions = o.get_int("n_positions", g.n_positions, 1);
+  // Token files are uint16: a larger vocabulary could never be read.
+  g.vocab_size = o.get_int("vocab_size", g.vocab_size, 1, 65536);
+  g.vocab_multiple = o.get_int("vocab_multiple", g.vocab_multiple, 1, 1 << 16);
+  g.dropout = o.get_double("dropout", g.dropout, 0, 1);
+  g.layer_norm_epsilon = o.get_double("layer_norm_epsilon", g.layer_norm_epsilon, 0, 1);
+  g.initializer_range = o.get_double("initializer_range", g.initializer_range, 0);
+  try {
+    g.validate();
+  } catch (const Error& e) {
+    throw Error(fmt::format("model.options: {}", e.what()));
+  }
+  return g;
 }
 
 std::shared_ptr<nn::Module> make_model(const TrainConfig& c, const Datasets& d, core::Generator& init,
                                        core::Generator& dropout) {
-  const config::OptionTable& o = c.model.options;
   switch (c.model.name) {
-    case config::ModelName::kVit: {
-      nn::models::ViTConfig v;
-      const std::string& p = c.model.preset;
-      if (p.empty() || p == "vit_tiny_patch4_28") {
-        v = nn::models::ViTConfig::vit_tiny_patch4_28(d.num_classes);
-      } else if (p == "vit_tiny_patch4_32") {
-        v = nn::models::ViTConfig::vit_tiny_patch4_32(d.num_classes);
-      } else if (p == "vit_tiny_patch16_224") {
-        v = nn::models::ViTConfig::vit_tiny_patch16_224(d.num_classes);
-      } else if (p == "vit_small_patch16_224") {
-        v = nn::models::ViTConfig::vit_small_patch16_224(d.num_classes);
-      } else if (p == "vit_base_patch16_224") {
-        v = nn::models::ViTConfig::vit_base_patch16_224(d.num_classes);
-      } else {
-        v = nn::models::ViTConfig::vit_large_patch16_224(d.num_classes);
+    case config::ModelName::kVit:
+      return make_vit(c, d, init, dropout);
+    case config::ModelName::kResnet:
+      return make_resnet(c, d, init);
+    case config::ModelName::kGpt2: {
+      const nn::models::GPT2Config g = gpt2_config(c);
+      if (d.seq_len == 0) {
+        unsupported(
+            fmt::format("model.name = \"gpt2\" is a language model: data.dataset must be \"tokens\", not "
+                        "\"{}\"",
+                        config::to_string(c.data.dataset)));
       }
-      o.reject_unknown({"img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads",
-                        "mlp_ratio", "qkv_bias", "dropout", "drop_rate", "attn_drop_rate", "drop_path_rate",
-                        "zero_head_init"});
-      v.img_size = o.get_int("img_size", d.image_size, 1);
-      v.in_chans = o.get_int("in_chans", d.channels, 1);
-      v.num_classes = o.get_int("num_classes", d.num_classes, 1);
-      v.patch_size = o.get_int("patch_size", v.patch_size, 1);
-      v.embed_dim = o.get_int("embed_dim", v.embed_dim, 1);
-      v.depth = o.get_int("depth", v.depth, 1);
-      v.num_heads = o.get_int("num_heads", v.num_heads, 1);
-      v.mlp_ratio = o.get_double("mlp_ratio", v.mlp_ratio, 0);
-      v.qkv_bias = o.get_bool("qkv_bias", v.qkv_bias);
-      const double dropout_p = o.get_double("dropout", 0.0, 0, 1);
-      v.drop_rate = o.get_double("drop_rate", dropout_p, 0, 1);
-      v.pos_drop_rate = dropout_p;
-      v.proj_drop_rate = dropout_p;
-      v.attn_drop_rate = o.get_double("attn_drop_rate", 0.0, 0, 1);
-      v.drop_path_rate = o.get_double("drop_path_rate", 0.0, 0, 1);
-      v.zero_head_init = o.get_bool("zero_head_init", v.zero_head_init);
-      if (v.img_size != d.image_size || v.in_chans != d.channels) {
-        unsupported(fmt::format("model.options img_size {} / in_chans {} do not match the data ({} x {} x {})",
-                                v.img_size, v.in_chans, d.channels, d.image_size, d.image_size));
-      }
-      try {
-        v.validate();
-      } catch (const Error& e) {
-        throw Error(fmt::format("model.options: {}", e.what()));
-      }
-      fmt::print("model: ViT img {} patch {} embed {} depth {} heads {} mlp_ratio {} classes {} ({} parameters)\n",
-                 v.img_size, v.patch_size, v.embed_dim, v.depth, v.num_heads, v.mlp_ratio, v.num_classes,
-                 v.num_parameters());
-      return std::make_shared<nn::models::VisionTransformer>(v, &init, &dropout);
+      fmt::print(
+          "model: GPT-2 {} layers, {} wide, {} heads, context {}, vocab {} (padded {}), dropout {} ({} "
+          "parameters)\n",
+          g.n_layer, g.n_embd, g.n_head, g.n_positions, g.vocab_size, g.padded_vocab_size(), g.dropout,
+          g.num_parameters());
+      return std::make_shared<nn::models::GPT2>(g, &init, &dropout);
     }
     case config::ModelName::kMlp:
       unsupported("model.name = \"mlp\" is the built-in job: run `colossal train` without --config");
-    case config::ModelName::kGpt2:
-    case config::ModelName::kResnet:
-      break;
   }
-  unsupported(fmt::format("model.name = \"{}\" is not supported by train --config yet (only \"vit\")",
-                          config::to_string(c.model.name)));
+  unsupported("model.name");
 }
 
-engine::Criterion make_criterion(const TrainConfig& c, const Datasets&) {
-  ops::CrossEntropyOptions ce;
-  ce.label_smoothing = c.train.label_smoothing;
-  return [ce](const Tensor& out, const Tensor& target) { return ops::cross_entropy(out, target, ce); };
+engine::Criterion make_criterion(const TrainConfig& c, const Datasets& d) {
+  if (d.seq_len > 0) {
+    if (c.train.label_smoothing > 0) {
+      unsupported(
+          "train.label_smoothing applies to image classes; the language model of data.dataset = \"tokens\" "
+          "trains on the plain next-token cross-entropy (set it to 0)");
+    }
+    return [](const Tensor& logits, const Tensor& target) { return nn::models::lm_cross_entropy(logits, target); };
+  }
+  ops::CrossEntropyOptions hard;
+  hard.label_smoothing = c.train.label_smoothing;
+  if (!d.batch_transform) {
+    return [hard](const Tensor& out, const Tensor& target) { return ops::cross_entropy(out, target, hard); };
+  }
+  // Mixed training batches carry soft targets [B, C] with the smoothing already blended in; the
+  // test batches are not mixed and keep class indices.
+  return [hard](const Tensor& out, const Tensor& target) {
+    if (core::is_floating(target.dtype())) return ops::cross_entropy(out, target, ops::CrossEntropyOptions{});
+    return ops::cross_entropy(out, target, hard);
+  };
 }
 
 std::shared_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<Tensor> params) {
@@ -245,8 +336,23 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vect
 std::shared_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::Optimizer& opt, int64_t total_steps,
                                                    int64_t steps_per_epoch) {
   const config::LrSchedulerConfig& s = c.lr_scheduler;
-  const int64_t warmup = s.warmup_steps > 0 ? s.warmup_steps : s.warmup_epochs * steps_per_epoch;
+  int64_t warmup = s.warmup_steps > 0 ? s.warmup_steps : s.warmup_epochs * steps_per_epoch;
   const int64_t total = s.total_steps > 0 ? s.total_steps : total_steps;
+  const bool decays = s.name == config::SchedulerName::kLinear || s.name == config::SchedulerName::kCosine;
+  if (decays && warmup >= total) {
+    const std::string_view warmup_key = s.warmup_steps > 0 ? "warmup_steps" : "warmup_epochs";
+    if (s.total_steps > 0) {
+      unsupported(fmt::format("lr_scheduler.{} ({} steps) must be shorter than lr_scheduler.total_steps = {}",
+                              warmup_key, warmup, total));
+    }
+    // A run cut short (train.max_steps = 2 to try a config) cannot hold the whole warmup: the
+    // schedule is compressed into it rather than refused.
+    fmt::print(
+        "lr_scheduler: the warmup of {} steps (lr_scheduler.{}) does not fit this run of {} updates; warming "
+        "up over {} instead\n",
+        warmup, warmup_key, total, total - 1);
+    warmup = total - 1;
+  }
   switch (s.name) {
     case config::SchedulerName::kConstant:
       if (warmup > 0) return std::make_shared<optim::MultiStepWarmupLR>(opt, warmup, std::vector<int64_t>{}, 1.0);
@@ -254,10 +360,6 @@ std::shared_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::
     case config::SchedulerName::kLinear:
       return std::make_shared<optim::LinearWarmupLR>(opt, total, warmup);
     case config::SchedulerName::kCosine:
-      if (warmup >= total) {
-        unsupported(
-            fmt::format("lr_scheduler warmup ({} steps) must be shorter than the run ({} steps)", warmup, total));
-      }
       return std::make_shared<optim::CosineAnnealingWarmupLR>(opt, total, warmup, s.eta_min);
     case config::SchedulerName::kMultistep:
       if (warmup > 0) return std::make_shared<optim::MultiStepWarmupLR>(opt, warmup, s.milestones, s.gamma);
