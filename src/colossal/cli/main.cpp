@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "colossal/cli/tokenize.h"
 #include "colossal/cli/train_config.h"
 #include "colossal/cli/train_mlp.h"
 #include "colossal/core/build_config.h"  // COLOSSAL_VERSION, COLOSSAL_WITH_*
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   CLI::App* info = app.add_subcommand("info", "Print the version and the engines this build was compiled with");
+  colossal::cli::add_tokenize_command(app);
 
   MlpTrainConfig config;
   CLI::App* train = app.add_subcommand("train", "Train a 2-layer MLP on a synthetic classification task (CPU)");
