@@ -550,6 +550,36 @@ TEST(BuildersBadOptions, ErrorsNameTheKey) {
                {"model.options.num_classes = 6 must equal the dataset's 4 classes with mixup"});
 }
 
+// Weight decay skips biases and norm parameters unless the config asks for decay everywhere.
+TEST(BuildersOptimizer, BiasesAndNormsGoToTheNoDecayGroup) {
+  const TrainConfig adamw =
+      parse("[model]\nname = \"vit\"\noptions = { patch_size = 4, embed_dim = 8, depth = 1, num_heads = 2 }\n"
+            "[data]\noptions = { image_size = 8 }\n[optimizer]\nname = \"adamw\"\nweight_decay = 0.05\n");
+  Datasets d = make_datasets(adamw);
+  core::Generator init(1), dropout(2);
+  auto model = make_model(adamw, d, init, dropout);
+  auto optimizer = make_optimizer(adamw, model->named_parameters());
+  const auto& groups = optimizer->param_groups();
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].options.at("weight_decay"), 0.05);
+  EXPECT_EQ(groups[1].options.at("weight_decay"), 0.0);
+  size_t decayed = 0, total = 0;
+  for (const auto& [name, param] : model->named_parameters()) {
+    ++total;
+    const bool expect_decay = !optim::default_no_weight_decay(name, param);
+    decayed += expect_decay ? 1 : 0;
+    const auto& group = groups[expect_decay ? 0 : 1].params;
+    EXPECT_TRUE(std::any_of(group.begin(), group.end(), [&](const Tensor& t) { return t.is_same(param); })) << name;
+  }
+  EXPECT_EQ(groups[0].params.size(), decayed);
+  EXPECT_EQ(groups[0].params.size() + groups[1].params.size(), total);
+
+  const TrainConfig everywhere = parse("[optimizer]\nweight_decay = 0.05\nno_decay_bias_and_norm = false\n");
+  auto single = make_optimizer(everywhere, model->named_parameters());
+  ASSERT_EQ(single->param_groups().size(), 1u);
+  EXPECT_EQ(single->param_groups()[0].params.size(), total);
+}
+
 TEST(BuildersScheduler, WarmupLongerThanAShortenedRunIsCompressed) {
   const Tensor weight = core::ones({2}, TensorOptions(DType::f32).with_requires_grad(true));
   const TrainConfig linear = parse("[optimizer]\nlr = 1.0\n[lr_scheduler]\nname = \"linear\"\nwarmup_epochs = 5\n");

@@ -292,6 +292,19 @@ engine::Criterion make_criterion(const TrainConfig& c, const Datasets& d) {
 }
 
 std::shared_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<Tensor> params) {
+  return make_optimizer(c, optim::single_group(std::move(params)));
+}
+
+std::shared_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const optim::NamedParameters& params) {
+  if (!c.optimizer.no_decay_bias_and_norm) {
+    std::vector<Tensor> all;
+    for (const auto& [name, param] : params) all.push_back(param);
+    return make_optimizer(c, optim::single_group(std::move(all)));
+  }
+  return make_optimizer(c, optim::make_param_groups(params, c.optimizer.weight_decay));
+}
+
+std::shared_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, std::vector<optim::ParamGroup> params) {
   const config::OptimizerConfig& o = c.optimizer;
   switch (o.name) {
     case config::OptimizerName::kSgd: {

@@ -84,6 +84,12 @@ engine::Criterion make_criterion(const config::TrainConfig& c, const Datasets& d
 
 /// optimizer.* over `params`.
 std::shared_ptr<optim::Optimizer> make_optimizer(const config::TrainConfig& c, std::vector<Tensor> params);
+/// optimizer.* over a model's named parameters: with optimizer.no_decay_bias_and_norm (the default)
+/// biases, norm parameters and other 1-D parameters go to a group without weight decay
+/// (optim::default_no_weight_decay), as timm and Megatron-LM do.
+std::shared_ptr<optim::Optimizer> make_optimizer(const config::TrainConfig& c, const optim::NamedParameters& params);
+/// optimizer.* over explicit parameter groups; a group's own options win over the config's.
+std::shared_ptr<optim::Optimizer> make_optimizer(const config::TrainConfig& c, std::vector<optim::ParamGroup> params);
 
 /// lr_scheduler.* for a run of `total_steps` optimizer updates, `steps_per_epoch` of them per epoch
 /// (for warmup_epochs); null when the learning rate stays constant. A linear or cosine warmup longer

@@ -148,7 +148,7 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
     test_loader = std::make_unique<data::DataLoader>(d.test, to);
   }
 
-  std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(c, model->parameters());
+  std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(c, model->named_parameters());
   std::shared_ptr<optim::LRScheduler> scheduler =
       make_scheduler(c, *optimizer, total_updates, std::max<int64_t>(1, steps_per_epoch / accum));
 

@@ -186,6 +186,7 @@ void visit_fields(Config& c, Visitor& v) {
   v("optimizer.eps", c.optimizer.eps, FloatRange{0, kInf, true});
   v("optimizer.momentum", c.optimizer.momentum, FloatRange{0, 1, false, true});
   v("optimizer.nesterov", c.optimizer.nesterov);
+  v("optimizer.no_decay_bias_and_norm", c.optimizer.no_decay_bias_and_norm);
 
   v("lr_scheduler.name", c.lr_scheduler.name);
   v("lr_scheduler.warmup_steps", c.lr_scheduler.warmup_steps, IntRange{0, kIntMax});

@@ -156,6 +156,9 @@ struct OptimizerConfig {
   double eps = 1e-8;                         ///< adam, adamw, lamb: added to the second moment's root
   double momentum = 0;                       ///< sgd, lars
   bool nesterov = false;                     ///< sgd: Nesterov momentum (needs momentum > 0)
+  /// Biases, norm parameters and other 1-D parameters take no weight decay (timm, Megatron-LM);
+  /// false decays every parameter, as Colossal-AI's tutorials do with model.parameters().
+  bool no_decay_bias_and_norm = true;
 
   friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
 };
