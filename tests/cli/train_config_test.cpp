@@ -17,7 +17,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "colossal/cli/export.h"
 #include "colossal/core/error.h"
+#include "colossal/engine/checkpoint.h"
+#include "colossal/nn/safetensors.h"
 
 namespace colossal::cli {
 namespace {
@@ -144,6 +150,50 @@ TEST(TrainConfig, resume_repeats_the_uninterrupted_losses_bit_for_bit) {
     EXPECT_NE(std::string(e.what()).find("data.batch_size = 8"), std::string::npos) << e.what();
   }
   fs::remove(full_metrics);
+  fs::remove_all(dir);
+}
+
+// `colossal export` writes a checkpoint's model under its own (Hub) names, and model.weights starts
+// a run from such a file.
+TEST(TrainConfig, export_writes_the_model_and_model_weights_starts_from_it) {
+  const fs::path config = write_config("colossal_cli_train_config_test_export.toml");
+  const fs::path dir = temp_path("export_checkpoints");
+  fs::remove_all(dir);
+  ASSERT_EQ(train_from_config(config.string(), {"train.progress=false", "train.checkpoint_dir=" + toml_string(dir.string())},
+                              ""),
+            0);
+  const fs::path weights = temp_path("weights.safetensors");
+  CLI::App app;
+  add_export_command(app);
+  app.parse(fmt::format("export {} -o {}", dir.string(), weights.string()), false);
+  const nn::SafetensorsFile exported = nn::load_safetensors(weights);
+  EXPECT_EQ(exported.metadata.at("format"), "pt");
+  const nn::StateDict trained = engine::load_checkpoint_model_state(engine::find_checkpoint(dir));
+  ASSERT_EQ(exported.tensors.size(), trained.size());
+  for (const auto& [name, tensor] : trained) {
+    ASSERT_TRUE(exported.tensors.contains(name)) << name;  // "cls_token", "blocks.0.attn.qkv.weight", ...
+    EXPECT_EQ(exported.tensors.at(name).to_vector<float>(), tensor.to_vector<float>()) << name;
+  }
+
+  // The first step's loss from the trained weights is not that of a fresh initialisation.
+  const auto first_loss = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> overrides = {"train.progress=false", "train.max_steps=1", "train.log_interval=1"};
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    const fs::path metrics = temp_path("first.jsonl");
+    fs::remove(metrics);
+    EXPECT_EQ(train_from_config(config.string(), overrides, metrics.string()), 0);
+    const std::map<int64_t, nlohmann::json> steps = step_lines(read_jsonl(metrics));
+    fs::remove(metrics);
+    return steps.at(1)["loss"].get<double>();
+  };
+  EXPECT_NE(first_loss({"model.weights=" + toml_string(weights.string())}), first_loss({}));
+  try {
+    train_from_config(config.string(), {"model.weights=\"/nonexistent/w.safetensors\""}, "");
+    FAIL() << "loaded weights from a missing file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/w.safetensors"), std::string::npos) << e.what();
+  }
+  fs::remove(weights);
   fs::remove_all(dir);
 }
 

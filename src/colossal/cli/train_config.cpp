@@ -3,6 +3,7 @@
 #include "colossal/cli/train_config.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +26,7 @@
 #include "colossal/engine/hooks.h"
 #include "colossal/engine/log_hooks.h"
 #include "colossal/engine/trainer.h"
+#include "colossal/nn/hub_weights.h"
 #include "colossal/ops/nn_functional.h"
 
 namespace colossal::cli {
@@ -100,6 +102,12 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
   const auto seed = static_cast<uint64_t>(c.train.seed);
   core::Generator init(seed), dropout(seed + 7);
   std::shared_ptr<nn::Module> model = make_model(c, d, init, dropout);
+  if (!c.model.weights.empty()) {
+    const nn::HubImportReport report = nn::import_hub_weights(*model, c.model.weights);
+    fmt::print("model.weights: loaded {}{}{}\n", c.model.weights,
+               report.stripped_transformer_prefix ? " (names without \"transformer.\")" : "",
+               report.dropped.empty() ? "" : fmt::format("; left out {}", fmt::join(report.dropped, ", ")));
+  }
   model->to(device);
 
   // Steps per epoch and the run's length in epochs, with max_steps bounding it.

@@ -166,6 +166,7 @@ void visit_fields(Config& c, Visitor& v) {
   v("model.name", c.model.name);
   v("model.preset", c.model.preset);
   v("model.options", c.model.options);
+  v("model.weights", c.model.weights);
 
   v("data.dataset", c.data.dataset);
   v("data.path", c.data.path);

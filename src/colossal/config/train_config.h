@@ -121,6 +121,9 @@ struct ModelConfig {
   /// Keyword arguments of the model builder (num_classes, dropout, n_layer, activation
   /// checkpointing, ...), checked by the builder with OptionTable::reject_unknown.
   OptionTable options{"model.options"};
+  /// A safetensors file of weights under Hugging Face (GPT-2) or timm (ViT) names to start from
+  /// (nn/hub_weights.h); empty: the model's own initialisation.
+  std::string weights;
 
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };

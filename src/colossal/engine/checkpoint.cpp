@@ -186,6 +186,14 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
   return info;
 }
 
+nn::StateDict load_checkpoint_model_state(const std::filesystem::path& path) {
+  nn::SafetensorsFile file = nn::load_safetensors(path);
+  check_format(path, file.metadata);
+  nn::StateDict model = take_prefixed<nn::StateDict>(file.tensors, kModelPrefix);
+  COLOSSAL_CHECK(!model.empty(), "checkpoint {} holds no model tensors", path.string());
+  return model;
+}
+
 std::string checkpoint_file_name(const TrainPosition& position) {
   return fmt::format("epoch{}-step{}.safetensors", position.epoch, position.step);
 }

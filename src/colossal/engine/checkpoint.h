@@ -45,6 +45,10 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, const Na
 /// the engine may then be partly loaded and should not be used.
 CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine, const NamedGenerators& generators);
 
+/// The model's state dict stored in the checkpoint at `path` (its "model." tensors, names without
+/// the prefix), without building anything: what `colossal export` writes out under Hub names.
+nn::StateDict load_checkpoint_model_state(const std::filesystem::path& path);
+
 /// `path` itself when it is a file; for a directory, its checkpoint with the most training steps
 /// (file names from checkpoint_file_name). Throws naming the directory when it holds none.
 std::filesystem::path find_checkpoint(const std::filesystem::path& path);
