@@ -44,6 +44,7 @@ TEST(TrainConfig, EmptyFileGivesTheDefaults) {
   EXPECT_EQ(config.parallel.tensor.size, 1);
   EXPECT_EQ(config.parallel.tensor.mode, TensorParallelMode::k1d);
   EXPECT_EQ(config.fp16.mode, AmpMode::kOff);
+  EXPECT_EQ(config.fp16.growth_interval, 0);  // the mode's default: torch 2000, naive 1000
   EXPECT_FALSE(config.bf16);
   EXPECT_EQ(config.zero.stage, 0);
   EXPECT_EQ(config.gradient_accumulation, 1);

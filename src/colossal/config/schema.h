@@ -153,7 +153,7 @@ void visit_fields(Config& c, Visitor& v) {
   v("fp16.initial_scale", c.fp16.initial_scale, FloatRange{0, kInf, true});
   v("fp16.growth_factor", c.fp16.growth_factor, FloatRange{1, kInf, true});
   v("fp16.backoff_factor", c.fp16.backoff_factor, FloatRange{0, 1, true, true});
-  v("fp16.growth_interval", c.fp16.growth_interval, IntRange{1, kIntFieldMax});
+  v("fp16.growth_interval", c.fp16.growth_interval, IntRange{0, kIntFieldMax});
   v("fp16.hysteresis", c.fp16.hysteresis, IntRange{1, kIntFieldMax});
   v("fp16.max_scale", c.fp16.max_scale, FloatRange{0, kInf, true});
 

@@ -86,13 +86,16 @@ struct ParallelConfig {
 };
 
 /// fp16 = dict(mode=AMP_TYPE.TORCH | AMP_TYPE.NAIVE, ...): mixed precision with a dynamic loss scale.
-/// The scale options apply to both modes.
+/// The scale options apply to both modes (hysteresis to naive only; naive also never backs off below 1,
+/// Colossal-AI's min_scale). amp::MixedPrecisionOptimizer implements both.
 struct Fp16Config {
   AmpMode mode = AmpMode::kOff;
-  double initial_scale = 65536;   ///< loss scale at the first step (2^16)
-  double growth_factor = 2;       ///< scale *= this after growth_interval steps without overflow
-  double backoff_factor = 0.5;    ///< scale *= this on overflow (after hysteresis overflows for naive)
-  int growth_interval = 1000;     ///< overflow-free steps before the scale grows
+  double initial_scale = 65536;  ///< loss scale at the first step (2^16)
+  double growth_factor = 2;      ///< scale *= this after growth_interval steps without overflow
+  double backoff_factor = 0.5;   ///< scale *= this on overflow (after hysteresis overflows for naive)
+  /// Overflow-free steps in a row before the scale grows; 0: the mode's default, 2000 for torch
+  /// (torch.amp.GradScaler) and 1000 for naive (Colossal-AI's DynamicGradScaler).
+  int growth_interval = 0;
   int hysteresis = 2;             ///< naive: overflowing steps tolerated before backing off
   double max_scale = 4294967296;  ///< the scale never grows past this (2^32)
 
@@ -205,7 +208,7 @@ struct TrainLoopConfig {
 struct TrainConfig {
   ParallelConfig parallel;
   Fp16Config fp16;
-  bool bf16 = false;  ///< bf16 autocast with fp32 parameters, no loss scaling (not with fp16)
+  bool bf16 = false;  ///< bf16 model with fp32 master weights, no loss scaling (not with fp16)
   ZeroConfig zero;
   int gradient_accumulation = 1;  ///< iterations whose gradients add up before each optimizer step
   double clip_grad_norm = 0;      ///< clip gradients to this global L2 norm; 0: no clipping

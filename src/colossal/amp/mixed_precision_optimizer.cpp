@@ -1,0 +1,273 @@
+// MixedPrecisionOptimizer: see mixed_precision_optimizer.h. The step follows Colossal-AI's
+// FP16Optimizer.step (colossalai/amp/naive_amp/_fp16_optimizer.py): gradients to the fp32 masters,
+// unscale, overflow check all-reduced (max) over the data- and model-parallel groups, scaler update,
+// on overflow zero_grad and skip, else clip, step and copy the masters back into the fp16 model.
+//
+// Note [torch mode without autocast]
+// torch.amp's "torch" mode is two things: autocast, which runs matmul / linear / conv in fp16 from
+// fp32 parameters (and softmax, norms and losses in fp32) by casting at each op, and GradScaler. The
+// ops layer has no autocast policy yet (nothing in ops/ consults a thread-local compute dtype), and
+// amp/ sits above ops, so it cannot add one without editing every op. Here "torch" is therefore
+// exactly GradScaler over an fp32 model: the loss is scaled, the fp32 gradients are unscaled in place,
+// a step with inf/NaN gradients is skipped and the scale follows torch's rule; the forward and
+// backward run in fp32. Its numbers are fp32 training's (with a power-of-two scale, bit for bit, since
+// scaling by 2^k commutes with rounding), and overflow skips happen only if fp32 gradients overflow.
+// Missing for the real thing: a thread-local autocast dtype (core or ops) that linear, matmul, bmm,
+// conv2d and attention read to cast their floating operands (differentiably, with Tensor::to) to f16
+// and that reductions, softmax, layer_norm and cross_entropy read to compute in f32. Once it exists,
+// torch mode only has to hold that guard around the forward; nothing here changes.
+#include "colossal/amp/mixed_precision_optimizer.h"
+
+#include <cmath>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include "colossal/autograd/engine.h"     // backward
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/error.h"          // COLOSSAL_CHECK
+#include "colossal/core/view.h"           // cast_raw
+#include "colossal/ops/elementwise.h"     // mul, mul_, add
+#include "colossal/ops/reduction.h"       // sum
+#include "colossal/optim/clip_grad.h"     // clip_grad_norm
+
+namespace colossal::amp {
+namespace {
+
+constexpr const char* kScalerPrefix = "scaler.";
+constexpr const char* kMasterPrefix = "master.";
+
+std::string_view mode_name(AmpMode mode) {
+  switch (mode) {
+    case AmpMode::torch:
+      return "torch";
+    case AmpMode::naive:
+      return "naive";
+    case AmpMode::bf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+}  // namespace
+
+AmpOptions AmpOptions::for_mode(AmpMode mode) {
+  AmpOptions options;
+  options.mode = mode;
+  options.scaler = mode == AmpMode::torch ? GradScalerOptions::torch_defaults() : GradScalerOptions::naive_defaults();
+  return options;
+}
+
+MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::shared_ptr<nn::Module> model,
+                                                 std::shared_ptr<optim::Optimizer> optimizer, AmpOptions options)
+    : model_(std::move(model)), optimizer_(std::move(optimizer)), options_(options) {
+  COLOSSAL_CHECK(model_ != nullptr, "MixedPrecisionOptimizer needs a model");
+  COLOSSAL_CHECK(optimizer_ != nullptr, "MixedPrecisionOptimizer needs an optimizer");
+  if (options_.mode != AmpMode::bf16) scaler_.emplace(options_.scaler);
+
+  std::unordered_map<const core::TensorImpl*, std::string> model_names;
+  for (const auto& [name, param] : model_->named_parameters()) model_names.emplace(param.impl(), name);
+  struct Slot {
+    size_t group;
+    size_t index;
+  };
+  std::vector<Slot> slots;
+  std::vector<Tensor> old_params;
+  auto& groups = optimizer_->param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].params.size(); ++i) {
+      const Tensor& param = groups[g].params[i];
+      const auto it = model_names.find(param.impl());
+      COLOSSAL_CHECK(it != model_names.end(),
+                     "MixedPrecisionOptimizer ({}): {} param group {}: parameter {} is not a parameter of the model; "
+                     "build the optimizer over model.named_parameters() (after model.to(device)), then wrap it",
+                     mode_name(options_.mode), optimizer_->name(), g, groups[g].param_label(i));
+      COLOSSAL_CHECK(param.dtype() == DType::f32,
+                     "MixedPrecisionOptimizer ({}): parameter '{}' is {}; build the model in f32 (the wrapper "
+                     "converts it to {} and keeps f32 master weights)",
+                     mode_name(options_.mode), it->second, param.dtype(), compute_dtype());
+      names_.push_back(it->second);
+      slots.push_back({g, i});
+      old_params.push_back(param);
+    }
+  }
+
+  if (options_.mode == AmpMode::torch) {
+    model_params_ = old_params;
+    master_params_ = old_params;
+    return;
+  }
+  // Module::to puts converted tensors into the model's slots and leaves the f32 tensors the optimizer
+  // holds alone; those become the masters (detached: no autograd history, hooks or stale gradient).
+  model_->to(compute_dtype());
+  for (size_t k = 0; k < names_.size(); ++k) {
+    model_params_.push_back(model_->parameter(names_[k]));
+    Tensor master = old_params[k].detach();
+    master.autograd_meta().name = names_[k];
+    master_params_.push_back(master);
+    groups[slots[k].group].params[slots[k].index] = master;
+  }
+}
+
+DType MixedPrecisionOptimizer::compute_dtype() const {
+  switch (options_.mode) {
+    case AmpMode::naive:
+      return DType::f16;
+    case AmpMode::bf16:
+      return DType::bf16;
+    case AmpMode::torch:
+      break;
+  }
+  return DType::f32;
+}
+
+Tensor MixedPrecisionOptimizer::cast_input(const Tensor& input) const {
+  if (options_.mode == AmpMode::torch || !input.defined() || !core::is_floating(input.dtype()) ||
+      input.dtype() == compute_dtype()) {
+    return input;
+  }
+  return input.to(compute_dtype());
+}
+
+Tensor MixedPrecisionOptimizer::cast_output(const Tensor& output) const {
+  if (!output.defined() || !core::is_reduced_float(output.dtype())) return output;
+  return output.to(DType::f32);
+}
+
+Tensor MixedPrecisionOptimizer::scale_loss(const Tensor& loss) const {
+  COLOSSAL_CHECK(loss.defined(), "MixedPrecisionOptimizer::scale_loss: undefined loss");
+  if (!scaler_) return loss;
+  const Tensor wide = core::is_reduced_float(loss.dtype()) ? loss.to(DType::f32) : loss;
+  return ops::mul(wide, scaler_->scale());
+}
+
+void MixedPrecisionOptimizer::backward(const Tensor& loss) {
+  autograd::backward(scale_loss(loss));
+}
+
+bool MixedPrecisionOptimizer::unscale_and_check(double inv_scale) const {
+  // x * 0 is 0 for finite x and NaN for inf or NaN, so one sum per gradient (added up on the device)
+  // tells whether any element overflowed, with a single read on the host. A plain sum could overflow
+  // on large finite values; max |x| depends on how the max kernel treats NaN.
+  Tensor non_finite;
+  for (const Tensor& master : master_params_) {
+    Tensor grad = master.grad();
+    if (!grad.defined() || grad.numel() == 0) continue;
+    if (inv_scale != 1.0) ops::mul_(grad, inv_scale);
+    Tensor probe = ops::sum(ops::mul(grad, 0.0));
+    non_finite = non_finite.defined() ? ops::add(non_finite, probe) : probe;
+  }
+  return non_finite.defined() && !std::isfinite(non_finite.item<double>());
+}
+
+AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, double norm_type) {
+  autograd::NoGradGuard no_grad;
+  AmpStepResult result;
+  result.loss_scale = loss_scale();
+
+  if (options_.mode != AmpMode::torch) {
+    for (size_t k = 0; k < model_params_.size(); ++k) {
+      Tensor& param = model_params_[k];
+      const Tensor grad = param.grad();
+      // cast_raw makes a new contiguous f32 tensor, so the master owns its gradient.
+      master_params_[k].set_grad(grad.defined() ? core::cast_raw(grad, DType::f32) : Tensor());
+      if (grad.defined()) param.set_grad(Tensor());
+    }
+  }
+
+  if (scaler_) {
+    const bool local_found_inf = unscale_and_check(scaler_->inv_scale());
+    const bool found_inf = found_inf_sync_ ? found_inf_sync_(local_found_inf) : local_found_inf;
+    scaler_->update(found_inf);
+    if (found_inf) {
+      zero_grad();
+      return result;
+    }
+  }
+
+  if (max_norm) {
+    result.grad_norm = clip_grad_norm_ ? clip_grad_norm_(master_params_, *max_norm, norm_type)
+                                       : optim::clip_grad_norm(master_params_, *max_norm, norm_type);
+  }
+  optimizer_->step();
+  if (options_.mode != AmpMode::torch) {
+    for (size_t k = 0; k < model_params_.size(); ++k) model_params_[k].copy_(master_params_[k]);
+  }
+  result.stepped = true;
+  return result;
+}
+
+void MixedPrecisionOptimizer::zero_grad() {
+  for (Tensor& param : model_params_) {
+    if (param.grad().defined()) param.set_grad(Tensor());
+  }
+  for (Tensor& master : master_params_) {
+    if (master.grad().defined()) master.set_grad(Tensor());
+  }
+}
+
+optim::StateDict MixedPrecisionOptimizer::state_dict() const {
+  optim::StateDict state;
+  if (scaler_) {
+    for (const auto& [key, value] : scaler_->state_dict()) state.emplace(kScalerPrefix + key, value);
+  }
+  if (options_.mode != AmpMode::torch) {
+    for (size_t k = 0; k < names_.size(); ++k) state.emplace(kMasterPrefix + names_[k], master_params_[k].detach());
+  }
+  return state;
+}
+
+void MixedPrecisionOptimizer::load_state_dict(const optim::StateDict& state) {
+  const std::string context = fmt::format("MixedPrecisionOptimizer ({})::load_state_dict", mode_name(options_.mode));
+  optim::StateDict scaler_state;
+  std::unordered_map<std::string, Tensor> masters;
+  for (const auto& [key, value] : state) {
+    if (scaler_ && key.starts_with(kScalerPrefix)) {
+      scaler_state.emplace(key.substr(std::string_view(kScalerPrefix).size()), value);
+    } else if (options_.mode != AmpMode::torch && key.starts_with(kMasterPrefix)) {
+      masters.emplace(key.substr(std::string_view(kMasterPrefix).size()), value);
+    } else {
+      COLOSSAL_FAIL("{}: unexpected key '{}' (a {} wrapper stores {})", context, key, mode_name(options_.mode),
+                    options_.mode == AmpMode::torch  ? "scaler.*"
+                    : options_.mode == AmpMode::bf16 ? "master.*"
+                                                     : "scaler.* and master.*");
+    }
+  }
+  // Check everything before changing anything.
+  if (options_.mode != AmpMode::torch) {
+    for (const auto& [name, value] : masters) {
+      bool known = false;
+      for (const std::string& n : names_) known = known || n == name;
+      COLOSSAL_CHECK(known, "{}: unexpected key '{}{}': the optimizer has no such parameter", context, kMasterPrefix,
+                     name);
+    }
+    for (size_t k = 0; k < names_.size(); ++k) {
+      const auto it = masters.find(names_[k]);
+      COLOSSAL_CHECK(it != masters.end(), "{}: key '{}{}' is missing", context, kMasterPrefix, names_[k]);
+      COLOSSAL_CHECK(it->second.defined() && it->second.shape() == master_params_[k].shape(),
+                     "{}: '{}{}' has shape {} but the parameter has shape {}", context, kMasterPrefix, names_[k],
+                     it->second.defined() ? it->second.shape() : Shape{}, master_params_[k].shape());
+    }
+  }
+  if (scaler_) {
+    const optim::StateDict expected = scaler_->state_dict();
+    for (const auto& [key, value] : expected) {
+      COLOSSAL_CHECK(scaler_state.contains(key), "{}: key '{}{}' is missing", context, kScalerPrefix, key);
+    }
+    for (const auto& [key, value] : scaler_state) {
+      COLOSSAL_CHECK(expected.contains(key), "{}: unexpected key '{}{}'", context, kScalerPrefix, key);
+    }
+    DynamicGradScaler restored(scaler_->options());
+    restored.load_state_dict(scaler_state);  // throws naming the scaler key, before anything changes
+    *scaler_ = restored;
+  }
+  if (options_.mode != AmpMode::torch) {
+    autograd::NoGradGuard no_grad;
+    for (size_t k = 0; k < names_.size(); ++k) {
+      master_params_[k].copy_(masters.at(names_[k]));
+      model_params_[k].copy_(master_params_[k]);
+    }
+  }
+}
+
+}  // namespace colossal::amp
