@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "colossal/amp/mixed_precision_optimizer.h"
 #include "colossal/core/error.h"
 #include "colossal/core/random.h"
 #include "colossal/data/data_loader.h"
@@ -58,12 +59,12 @@ struct TinyRun {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<data::DataLoader> loader;
 
-  TinyRun() {
+  explicit TinyRun(std::optional<amp::AmpMode> amp_mode = std::nullopt) {
     auto l1 = std::make_shared<nn::Linear>(3, 8, true, &init);
     auto l2 = std::make_shared<nn::Linear>(8, 2, true, &init);
     model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
         l1, std::make_shared<nn::Dropout>(0.3, &dropout), l2});
-    model->to(DType::f64);
+    if (!amp_mode) model->to(DType::f64);  // mixed precision starts from f32
     optim::AdamOptions adam = optim::adamw_defaults();
     adam.lr = 0.05;
     adam.weight_decay = 0.01;
@@ -73,6 +74,7 @@ struct TinyRun {
     EngineOptions options;
     options.gradient_accumulation = 2;
     options.clip_grad_norm = 0.5;
+    if (amp_mode) options.amp = amp::AmpOptions::for_mode(*amp_mode);
     engine = std::make_unique<Engine>(
         model, optimizer, [](const Tensor& out, const Tensor& target) { return ops::cross_entropy(out, target); },
         options, scheduler);
@@ -92,8 +94,8 @@ fs::path fresh_dir(const std::string& name) {
   return dir;
 }
 
-std::vector<double> uninterrupted_losses() {
-  TinyRun run;
+std::vector<double> uninterrupted_losses(std::optional<amp::AmpMode> amp_mode = std::nullopt) {
+  TinyRun run(amp_mode);
   auto recorder = std::make_shared<LossRecorder>();
   Trainer trainer(*run.engine);
   trainer.fit(*run.loader, kEpochs, nullptr, 1, {recorder});
@@ -103,10 +105,11 @@ std::vector<double> uninterrupted_losses() {
 /// Trains with checkpoints every update and every epoch, crashes after `crash_after` iterations,
 /// resumes a fresh run from the newest checkpoint and returns the losses the two runs saw, the first
 /// cut at the checkpoint's step.
-std::vector<double> crashed_and_resumed(int64_t crash_after, const fs::path& dir, TrainPosition* resumed_at) {
+std::vector<double> crashed_and_resumed(int64_t crash_after, const fs::path& dir, TrainPosition* resumed_at,
+                                        std::optional<amp::AmpMode> amp_mode = std::nullopt) {
   std::vector<double> losses;
   {
-    TinyRun run;
+    TinyRun run(amp_mode);
     auto recorder = std::make_shared<LossRecorder>(crash_after);
     Trainer trainer(*run.engine);
     EXPECT_THROW(trainer.fit(*run.loader, kEpochs, nullptr, 1,
@@ -114,7 +117,7 @@ std::vector<double> crashed_and_resumed(int64_t crash_after, const fs::path& dir
                  std::runtime_error);
     losses = recorder->losses;
   }
-  TinyRun run;
+  TinyRun run(amp_mode);
   const CheckpointInfo info = load_checkpoint(find_checkpoint(dir), *run.engine, run.generators());
   *resumed_at = info.position;
   losses.resize(static_cast<size_t>(info.position.step));
@@ -149,6 +152,35 @@ TEST(Checkpoint, ResumeAtAnEpochsEndRepeatsTheLossesBitForBit) {
   EXPECT_EQ(at, (TrainPosition{1, 0, 5}));
   EXPECT_EQ(got, expected);
   fs::remove_all(dir);
+}
+
+// Mixed precision adds the loss scaler and the fp32 master weights to the state; with them the
+// resumed fp16 and bf16 runs also repeat their losses exactly.
+TEST(Checkpoint, ResumeUnderMixedPrecisionRepeatsTheLossesBitForBit) {
+  for (const amp::AmpMode mode : {amp::AmpMode::naive, amp::AmpMode::bf16}) {
+    SCOPED_TRACE(mode == amp::AmpMode::naive ? "naive fp16" : "bf16");
+    const std::vector<double> expected = uninterrupted_losses(mode);
+    const fs::path dir = fresh_dir("amp");
+    TrainPosition at;
+    const std::vector<double> got = crashed_and_resumed(9, dir, &at, mode);
+    EXPECT_EQ(at, (TrainPosition{1, 4, 9}));
+    EXPECT_EQ(got, expected);
+    // The model tensors are 16-bit; the export view takes the fp32 masters instead.
+    const nn::StateDict exported = load_checkpoint_model_state(find_checkpoint(dir));
+    EXPECT_EQ(exported.at("0.weight").dtype(), DType::f32);
+    // A run without mixed precision cannot take this checkpoint.
+    TinyRun plain;
+    const std::string message = [&] {
+      try {
+        load_checkpoint(find_checkpoint(dir), *plain.engine, plain.generators());
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    }();
+    EXPECT_NE(message.find("mixed precision"), std::string::npos) << message;
+    fs::remove_all(dir);
+  }
 }
 
 TEST(Checkpoint, RestoresEveryTensorAndTheGenerators) {

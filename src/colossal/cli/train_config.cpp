@@ -10,10 +10,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "colossal/amp/mixed_precision_optimizer.h"
 #include "colossal/cli/builders.h"
 #include "colossal/config/train_config.h"
 #include "colossal/core/build_config.h"  // COLOSSAL_WITH_CUDA
@@ -39,10 +41,27 @@ void reject_unsupported(const TrainConfig& c) {
     unsupported(
         "parallel.* (pipeline, tensor, data > 1) needs the distributed launcher; train --config runs one process");
   }
-  if (c.fp16.mode != config::AmpMode::kOff)
-    unsupported("fp16.mode other than \"off\" is not supported by train --config yet");
-  if (c.bf16) unsupported("bf16 = true is not supported by train --config yet");
+  if (c.fp16.mode == config::AmpMode::kTorch) {
+    unsupported(
+        "fp16.mode = \"torch\" needs autocast, which the ops do not have yet; use fp16.mode = \"naive\" (fp16 model, "
+        "fp32 master weights, dynamic loss scale) or bf16 = true");
+  }
   if (c.zero.stage > 0) unsupported("zero.stage > 0 is not supported by train --config yet");
+}
+
+/// fp16 / bf16 as the Engine's mixed-precision options (amp/mixed_precision_optimizer.h).
+std::optional<amp::AmpOptions> make_amp_options(const TrainConfig& c) {
+  if (c.bf16) return amp::AmpOptions::for_mode(amp::AmpMode::bf16);
+  if (c.fp16.mode == config::AmpMode::kOff) return std::nullopt;
+  amp::AmpOptions o = amp::AmpOptions::for_mode(c.fp16.mode == config::AmpMode::kTorch ? amp::AmpMode::torch
+                                                                                         : amp::AmpMode::naive);
+  o.scaler.initial_scale = c.fp16.initial_scale;
+  o.scaler.growth_factor = c.fp16.growth_factor;
+  o.scaler.backoff_factor = c.fp16.backoff_factor;
+  o.scaler.hysteresis = c.fp16.hysteresis;
+  if (c.fp16.growth_interval > 0) o.scaler.growth_interval = c.fp16.growth_interval;  // 0: the mode's default
+  o.scaler.max_scale = c.fp16.max_scale;
+  return o;
 }
 
 /// train.device resolved: "auto" is the first GPU when one is usable, else the CPU.
@@ -163,6 +182,7 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
   engine::EngineOptions eo;
   eo.gradient_accumulation = accum;
   if (c.clip_grad_norm > 0) eo.clip_grad_norm = c.clip_grad_norm;
+  eo.amp = make_amp_options(c);
   engine::Engine eng(model, optimizer, make_criterion(c, d), eo, scheduler);
   engine::Trainer trainer(eng);
 

@@ -36,6 +36,7 @@ constexpr const char* kVersion = "1";
 constexpr const char* kModelPrefix = "model.";
 constexpr const char* kOptimizerPrefix = "optimizer.";
 constexpr const char* kSchedulerPrefix = "lr_scheduler.";
+constexpr const char* kAmpPrefix = "amp.";
 constexpr const char* kRngPrefix = "rng.";
 constexpr const char* kExtraPrefix = "extra.";
 
@@ -108,6 +109,7 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, const Na
   if (optim::LRScheduler* scheduler = engine.lr_scheduler()) {
     add_prefixed(tensors, kSchedulerPrefix, scheduler->state_dict());
   }
+  if (amp::MixedPrecisionOptimizer* amp = engine.amp()) add_prefixed(tensors, kAmpPrefix, amp->state_dict());
   std::map<std::string, std::string> metadata = {
       {kFormatKey, kFormat},
       {kVersionKey, kVersion},
@@ -134,10 +136,15 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
   nn::StateDict model = take_prefixed<nn::StateDict>(file.tensors, kModelPrefix);
   optim::StateDict optimizer = take_prefixed<optim::StateDict>(file.tensors, kOptimizerPrefix);
   optim::StateDict scheduler = take_prefixed<optim::StateDict>(file.tensors, kSchedulerPrefix);
+  optim::StateDict amp_state = take_prefixed<optim::StateDict>(file.tensors, kAmpPrefix);
   if (!file.tensors.empty()) {
-    COLOSSAL_FAIL("{}: tensor \"{}\" belongs to none of model., optimizer., lr_scheduler.", where,
+    COLOSSAL_FAIL("{}: tensor \"{}\" belongs to none of model., optimizer., lr_scheduler., amp.", where,
                   file.tensors.begin()->first);
   }
+  amp::MixedPrecisionOptimizer* amp = engine.amp();
+  COLOSSAL_CHECK((amp != nullptr) == !amp_state.empty(),
+                 "{}: the checkpoint was written {} mixed precision but this run has it {} (fp16.mode / bf16 must match)",
+                 where, amp_state.empty() ? "without" : "with", amp != nullptr ? "on" : "off");
   try {
     engine.model().load_state_dict(model, /*strict=*/true);
   } catch (const Error& e) {
@@ -158,6 +165,14 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
       lr_scheduler->load_state_dict(scheduler);
     } catch (const Error& e) {
       COLOSSAL_FAIL("{}: the lr_scheduler does not match the checkpoint's: {}", where, e.what());
+    }
+  }
+
+  if (amp != nullptr) {
+    try {
+      amp->load_state_dict(amp_state);  // after the model: it rewrites the parameters from the masters
+    } catch (const Error& e) {
+      COLOSSAL_FAIL("{}: the mixed-precision state does not match the checkpoint's: {}", where, e.what());
     }
   }
 
@@ -191,7 +206,14 @@ nn::StateDict load_checkpoint_model_state(const std::filesystem::path& path) {
   check_format(path, file.metadata);
   nn::StateDict model = take_prefixed<nn::StateDict>(file.tensors, kModelPrefix);
   COLOSSAL_CHECK(!model.empty(), "checkpoint {} holds no model tensors", path.string());
-  return model;
+  // Under fp16/bf16 training the model holds 16-bit copies; the fp32 master weights are the truth.
+  const std::string master_prefix = std::string(kAmpPrefix) + "master.";
+  nn::StateDict out;
+  for (const auto& [name, tensor] : model) {
+    const Tensor* master = file.tensors.find(master_prefix + name);
+    out.insert(name, master != nullptr ? *master : tensor);
+  }
+  return out;
 }
 
 std::string checkpoint_file_name(const TrainPosition& position) {

@@ -1,6 +1,7 @@
 // Training checkpoints: one safetensors file holding everything a run needs to continue as if it
 // had never stopped: the model's state_dict ("model.<name>"), the optimizer's ("optimizer.<key>"),
-// the LR scheduler's ("lr_scheduler.<key>"), and in the header's metadata the position
+// the LR scheduler's ("lr_scheduler.<key>"), under mixed precision the loss scaler and the fp32
+// master weights ("amp.<key>"), and in the header's metadata the position
 // (epoch, iteration within it, step, optimizer updates), the state of every named random generator
 // (dropout, ...), and what the writer wants to check on resume (steps per epoch, the config).
 // Files are written under a temporary name and renamed, so a crash never leaves half a checkpoint.
@@ -46,7 +47,8 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, const Na
 CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine, const NamedGenerators& generators);
 
 /// The model's state dict stored in the checkpoint at `path` (its "model." tensors, names without
-/// the prefix), without building anything: what `colossal export` writes out under Hub names.
+/// the prefix; the fp32 master weight instead of a 16-bit parameter under mixed precision), without
+/// building anything: what `colossal export` writes out under Hub names.
 nn::StateDict load_checkpoint_model_state(const std::filesystem::path& path);
 
 /// `path` itself when it is a file; for a directory, its checkpoint with the most training steps

@@ -25,28 +25,43 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
                  options_.gradient_accumulation);
   COLOSSAL_CHECK(!options_.clip_grad_norm || *options_.clip_grad_norm > 0.0, "clip_grad_norm must be > 0, got {}",
                  options_.clip_grad_norm.value_or(0.0));
+  if (options_.amp) amp_ = std::make_unique<amp::MixedPrecisionOptimizer>(model_, optimizer_, *options_.amp);
 }
 
 void Engine::zero_grad() {
   optimizer_->zero_grad();
+  if (amp_) amp_->zero_grad();  // the model's 16-bit gradients; the optimizer holds the masters
   micro_step_ = 0;
 }
 
 Tensor Engine::step(const Tensor& input, const Tensor& target) {
-  Tensor output = model_->forward(input);
+  Tensor output = forward(input);
   Tensor loss = criterion_(output, target);
   // Dividing by the window length makes the summed gradient that of the window's mean loss.
   Tensor scaled =
       options_.gradient_accumulation == 1 ? loss : ops::div(loss, static_cast<double>(options_.gradient_accumulation));
-  autograd::backward(scaled);
+  if (amp_) {
+    amp_->backward(scaled);  // scaled by the loss scale in the fp16 modes
+  } else {
+    autograd::backward(scaled);
+  }
   last_output_ = output.detach();
   ++micro_step_;
   last_step_updated_ = micro_step_ == options_.gradient_accumulation;
   if (last_step_updated_) {
-    if (options_.clip_grad_norm) {
-      last_grad_norm_ = optim::clip_grad_norm(model_->parameters(), *options_.clip_grad_norm, options_.clip_norm_type);
+    if (amp_) {
+      // Clipping sees the unscaled fp32 gradients; a skipped step still advances the schedule, as
+      // torch's and Colossal-AI's loops do.
+      const amp::AmpStepResult result = amp_->step(options_.clip_grad_norm, options_.clip_norm_type);
+      last_step_skipped_ = !result.stepped;
+      if (result.grad_norm) last_grad_norm_ = result.grad_norm;
+    } else {
+      if (options_.clip_grad_norm) {
+        last_grad_norm_ =
+            optim::clip_grad_norm(model_->parameters(), *options_.clip_grad_norm, options_.clip_norm_type);
+      }
+      optimizer_->step();
     }
-    optimizer_->step();
     zero_grad();
     if (lr_scheduler_) lr_scheduler_->step();
     ++num_updates_;
@@ -54,9 +69,14 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
   return loss.detach();
 }
 
+Tensor Engine::forward(const Tensor& input) {
+  if (!amp_) return model_->forward(input);
+  return amp_->cast_output(model_->forward(amp_->cast_input(input)));
+}
+
 Tensor Engine::evaluate(const Tensor& input) {
   autograd::NoGradGuard no_grad;
-  return model_->forward(input);
+  return forward(input);
 }
 
 }  // namespace colossal::engine

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "colossal/amp/mixed_precision_optimizer.h"
 #include "colossal/core/tensor.h"
 #include "colossal/nn/module.h"
 #include "colossal/optim/lr_scheduler.h"
@@ -26,6 +27,10 @@ struct EngineOptions {
   /// config); unset leaves gradients alone.
   std::optional<double> clip_grad_norm;
   double clip_norm_type = 2.0;
+  /// Mixed precision (config fp16 / bf16): the Engine wraps the optimizer in an
+  /// amp::MixedPrecisionOptimizer, which converts the model, scales the loss, skips overflowing
+  /// steps and steps fp32 master weights. Unset: everything in the model's own dtype.
+  std::optional<amp::AmpOptions> amp;
 };
 
 class Engine {
@@ -55,7 +60,12 @@ class Engine {
   bool last_step_updated() const { return last_step_updated_; }
   /// The gradient norm before clipping at the last update, when clipping is on.
   std::optional<double> last_grad_norm() const { return last_grad_norm_; }
-  /// Optimizer updates so far; a checkpoint restores the count.
+  /// Whether the last window's optimizer step was skipped for inf/NaN gradients (fp16 modes).
+  bool last_step_skipped() const { return last_step_skipped_; }
+  /// The mixed-precision wrapper, or null without options.amp.
+  amp::MixedPrecisionOptimizer* amp() { return amp_.get(); }
+  /// Optimizer updates so far (skipped fp16 steps included, as the scheduler counts them); a
+  /// checkpoint restores the count.
   int64_t num_updates() const { return num_updates_; }
   void set_num_updates(int64_t updates) { num_updates_ = updates; }
   /// Micro-steps taken in the current accumulation window (0: at a window boundary, where a
@@ -68,6 +78,9 @@ class Engine {
   const EngineOptions& options() const { return options_; }
 
  private:
+  /// The model's output for `input`, through the mixed-precision casts when on.
+  Tensor forward(const Tensor& input);
+
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;
   Criterion criterion_;
@@ -77,7 +90,9 @@ class Engine {
   int64_t num_updates_ = 0;
   bool last_step_updated_ = false;
   std::optional<double> last_grad_norm_;
+  bool last_step_skipped_ = false;
   Tensor last_output_;
+  std::unique_ptr<amp::MixedPrecisionOptimizer> amp_;
 };
 
 }  // namespace colossal::engine

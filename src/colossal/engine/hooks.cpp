@@ -176,8 +176,11 @@ void MetricsJsonlHook::after_train_iter(Trainer& trainer, const Tensor&, const T
                          {"step", step},
                          {"loss", loss.item<double>()},
                          {"lr", std::isnan(iter_lr_) ? nlohmann::json(nullptr) : nlohmann::json(iter_lr_)}};
-  if (auto norm = trainer.engine().last_grad_norm(); norm && trainer.engine().last_step_updated()) {
-    line["grad_norm"] = *norm;
+  Engine& engine = trainer.engine();
+  if (auto norm = engine.last_grad_norm(); norm && engine.last_step_updated()) line["grad_norm"] = *norm;
+  if (engine.amp() != nullptr) {
+    line["loss_scale"] = engine.amp()->loss_scale();
+    if (engine.last_step_updated()) line["skipped"] = engine.last_step_skipped();
   }
   file_ << line.dump() << '\n' << std::flush;
 }
