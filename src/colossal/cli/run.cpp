@@ -1,0 +1,827 @@
+// `colossal run`: starts the ranks (as child processes or under mpirun), relays their output line
+// by line with a rank prefix, and stops the job when a rank fails. See Note [Launcher backends].
+#include "colossal/cli/run.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sched.h>   // sched_getaffinity
+#include <signal.h>  // sigaction, kill
+#include <spawn.h>   // posix_spawnp
+#include <string.h>  // strsignal, strerror
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <utility>
+
+#include "colossal/core/build_config.h"  // COLOSSAL_WITH_MPI
+#include "colossal/core/cuda_device.h"   // is_available
+#include "colossal/core/error.h"         // colossal::Error
+
+extern char** environ;
+
+namespace colossal::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- output -------------------------------------------------------------------------------------
+
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return;  // a closed terminal or pipe: the ranks still run to the end
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+/// Writes what it is fed to fd as whole lines, each behind the prefix. The launcher is the only
+/// writer and writes each batch of complete lines with one write(), so lines never interleave.
+class LinePrefixer {
+ public:
+  LinePrefixer(int fd, std::string prefix, std::vector<std::string>* keep = nullptr)
+      : fd_(fd), prefix_(std::move(prefix)), keep_(keep) {}
+
+  void feed(std::string_view bytes) {
+    std::string out;
+    while (!bytes.empty()) {
+      const size_t newline = bytes.find('\n');
+      if (newline == std::string_view::npos) {
+        pending_.append(bytes);
+        // A line without an end is cut rather than held forever (progress bars redraw with '\r').
+        if (pending_.size() >= kMaxLine) emit(out);
+        break;
+      }
+      pending_.append(bytes.substr(0, newline));
+      emit(out);
+      bytes.remove_prefix(newline + 1);
+    }
+    write_all(fd_, out);
+  }
+
+  /// Writes a last line that has no newline.
+  void finish() {
+    std::string out;
+    if (!pending_.empty()) emit(out);
+    write_all(fd_, out);
+  }
+
+ private:
+  static constexpr size_t kMaxLine = 64 * 1024;
+
+  void emit(std::string& out) {
+    out += prefix_;
+    out += pending_;
+    out += '\n';
+    if (keep_ != nullptr) keep_->push_back(pending_);
+    pending_.clear();
+  }
+
+  int fd_;
+  std::string prefix_;
+  std::vector<std::string>* keep_;
+  std::string pending_;
+};
+
+std::string rank_prefix(int rank) {
+  return fmt::format("[rank {}] ", rank);
+}
+
+/// Splits mpirun's --tag-output streams ("[1,2]<stdout>:text") back into per-rank lines. mpirun
+/// tags every chunk a rank writes, also chunks that end mid-line (the next tag may follow on the
+/// same line) and the continuation of such a line, so text is routed by the latest tag until a
+/// newline; untagged lines are mpirun's own and are kept for the failure report.
+class MpiOutputRouter {
+ public:
+  MpiOutputRouter(int out_fd, int err_fd)
+      : out_fd_(out_fd),
+        err_fd_(err_fd),
+        mpirun_out_(out_fd, "[mpirun] ", &mpirun_lines_),
+        mpirun_err_(err_fd, "[mpirun] ", &mpirun_lines_) {}
+
+  void feed(bool from_stderr, std::string_view bytes, bool final = false) {
+    Stream& s = streams_[from_stderr ? 1 : 0];
+    s.buffer.append(bytes);
+    size_t pos = 0;
+    while (pos < s.buffer.size()) {
+      if (s.buffer[pos] == '[') {
+        const TagMatch tag = match_tag(std::string_view(s.buffer).substr(pos));
+        if (tag.incomplete && !final) break;  // wait for the rest of a tag cut by the read
+        if (tag.length > 0) {
+          s.rank = tag.rank;
+          s.rank_stderr = tag.to_stderr;
+          pos += tag.length;
+          continue;
+        }
+      }
+      // Text runs to a newline (inclusive) or to the next possible tag.
+      const size_t end = s.buffer.find_first_of("\n[", s.buffer[pos] == '[' ? pos + 1 : pos);
+      const size_t stop = end == std::string::npos ? s.buffer.size() : (s.buffer[end] == '\n' ? end + 1 : end);
+      const std::string_view text = std::string_view(s.buffer).substr(pos, stop - pos);
+      if (s.rank >= 0) {
+        rank_prefixer(s.rank, s.rank_stderr).feed(text);
+      } else {
+        (from_stderr ? mpirun_err_ : mpirun_out_).feed(text);
+      }
+      if (text.back() == '\n') s.rank = -1;
+      pos = stop;
+    }
+    s.buffer.erase(0, pos);
+  }
+
+  void finish() {
+    feed(false, "", true);
+    feed(true, "", true);
+    for (auto& [key, prefixer] : ranks_) prefixer.finish();
+    mpirun_out_.finish();
+    mpirun_err_.finish();
+  }
+
+  const std::vector<std::string>& mpirun_lines() const { return mpirun_lines_; }
+
+ private:
+  struct Stream {
+    std::string buffer;
+    int rank = -1;  ///< the rank whose text continues here; -1: mpirun's own
+    bool rank_stderr = false;
+  };
+  struct TagMatch {
+    size_t length = 0;  ///< 0: no tag here
+    bool incomplete = false;
+    int rank = -1;
+    bool to_stderr = false;
+  };
+
+  /// "[<jobid>,<rank>]<stdout|stderr|stddiag>:" at the start of text.
+  static TagMatch match_tag(std::string_view text) {
+    static const std::regex tag(R"(^\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:)");
+    static const std::regex tag_prefix(R"(^\[(\d+(,(\d+(\](<[a-z]*>?)?)?)?)?)?$)");
+    std::match_results<std::string_view::const_iterator> m;
+    if (std::regex_search(text.begin(), text.end(), m, tag)) {
+      return {static_cast<size_t>(m.length(0)), false, std::stoi(m[1].str()), m[2].str() != "stdout"};
+    }
+    const std::string_view head = text.substr(0, std::min<size_t>(text.size(), 48));
+    TagMatch none;
+    none.incomplete = head.size() == text.size() && std::regex_match(head.begin(), head.end(), tag_prefix);
+    return none;
+  }
+
+  LinePrefixer& rank_prefixer(int rank, bool to_stderr) {
+    const auto key = std::make_pair(rank, to_stderr);
+    auto it = ranks_.find(key);
+    if (it == ranks_.end())
+      it = ranks_.emplace(key, LinePrefixer(to_stderr ? err_fd_ : out_fd_, rank_prefix(rank))).first;
+    return it->second;
+  }
+
+  int out_fd_;
+  int err_fd_;
+  Stream streams_[2];
+  std::map<std::pair<int, bool>, LinePrefixer> ranks_;
+  std::vector<std::string> mpirun_lines_;
+  LinePrefixer mpirun_out_;
+  LinePrefixer mpirun_err_;
+};
+
+// ---- signals ------------------------------------------------------------------------------------
+
+int g_signal_pipe = -1;
+
+extern "C" void note_signal(int signo) {
+  const int saved = errno;
+  const auto byte = static_cast<unsigned char>(signo);
+  [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe, &byte, 1);
+  errno = saved;
+}
+
+/// While alive: SIGINT, SIGTERM and SIGHUP are turned into bytes on a pipe (for the loop to forward
+/// to the ranks), and SIGPIPE is ignored (a closed output must not kill the launcher and orphan
+/// the ranks). The previous dispositions come back on destruction.
+class SignalCapture {
+ public:
+  SignalCapture() {
+    if (::pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) throw Error(fmt::format("pipe: {}", strerror(errno)));
+    g_signal_pipe = pipe_[1];
+    struct sigaction action = {};
+    action.sa_handler = note_signal;
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < kForwarded.size(); ++i) sigaction(kForwarded[i], &action, &previous_[i]);
+    struct sigaction ignore = {};
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ignore, &previous_pipe_);
+  }
+  ~SignalCapture() {
+    for (size_t i = 0; i < kForwarded.size(); ++i) sigaction(kForwarded[i], &previous_[i], nullptr);
+    sigaction(SIGPIPE, &previous_pipe_, nullptr);
+    g_signal_pipe = -1;
+    ::close(pipe_[0]);
+    ::close(pipe_[1]);
+  }
+  SignalCapture(const SignalCapture&) = delete;
+  SignalCapture& operator=(const SignalCapture&) = delete;
+
+  int read_fd() const { return pipe_[0]; }
+
+ private:
+  static constexpr std::array<int, 3> kForwarded = {SIGINT, SIGTERM, SIGHUP};
+  int pipe_[2] = {-1, -1};
+  struct sigaction previous_[3] = {};
+  struct sigaction previous_pipe_ = {};
+};
+
+/// "SIGSEGV", or "signal 70" for one without a name.
+std::string signal_name(int signo) {
+  const char* abbreviation = sigabbrev_np(signo);
+  return abbreviation != nullptr ? fmt::format("SIG{}", abbreviation) : fmt::format("signal {}", signo);
+}
+
+// ---- children -----------------------------------------------------------------------------------
+
+struct Child {
+  pid_t pid = -1;         ///< also its process group (each child leads its own)
+  int rank = -1;          ///< global rank; -1 for mpirun
+  int fds[2] = {-1, -1};  ///< read ends of its stdout and stderr
+  bool running = false;
+  int status = 0;
+};
+
+std::string plural(int n, std::string_view word) {
+  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
+}
+
+/// The environment for a child: ours, with `set` replacing variables of the same name.
+std::vector<std::string> child_environment(const std::vector<std::pair<std::string, std::string>>& set) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(set.begin(), set.end(), [&](const auto& kv) { return kv.first == name; });
+    if (!replaced) env.emplace_back(entry);
+  }
+  for (const auto& [name, value] : set) env.push_back(name + "=" + value);
+  return env;
+}
+
+/// Starts argv in a new process group with stdin from /dev/null and stdout/stderr into fresh
+/// pipes; returns the error text when it cannot be started.
+std::optional<std::string> spawn(Child& child, const std::vector<std::string>& argv,
+                                 const std::vector<std::string>& env) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return fmt::format("pipe: {}", strerror(errno));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    return fmt::format("pipe: {}", strerror(errno));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  posix_spawnattr_setpgroup(&attributes, 0);
+  sigset_t defaults, empty;
+  sigemptyset(&defaults);
+  for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&defaults, signo);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  sigemptyset(&empty);
+  posix_spawnattr_setsigmask(&attributes, &empty);
+
+  std::vector<char*> c_argv, c_env;
+  for (const std::string& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
+  c_argv.push_back(nullptr);
+  for (const std::string& e : env) c_env.push_back(const_cast<char*>(e.c_str()));
+  c_env.push_back(nullptr);
+  const int rc = posix_spawnp(&child.pid, argv[0].c_str(), &actions, &attributes, c_argv.data(), c_env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  ::close(out[1]);
+  ::close(err[1]);
+  if (rc != 0) {
+    ::close(out[0]);
+    ::close(err[0]);
+    return fmt::format("{}: {}", argv[0], strerror(rc));
+  }
+  child.fds[0] = out[0];
+  child.fds[1] = err[0];
+  child.running = true;
+  return std::nullopt;
+}
+
+/// The poll loop shared by both backends: relays output to `sink`, reaps children, forwards
+/// signals, and once stop() is called sends SIGTERM and then, after the grace period, SIGKILL.
+class Supervisor {
+ public:
+  using Sink = std::function<void(size_t child, bool from_stderr, std::string_view bytes)>;
+
+  Supervisor(std::vector<Child>& children, double grace_seconds, const SignalCapture& signals, Sink sink)
+      : children_(children),
+        grace_(std::chrono::duration<double>(grace_seconds)),
+        signals_(signals),
+        sink_(std::move(sink)) {}
+
+  /// SIGTERM to every child's process group now, SIGKILL after the grace period.
+  void stop() {
+    if (kill_at_) return;
+    signal_all(SIGTERM);
+    kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace_);
+  }
+
+  int running_count() const {
+    return static_cast<int>(
+        std::count_if(children_.begin(), children_.end(), [](const Child& c) { return c.running; }));
+  }
+
+  /// Runs until every child has exited and its output is read. on_exit is called as each child is
+  /// reaped; on_tick on every turn of the loop (at least every 50 ms).
+  void run(const std::function<void(size_t child)>& on_exit, const std::function<void()>& on_tick = {}) {
+    std::optional<Clock::time_point> all_exited_at;
+    for (;;) {
+      std::vector<pollfd> fds = {{signals_.read_fd(), POLLIN, 0}};
+      std::vector<std::pair<size_t, int>> owners;  // (child, stream) of fds[1..]
+      for (size_t i = 0; i < children_.size(); ++i) {
+        for (int s = 0; s < 2; ++s) {
+          if (children_[i].fds[s] < 0) continue;
+          fds.push_back({children_[i].fds[s], POLLIN, 0});
+          owners.emplace_back(i, s);
+        }
+      }
+      if (running_count() == 0) {
+        if (!all_exited_at) all_exited_at = Clock::now();
+        // Output still open after its process ended belongs to something the rank left behind;
+        // read what comes promptly, then stop listening.
+        if (owners.empty() || Clock::now() - *all_exited_at > std::chrono::seconds(1)) break;
+      }
+      ::poll(fds.data(), fds.size(), 50);
+      if (fds[0].revents & POLLIN) forward_signals();
+      for (size_t f = 1; f < fds.size(); ++f) {
+        if ((fds[f].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+        auto [i, s] = owners[f - 1];
+        char buffer[65536];
+        const ssize_t n = ::read(children_[i].fds[s], buffer, sizeof buffer);
+        if (n > 0) {
+          sink_(i, s == 1, std::string_view(buffer, static_cast<size_t>(n)));
+        } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+          ::close(children_[i].fds[s]);
+          children_[i].fds[s] = -1;
+        }
+      }
+      if (on_tick) on_tick();
+      for (size_t i = 0; i < children_.size(); ++i) {
+        if (!children_[i].running) continue;
+        int status = 0;
+        if (::waitpid(children_[i].pid, &status, WNOHANG) == children_[i].pid) {
+          children_[i].running = false;
+          children_[i].status = status;
+          on_exit(i);
+        }
+      }
+      if (kill_at_ && Clock::now() >= *kill_at_) {
+        signal_all(SIGKILL);
+        kill_at_ = Clock::time_point::max();  // once
+      }
+    }
+    for (Child& c : children_) {
+      for (int& fd : c.fds) {
+        if (fd >= 0) ::close(fd);
+        fd = -1;
+      }
+    }
+  }
+
+  int interrupt_signal() const { return interrupt_signal_; }
+  int stopped_by_interrupt() const { return stopped_by_interrupt_; }
+
+ private:
+  void signal_all(int signo) {
+    // The whole process group, so that what a rank started (a shell's child) goes too.
+    for (const Child& c : children_) {
+      if (c.pid > 0) ::kill(-c.pid, signo);
+    }
+  }
+
+  void forward_signals() {
+    unsigned char received[16];
+    const ssize_t n = ::read(signals_.read_fd(), received, sizeof received);
+    for (ssize_t k = 0; k < n; ++k) {
+      if (interrupt_signal_ == 0) {
+        interrupt_signal_ = received[k];
+        stopped_by_interrupt_ = running_count();
+        signal_all(received[k]);
+        kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace_);
+      } else {
+        signal_all(SIGKILL);  // asked twice: no more waiting
+      }
+    }
+  }
+
+  std::vector<Child>& children_;
+  std::chrono::duration<double> grace_;
+  const SignalCapture& signals_;
+  Sink sink_;
+  std::optional<Clock::time_point> kill_at_;
+  int interrupt_signal_ = 0;
+  int stopped_by_interrupt_ = 0;
+};
+
+/// "rank 2 exited with code 3" or "rank 2 was killed by SIGSEGV (Segmentation fault)".
+std::string describe_exit(int rank, int status) {
+  if (WIFSIGNALED(status)) {
+    return fmt::format("rank {} was killed by {} ({})", rank, signal_name(WTERMSIG(status)),
+                       strsignal(WTERMSIG(status)));
+  }
+  return fmt::format("rank {} exited with code {}", rank, WEXITSTATUS(status));
+}
+
+int exit_code_of(int status) {
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+bool failed(int status) {
+  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/// The full path of program (searched on PATH unless it names a path), or empty.
+std::string find_program(const std::string& program) {
+  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0 ? program : "";
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (!dirs.empty()) {
+    const size_t colon = dirs.find(':');
+    const std::string dir(dirs.substr(0, colon));
+    dirs.remove_prefix(colon == std::string_view::npos ? dirs.size() : colon + 1);
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate)) return candidate;
+  }
+  return "";
+}
+
+int available_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+void finish_result(LaunchResult& result, const LaunchOptions& options) {
+  if (!result.message.empty()) write_all(options.error_fd, result.message + "\n");
+}
+
+void check_options(const LaunchOptions& o, const std::vector<std::string>& command) {
+  if (command.empty()) throw Error("no command to run: give it after --, e.g. colossal run --nproc_per_node 2 -- CMD");
+  if (o.nproc_per_node < 1) throw Error(fmt::format("--nproc_per_node = {} must be at least 1", o.nproc_per_node));
+  if (o.nnodes < 1) throw Error(fmt::format("--nnodes = {} must be at least 1", o.nnodes));
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    throw Error(fmt::format("--node_rank = {} must be between 0 and --nnodes - 1 = {}", o.node_rank, o.nnodes - 1));
+  }
+  if (o.master_port < 1 || o.master_port > 65535) {
+    throw Error(fmt::format("--master_port = {} must be between 1 and 65535", o.master_port));
+  }
+  if (o.grace_seconds < 0) throw Error(fmt::format("the grace period {} s must not be negative", o.grace_seconds));
+}
+
+/// Variables every rank gets from either backend (RANK and LOCAL_RANK are per rank).
+std::vector<std::pair<std::string, std::string>> common_environment(const LaunchOptions& o, LaunchBackend backend) {
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(o.node_rank)},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(o.master_port)},
+      {"COLOSSAL_LAUNCHER", "1"},
+      {"COLOSSAL_LAUNCH_BACKEND", std::string(to_string(backend))},
+  };
+  // Ranks sharing the cores should not each start a thread per core.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    env.emplace_back("OMP_NUM_THREADS", std::to_string(std::max(1, available_cores() / o.nproc_per_node)));
+  }
+  return env;
+}
+
+LaunchResult launch_processes(const LaunchOptions& o, const std::vector<std::string>& command) {
+  LaunchResult result;
+  result.backend = LaunchBackend::kProcesses;
+  const std::vector<std::pair<std::string, std::string>> common = common_environment(o, result.backend);
+
+  SignalCapture signals;
+  std::vector<Child> children(static_cast<size_t>(o.nproc_per_node));
+  std::vector<std::array<std::unique_ptr<LinePrefixer>, 2>> prefixers(children.size());
+  for (size_t i = 0; i < children.size(); ++i) {
+    const int rank = o.node_rank * o.nproc_per_node + static_cast<int>(i);
+    children[i].rank = rank;
+    prefixers[i][0] = std::make_unique<LinePrefixer>(o.output_fd, rank_prefix(rank));
+    prefixers[i][1] = std::make_unique<LinePrefixer>(o.error_fd, rank_prefix(rank));
+  }
+  Supervisor supervisor(children, o.grace_seconds, signals, [&](size_t i, bool from_stderr, std::string_view bytes) {
+    prefixers[i][from_stderr ? 1 : 0]->feed(bytes);
+  });
+
+  std::optional<std::string> spawn_error;
+  for (size_t i = 0; i < children.size() && !spawn_error; ++i) {
+    auto env = common;
+    env.emplace_back("RANK", std::to_string(children[i].rank));
+    env.emplace_back("LOCAL_RANK", std::to_string(i));
+    if (auto error = spawn(children[i], command, child_environment(env))) {
+      spawn_error = fmt::format("cannot start rank {}: {}", children[i].rank, *error);
+      result.failed_rank = children[i].rank;
+      result.ranks_stopped = supervisor.running_count();
+      supervisor.stop();
+    }
+  }
+
+  int failed_index = -1;
+  supervisor.run([&](size_t i) {
+    if (failed_index >= 0 || spawn_error || supervisor.interrupt_signal() != 0 || !failed(children[i].status)) return;
+    failed_index = static_cast<int>(i);
+    result.ranks_stopped = supervisor.running_count();
+    supervisor.stop();
+  });
+  for (auto& pair : prefixers) {
+    pair[0]->finish();
+    pair[1]->finish();
+  }
+
+  const auto stopped = [&](int n) {
+    return n == 0 ? std::string("no other rank was running") : "stopped the other " + plural(n, "rank");
+  };
+  if (spawn_error) {
+    result.exit_code = 127;
+    result.message = fmt::format("colossal run: {}; {}", *spawn_error, stopped(result.ranks_stopped));
+  } else if (failed_index >= 0) {
+    const Child& c = children[static_cast<size_t>(failed_index)];
+    result.failed_rank = c.rank;
+    result.exit_code = exit_code_of(c.status);
+    if (WIFSIGNALED(c.status)) {
+      result.rank_signal = WTERMSIG(c.status);
+    } else {
+      result.rank_exit_code = WEXITSTATUS(c.status);
+    }
+    result.message =
+        fmt::format("colossal run: {}; {}", describe_exit(c.rank, c.status), stopped(result.ranks_stopped));
+  } else if (supervisor.interrupt_signal() != 0) {
+    result.interrupt_signal = supervisor.interrupt_signal();
+    result.ranks_stopped = supervisor.stopped_by_interrupt();
+    result.exit_code = 128 + result.interrupt_signal;
+    result.message = fmt::format("colossal run: interrupted by {}; stopped {}", signal_name(result.interrupt_signal),
+                                 plural(result.ranks_stopped, "rank"));
+  }
+  finish_result(result, o);
+  return result;
+}
+
+// Note [Naming the failed rank under mpirun]
+// mpirun's own report ("Process name: [[14827,1],2]" / "Exit code: 3") is not always printed: when
+// a rank dies by a signal, or every rank fails at once, Open MPI 4.1 prints only "1 process
+// returned a non-zero exit code". So each rank's shell step runs the command (not exec: it must
+// outlive it) and, when it fails, leaves its exit status in a file rank.<RANK> of a folder the
+// launcher watches. Ranks that mpirun stops afterwards die with their shell and leave nothing, so
+// the first file to appear names the rank that failed. A shell reports death by signal n as status
+// 128 + n, which is read back as the signal. The report is the fallback (e.g. ranks on other hosts).
+
+struct RankFailure {
+  int rank = -1;
+  int exit_code = 0;
+  int signal = 0;
+};
+
+RankFailure from_status(int rank, int status_code) {
+  RankFailure f{rank, status_code, 0};
+  if (status_code > 128 && status_code <= 128 + SIGRTMAX) f.signal = status_code - 128;
+  return f;
+}
+
+/// The lowest rank with a status file in dir, if any.
+std::optional<RankFailure> read_status_files(const std::filesystem::path& dir) {
+  std::optional<RankFailure> first;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("rank.", 0) != 0) continue;
+    const int rank = std::atoi(name.c_str() + 5);
+    std::FILE* file = std::fopen(entry.path().c_str(), "r");
+    int code = 0;
+    const bool read = file != nullptr && std::fscanf(file, "%d", &code) == 1;
+    if (file != nullptr) std::fclose(file);
+    if (read && (!first || rank < first->rank)) first = from_status(rank, code);
+  }
+  return first;
+}
+
+std::optional<RankFailure> parse_mpirun_report(const std::vector<std::string>& lines) {
+  static const std::regex process_name(R"(Process name:\s*\[\[\d+,\d+\],(\d+)\])");
+  static const std::regex exit_code(R"(Exit code:\s*(\d+))");
+  static const std::regex on_signal(R"(process rank (\d+) with PID .* exited on signal (\d+))");
+  RankFailure failure;
+  std::smatch m;
+  for (const std::string& line : lines) {
+    if (std::regex_search(line, m, on_signal)) return RankFailure{std::stoi(m[1].str()), 0, std::stoi(m[2].str())};
+    if (std::regex_search(line, m, process_name)) failure.rank = std::stoi(m[1].str());
+    if (failure.rank >= 0 && std::regex_search(line, m, exit_code)) {
+      return from_status(failure.rank, std::stoi(m[1].str()));
+    }
+  }
+  return std::nullopt;
+}
+
+/// A temporary folder, removed with what is in it.
+class TemporaryDirectory {
+ public:
+  TemporaryDirectory() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "colossal-run-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw Error(fmt::format("mkdtemp {}: {}", pattern, strerror(errno)));
+    path_ = pattern;
+  }
+  ~TemporaryDirectory() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TemporaryDirectory(const TemporaryDirectory&) = delete;
+  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+LaunchResult launch_mpi(const LaunchOptions& o, const std::vector<std::string>& command) {
+  LaunchResult result;
+  result.backend = LaunchBackend::kMpi;
+  if (o.nnodes != 1) {
+    throw Error(fmt::format(
+        "--nnodes = {} with --backend mpi: mpirun starts every rank from this node; give it the hosts through "
+        "--mpirun-arg (e.g. --mpirun-arg=--hostfile=FILE) with --nnodes 1 and --nproc_per_node = all ranks, or use "
+        "--backend processes with one launcher per node",
+        o.nnodes));
+  }
+  const std::string mpirun = find_program(o.mpirun);
+  if (mpirun.empty()) {
+    throw Error(fmt::format("--backend mpi needs {}, which is not on PATH; install Open MPI or use --backend processes",
+                            o.mpirun));
+  }
+  const TemporaryDirectory status_dir;
+  const auto env = common_environment(o, result.backend);
+  std::vector<std::string> argv = {mpirun, "-np", std::to_string(o.nproc_per_node), "--oversubscribe", "--tag-output"};
+  if (::geteuid() == 0) argv.push_back("--allow-run-as-root");  // containers often run as root
+  for (const auto& [name, value] : env) {
+    argv.push_back("-x");
+    argv.push_back(name);
+  }
+  argv.insert(argv.end(), o.mpirun_args.begin(), o.mpirun_args.end());
+  // Each rank takes our variables from Open MPI's, runs the command and leaves a failure's status
+  // behind (Note [Naming the failed rank under mpirun]).
+  argv.insert(argv.end(),
+              {"sh", "-c",
+               "RANK=$OMPI_COMM_WORLD_RANK LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK "
+               "WORLD_SIZE=$OMPI_COMM_WORLD_SIZE LOCAL_WORLD_SIZE=$OMPI_COMM_WORLD_LOCAL_SIZE; "
+               "export RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE; "
+               "d=$1; shift; \"$@\"; c=$?; "
+               "if [ $c -ne 0 ]; then echo $c > \"$d/.rank.$RANK\" && mv \"$d/.rank.$RANK\" \"$d/rank.$RANK\"; "
+               "fi; exit $c",
+               "colossal-rank", status_dir.path().string()});
+  argv.insert(argv.end(), command.begin(), command.end());
+
+  SignalCapture signals;
+  std::vector<Child> children(1);
+  MpiOutputRouter router(o.output_fd, o.error_fd);
+  Supervisor supervisor(children, o.grace_seconds, signals,
+                        [&](size_t, bool from_stderr, std::string_view bytes) { router.feed(from_stderr, bytes); });
+  if (auto error = spawn(children[0], argv, child_environment(env))) {
+    throw Error(fmt::format("cannot start mpirun: {}", *error));
+  }
+  // mpirun aborts the job once a rank has failed; should it still be running a grace period later,
+  // it is stopped like a rank.
+  std::optional<RankFailure> failure;
+  std::optional<Clock::time_point> stop_at;
+  supervisor.run([](size_t) {},
+                 [&] {
+                   if (!failure) failure = read_status_files(status_dir.path());
+                   if (failure && !stop_at) {
+                     stop_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(o.grace_seconds));
+                   }
+                   if (stop_at && Clock::now() >= *stop_at) supervisor.stop();
+                 });
+  router.finish();
+
+  const int status = children[0].status;
+  if (!failure) failure = read_status_files(status_dir.path());
+  if (!failure) failure = parse_mpirun_report(router.mpirun_lines());
+  if (supervisor.interrupt_signal() != 0) {
+    result.interrupt_signal = supervisor.interrupt_signal();
+    result.exit_code = 128 + result.interrupt_signal;
+    result.message = fmt::format("colossal run: interrupted by {}; stopped mpirun and its {}",
+                                 signal_name(result.interrupt_signal), plural(o.nproc_per_node, "rank"));
+  } else if (failed(status)) {
+    result.exit_code = exit_code_of(status);
+    if (failure) {
+      result.failed_rank = failure->rank;
+      result.rank_exit_code = failure->signal > 0 ? 0 : failure->exit_code;
+      result.rank_signal = failure->signal;
+      const std::string how = failure->signal > 0 ? fmt::format("was killed by {} ({})", signal_name(failure->signal),
+                                                                strsignal(failure->signal))
+                                                  : fmt::format("exited with code {}", failure->exit_code);
+      result.message = fmt::format("colossal run: rank {} {}; mpirun stopped the other ranks", failure->rank, how);
+    } else {
+      result.message = fmt::format("colossal run: mpirun {} (its report is above)",
+                                   WIFSIGNALED(status) ? "was killed by " + signal_name(WTERMSIG(status))
+                                                       : fmt::format("exited with code {}", WEXITSTATUS(status)));
+    }
+  }
+  finish_result(result, o);
+  return result;
+}
+
+}  // namespace
+
+std::string_view to_string(LaunchBackend backend) {
+  switch (backend) {
+    case LaunchBackend::kAuto:
+      return "auto";
+    case LaunchBackend::kProcesses:
+      return "processes";
+    case LaunchBackend::kMpi:
+      return "mpi";
+  }
+  return "?";
+}
+
+LaunchBackend resolve_backend(LaunchBackend requested, const std::string& mpirun) {
+  if (requested != LaunchBackend::kAuto) return requested;
+  if (COLOSSAL_WITH_MPI && !core::cuda::is_available() && !find_program(mpirun).empty()) return LaunchBackend::kMpi;
+  return LaunchBackend::kProcesses;
+}
+
+LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>& command) {
+  check_options(options, command);
+  if (resolve_backend(options.backend, options.mpirun) == LaunchBackend::kMpi) return launch_mpi(options, command);
+  return launch_processes(options, command);
+}
+
+CLI::App* add_run_command(CLI::App& app) {
+  auto options = std::make_shared<LaunchOptions>();
+  auto command = std::make_shared<std::vector<std::string>>();
+  CLI::App* run = app.add_subcommand("run", "Start the ranks of a distributed job on this node and watch over them");
+  run->footer(
+      "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, "
+      "COLOSSAL_LAUNCHER=1 and COLOSSAL_LAUNCH_BACKEND, and OMP_NUM_THREADS = cores / ranks unless set; every line "
+      "it prints appears as \"[rank N] ...\". When a rank fails the others are stopped (SIGTERM, then SIGKILL after "
+      "the grace period) and run exits with the failing rank's code.\n"
+      "Backends: processes starts each rank itself (one launcher per node with --nnodes/--node_rank); mpi runs "
+      "mpirun -np N --oversubscribe (how CPU ranks join an MPI job); auto is mpi when no GPU is visible and mpirun "
+      "is available, processes otherwise.\n"
+      "Example:\n"
+      "  colossal run --nproc_per_node 4 -- colossal train --config configs/gpt2_tokens.toml");
+  run->add_option("--nproc_per_node,--nproc-per-node", options->nproc_per_node, "Ranks to start on this node")
+      ->capture_default_str();
+  run->add_option("--nnodes", options->nnodes, "Nodes in the job, each running its own `colossal run`")
+      ->capture_default_str();
+  run->add_option("--node_rank,--node-rank", options->node_rank, "This node's index, 0 to nnodes - 1")
+      ->capture_default_str();
+  run->add_option("--master_addr,--master-addr", options->master_addr, "Address of the node running rank 0")
+      ->capture_default_str();
+  run->add_option("--master_port,--master-port", options->master_port, "Free port on the master node")
+      ->capture_default_str();
+  auto backend_name = std::make_shared<std::string>("auto");
+  run->add_option(
+         "--backend", *backend_name,
+         "How ranks are started: processes (children of this launcher), mpi (under mpirun), auto (mpi without a GPU)")
+      ->check(CLI::IsMember({"auto", "processes", "mpi"}))
+      ->capture_default_str();
+  run->add_option("--grace", options->grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->capture_default_str();
+  run->add_option("--mpirun-arg", options->mpirun_args, "An extra mpirun argument (repeatable; mpi backend)")
+      ->allow_extra_args(false);
+  run->add_option("command", *command, "The program and its arguments, after --")->required();
+  run->callback([options, command, backend_name] {
+    options->backend = *backend_name == "mpi"         ? LaunchBackend::kMpi
+                       : *backend_name == "processes" ? LaunchBackend::kProcesses
+                                                      : LaunchBackend::kAuto;
+    LaunchResult result;
+    try {
+      result = launch(*options, *command);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "colossal run: {}\n", e.what());
+      throw CLI::RuntimeError(2);
+    }
+    if (result.exit_code != 0) throw CLI::RuntimeError(result.exit_code);
+  });
+  return run;
+}
+
+}  // namespace colossal::cli

@@ -1,0 +1,329 @@
+// Tests of `colossal run` (cli/run.h) on `sh -c` ranks: the environment each rank sees, "[rank N] "
+// prefixes on whole lines, the job stopped within seconds when one rank fails (exit code, signal,
+// a rank that ignores SIGTERM), Ctrl-C forwarded, a program that cannot start, option errors, the
+// command line, and the same under mpirun when Open MPI is installed.
+#include "colossal/cli/run.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "colossal/core/build_config.h"  // COLOSSAL_WITH_MPI
+#include "colossal/core/cuda_device.h"   // is_available
+#include "colossal/core/error.h"
+
+namespace colossal::cli {
+namespace {
+
+struct Captured {
+  LaunchResult result;
+  std::vector<std::string> out;  ///< lines the ranks printed on stdout, as relayed
+  std::vector<std::string> err;  ///< their stderr lines and the launcher's messages
+  double seconds = 0;
+};
+
+std::vector<std::string> read_lines(std::FILE* file) {
+  std::fflush(file);
+  std::rewind(file);
+  std::vector<std::string> lines;
+  std::string line;
+  for (int c; (c = std::fgetc(file)) != EOF;) {
+    if (c == '\n') {
+      lines.push_back(line);
+      line.clear();
+    } else {
+      line += static_cast<char>(c);
+    }
+  }
+  if (!line.empty()) lines.push_back(line + "<no newline>");
+  return lines;
+}
+
+/// Runs the launcher with its output captured in temporary files.
+Captured run_launcher(LaunchOptions options, const std::vector<std::string>& command) {
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  options.output_fd = fileno(out);
+  options.error_fd = fileno(err);
+  Captured run;
+  const auto start = std::chrono::steady_clock::now();
+  run.result = launch(options, command);
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  run.out = read_lines(out);
+  run.err = read_lines(err);
+  std::fclose(out);
+  std::fclose(err);
+  return run;
+}
+
+LaunchOptions processes(int nproc) {
+  LaunchOptions o;
+  o.nproc_per_node = nproc;
+  o.backend = LaunchBackend::kProcesses;
+  return o;
+}
+
+std::vector<std::string> sh(const std::string& script) {
+  return {"sh", "-c", script};
+}
+
+std::multiset<std::string> as_set(const std::vector<std::string>& lines) {
+  return {lines.begin(), lines.end()};
+}
+
+bool contains(const std::vector<std::string>& lines, const std::string& text) {
+  return std::any_of(lines.begin(), lines.end(),
+                     [&](const std::string& l) { return l.find(text) != std::string::npos; });
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::ostringstream s;
+  for (const std::string& l : lines) s << l << "\n";
+  return s.str();
+}
+
+// How long a stopped job may take: ranks are told within 50 ms of the failure (the poll interval)
+// and killed after the grace period (3 s by default); 10 s leaves room for a loaded CI machine
+// while still failing a launcher that waits for the 60 s sleeps.
+constexpr double kStopBoundSeconds = 10;
+
+// ---- processes backend ---------------------------------------------------------------------------
+
+TEST(RunProcesses, AllRanksSucceedAndEveryLineIsPrefixed) {
+  const Captured run = run_launcher(processes(3), sh("echo \"hello from $RANK\"; echo \"warning $RANK\" >&2"));
+  EXPECT_EQ(run.result.exit_code, 0);
+  EXPECT_EQ(run.result.failed_rank, -1);
+  EXPECT_EQ(run.result.message, "");
+  EXPECT_EQ(as_set(run.out),
+            (std::multiset<std::string>{"[rank 0] hello from 0", "[rank 1] hello from 1", "[rank 2] hello from 2"}));
+  EXPECT_EQ(as_set(run.err),
+            (std::multiset<std::string>{"[rank 0] warning 0", "[rank 1] warning 1", "[rank 2] warning 2"}));
+}
+
+TEST(RunProcesses, RanksSeeTheirPlaceInTheJob) {
+  LaunchOptions o = processes(2);
+  o.nnodes = 2;
+  o.node_rank = 1;
+  o.master_addr = "10.0.0.7";
+  o.master_port = 12345;
+  const Captured run = run_launcher(o, sh("echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK "
+                                          "$MASTER_ADDR $MASTER_PORT $COLOSSAL_LAUNCHER $COLOSSAL_LAUNCH_BACKEND\""));
+  EXPECT_EQ(run.result.exit_code, 0) << joined(run.err);
+  // The second node's ranks are 2 and 3 of 4.
+  EXPECT_EQ(as_set(run.out), (std::multiset<std::string>{"[rank 2] 2 0 4 2 1 10.0.0.7 12345 1 processes",
+                                                         "[rank 3] 3 1 4 2 1 10.0.0.7 12345 1 processes"}));
+}
+
+TEST(RunProcesses, LinesFromManyRanksNeverInterleave) {
+  // Each rank writes 2000 long lines as fast as it can, in pieces (printf per field), so the
+  // launcher reads partial lines from every pipe; each relayed line must be one rank's whole line.
+  const Captured run = run_launcher(
+      processes(4),
+      sh("i=0; while [ $i -lt 2000 ]; do printf 'rank %s ' $RANK; printf 'line %s ' $i; "
+         "printf '%s\\n' xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done"));
+  EXPECT_EQ(run.result.exit_code, 0);
+  ASSERT_EQ(run.out.size(), 4u * 2000u);
+  const std::regex whole(R"(\[rank (\d)\] rank \1 line \d+ x{63})");
+  for (const std::string& line : run.out) ASSERT_TRUE(std::regex_match(line, whole)) << line;
+}
+
+TEST(RunProcesses, ALastLineWithoutNewlineIsStillRelayed) {
+  const Captured run = run_launcher(processes(1), sh("printf 'no newline'"));
+  EXPECT_EQ(run.out, (std::vector<std::string>{"[rank 0] no newline"}));
+}
+
+TEST(RunProcesses, OneFailingRankStopsTheOthersWithinSeconds) {
+  const Captured run =
+      run_launcher(processes(4), sh("if [ \"$RANK\" = 2 ]; then sleep 0.2; echo bye >&2; exit 3; fi; sleep 60"));
+  EXPECT_LT(run.seconds, kStopBoundSeconds);
+  EXPECT_EQ(run.result.exit_code, 3);
+  EXPECT_EQ(run.result.failed_rank, 2);
+  EXPECT_EQ(run.result.rank_exit_code, 3);
+  EXPECT_EQ(run.result.ranks_stopped, 3);
+  EXPECT_EQ(run.result.message, "colossal run: rank 2 exited with code 3; stopped the other 3 ranks");
+  EXPECT_TRUE(contains(run.err, "[rank 2] bye"));
+  EXPECT_EQ(run.err.back(), run.result.message);
+}
+
+TEST(RunProcesses, ARankIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  char dir[] = "/tmp/colossal_run_test_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  LaunchOptions o = processes(3);
+  o.grace_seconds = 0.5;
+  // Ranks 1 and 2 ignore SIGTERM (so does their sleep: ignored signals survive exec) and say so
+  // with a file; rank 0 fails once both are ready.
+  const Captured run = run_launcher(
+      o, {"sh", "-c",
+          "if [ \"$RANK\" = 0 ]; then while [ $(ls \"$0\" | wc -l) -lt 2 ]; do sleep 0.05; done; exit 1; fi; "
+          "trap '' TERM; touch \"$0/ready.$RANK\"; sleep 60",
+          dir});
+  std::filesystem::remove_all(dir);
+  EXPECT_GE(run.seconds, 0.5);
+  EXPECT_LT(run.seconds, kStopBoundSeconds);
+  EXPECT_EQ(run.result.exit_code, 1);
+  EXPECT_EQ(run.result.message, "colossal run: rank 0 exited with code 1; stopped the other 2 ranks");
+}
+
+TEST(RunProcesses, ARankKilledByASignalIsNamed) {
+  const Captured run = run_launcher(processes(2), sh("if [ \"$RANK\" = 1 ]; then kill -SEGV $$; fi; sleep 60"));
+  EXPECT_LT(run.seconds, kStopBoundSeconds);
+  EXPECT_EQ(run.result.exit_code, 128 + SIGSEGV);
+  EXPECT_EQ(run.result.failed_rank, 1);
+  EXPECT_EQ(run.result.rank_signal, SIGSEGV);
+  EXPECT_EQ(run.result.message,
+            "colossal run: rank 1 was killed by SIGSEGV (Segmentation fault); stopped the other 1 rank");
+}
+
+TEST(RunProcesses, InterruptIsForwardedToTheRanks) {
+  // Ctrl-C reaches the launcher alone (the ranks have their own process groups); it passes it on.
+  std::thread interrupter([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::kill(::getpid(), SIGINT);
+  });
+  const Captured run = run_launcher(processes(2), sh("echo started; sleep 60"));
+  interrupter.join();
+  EXPECT_LT(run.seconds, kStopBoundSeconds);
+  EXPECT_EQ(run.result.interrupt_signal, SIGINT);
+  EXPECT_EQ(run.result.exit_code, 128 + SIGINT);
+  EXPECT_EQ(run.result.message, "colossal run: interrupted by SIGINT; stopped 2 ranks");
+}
+
+TEST(RunProcesses, AProgramThatCannotStartIsReported) {
+  const Captured run = run_launcher(processes(2), {"/nonexistent/program", "x"});
+  EXPECT_EQ(run.result.exit_code, 127);
+  EXPECT_EQ(run.result.failed_rank, 0);
+  EXPECT_EQ(run.result.message,
+            "colossal run: cannot start rank 0: /nonexistent/program: No such file or directory; no other rank was "
+            "running");
+}
+
+TEST(RunOptions, BadOptionsAreRejectedBeforeAnythingStarts) {
+  const auto message = [](LaunchOptions o, std::vector<std::string> command) -> std::string {
+    try {
+      launch(o, command);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(message(processes(0), sh("true")), "--nproc_per_node = 0 must be at least 1");
+  EXPECT_EQ(message(processes(1), {}),
+            "no command to run: give it after --, e.g. colossal run --nproc_per_node 2 -- CMD");
+  LaunchOptions o = processes(1);
+  o.nnodes = 2;
+  o.node_rank = 2;
+  EXPECT_EQ(message(o, sh("true")), "--node_rank = 2 must be between 0 and --nnodes - 1 = 1");
+  o.node_rank = 0;
+  o.master_port = 70000;
+  EXPECT_EQ(message(o, sh("true")), "--master_port = 70000 must be between 1 and 65535");
+}
+
+TEST(RunOptions, AutoPicksMpiOnlyWithoutAGpu) {
+  const bool has_mpirun = ::access("/usr/bin/mpirun", X_OK) == 0 || ::system("command -v mpirun >/dev/null") == 0;
+  const LaunchBackend expected =
+      COLOSSAL_WITH_MPI && has_mpirun && !core::cuda::is_available() ? LaunchBackend::kMpi : LaunchBackend::kProcesses;
+  EXPECT_EQ(resolve_backend(LaunchBackend::kAuto), expected);
+  EXPECT_EQ(resolve_backend(LaunchBackend::kAuto, "/nonexistent/mpirun"), LaunchBackend::kProcesses);
+  EXPECT_EQ(resolve_backend(LaunchBackend::kProcesses), LaunchBackend::kProcesses);
+}
+
+// ---- the command line ----------------------------------------------------------------------------
+
+int parse_run(std::vector<std::string> args) {
+  CLI::App app{"colossal"};
+  app.require_subcommand(1);
+  add_run_command(app);
+  args.insert(args.begin(), "colossal");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::ParseError& e) {
+    return e.get_exit_code();
+  }
+  return 0;
+}
+
+TEST(RunCommand, ExitsWithTheFailingRanksCode) {
+  EXPECT_EQ(parse_run({"run", "--nproc_per_node", "2", "--backend", "processes", "--", "sh", "-c", "exit 0"}), 0);
+  EXPECT_EQ(parse_run({"run", "--nproc-per-node=2", "--backend=processes", "--grace", "1", "--", "sh", "-c",
+                       "if [ $RANK = 1 ]; then exit 5; fi; sleep 60"}),
+            5);
+  EXPECT_NE(parse_run({"run", "--backend", "nccl", "--", "true"}), 0);  // not a backend
+  EXPECT_NE(parse_run({"run", "--nproc_per_node", "2"}), 0);            // no command
+}
+
+// ---- mpi backend ---------------------------------------------------------------------------------
+
+LaunchOptions mpi(int nproc) {
+  LaunchOptions o;
+  o.nproc_per_node = nproc;
+  o.backend = LaunchBackend::kMpi;
+  return o;
+}
+
+bool have_mpirun() {
+  return resolve_backend(LaunchBackend::kAuto) == LaunchBackend::kMpi ||
+         ::system("command -v mpirun >/dev/null 2>&1") == 0;
+}
+
+TEST(RunMpi, RanksGetOurVariablesAndPrefixedLines) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on PATH";
+  const Captured run =
+      run_launcher(mpi(3), sh("echo \"r=$RANK l=$LOCAL_RANK w=$WORLD_SIZE b=$COLOSSAL_LAUNCH_BACKEND m=$MASTER_PORT\"; "
+                              "echo \"e$RANK\" >&2; printf 'partial '; sleep 0.1; echo \"line of $RANK\"; echo; "
+                              "echo \"[1,$RANK] [x]<\""));
+  EXPECT_EQ(run.result.exit_code, 0) << joined(run.err);
+  EXPECT_EQ(run.result.backend, LaunchBackend::kMpi);
+  EXPECT_EQ(as_set(run.out), (std::multiset<std::string>{
+                                 "[rank 0] r=0 l=0 w=3 b=mpi m=29500", "[rank 1] r=1 l=1 w=3 b=mpi m=29500",
+                                 "[rank 2] r=2 l=2 w=3 b=mpi m=29500", "[rank 0] partial line of 0",
+                                 "[rank 1] partial line of 1", "[rank 2] partial line of 2", "[rank 0] ", "[rank 1] ",
+                                 "[rank 2] ", "[rank 0] [1,0] [x]<", "[rank 1] [1,1] [x]<", "[rank 2] [1,2] [x]<"}));
+  EXPECT_EQ(as_set(run.err), (std::multiset<std::string>{"[rank 0] e0", "[rank 1] e1", "[rank 2] e2"}));
+}
+
+TEST(RunMpi, OneFailingRankEndsTheJobAndIsNamed) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on PATH";
+  const Captured run = run_launcher(mpi(3), sh("if [ \"$RANK\" = 1 ]; then sleep 0.2; exit 3; fi; sleep 60"));
+  EXPECT_LT(run.seconds, kStopBoundSeconds);
+  EXPECT_EQ(run.result.exit_code, 3) << joined(run.err);
+  EXPECT_EQ(run.result.failed_rank, 1);
+  EXPECT_EQ(run.result.rank_exit_code, 3);
+  EXPECT_EQ(run.result.message, "colossal run: rank 1 exited with code 3; mpirun stopped the other ranks");
+  EXPECT_EQ(run.err.back(), run.result.message);
+}
+
+TEST(RunMpi, ARankKilledByASignalIsNamed) {
+  // Open MPI's own report leaves this rank unnamed; the launcher's status files name it.
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on PATH";
+  const Captured run = run_launcher(mpi(3), sh("if [ \"$RANK\" = 2 ]; then kill -SEGV $$; fi; sleep 60"));
+  EXPECT_LT(run.seconds, kStopBoundSeconds);
+  EXPECT_EQ(run.result.exit_code, 128 + SIGSEGV) << joined(run.err);
+  EXPECT_EQ(run.result.failed_rank, 2);
+  EXPECT_EQ(run.result.rank_signal, SIGSEGV);
+  EXPECT_EQ(run.result.message,
+            "colossal run: rank 2 was killed by SIGSEGV (Segmentation fault); mpirun stopped the other ranks");
+}
+
+TEST(RunMpi, MoreThanOneNodeNeedsTheProcessesBackendOrAHostfile) {
+  LaunchOptions o = mpi(2);
+  o.nnodes = 2;
+  EXPECT_THROW(launch(o, sh("true")), Error);
+}
+
+}  // namespace
+}  // namespace colossal::cli
