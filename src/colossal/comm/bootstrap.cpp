@@ -1,0 +1,271 @@
+// Parses the launchers' environments into a DistEnv (comm/bootstrap.h).
+#include "colossal/comm/bootstrap.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <vector>
+
+#include "colossal/core/error.h"
+
+namespace colossal::comm {
+
+// Note [Rendezvous port under torchrun]
+// torchrun (torch.distributed.run) starts a TCPStore on MASTER_ADDR:MASTER_PORT in its agent on node 0
+// and hands it to the workers (TORCHELASTIC_USE_AGENT_STORE), so MASTER_PORT is taken for the whole
+// run: binding it fails with "address in use" on rank 0, and the other ranks would reach torchrun's
+// store instead of us. We therefore listen on MASTER_PORT + 1 under torchrun. Our own launcher
+// (`colossal run`) only chooses MASTER_PORT and binds nothing, so there the rendezvous takes it.
+int DistEnv::rendezvous_port() const {
+  return source == EnvSource::torchrun ? master_port + 1 : master_port;
+}
+
+std::string_view env_source_name(EnvSource source) {
+  switch (source) {
+    case EnvSource::single:
+      return "single";
+    case EnvSource::launcher:
+      return "launcher";
+    case EnvSource::torchrun:
+      return "torchrun";
+    case EnvSource::openmpi:
+      return "openmpi";
+    case EnvSource::slurm:
+      return "slurm";
+  }
+  return "?";
+}
+
+std::string DistEnv::describe() const {
+  return fmt::format("rank {} of {} (local {} of {}), from {}, rank 0 at {}:{}", rank, world_size, local_rank,
+                     local_world_size, env_source_name(source), master_addr, master_port);
+}
+
+namespace {
+
+/// Reads the variables of one launcher and reports all missing ones at once.
+class EnvReader {
+ public:
+  EnvReader(const EnvLookup& lookup, std::string_view launcher) : lookup_(lookup), launcher_(launcher) {}
+
+  std::optional<std::string> get(const std::string& name) const {
+    std::optional<std::string> value = lookup_(name);
+    if (value && value->empty()) return std::nullopt;  // VAR= counts as unset
+    return value;
+  }
+  bool has(const std::string& name) const { return get(name).has_value(); }
+
+  /// Throws naming every variable of `names` that is unset.
+  void require(const std::vector<std::string>& names, std::string_view why) const {
+    std::vector<std::string> missing;
+    for (const std::string& name : names) {
+      if (!has(name)) missing.push_back(name);
+    }
+    COLOSSAL_CHECK(missing.empty(), "{}: {} set, so this is a {} environment, but {} {} missing; {} sets all of {}",
+                   launcher_, why, launcher_, fmt::join(missing, ", "), missing.size() == 1 ? "is" : "are", launcher_,
+                   fmt::join(names, ", "));
+  }
+
+  int integer(const std::string& name) const {
+    const std::string text = get(name).value_or("");
+    int value = 0;
+    const char* end = text.data() + text.size();
+    auto [ptr, ec] = std::from_chars(text.data(), end, value);
+    COLOSSAL_CHECK(ec == std::errc() && ptr == end, "{}: {}='{}' is not an integer", launcher_, name, text);
+    return value;
+  }
+
+  int port(const std::string& name) const {
+    const int value = integer(name);
+    COLOSSAL_CHECK(value >= 1 && value <= 65535, "{}: {}={} is not a TCP port (1 to 65535)", launcher_, name, value);
+    return value;
+  }
+
+ private:
+  const EnvLookup& lookup_;
+  std::string launcher_;
+};
+
+void check_ranks(const DistEnv& env, std::string_view launcher, std::string_view rank_var, std::string_view size_var,
+                 std::string_view local_rank_var, std::string_view local_size_var) {
+  COLOSSAL_CHECK(env.world_size >= 1, "{}: {}={} must be at least 1", launcher, size_var, env.world_size);
+  COLOSSAL_CHECK(env.rank >= 0 && env.rank < env.world_size, "{}: {}={} is outside the world ({}={}: ranks 0 to {})",
+                 launcher, rank_var, env.rank, size_var, env.world_size, env.world_size - 1);
+  COLOSSAL_CHECK(env.local_world_size >= 1 && env.local_world_size <= env.world_size,
+                 "{}: {}={} must be between 1 and {}={}", launcher, local_size_var, env.local_world_size, size_var,
+                 env.world_size);
+  COLOSSAL_CHECK(env.local_rank >= 0 && env.local_rank < env.local_world_size,
+                 "{}: {}={} is outside this node's {} processes ({}={})", launcher, local_rank_var, env.local_rank,
+                 env.local_world_size, local_size_var, env.local_world_size);
+}
+
+/// torchrun and our launcher: the same six variables (ours adds COLOSSAL_LAUNCHER=1).
+DistEnv parse_torchrun_like(const EnvReader& env, EnvSource source, std::string_view why) {
+  env.require({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}, why);
+  DistEnv out;
+  out.source = source;
+  out.rank = env.integer("RANK");
+  out.world_size = env.integer("WORLD_SIZE");
+  out.local_rank = env.integer("LOCAL_RANK");
+  out.local_world_size = env.integer("LOCAL_WORLD_SIZE");
+  out.master_addr = *env.get("MASTER_ADDR");
+  out.master_port = env.port("MASTER_PORT");
+  const std::string_view name = env_source_name(source);
+  check_ranks(out, name, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  COLOSSAL_CHECK(source != EnvSource::torchrun || out.master_port < 65535,
+                 "torchrun: MASTER_PORT=65535 leaves no port for the rendezvous (it uses MASTER_PORT + 1, since "
+                 "torchrun's store holds MASTER_PORT); pick a lower --master_port");
+  return out;
+}
+
+DistEnv parse_openmpi(const EnvReader& env) {
+  env.require(
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      "OMPI_COMM_WORLD_RANK is");
+  DistEnv out;
+  out.source = EnvSource::openmpi;
+  out.rank = env.integer("OMPI_COMM_WORLD_RANK");
+  out.world_size = env.integer("OMPI_COMM_WORLD_SIZE");
+  out.local_rank = env.integer("OMPI_COMM_WORLD_LOCAL_RANK");
+  out.local_world_size = env.integer("OMPI_COMM_WORLD_LOCAL_SIZE");
+  // Under MPI the NCCL id travels by MPI_Bcast; MASTER_ADDR/PORT only matter if a user set them.
+  if (env.has("MASTER_ADDR")) out.master_addr = *env.get("MASTER_ADDR");
+  if (env.has("MASTER_PORT")) out.master_port = env.port("MASTER_PORT");
+  check_ranks(out, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+              "OMPI_COMM_WORLD_LOCAL_SIZE");
+  return out;
+}
+
+/// Tasks on node `node` from a Slurm tasks-per-node list: "2(x3),1" is 2, 2, 2, 1.
+std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
+  int index = 0;
+  size_t pos = 0;
+  while (pos < list.size()) {
+    const size_t comma = list.find(',', pos);
+    const std::string_view item =
+        list.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+    pos = comma == std::string_view::npos ? list.size() : comma + 1;
+    int tasks = 0, repeat = 1;
+    const size_t paren = item.find('(');
+    const std::string_view count = item.substr(0, paren);
+    if (std::from_chars(count.data(), count.data() + count.size(), tasks).ec != std::errc()) return std::nullopt;
+    if (paren != std::string_view::npos) {
+      // "(x3)"
+      if (item.size() < paren + 4 || item[paren + 1] != 'x' || item.back() != ')') return std::nullopt;
+      const std::string_view times = item.substr(paren + 2, item.size() - paren - 3);
+      if (std::from_chars(times.data(), times.data() + times.size(), repeat).ec != std::errc()) return std::nullopt;
+    }
+    if (node < index + repeat) return tasks;
+    index += repeat;
+  }
+  return std::nullopt;
+}
+
+DistEnv parse_slurm(const EnvReader& env) {
+  env.require({"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}, "SLURM_PROCID is");
+  DistEnv out;
+  out.source = EnvSource::slurm;
+  out.rank = env.integer("SLURM_PROCID");
+  out.world_size = env.integer("SLURM_NTASKS");
+  out.local_rank = env.integer("SLURM_LOCALID");
+  // Tasks on this node: the step's distribution (srun), else the job's, indexed by SLURM_NODEID.
+  std::optional<int> local = std::nullopt;
+  for (const char* list_var : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+    if (local || !env.has(list_var)) continue;
+    const int node = env.has("SLURM_NODEID") ? env.integer("SLURM_NODEID") : 0;
+    local = slurm_tasks_on_node(*env.get(list_var), node);
+    COLOSSAL_CHECK(local.has_value(),
+                   "slurm: cannot read node {}'s task count from {}='{}' (expected a list like 2(x3),1)", node,
+                   list_var, *env.get(list_var));
+  }
+  if (!local && env.has("SLURM_NTASKS_PER_NODE")) local = env.integer("SLURM_NTASKS_PER_NODE");
+  COLOSSAL_CHECK(local.has_value(),
+                 "slurm: cannot tell how many tasks run on this node: none of SLURM_STEP_TASKS_PER_NODE, "
+                 "SLURM_TASKS_PER_NODE (with SLURM_NODEID) or SLURM_NTASKS_PER_NODE is set; start the job with srun");
+  out.local_world_size = *local;
+  check_ranks(out, "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "the tasks-per-node count");
+
+  if (env.has("MASTER_ADDR")) {
+    out.master_addr = *env.get("MASTER_ADDR");
+  } else {
+    std::optional<std::string> nodes;
+    for (const char* list_var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      if (!nodes) nodes = env.get(list_var);
+    }
+    COLOSSAL_CHECK(nodes.has_value() || out.world_size == 1,
+                   "slurm: no MASTER_ADDR and no node list (SLURM_STEP_NODELIST, SLURM_JOB_NODELIST) to find rank "
+                   "0's host; export MASTER_ADDR");
+    if (nodes) out.master_addr = first_slurm_host(*nodes);
+  }
+  if (env.has("MASTER_PORT")) {
+    out.master_port = env.port("MASTER_PORT");
+  } else if (env.has("SLURM_JOB_ID")) {
+    // Jobs sharing a node get different ports; 20000-39999 stays clear of the ephemeral range.
+    out.master_port = 20000 + env.integer("SLURM_JOB_ID") % 20000;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string first_slurm_host(std::string_view host_list) {
+  std::string host;
+  int depth = 0;
+  bool skipping = false;  // inside brackets, past the first number or range
+  for (char c : host_list) {
+    if (c == '[') {
+      depth++;
+      skipping = false;
+      continue;
+    }
+    if (c == ']') {
+      depth--;
+      skipping = false;
+      continue;
+    }
+    if (depth == 0 && c == ',') break;
+    if (depth > 0) {
+      if (c == ',' || c == '-') skipping = true;
+      if (!skipping) host += c;
+      continue;
+    }
+    host += c;
+  }
+  return host;
+}
+
+DistEnv parse_dist_env(const EnvLookup& lookup) {
+  if (lookup("COLOSSAL_LAUNCHER").value_or("") == "1") {
+    return parse_torchrun_like(EnvReader(lookup, "launcher"), EnvSource::launcher, "COLOSSAL_LAUNCHER=1 is");
+  }
+  const EnvReader torchrun(lookup, "torchrun");
+  if (torchrun.has("RANK") || torchrun.has("WORLD_SIZE")) {
+    return parse_torchrun_like(torchrun, EnvSource::torchrun, torchrun.has("RANK") ? "RANK is" : "WORLD_SIZE is");
+  }
+  const EnvReader openmpi(lookup, "openmpi");
+  if (openmpi.has("OMPI_COMM_WORLD_RANK") || openmpi.has("OMPI_COMM_WORLD_SIZE")) return parse_openmpi(openmpi);
+  const EnvReader slurm(lookup, "slurm");
+  if (slurm.has("SLURM_PROCID")) return parse_slurm(slurm);
+
+  DistEnv single;
+  if (auto addr = lookup("MASTER_ADDR"); addr && !addr->empty()) single.master_addr = *addr;
+  if (lookup("MASTER_PORT").value_or("") != "") single.master_port = EnvReader(lookup, "single").port("MASTER_PORT");
+  return single;
+}
+
+DistEnv parse_dist_env(const std::map<std::string, std::string>& variables) {
+  return parse_dist_env([&variables](const std::string& name) -> std::optional<std::string> {
+    auto it = variables.find(name);
+    if (it == variables.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+DistEnv read_dist_env() {
+  return parse_dist_env([](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  });
+}
+
+}  // namespace colossal::comm

@@ -1,0 +1,433 @@
+// NcclProcessGroup (comm/nccl/nccl_process_group.h): NCCL collectives on the group's own stream,
+// ordered against the caller's stream with CUDA events; unique-id exchange; ncclCommSplit.
+#include "colossal/comm/nccl/nccl_process_group.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "colossal/core/build_config.h"
+#include "colossal/core/cuda/cuda_check.h"
+#include "colossal/core/cuda_device.h"  // DeviceGuard, Event, current_stream, create_stream
+
+#if COLOSSAL_WITH_MPI
+#include "colossal/comm/mpi/mpi_runtime.h"
+#endif
+
+// Note [NCCL stream ordering]
+// Each group owns a stream; a collective must not start before the caller's work that produced its
+// tensors, and the caller must not read the result before the collective ends. So each call
+//   1. records an event on the caller's current stream and makes the group's stream wait on it;
+//   2. enqueues the NCCL call(s) on the group's stream;
+//   3. records a completion event there.
+// Work::wait() makes the caller's current stream (and the stream current at the call, if another)
+// wait on that event; no host blocking, as in PyTorch. Work::synchronize() blocks the host, polling
+// ncclCommGetAsyncError so a dead peer turns into an error instead of a hang.
+// Memory: tensors belong to the stream current when they were allocated (core/storage.cpp) and are
+// freed in its order. The Work keeps the tensors alive until that stream waits for the collective
+// (wait(), or the Work's destructor, which enqueues the same wait), so a freed tensor's memory cannot
+// be reused while NCCL still reads or writes it, provided the tensors were allocated on the stream
+// current at the call, the usual case.
+
+#define COLOSSAL_NCCL_CHECK(expr, ...)                                                                \
+  do {                                                                                                \
+    const ncclResult_t colossal_nccl_rc_ = (expr);                                                    \
+    if (colossal_nccl_rc_ != ncclSuccess) [[unlikely]] {                                              \
+      COLOSSAL_FAIL("NCCL error from {}: {} ({}) [{}]", #expr, ncclGetErrorString(colossal_nccl_rc_), \
+                    ncclGetLastError(nullptr), ::fmt::format(__VA_ARGS__));                           \
+    }                                                                                                 \
+  } while (0)
+
+namespace colossal::comm {
+
+namespace detail {
+/// Lives as long as the group or any of its Work: the communicator and its stream.
+struct NcclCommState {
+  ncclComm_t comm = nullptr;
+  Device device;
+  core::Stream stream;
+  int rank = 0;
+  int size = 1;
+  std::atomic<bool> aborted{false};
+
+  NcclCommState(ncclComm_t c, Device d) : comm(c), device(d) {
+    core::cuda::DeviceGuard guard(device);
+    COLOSSAL_NCCL_CHECK(ncclCommUserRank(comm, &rank), "reading the rank of a new communicator on {}", device);
+    COLOSSAL_NCCL_CHECK(ncclCommCount(comm, &size), "reading the size of a new communicator on {}", device);
+    stream = core::cuda::create_stream(device, /*high_priority=*/true);
+  }
+  ~NcclCommState() {
+    try {
+      core::cuda::DeviceGuard guard(device);
+      // Destroy waits for the communicator's enqueued work; an aborted one is already gone.
+      if (!aborted.load()) ncclCommDestroy(comm);
+      core::cuda::destroy_stream(stream);
+    } catch (...) {
+      // Nothing useful to do about a failing teardown in a destructor.
+    }
+  }
+
+  void abort() {
+    if (!aborted.exchange(true)) ncclCommAbort(comm);
+  }
+
+  /// Throws (after aborting the communicator) when NCCL failed in the background, e.g. a peer died.
+  void check_async_error(std::string_view what) {
+    COLOSSAL_CHECK(!aborted.load(), "{}: the NCCL communicator was aborted", what);
+    ncclResult_t state = ncclSuccess;
+    COLOSSAL_NCCL_CHECK(ncclCommGetAsyncError(comm, &state), "{}", what);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      const std::string detail = ncclGetLastError(comm);
+      abort();
+      COLOSSAL_FAIL("{}: NCCL failed asynchronously: {} ({}); the communicator was aborted", what,
+                    ncclGetErrorString(state), detail);
+    }
+  }
+};
+}  // namespace detail
+
+namespace {
+
+using detail::NcclCommState;
+
+cudaStream_t as_cuda(core::Stream s) {
+  return static_cast<cudaStream_t>(s.handle);
+}
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
+    case DType::boolean:
+      return ncclUint8;  // 0/1 bytes: max is or, min is and
+  }
+  COLOSSAL_FAIL("no NCCL datatype for dtype {}", static_cast<int>(dtype));
+}
+
+// ncclAvg sums and divides integers (truncating) and pre-multiplies floats by 1/size, so a float
+// average may differ from sum/size in the last bit.
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
+  }
+  COLOSSAL_FAIL("no NCCL op for ReduceOp {}", static_cast<int>(op));
+}
+
+size_t count(const Tensor& t) {
+  return static_cast<size_t>(t.numel());
+}
+
+/// A copy of `t` (on the caller's stream), for inputs that alias their outputs in ways NCCL does not allow.
+Tensor staged_copy(const Tensor& t) {
+  Tensor copy = empty_like(t);
+  copy.copy_(t);
+  return copy;
+}
+
+class NcclWork final : public Work::Impl {
+ public:
+  NcclWork(std::shared_ptr<NcclCommState> state, core::Stream caller, std::string what, std::vector<Tensor> tensors,
+           bool host_blocking)
+      : state_(std::move(state)),
+        caller_(caller),
+        what_(std::move(what)),
+        tensors_(std::move(tensors)),
+        host_blocking_(host_blocking) {}
+
+  ~NcclWork() override {
+    if (tensors_.empty()) return;
+    try {
+      // Order the tensors' frees (on the caller's stream) after the collective. See the Note above.
+      core::cuda::DeviceGuard guard(state_->device);
+      done_.block(caller_);
+    } catch (...) {
+    }
+  }
+
+  core::cuda::Event& done() { return done_; }
+
+  void wait() override {
+    if (host_blocking_) return synchronize();
+    state_->check_async_error(what_);
+    core::cuda::DeviceGuard guard(state_->device);
+    const core::Stream current = core::cuda::current_stream(state_->device);
+    done_.block(current);
+    if (current != caller_) done_.block(caller_);
+    tensors_.clear();
+  }
+
+  void synchronize() override {
+    core::cuda::DeviceGuard guard(state_->device);
+    while (!done_.query()) {
+      state_->check_async_error(what_);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    tensors_.clear();
+  }
+
+  bool is_completed() override {
+    state_->check_async_error(what_);
+    core::cuda::DeviceGuard guard(state_->device);
+    if (!done_.query()) return false;
+    tensors_.clear();
+    return true;
+  }
+
+ private:
+  std::shared_ptr<NcclCommState> state_;
+  core::Stream caller_;
+  std::string what_;
+  std::vector<Tensor> tensors_;
+  bool host_blocking_ = false;
+  core::cuda::Event done_;  // created with the group's device current (see launch())
+};
+
+/// Runs `enqueue(comm, stream)` on the group's stream between the two events of Note [NCCL stream
+/// ordering] and returns the Work waiting for it.
+template <class Enqueue>
+Work launch(const std::shared_ptr<NcclCommState>& state, std::string what, std::vector<Tensor> tensors,
+            Enqueue&& enqueue, bool host_blocking = false) {
+  state->check_async_error(what);
+  core::cuda::DeviceGuard guard(state->device);
+  const core::Stream caller = core::cuda::current_stream(state->device);
+  core::cuda::Event ready;
+  ready.record(caller);
+  ready.block(state->stream);
+  enqueue(state->comm, as_cuda(state->stream));
+  auto work = std::make_shared<NcclWork>(state, caller, std::move(what), std::move(tensors), host_blocking);
+  work->done().record(state->stream);
+  return Work(std::move(work));
+}
+
+/// ncclGroupStart/End around `body`, ending the group even when an enqueue throws.
+template <class Body>
+void grouped(const std::string& what, Body&& body) {
+  COLOSSAL_NCCL_CHECK(ncclGroupStart(), "{}", what);
+  try {
+    body();
+  } catch (...) {
+    ncclGroupEnd();
+    throw;
+  }
+  COLOSSAL_NCCL_CHECK(ncclGroupEnd(), "{}", what);
+}
+
+ncclUniqueId exchange_unique_id(const DistEnv& env, std::chrono::milliseconds rendezvous_timeout) {
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (env.rank == 0) COLOSSAL_NCCL_CHECK(ncclGetUniqueId(&id), "making the unique id [{}]", env.describe());
+  if (env.world_size == 1) return id;
+#if COLOSSAL_WITH_MPI
+  if (env.source == EnvSource::openmpi) {
+    mpi::ensure_initialized();
+    int mpi_size = 0, mpi_rank = 0;
+    COLOSSAL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &mpi_size), "reading MPI_COMM_WORLD's size");
+    COLOSSAL_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank), "reading this process's MPI rank");
+    COLOSSAL_CHECK(mpi_size == env.world_size && mpi_rank == env.rank,
+                   "nccl: MPI_COMM_WORLD has this process as rank {} of {}, but the environment says {}", mpi_rank,
+                   mpi_size, env.describe());
+    COLOSSAL_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD), "sending the NCCL unique id [{}]",
+                       env.describe());
+    return id;
+  }
+#endif
+  COLOSSAL_CHECK(
+      env.source != EnvSource::openmpi || env.local_world_size == env.world_size || env.master_addr != "127.0.0.1",
+      "nccl: under mpirun on several nodes this build (without MPI) needs rank 0's host for the TCP "
+      "rendezvous: pass MASTER_ADDR and MASTER_PORT to every rank (mpirun -x), or build with MPI [{}]",
+      env.describe());
+  RendezvousOptions options;
+  options.addr = env.master_addr;
+  options.port = env.rendezvous_port();
+  options.rank = env.rank;
+  options.world_size = env.world_size;
+  options.timeout = rendezvous_timeout;
+  std::vector<uint8_t> blob(sizeof id);
+  std::memcpy(blob.data(), &id, sizeof id);
+  blob = tcp_rendezvous_broadcast(options, blob);
+  COLOSSAL_CHECK(blob.size() == sizeof id, "nccl: the rendezvous delivered {} bytes, a unique id has {}", blob.size(),
+                 sizeof id);
+  std::memcpy(&id, blob.data(), sizeof id);
+  return id;
+}
+
+}  // namespace
+
+std::shared_ptr<NcclProcessGroup> NcclProcessGroup::create_world(const DistEnv& env, Device device,
+                                                                 std::chrono::milliseconds rendezvous_timeout) {
+  COLOSSAL_CHECK(device.is_cuda(), "nccl: the world group needs a CUDA device, got {}", device);
+  const ncclUniqueId id = exchange_unique_id(env, rendezvous_timeout);
+  core::cuda::DeviceGuard guard(device);
+  ncclComm_t comm = nullptr;
+  COLOSSAL_NCCL_CHECK(ncclCommInitRank(&comm, env.world_size, id, env.rank), "joining the world on {} [{}]", device,
+                      env.describe());
+  return std::make_shared<NcclProcessGroup>(comm, device);
+}
+
+NcclProcessGroup::NcclProcessGroup(ncclComm* comm, Device device)
+    : NcclProcessGroup(std::make_shared<NcclCommState>(comm, device)) {}
+
+NcclProcessGroup::NcclProcessGroup(std::shared_ptr<NcclCommState> state)
+    : ProcessGroup(state->rank, state->size), state_(std::move(state)) {}
+
+NcclProcessGroup::~NcclProcessGroup() = default;
+
+Device NcclProcessGroup::device() const {
+  return state_->device;
+}
+core::Stream NcclProcessGroup::stream() const {
+  return state_->stream;
+}
+void NcclProcessGroup::abort() {
+  state_->abort();
+}
+
+Work NcclProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
+  const std::string what = fmt::format("all_reduce ({}) of a {} tensor of shape {} [{}]", reduce_op_name(op),
+                                       tensor.dtype(), tensor.shape(), describe());
+  return launch(state_, what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
+    COLOSSAL_NCCL_CHECK(ncclAllReduce(tensor.raw_data(), tensor.raw_data(), count(tensor), nccl_type(tensor.dtype()),
+                                      nccl_op(op), comm, stream),
+                        "{}", what);
+  });
+}
+
+Work NcclProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) {
+  // NCCL works in place when output is this rank's chunk of input; other aliasing goes through a copy.
+  const auto* my_chunk = static_cast<const char*>(input.raw_data()) + static_cast<size_t>(rank()) * output.nbytes();
+  const bool in_place = output.numel() > 0 && output.raw_data() == my_chunk;
+  const Tensor source = !in_place && overlaps(output, input) ? staged_copy(input) : input;
+  const std::string what = fmt::format("reduce_scatter ({}) of a {} input of shape {} into {} [{}]", reduce_op_name(op),
+                                       input.dtype(), input.shape(), output.shape(), describe());
+  return launch(state_, what, {output, source}, [&](ncclComm_t comm, cudaStream_t stream) {
+    COLOSSAL_NCCL_CHECK(ncclReduceScatter(source.raw_data(), output.raw_data(), count(output), nccl_type(input.dtype()),
+                                          nccl_op(op), comm, stream),
+                        "{}", what);
+  });
+}
+
+Work NcclProcessGroup::do_all_gather(const Tensor& output, const Tensor& input) {
+  const auto* my_chunk = static_cast<const char*>(output.raw_data()) + static_cast<size_t>(rank()) * input.nbytes();
+  const bool in_place = input.numel() > 0 && input.raw_data() == my_chunk;
+  const Tensor source = !in_place && overlaps(output, input) ? staged_copy(input) : input;
+  const std::string what = fmt::format("all_gather of a {} input of shape {} into {} [{}]", input.dtype(),
+                                       input.shape(), output.shape(), describe());
+  return launch(state_, what, {output, source}, [&](ncclComm_t comm, cudaStream_t stream) {
+    COLOSSAL_NCCL_CHECK(
+        ncclAllGather(source.raw_data(), output.raw_data(), count(input), nccl_type(input.dtype()), comm, stream), "{}",
+        what);
+  });
+}
+
+Work NcclProcessGroup::do_broadcast(const Tensor& tensor, int root) {
+  const std::string what = fmt::format("broadcast from rank {} of a {} tensor of shape {} [{}]", root, tensor.dtype(),
+                                       tensor.shape(), describe());
+  return launch(state_, what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
+    COLOSSAL_NCCL_CHECK(ncclBroadcast(tensor.raw_data(), tensor.raw_data(), count(tensor), nccl_type(tensor.dtype()),
+                                      root, comm, stream),
+                        "{}", what);
+  });
+}
+
+Work NcclProcessGroup::do_reduce(const Tensor& tensor, int root, ReduceOp op) {
+  const std::string what = fmt::format("reduce ({}) to rank {} of a {} tensor of shape {} [{}]", reduce_op_name(op),
+                                       root, tensor.dtype(), tensor.shape(), describe());
+  // recvbuff is only written on the root, so the other ranks' tensors stay unchanged.
+  return launch(state_, what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
+    COLOSSAL_NCCL_CHECK(ncclReduce(tensor.raw_data(), tensor.raw_data(), count(tensor), nccl_type(tensor.dtype()),
+                                   nccl_op(op), root, comm, stream),
+                        "{}", what);
+  });
+}
+
+Work NcclProcessGroup::do_batch_send_recv(const std::vector<P2POp>& ops) {
+  std::vector<Tensor> tensors;
+  for (const P2POp& p2p : ops) tensors.push_back(p2p.tensor);
+  const std::string what = fmt::format("{} op(s) of send/recv [{}]", ops.size(), describe());
+  // NCCL has no tags: a send matches the receive its peer issues in the same order.
+  return launch(state_, what, std::move(tensors), [&](ncclComm_t comm, cudaStream_t stream) {
+    grouped(what, [&] {
+      for (const P2POp& p2p : ops) {
+        if (p2p.kind == P2POp::Kind::send) {
+          COLOSSAL_NCCL_CHECK(
+              ncclSend(p2p.tensor.raw_data(), count(p2p.tensor), nccl_type(p2p.tensor.dtype()), p2p.peer, comm, stream),
+              "send of a tensor of shape {} to rank {} in {}", p2p.tensor.shape(), p2p.peer, what);
+        } else {
+          COLOSSAL_NCCL_CHECK(
+              ncclRecv(p2p.tensor.raw_data(), count(p2p.tensor), nccl_type(p2p.tensor.dtype()), p2p.peer, comm, stream),
+              "recv into a tensor of shape {} from rank {} in {}", p2p.tensor.shape(), p2p.peer, what);
+        }
+      }
+    });
+  });
+}
+
+Work NcclProcessGroup::do_all_to_all(const Tensor& output, const Tensor& input) {
+  const Tensor source = overlaps(output, input) ? staged_copy(input) : input;
+  const size_t chunk = count(input) / static_cast<size_t>(size());
+  const size_t chunk_bytes = chunk * input.element_size();
+  const ncclDataType_t type = nccl_type(input.dtype());
+  const std::string what =
+      fmt::format("all_to_all of a {} tensor of shape {} [{}]", input.dtype(), input.shape(), describe());
+  return launch(state_, what, {output, source}, [&](ncclComm_t comm, cudaStream_t stream) {
+    grouped(what, [&] {
+      for (int peer = 0; peer < size(); ++peer) {
+        const size_t offset = static_cast<size_t>(peer) * chunk_bytes;
+        COLOSSAL_NCCL_CHECK(
+            ncclSend(static_cast<const char*>(source.raw_data()) + offset, chunk, type, peer, comm, stream), "{}",
+            what);
+        COLOSSAL_NCCL_CHECK(ncclRecv(static_cast<char*>(output.raw_data()) + offset, chunk, type, peer, comm, stream),
+                            "{}", what);
+      }
+    });
+  });
+}
+
+Work NcclProcessGroup::do_barrier() {
+  // NCCL has no barrier: a one-element all-reduce, whose Work blocks the host.
+  Tensor token = zeros({1}, TensorOptions(DType::f32, device()));
+  const std::string what = fmt::format("barrier [{}]", describe());
+  return launch(
+      state_, what, {token},
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        COLOSSAL_NCCL_CHECK(ncclAllReduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum, comm, stream),
+                            "{}", what);
+      },
+      /*host_blocking=*/true);
+}
+
+std::shared_ptr<ProcessGroup> NcclProcessGroup::do_split(int color, int key) {
+  state_->check_async_error("split");
+  core::cuda::DeviceGuard guard(state_->device);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  ncclComm_t child = nullptr;
+  COLOSSAL_NCCL_CHECK(ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config),
+                      "split with color {} and key {} [{}]", color, key, describe());
+  if (child == nullptr) return nullptr;
+  return std::make_shared<NcclProcessGroup>(child, state_->device);
+}
+
+}  // namespace colossal::comm

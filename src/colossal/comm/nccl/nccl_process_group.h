@@ -1,0 +1,56 @@
+// NcclProcessGroup: the ProcessGroup of GPU tensors over one NCCL communicator with a CUDA stream of
+// its own, ordered against the caller's stream with events; sub-groups from ncclCommSplit. The world
+// starts from rank 0's unique id, sent by MPI_Bcast under mpirun and by the TCP rendezvous otherwise.
+// No NCCL or CUDA types here: the communicator is forward-declared, streams are core::Stream.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "colossal/comm/bootstrap.h"
+#include "colossal/comm/process_group.h"
+
+struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
+
+namespace colossal::comm {
+
+namespace detail {
+struct NcclCommState;  // the communicator, its stream and its device, shared with in-flight Work
+}  // namespace detail
+
+class NcclProcessGroup final : public ProcessGroup {
+ public:
+  /// The world of `env` on `device`: rank 0 makes the unique id and every rank joins
+  /// (ncclCommInitRank). Under Open MPI (env.source == openmpi, in builds with MPI) the id travels by
+  /// MPI_Bcast; otherwise by the TCP rendezvous on env.master_addr:env.rendezvous_port().
+  static std::shared_ptr<NcclProcessGroup> create_world(const DistEnv& env, Device device,
+                                                        std::chrono::milliseconds rendezvous_timeout);
+  /// Takes ownership of `comm`, whose GPU is `device`.
+  NcclProcessGroup(ncclComm* comm, Device device);
+  ~NcclProcessGroup() override;
+
+  std::string_view backend_name() const override { return "nccl"; }
+  Device device() const override;
+  /// The stream this group's collectives run on (a high-priority stream of its own).
+  core::Stream stream() const;
+  /// Aborts the communicator (ncclCommAbort): in-flight work is dropped and later calls fail. For a
+  /// rank that learned a peer died and must not hang.
+  void abort();
+
+ protected:
+  Work do_all_reduce(const Tensor& tensor, ReduceOp op) override;
+  Work do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override;
+  Work do_all_gather(const Tensor& output, const Tensor& input) override;
+  Work do_broadcast(const Tensor& tensor, int root) override;
+  Work do_reduce(const Tensor& tensor, int root, ReduceOp op) override;
+  Work do_batch_send_recv(const std::vector<P2POp>& ops) override;
+  Work do_all_to_all(const Tensor& output, const Tensor& input) override;
+  Work do_barrier() override;
+  std::shared_ptr<ProcessGroup> do_split(int color, int key) override;
+
+ private:
+  explicit NcclProcessGroup(std::shared_ptr<detail::NcclCommState> state);
+  std::shared_ptr<detail::NcclCommState> state_;
+};
+
+}  // namespace colossal::comm
