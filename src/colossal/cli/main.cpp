@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "colossal/cli/export.h"
+#include "colossal/cli/run.h"
 #include "colossal/cli/tokenize.h"
 #include "colossal/cli/train_config.h"
 #include "colossal/cli/train_mlp.h"
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
   CLI::App* info = app.add_subcommand("info", "Print the version and the engines this build was compiled with");
   colossal::cli::add_tokenize_command(app);
   colossal::cli::add_export_command(app);
+  colossal::cli::add_run_command(app);
 
   MlpTrainConfig config;
   CLI::App* train = app.add_subcommand("train", "Train a 2-layer MLP on a synthetic classification task (CPU)");

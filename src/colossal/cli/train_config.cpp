@@ -17,6 +17,9 @@
 
 #include "colossal/amp/mixed_precision_optimizer.h"
 #include "colossal/cli/builders.h"
+#include "colossal/comm/bootstrap.h"
+#include "colossal/comm/init.h"
+#include "colossal/comm/process_group.h"
 #include "colossal/config/train_config.h"
 #include "colossal/core/build_config.h"  // COLOSSAL_WITH_CUDA
 #include "colossal/core/cuda_device.h"   // is_available
@@ -37,9 +40,9 @@ namespace {
 using config::TrainConfig;
 
 void reject_unsupported(const TrainConfig& c) {
-  if (c.parallel.pipeline > 1 || c.parallel.tensor.size > 1 || c.parallel.data > 1) {
-    unsupported(
-        "parallel.* (pipeline, tensor, data > 1) needs the distributed launcher; train --config runs one process");
+  if (c.parallel.pipeline > 1 || c.parallel.tensor.size > 1) {
+    unsupported("parallel.pipeline and parallel.tensor.size > 1 are not supported by train --config yet (data "
+                "parallelism is: parallel.data)");
   }
   if (c.fp16.mode == config::AmpMode::kTorch) {
     unsupported(
@@ -81,14 +84,38 @@ Device pick_device(const TrainConfig& c) {
   return core::cuda::is_available() ? Device{core::DeviceType::cuda, 0} : Device{};
 }
 
+/// The data-parallel world of this run: the processes the launcher started (comm/bootstrap.h), which
+/// must be parallel.data of them when that is set. Null for a single process.
+std::shared_ptr<comm::ProcessGroup> make_data_parallel_group(const TrainConfig& c) {
+  const comm::DistEnv env = comm::read_dist_env();
+  if (env.world_size == 1) {
+    if (c.parallel.data > 1) {
+      unsupported(fmt::format("parallel.data = {} needs {} processes, but this is a single process; start them with "
+                              "`colossal run --nproc_per_node {} -- colossal train --config ...` (or mpirun, torchrun, "
+                              "srun)",
+                              c.parallel.data, c.parallel.data, c.parallel.data));
+    }
+    return nullptr;
+  }
+  if (c.parallel.data != 0 && c.parallel.data != env.world_size) {
+    unsupported(fmt::format("parallel.data = {} but {} processes were started ({}); set parallel.data = {} or 0 "
+                            "(all of them)",
+                            c.parallel.data, env.world_size, env.describe(), env.world_size));
+  }
+  comm::InitOptions options;
+  if (c.train.device == config::DeviceKind::kCpu) options.backend = comm::Backend::mpi;
+  return comm::init_process_group(options, env);
+}
+
 /// What must agree between a checkpoint and the run resuming from it for the data position to mean
 /// the same batches, with the config keys that set each.
 std::map<std::string, std::string> resume_invariants(const TrainConfig& c, int64_t train_size,
-                                                     int64_t steps_per_epoch) {
+                                                     int64_t steps_per_epoch, int dp_size) {
   return {{"data.batch_size", std::to_string(c.data.batch_size)},
           {"data.shuffle", c.data.shuffle ? "true" : "false"},
           {"train.seed", std::to_string(c.train.seed)},
           {"gradient_accumulation", std::to_string(c.gradient_accumulation)},
+          {"data-parallel ranks", std::to_string(dp_size)},
           {"training set size", std::to_string(train_size)},
           {"steps per epoch", std::to_string(steps_per_epoch)}};
 }
@@ -115,7 +142,11 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
   const TrainConfig c = config::load_config(path, overrides);
   reject_unsupported(c);
   if (c.train.epochs == 0 && c.train.max_steps == 0) unsupported("train.epochs and train.max_steps are both 0");
-  const Device device = pick_device(c);
+  const std::shared_ptr<comm::ProcessGroup> dp_group = make_data_parallel_group(c);
+  const int dp_rank = dp_group ? dp_group->rank() : 0, dp_size = dp_group ? dp_group->size() : 1;
+  // Under data parallelism each rank works where its group's tensors live (its GPU under NCCL).
+  const Device device = dp_group ? dp_group->device() : pick_device(c);
+  const bool rank0 = dp_rank == 0;
 
   Datasets d = make_datasets(c);
   const auto seed = static_cast<uint64_t>(c.train.seed);
@@ -132,13 +163,23 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
   // Steps per epoch and the run's length in epochs, with max_steps bounding it.
   const int64_t batch = c.data.batch_size;
   const int64_t n = d.train->size();
-  int64_t steps_per_epoch = c.data.drop_last ? n / batch : (n + batch - 1) / batch;
+  int64_t steps_per_epoch = c.data.drop_last ? n / batch : (n + batch - 1) / batch;  // per rank: see below
   if (steps_per_epoch == 0)
     unsupported(fmt::format("data.batch_size {} exceeds the training set ({} samples)", batch, n));
   const int64_t accum = c.gradient_accumulation;
   int64_t epochs = c.train.epochs;
   std::shared_ptr<data::Sampler> sampler;
-  if (c.data.shuffle) {
+  if (dp_group) {
+    // data.batch_size is per rank; each rank takes every dp_size-th sample of one shared order.
+    sampler = std::make_shared<data::DistributedSampler>(
+        n, data::DistributedSamplerOptions{.rank = dp_rank, .world_size = dp_size, .shuffle = c.data.shuffle,
+                                           .seed = seed, .drop_last = c.data.drop_last});
+    steps_per_epoch = c.data.drop_last ? sampler->size() / batch : (sampler->size() + batch - 1) / batch;
+    if (steps_per_epoch == 0) {
+      unsupported(fmt::format("data.batch_size {} exceeds a rank's share of the training set ({} of {} samples)",
+                              batch, sampler->size(), n));
+    }
+  } else if (c.data.shuffle) {
     sampler = std::make_shared<data::RandomSampler>(n, seed);
   } else {
     sampler = std::make_shared<data::SequentialSampler>(n);
@@ -183,12 +224,13 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
   eo.gradient_accumulation = accum;
   if (c.clip_grad_norm > 0) eo.clip_grad_norm = c.clip_grad_norm;
   eo.amp = make_amp_options(c);
+  eo.data_parallel_group = dp_group;
   engine::Engine eng(model, optimizer, make_criterion(c, d), eo, scheduler);
   engine::Trainer trainer(eng);
 
   // Generators that draw after initialisation; checkpoints carry their states.
   const engine::NamedGenerators generators = {{"dropout", &dropout}, {"default", &core::default_generator()}};
-  std::map<std::string, std::string> invariants = resume_invariants(c, n, steps_per_epoch);
+  std::map<std::string, std::string> invariants = resume_invariants(c, n, steps_per_epoch, dp_size);
   bool resumed = false;
   if (!c.train.resume_from.empty()) {
     const std::filesystem::path file = engine::find_checkpoint(c.train.resume_from);
@@ -211,35 +253,44 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
                info.position.epoch + 1, info.position.iter, info.position.step, info.num_updates);
   }
 
-  std::vector<std::shared_ptr<engine::Hook>> hooks = {
-      std::make_shared<engine::LossHook>(), std::make_shared<engine::AccuracyHook>(),
-      std::make_shared<engine::ThroughputHook>(), std::make_shared<engine::LogMetricByEpochHook>()};
-  hooks.push_back(std::make_shared<engine::LogTimingHook>());
-  hooks.push_back(std::make_shared<engine::LogMemoryHook>());
-  // With a progress bar the bar shows the running loss; without one, a line every log_interval steps.
-  if (!c.train.progress) hooks.push_back(std::make_shared<engine::LogMetricByStepHook>(nullptr, c.train.log_interval));
-  if (!metrics_path.empty()) {
-    hooks.push_back(std::make_shared<engine::MetricsJsonlHook>(metrics_path, c.train.log_interval, resumed));
-  }
-  if (!c.train.log_dir.empty()) {
-    hooks.push_back(std::make_shared<engine::TensorboardHook>(c.train.log_dir, c.train.log_interval));
-  }
-  if (!c.train.checkpoint_dir.empty()) {
-    invariants["config"] = config::describe(c);
-    hooks.push_back(std::make_shared<engine::SaveCheckpointHook>(c.train.checkpoint_dir, generators,
-                                                                 c.train.checkpoint_interval, c.train.checkpoint_steps,
-                                                                 invariants, c.train.keep_checkpoints));
+  // Every rank computes the metrics; rank 0 alone logs, writes files and checkpoints (the replicas
+  // are equal). Every rank evaluates the whole test set, so rank 0's test metrics are the full ones.
+  std::vector<std::shared_ptr<engine::Hook>> hooks = {std::make_shared<engine::LossHook>(),
+                                                      std::make_shared<engine::AccuracyHook>(),
+                                                      std::make_shared<engine::ThroughputHook>()};
+  if (rank0) {
+    hooks.push_back(std::make_shared<engine::LogMetricByEpochHook>());
+    hooks.push_back(std::make_shared<engine::LogTimingHook>());
+    hooks.push_back(std::make_shared<engine::LogMemoryHook>());
+    // With a progress bar the bar shows the running loss; without one, a line every log_interval steps.
+    if (!c.train.progress) {
+      hooks.push_back(std::make_shared<engine::LogMetricByStepHook>(nullptr, c.train.log_interval));
+    }
+    if (!metrics_path.empty()) {
+      hooks.push_back(std::make_shared<engine::MetricsJsonlHook>(metrics_path, c.train.log_interval, resumed));
+    }
+    if (!c.train.log_dir.empty()) {
+      hooks.push_back(std::make_shared<engine::TensorboardHook>(c.train.log_dir, c.train.log_interval));
+    }
+    if (!c.train.checkpoint_dir.empty()) {
+      invariants["config"] = config::describe(c);
+      hooks.push_back(std::make_shared<engine::SaveCheckpointHook>(c.train.checkpoint_dir, generators,
+                                                                   c.train.checkpoint_interval,
+                                                                   c.train.checkpoint_steps, invariants,
+                                                                   c.train.keep_checkpoints));
+    }
   }
 
   fmt::print(
       "train: {} samples ({} steps/epoch of {}), {} epoch(s), {} optimizer updates; {} lr {}, scheduler {}, "
-      "workers {}, device {}\n",
+      "workers {}, device {}{}\n",
       n, steps_per_epoch, batch, epochs, total_updates, config::to_string(c.optimizer.name), c.optimizer.lr,
-      config::to_string(c.lr_scheduler.name), c.data.num_workers, device);
+      config::to_string(c.lr_scheduler.name), c.data.num_workers, device,
+      dp_group ? fmt::format(", data parallel: rank {} of {} ({})", dp_rank, dp_size, dp_group->backend_name()) : "");
   std::fflush(stdout);
   const auto start = std::chrono::steady_clock::now();
   trainer.fit(train_loader, epochs, test_loader.get(), std::max<int64_t>(1, c.train.test_interval), hooks,
-              c.train.progress);
+              c.train.progress && rank0);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print("done: {} steps in {:.1f} s ({:.3f} s/step incl. evaluation)\n", trainer.cur_step(), seconds,
              seconds / static_cast<double>(std::max<int64_t>(1, trainer.cur_step())));

@@ -6,6 +6,7 @@
 #include "colossal/autograd/engine.h"     // backward
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"          // COLOSSAL_CHECK
+#include "colossal/core/tensor.h"         // from_vector
 #include "colossal/ops/elementwise.h"     // div
 #include "colossal/optim/clip_grad.h"     // clip_grad_norm
 
@@ -26,6 +27,20 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
   COLOSSAL_CHECK(!options_.clip_grad_norm || *options_.clip_grad_norm > 0.0, "clip_grad_norm must be > 0, got {}",
                  options_.clip_grad_norm.value_or(0.0));
   if (options_.amp) amp_ = std::make_unique<amp::MixedPrecisionOptimizer>(model_, optimizer_, *options_.amp);
+  if (options_.data_parallel_group) {
+    // After the mixed-precision conversion: the gradient hooks sit on the tensors backward fills.
+    data_parallel_ = std::make_unique<parallel::DataParallel>(*model_, options_.data_parallel_group,
+                                                              options_.data_parallel);
+    if (amp_) {
+      // The averaged gradients already carry any rank's inf; the flag's all-reduce makes the skip
+      // decision explicit and keeps it right for state that is not averaged.
+      amp_->set_found_inf_sync([group = options_.data_parallel_group](bool local) {
+        Tensor flag = core::from_vector<int32_t>({local ? 1 : 0}, {1}).to(group->device());
+        group->all_reduce(flag, comm::ReduceOp::max);
+        return flag.to(Device{}).item<int32_t>() != 0;
+      });
+    }
+  }
 }
 
 void Engine::zero_grad() {
@@ -40,6 +55,9 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
   // Dividing by the window length makes the summed gradient that of the window's mean loss.
   Tensor scaled =
       options_.gradient_accumulation == 1 ? loss : ops::div(loss, static_cast<double>(options_.gradient_accumulation));
+  last_step_updated_ = micro_step_ + 1 == options_.gradient_accumulation;
+  // Data parallel: gradients are averaged once per window, by the last micro-step's backward.
+  if (data_parallel_) data_parallel_->set_sync(last_step_updated_);
   if (amp_) {
     amp_->backward(scaled);  // scaled by the loss scale in the fp16 modes
   } else {
@@ -47,8 +65,8 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
   }
   last_output_ = output.detach();
   ++micro_step_;
-  last_step_updated_ = micro_step_ == options_.gradient_accumulation;
   if (last_step_updated_) {
+    if (data_parallel_) data_parallel_->finish();
     if (amp_) {
       // Clipping sees the unscaled fp32 gradients; a skipped step still advances the schedule, as
       // torch's and Colossal-AI's loops do.

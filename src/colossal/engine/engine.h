@@ -9,6 +9,8 @@
 #include <optional>
 
 #include "colossal/amp/mixed_precision_optimizer.h"
+#include "colossal/comm/process_group.h"
+#include "colossal/parallel/dp/data_parallel.h"
 #include "colossal/core/tensor.h"
 #include "colossal/nn/module.h"
 #include "colossal/optim/lr_scheduler.h"
@@ -31,6 +33,12 @@ struct EngineOptions {
   /// amp::MixedPrecisionOptimizer, which converts the model, scales the loss, skips overflowing
   /// steps and steps fp32 master weights. Unset: everything in the model's own dtype.
   std::optional<amp::AmpOptions> amp;
+  /// Data parallelism: the group the model is replicated over (null: none). The Engine wraps the
+  /// model in a parallel::DataParallel (built after the mixed-precision conversion), averages the
+  /// gradients only on a window's last micro-step (no_sync before), and makes every rank of the
+  /// group skip the same fp16 steps.
+  std::shared_ptr<comm::ProcessGroup> data_parallel_group;
+  parallel::DataParallelOptions data_parallel;
 };
 
 class Engine {
@@ -64,6 +72,8 @@ class Engine {
   bool last_step_skipped() const { return last_step_skipped_; }
   /// The mixed-precision wrapper, or null without options.amp.
   amp::MixedPrecisionOptimizer* amp() { return amp_.get(); }
+  /// The data-parallel wrapper, or null without options.data_parallel_group.
+  parallel::DataParallel* data_parallel() { return data_parallel_.get(); }
   /// Optimizer updates so far (skipped fp16 steps included, as the scheduler counts them); a
   /// checkpoint restores the count.
   int64_t num_updates() const { return num_updates_; }
@@ -93,6 +103,7 @@ class Engine {
   bool last_step_skipped_ = false;
   Tensor last_output_;
   std::unique_ptr<amp::MixedPrecisionOptimizer> amp_;
+  std::unique_ptr<parallel::DataParallel> data_parallel_;
 };
 
 }  // namespace colossal::engine

@@ -1,0 +1,156 @@
+// DataParallel: see data_parallel.h.
+#include "colossal/parallel/dp/data_parallel.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "colossal/autograd/function.h"   // register_grad_ready_hook
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/error.h"
+
+namespace colossal::parallel {
+
+// Note [Bucket order]
+// Collectives must be issued in the same order on every rank, but gradients need not become ready
+// in the same order everywhere (threads, unused parameters). So a bucket is launched only when it is
+// full AND every bucket before it has been launched; buckets are laid out in reverse registration
+// order, which is close to the order backward produces gradients, so in practice each launches as
+// soon as it fills and the all-reduce overlaps the rest of backward. A bucket is one flat buffer of
+// its parameters' dtype and device: its gradients are copied in when it launches and copied back,
+// averaged, in finish().
+
+struct DataParallel::Bucket {
+  std::vector<std::string> names;
+  std::vector<Tensor> params;
+  std::vector<int64_t> offsets;  // element offset of each parameter in the flat buffer
+  Tensor flat;
+  std::vector<bool> ready;
+  size_t num_ready = 0;
+  bool launched = false;
+  comm::Work work;
+};
+
+DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup> group, DataParallelOptions options)
+    : model_(model), group_(std::move(group)), options_(options) {
+  COLOSSAL_CHECK(group_ != nullptr, "DataParallel needs a process group");
+  COLOSSAL_CHECK(options_.bucket_bytes > 0, "DataParallel: bucket_bytes must be > 0, got {}", options_.bucket_bytes);
+  if (options_.broadcast_parameters) broadcast_parameters();
+
+  // Reverse registration order; a new bucket whenever the size cap, the dtype or the device changes.
+  auto params = model_.named_parameters();
+  std::reverse(params.begin(), params.end());
+  Bucket* current = nullptr;
+  int64_t current_bytes = 0;
+  for (auto& [name, param] : params) {
+    if (!param.requires_grad()) continue;
+    COLOSSAL_CHECK(param.device() == group_->device(),
+                   "DataParallel: parameter '{}' is on {} but the {} group's tensors live on {}", name, param.device(),
+                   group_->backend_name(), group_->device());
+    const int64_t bytes = param.nbytes();
+    const bool fits = current != nullptr && current_bytes + bytes <= options_.bucket_bytes &&
+                      current->params.front().dtype() == param.dtype();
+    if (!fits) {
+      buckets_.push_back(std::make_unique<Bucket>());
+      current = buckets_.back().get();
+      current_bytes = 0;
+    }
+    current->names.push_back(name);
+    current->offsets.push_back(current_bytes / static_cast<int64_t>(core::element_size(param.dtype())));
+    current->params.push_back(param);
+    current_bytes += bytes;
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = *buckets_[b];
+    const int64_t numel = bucket.offsets.back() + bucket.params.back().numel();
+    bucket.flat = core::empty({numel}, TensorOptions(bucket.params.front().dtype(), group_->device()));
+    bucket.ready.assign(bucket.params.size(), false);
+    for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
+      autograd::register_grad_ready_hook(bucket.params[slot], [this, b, slot](Tensor&) { mark_ready(b, slot); });
+    }
+  }
+}
+
+DataParallel::~DataParallel() = default;
+
+void DataParallel::broadcast_parameters() {
+  autograd::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : model_.state_dict()) {
+    COLOSSAL_CHECK(tensor.is_contiguous(), "DataParallel: '{}' is not contiguous", name);
+    group_->broadcast(tensor, 0);
+  }
+}
+
+void DataParallel::mark_ready(size_t b, size_t slot) {
+  if (!sync_) return;
+  Bucket& bucket = *buckets_[b];
+  COLOSSAL_CHECK(!bucket.launched,
+                 "DataParallel: parameter '{}' got a second gradient in one synchronised backward after its bucket "
+                 "was sent (a parameter used by two backward passes needs set_sync(false) on the first)",
+                 bucket.names[slot]);
+  pending_ = true;
+  if (!bucket.ready[slot]) {
+    bucket.ready[slot] = true;
+    ++bucket.num_ready;
+  }
+  launch_ready_in_order();
+}
+
+void DataParallel::launch_ready_in_order() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_]->num_ready == buckets_[next_launch_]->params.size()) {
+    launch(*buckets_[next_launch_]);
+    ++next_launch_;
+  }
+}
+
+void DataParallel::launch(Bucket& bucket) {
+  autograd::NoGradGuard no_grad;
+  for (size_t i = 0; i < bucket.params.size(); ++i) {
+    const Tensor& param = bucket.params[i];
+    Tensor slice = bucket.flat.narrow(0, bucket.offsets[i], param.numel());
+    const Tensor grad = param.grad();
+    if (grad.defined()) {
+      slice.copy_(grad.reshape({param.numel()}));
+    } else {
+      slice.zero_();  // an unused parameter contributes nothing (finish() launches these)
+    }
+  }
+  bucket.work = group_->all_reduce(bucket.flat, comm::ReduceOp::avg, /*async=*/true);
+  bucket.launched = true;
+}
+
+void DataParallel::finish() {
+  if (!pending_) return;
+  // Buckets with parameters that got no gradient never filled: send them now, in order.
+  for (; next_launch_ < buckets_.size(); ++next_launch_) launch(*buckets_[next_launch_]);
+  autograd::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    bucket->work.wait();
+    for (size_t i = 0; i < bucket->params.size(); ++i) {
+      Tensor& param = bucket->params[i];
+      const Tensor averaged = bucket->flat.narrow(0, bucket->offsets[i], param.numel()).reshape(param.shape());
+      Tensor grad = param.grad();
+      if (grad.defined()) {
+        grad.copy_(averaged);
+      } else {
+        param.set_grad(averaged.clone());
+      }
+      bucket->ready[i] = false;
+    }
+    bucket->num_ready = 0;
+    bucket->launched = false;
+    bucket->work = comm::Work();
+  }
+  next_launch_ = 0;
+  pending_ = false;
+}
+
+std::vector<std::vector<std::string>> DataParallel::bucket_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& bucket : buckets_) out.push_back(bucket->names);
+  return out;
+}
+
+}  // namespace colossal::parallel

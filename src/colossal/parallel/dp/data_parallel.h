@@ -1,0 +1,75 @@
+// DataParallel: Colossal-AI's (and torch DDP's) data parallelism for a model replicated on every rank
+// of a group. At construction the parameters and buffers are broadcast from the group's rank 0; in
+// backward each parameter's gradient-ready hook marks it in its bucket (about 25 MB of gradients,
+// filled in reverse registration order, roughly the order backward produces them), and a full bucket
+// is averaged over the group with an asynchronous all-reduce on the communication backend while
+// backward goes on. finish() waits for the buckets and writes the averages back into the gradients.
+// See Note [Bucket order] in data_parallel.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "colossal/comm/process_group.h"
+#include "colossal/core/tensor.h"
+#include "colossal/nn/module.h"
+
+namespace colossal::parallel {
+
+struct DataParallelOptions {
+  /// Gradient bytes per bucket (Colossal-AI's and DDP's default: 25 MiB); a parameter larger than
+  /// this gets a bucket of its own.
+  int64_t bucket_bytes = int64_t{25} << 20;
+  /// Broadcast parameters and buffers from the group's rank 0 at construction, so every replica
+  /// starts equal whatever each rank initialised.
+  bool broadcast_parameters = true;
+};
+
+class DataParallel {
+ public:
+  /// Buckets `model`'s trainable parameters (build it after any dtype or device conversion of the
+  /// model: the hooks sit on the parameter tensors, see Note [Parameter slots] in nn/module.h).
+  /// Every rank of `group` must construct it, with the same model structure.
+  DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup> group, DataParallelOptions options = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  /// Whether the next backward averages its gradients (true) or only accumulates them locally
+  /// (gradient accumulation: DDP's no_sync). Gradients accumulated without sync are averaged, with the
+  /// new ones, by the next synchronised backward.
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+
+  /// Waits for every bucket of the last synchronised backward and writes the averaged gradients into
+  /// the parameters' .grad. Buckets whose parameters got no gradient in that backward (unused
+  /// parameters) are reduced here with zeros for the missing gradients. Call it after the backward and
+  /// before clipping or the optimizer step; it does nothing after a backward without sync.
+  void finish();
+
+  /// Broadcasts parameters and buffers from the group's rank 0 (done at construction by default).
+  void broadcast_parameters();
+
+  const comm::ProcessGroup& group() const { return *group_; }
+  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  /// The parameter names of each bucket, in launch order (for tests and logs).
+  std::vector<std::vector<std::string>> bucket_names() const;
+
+ private:
+  struct Bucket;
+  void mark_ready(size_t bucket, size_t slot);
+  void launch(Bucket& bucket);
+  void launch_ready_in_order();
+
+  nn::Module& model_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  DataParallelOptions options_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  size_t next_launch_ = 0;  // buckets launch in index order on every rank
+  bool sync_ = true;
+  bool pending_ = false;  // a synchronised backward marked at least one parameter
+};
+
+}  // namespace colossal::parallel
