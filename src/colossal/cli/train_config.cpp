@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +33,7 @@
 #include "colossal/engine/trainer.h"
 #include "colossal/nn/hub_weights.h"
 #include "colossal/ops/nn_functional.h"
+#include "colossal/parallel/parallel_context.h"
 
 namespace colossal::cli {
 namespace {
@@ -41,8 +42,9 @@ using config::TrainConfig;
 
 void reject_unsupported(const TrainConfig& c) {
   if (c.parallel.pipeline > 1 || c.parallel.tensor.size > 1) {
-    unsupported("parallel.pipeline and parallel.tensor.size > 1 are not supported by train --config yet (data "
-                "parallelism is: parallel.data)");
+    unsupported(
+        "parallel.pipeline and parallel.tensor.size > 1 are not supported by train --config yet (data "
+        "parallelism is: parallel.data)");
   }
   if (c.fp16.mode == config::AmpMode::kTorch) {
     unsupported(
@@ -56,8 +58,8 @@ void reject_unsupported(const TrainConfig& c) {
 std::optional<amp::AmpOptions> make_amp_options(const TrainConfig& c) {
   if (c.bf16) return amp::AmpOptions::for_mode(amp::AmpMode::bf16);
   if (c.fp16.mode == config::AmpMode::kOff) return std::nullopt;
-  amp::AmpOptions o = amp::AmpOptions::for_mode(c.fp16.mode == config::AmpMode::kTorch ? amp::AmpMode::torch
-                                                                                         : amp::AmpMode::naive);
+  amp::AmpOptions o =
+      amp::AmpOptions::for_mode(c.fp16.mode == config::AmpMode::kTorch ? amp::AmpMode::torch : amp::AmpMode::naive);
   o.scaler.initial_scale = c.fp16.initial_scale;
   o.scaler.growth_factor = c.fp16.growth_factor;
   o.scaler.backoff_factor = c.fp16.backoff_factor;
@@ -90,27 +92,32 @@ std::shared_ptr<comm::ProcessGroup> make_data_parallel_group(const TrainConfig& 
   const comm::DistEnv env = comm::read_dist_env();
   if (env.world_size == 1) {
     if (c.parallel.data > 1) {
-      unsupported(fmt::format("parallel.data = {} needs {} processes, but this is a single process; start them with "
-                              "`colossal run --nproc_per_node {} -- colossal train --config ...` (or mpirun, torchrun, "
-                              "srun)",
-                              c.parallel.data, c.parallel.data, c.parallel.data));
+      unsupported(
+          fmt::format("parallel.data = {} needs {} processes, but this is a single process; start them with "
+                      "`colossal run --nproc_per_node {} -- colossal train --config ...` (or mpirun, torchrun, "
+                      "srun)",
+                      c.parallel.data, c.parallel.data, c.parallel.data));
     }
     return nullptr;
   }
   if (c.parallel.data != 0 && c.parallel.data != env.world_size) {
-    unsupported(fmt::format("parallel.data = {} but {} processes were started ({}); set parallel.data = {} or 0 "
-                            "(all of them)",
-                            c.parallel.data, env.world_size, env.describe(), env.world_size));
+    unsupported(
+        fmt::format("parallel.data = {} but {} processes were started ({}); set parallel.data = {} or 0 "
+                    "(all of them)",
+                    c.parallel.data, env.world_size, env.describe(), env.world_size));
   }
   comm::InitOptions options;
   if (c.train.device == config::DeviceKind::kCpu) options.backend = comm::Backend::mpi;
-  return comm::init_process_group(options, env);
+  // The layout's groups (only the data group is used until pipeline and tensor parallelism land).
+  const parallel::ParallelContext context =
+      parallel::ParallelContext::create(c.parallel, comm::init_process_group(options, env));
+  return context.group(parallel::GroupKind::kData);
 }
 
 /// What must agree between a checkpoint and the run resuming from it for the data position to mean
 /// the same batches, with the config keys that set each.
-std::map<std::string, std::string> resume_invariants(const TrainConfig& c, int64_t train_size,
-                                                     int64_t steps_per_epoch, int dp_size) {
+std::map<std::string, std::string> resume_invariants(const TrainConfig& c, int64_t train_size, int64_t steps_per_epoch,
+                                                     int dp_size) {
   return {{"data.batch_size", std::to_string(c.data.batch_size)},
           {"data.shuffle", c.data.shuffle ? "true" : "false"},
           {"train.seed", std::to_string(c.train.seed)},
@@ -171,13 +178,16 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
   std::shared_ptr<data::Sampler> sampler;
   if (dp_group) {
     // data.batch_size is per rank; each rank takes every dp_size-th sample of one shared order.
-    sampler = std::make_shared<data::DistributedSampler>(
-        n, data::DistributedSamplerOptions{.rank = dp_rank, .world_size = dp_size, .shuffle = c.data.shuffle,
-                                           .seed = seed, .drop_last = c.data.drop_last});
+    sampler =
+        std::make_shared<data::DistributedSampler>(n, data::DistributedSamplerOptions{.rank = dp_rank,
+                                                                                      .world_size = dp_size,
+                                                                                      .shuffle = c.data.shuffle,
+                                                                                      .seed = seed,
+                                                                                      .drop_last = c.data.drop_last});
     steps_per_epoch = c.data.drop_last ? sampler->size() / batch : (sampler->size() + batch - 1) / batch;
     if (steps_per_epoch == 0) {
-      unsupported(fmt::format("data.batch_size {} exceeds a rank's share of the training set ({} of {} samples)",
-                              batch, sampler->size(), n));
+      unsupported(fmt::format("data.batch_size {} exceeds a rank's share of the training set ({} of {} samples)", batch,
+                              sampler->size(), n));
     }
   } else if (c.data.shuffle) {
     sampler = std::make_shared<data::RandomSampler>(n, seed);
@@ -238,14 +248,15 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
     for (const auto& [key, value] : invariants) {
       auto it = info.extra.find(key);
       if (it != info.extra.end() && it->second != value) {
-        unsupported(fmt::format("train.resume_from {}: the checkpoint was written with {} = {}, this run has {}; "
-                                "resume with the checkpoint's config",
-                                file.string(), key, it->second, value));
+        unsupported(
+            fmt::format("train.resume_from {}: the checkpoint was written with {} = {}, this run has {}; "
+                        "resume with the checkpoint's config",
+                        file.string(), key, it->second, value));
       }
     }
     if (info.position.epoch >= epochs) {
-      fmt::print("resume: {} is already at epoch {} of {}: nothing left to train\n", file.string(),
-                 info.position.epoch, epochs);
+      fmt::print("resume: {} is already at epoch {} of {}: nothing left to train\n", file.string(), info.position.epoch,
+                 epochs);
     }
     trainer.resume_at(info.position);
     resumed = true;
@@ -274,10 +285,9 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
     }
     if (!c.train.checkpoint_dir.empty()) {
       invariants["config"] = config::describe(c);
-      hooks.push_back(std::make_shared<engine::SaveCheckpointHook>(c.train.checkpoint_dir, generators,
-                                                                   c.train.checkpoint_interval,
-                                                                   c.train.checkpoint_steps, invariants,
-                                                                   c.train.keep_checkpoints));
+      hooks.push_back(
+          std::make_shared<engine::SaveCheckpointHook>(c.train.checkpoint_dir, generators, c.train.checkpoint_interval,
+                                                       c.train.checkpoint_steps, invariants, c.train.keep_checkpoints));
     }
   }
 
