@@ -9,16 +9,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "colossal/cli/export.h"
 #include "colossal/core/error.h"
@@ -77,9 +77,8 @@ std::map<int64_t, nlohmann::json> step_lines(const std::vector<nlohmann::json>& 
 }
 
 fs::path temp_path(const std::string& name) {
-  return fs::temp_directory_path() /
-         ("colossal_cli_train_config_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-          name);
+  return fs::temp_directory_path() / ("colossal_cli_train_config_test_" +
+                                      std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" + name);
 }
 
 TEST(TrainConfig, synthetic_vit_writes_a_finite_summary) {
@@ -110,9 +109,13 @@ TEST(TrainConfig, resume_repeats_the_uninterrupted_losses_bit_for_bit) {
   const fs::path config = write_config("colossal_cli_train_config_test_resume.toml");
   const fs::path dir = temp_path("checkpoints");
   fs::remove_all(dir);
-  const std::vector<std::string> run = {"train.epochs=2", "train.max_steps=0", "train.log_interval=1",
-                                        "train.checkpoint_steps=3", "train.progress=false",
-                                        "model.options.dropout=0.2", "train.checkpoint_dir=\"" + dir.string() + "\""};
+  const std::vector<std::string> run = {"train.epochs=2",
+                                        "train.max_steps=0",
+                                        "train.log_interval=1",
+                                        "train.checkpoint_steps=3",
+                                        "train.progress=false",
+                                        "model.options.dropout=0.2",
+                                        "train.checkpoint_dir=\"" + dir.string() + "\""};
   const fs::path full_metrics = temp_path("full.jsonl");
   ASSERT_EQ(train_from_config(config.string(), run, full_metrics.string()), 0);
   const std::map<int64_t, nlohmann::json> full = step_lines(read_jsonl(full_metrics));
@@ -159,8 +162,8 @@ TEST(TrainConfig, export_writes_the_model_and_model_weights_starts_from_it) {
   const fs::path config = write_config("colossal_cli_train_config_test_export.toml");
   const fs::path dir = temp_path("export_checkpoints");
   fs::remove_all(dir);
-  ASSERT_EQ(train_from_config(config.string(), {"train.progress=false", "train.checkpoint_dir=" + toml_string(dir.string())},
-                              ""),
+  ASSERT_EQ(train_from_config(config.string(),
+                              {"train.progress=false", "train.checkpoint_dir=" + toml_string(dir.string())}, ""),
             0);
   const fs::path weights = temp_path("weights.safetensors");
   CLI::App app;

@@ -92,8 +92,8 @@ TEST(TrainDataParallel, RankZeroWritesAndResumeRepeatsTheLosses) {
 
   // Resume every rank from the checkpoint after step 2 (inside epoch 0).
   const fs::path resumed_metrics = dir / ("resumed_rank" + std::to_string(rank) + ".jsonl");
-  const std::vector<std::string> resume = {
-      "train.resume_from=" + toml_string((dir / "ckpt" / "epoch0-step2.safetensors").string())};
+  const std::vector<std::string> resume = {"train.resume_from=" +
+                                           toml_string((dir / "ckpt" / "epoch0-step2.safetensors").string())};
   ASSERT_EQ(train_from_config((dir / "config.toml").string(), resume, resumed_metrics.string()), 0);
   world().barrier();
   if (rank == 0) {

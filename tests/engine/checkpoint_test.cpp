@@ -62,8 +62,8 @@ struct TinyRun {
   explicit TinyRun(std::optional<amp::AmpMode> amp_mode = std::nullopt) {
     auto l1 = std::make_shared<nn::Linear>(3, 8, true, &init);
     auto l2 = std::make_shared<nn::Linear>(8, 2, true, &init);
-    model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
-        l1, std::make_shared<nn::Dropout>(0.3, &dropout), l2});
+    model = std::make_shared<nn::Sequential>(
+        std::initializer_list<std::shared_ptr<nn::Module>>{l1, std::make_shared<nn::Dropout>(0.3, &dropout), l2});
     if (!amp_mode) model->to(DType::f64);  // mixed precision starts from f32
     optim::AdamOptions adam = optim::adamw_defaults();
     adam.lr = 0.05;
@@ -87,9 +87,8 @@ struct TinyRun {
 };
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("colossal_checkpoint_test_" + name + "_" +
-                        std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  const fs::path dir = fs::temp_directory_path() / ("colossal_checkpoint_test_" + name + "_" +
+                                                    std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
   fs::remove_all(dir);
   return dir;
 }

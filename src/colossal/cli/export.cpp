@@ -44,8 +44,8 @@ void run_export(const ExportOptions& o) {
 
 CLI::App* add_export_command(CLI::App& app) {
   auto options = std::make_shared<ExportOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "export", "Write a checkpoint's model weights as safetensors under Hugging Face / timm names");
+  CLI::App* cmd =
+      app.add_subcommand("export", "Write a checkpoint's model weights as safetensors under Hugging Face / timm names");
   cmd->add_option("checkpoint", options->checkpoint,
                   "A checkpoint file, or a checkpoint folder (its newest checkpoint is taken)")
       ->required();

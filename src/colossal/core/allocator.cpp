@@ -72,9 +72,15 @@ Allocator& allocator_for(Device device) {
   return *a;
 }
 
-void register_allocator(DeviceType type, Allocator* allocator) { registry()[static_cast<size_t>(type)].store(allocator); }
+void register_allocator(DeviceType type, Allocator* allocator) {
+  registry()[static_cast<size_t>(type)].store(allocator);
+}
 
-MemoryStats memory_stats(Device device) { return allocator_for(device).stats(device); }
-void reset_peak_memory(Device device) { allocator_for(device).reset_peak(device); }
+MemoryStats memory_stats(Device device) {
+  return allocator_for(device).stats(device);
+}
+void reset_peak_memory(Device device) {
+  allocator_for(device).reset_peak(device);
+}
 
 }  // namespace colossal::core

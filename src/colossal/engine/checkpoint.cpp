@@ -142,9 +142,10 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
                   file.tensors.begin()->first);
   }
   amp::MixedPrecisionOptimizer* amp = engine.amp();
-  COLOSSAL_CHECK((amp != nullptr) == !amp_state.empty(),
-                 "{}: the checkpoint was written {} mixed precision but this run has it {} (fp16.mode / bf16 must match)",
-                 where, amp_state.empty() ? "without" : "with", amp != nullptr ? "on" : "off");
+  COLOSSAL_CHECK(
+      (amp != nullptr) == !amp_state.empty(),
+      "{}: the checkpoint was written {} mixed precision but this run has it {} (fp16.mode / bf16 must match)", where,
+      amp_state.empty() ? "without" : "with", amp != nullptr ? "on" : "off");
   try {
     engine.model().load_state_dict(model, /*strict=*/true);
   } catch (const Error& e) {
@@ -185,8 +186,8 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
     COLOSSAL_CHECK(colon != std::string::npos, "{}: metadata \"{}\" = \"{}\" is not seed:offset", where, it->first,
                    text);
     const std::string_view view(text);
-    generator->set_state({parse_u64(path, it->first, view.substr(0, colon)),
-                          parse_u64(path, it->first, view.substr(colon + 1))});
+    generator->set_state(
+        {parse_u64(path, it->first, view.substr(0, colon)), parse_u64(path, it->first, view.substr(colon + 1))});
   }
 
   CheckpointInfo info;
@@ -247,8 +248,9 @@ std::filesystem::path find_checkpoint(const std::filesystem::path& path) {
       best_epoch = epoch;
     }
   }
-  COLOSSAL_CHECK(best.has_value(), "resume: folder {} holds no colossal checkpoint (*.safetensors with format = \"{}\")",
-                 path.string(), kFormat);
+  COLOSSAL_CHECK(best.has_value(),
+                 "resume: folder {} holds no colossal checkpoint (*.safetensors with format = \"{}\")", path.string(),
+                 kFormat);
   return *best;
 }
 

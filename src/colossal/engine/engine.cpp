@@ -29,8 +29,8 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
   if (options_.amp) amp_ = std::make_unique<amp::MixedPrecisionOptimizer>(model_, optimizer_, *options_.amp);
   if (options_.data_parallel_group) {
     // After the mixed-precision conversion: the gradient hooks sit on the tensors backward fills.
-    data_parallel_ = std::make_unique<parallel::DataParallel>(*model_, options_.data_parallel_group,
-                                                              options_.data_parallel);
+    data_parallel_ =
+        std::make_unique<parallel::DataParallel>(*model_, options_.data_parallel_group, options_.data_parallel);
     if (amp_) {
       // The averaged gradients already carry any rank's inf; the flag's all-reduce makes the skip
       // decision explicit and keeps it right for state that is not averaged.

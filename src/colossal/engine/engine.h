@@ -10,11 +10,11 @@
 
 #include "colossal/amp/mixed_precision_optimizer.h"
 #include "colossal/comm/process_group.h"
-#include "colossal/parallel/dp/data_parallel.h"
 #include "colossal/core/tensor.h"
 #include "colossal/nn/module.h"
 #include "colossal/optim/lr_scheduler.h"
 #include "colossal/optim/optimizer.h"
+#include "colossal/parallel/dp/data_parallel.h"
 
 namespace colossal::engine {
 

@@ -64,8 +64,8 @@ std::string ProgressBar::render(int64_t done, double seconds, double loss) const
     if (filled < kBarWidth) bar += '>';
     bar.resize(kBarWidth, ' ');
     const double eta = rate > 0 ? static_cast<double>(total_ - done) / rate : std::numeric_limits<double>::quiet_NaN();
-    line += fmt::format(" {:>{}}/{} [{}] {:3.0f}% {:.2f} it/s ETA {}", done, std::to_string(total_).size(), total_,
-                        bar, 100 * frac, rate, format_duration(eta));
+    line += fmt::format(" {:>{}}/{} [{}] {:3.0f}% {:.2f} it/s ETA {}", done, std::to_string(total_).size(), total_, bar,
+                        100 * frac, rate, format_duration(eta));
   } else {
     line += fmt::format(" {} {:.2f} it/s", done, rate);
   }

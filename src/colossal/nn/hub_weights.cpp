@@ -68,7 +68,8 @@ HubImportReport import_hub_weights(Module& model, const std::filesystem::path& p
 void export_hub_weights(const StateDict& state, const std::filesystem::path& path, std::optional<DType> dtype) {
   StateDict out;
   for (const auto& [name, tensor] : state) {
-    out.insert(name, dtype && core::is_floating(tensor.dtype()) && tensor.dtype() != *dtype ? tensor.to(*dtype) : tensor);
+    out.insert(name,
+               dtype && core::is_floating(tensor.dtype()) && tensor.dtype() != *dtype ? tensor.to(*dtype) : tensor);
   }
   save_safetensors(path, out, {{"format", "pt"}});
 }

@@ -27,8 +27,8 @@ ParallelContext ParallelContext::create(const config::ParallelConfig& config,
     COLOSSAL_CHECK(color >= 0, "ParallelContext: rank {} is in no {} group of the layout", me, to_string(kind));
     std::shared_ptr<comm::ProcessGroup> group = world->split(color, context.layout_.rank_in_group(kind, me));
     COLOSSAL_CHECK(group != nullptr && group->global_ranks() == context.layout_.group(kind, me),
-                   "ParallelContext: the {} group of rank {} came out as other ranks than the layout's", to_string(kind),
-                   me);
+                   "ParallelContext: the {} group of rank {} came out as other ranks than the layout's",
+                   to_string(kind), me);
     context.groups_.emplace(kind, std::move(group));
   }
   return context;

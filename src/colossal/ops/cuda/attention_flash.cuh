@@ -72,10 +72,11 @@ struct FlashForwardParams {
   bool causal;
 };
 
-template <class T, int kD_, int kBlockM_, int kBlockN_, int kWarps_>
+template <class T, int kD_, int kBlockM_, int kBlockN_, int kWarps_, int kMinBlocks_ = 2>
 struct FlashForwardConfig {
   using Element = T;
   static constexpr int kD = kD_, kBlockM = kBlockM_, kBlockN = kBlockN_, kWarps = kWarps_;
+  static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the registers must allow
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpRows = kBlockM / kWarps;
   static constexpr int kAtoms = kWarpRows / 16;  // 16-row mma tiles per warp, sharing each K/V fragment
@@ -85,7 +86,7 @@ struct FlashForwardConfig {
 };
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 2) flash_forward_kernel(const FlashForwardParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_forward_kernel(const FlashForwardParams p) {
   using T = typename Cfg::Element;
   constexpr int kD = Cfg::kD, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kThreads = Cfg::kThreads;
   constexpr int kStride = Cfg::kStride, kAtoms = Cfg::kAtoms;
@@ -285,10 +286,11 @@ struct FlashBackwardParams {
   bool causal;
 };
 
-template <class T, int kD_, int kBlockM_, int kBlockN_, int kWarps_>
+template <class T, int kD_, int kBlockM_, int kBlockN_, int kWarps_, int kMinBlocks_ = 1>
 struct FlashBackwardConfig {
   using Element = T;
   static constexpr int kD = kD_, kBlockM = kBlockM_, kBlockN = kBlockN_, kWarps = kWarps_;
+  static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the registers must allow
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kStride = kD + 8;
   static constexpr int kScoreStride = kBlockM + 8;  // dS^T rows: keys, columns: queries
@@ -306,7 +308,7 @@ struct FlashBackwardConfig {
 };
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) flash_backward_kernel(const FlashBackwardParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_backward_kernel(const FlashBackwardParams p) {
   using T = typename Cfg::Element;
   constexpr int kD = Cfg::kD, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kThreads = Cfg::kThreads;
   constexpr int kStride = Cfg::kStride, kScoreStride = Cfg::kScoreStride, kDqCols = Cfg::kDqCols;
