@@ -6,16 +6,11 @@
 // Note [torch mode without autocast]
 // torch.amp's "torch" mode is two things: autocast, which runs matmul / linear / conv in fp16 from
 // fp32 parameters (and softmax, norms and losses in fp32) by casting at each op, and GradScaler. The
-// ops layer has no autocast policy yet (nothing in ops/ consults a thread-local compute dtype), and
-// amp/ sits above ops, so it cannot add one without editing every op. Here "torch" is therefore
-// exactly GradScaler over an fp32 model: the loss is scaled, the fp32 gradients are unscaled in place,
-// a step with inf/NaN gradients is skipped and the scale follows torch's rule; the forward and
-// backward run in fp32. Its numbers are fp32 training's (with a power-of-two scale, bit for bit, since
-// scaling by 2^k commutes with rounding), and overflow skips happen only if fp32 gradients overflow.
-// Missing for the real thing: a thread-local autocast dtype (core or ops) that linear, matmul, bmm,
-// conv2d and attention read to cast their floating operands (differentiably, with Tensor::to) to f16
-// and that reductions, softmax, layer_norm and cross_entropy read to compute in f32. Once it exists,
-// torch mode only has to hold that guard around the forward; nothing here changes.
+// autocast half is ops::AutocastGuard (ops/autocast.h), which the caller holds around the forward
+// (the Engine does in torch mode); this class is the GradScaler half: the loss is scaled, the fp32
+// gradients are unscaled in place, a step with inf/NaN gradients is skipped and the scale follows
+// torch's rule. Without a guard around the forward, torch mode trains exactly as fp32 does (with a
+// power-of-two scale, bit for bit, since scaling by 2^k commutes with rounding).
 #include "colossal/amp/mixed_precision_optimizer.h"
 
 #include <cmath>

@@ -23,8 +23,9 @@ namespace colossal::amp {
 /// The precision policy (config: fp16.mode = "torch" | "naive", bf16 = true).
 enum class AmpMode {
   /// fp32 parameters stepped by the optimizer itself; the loss is scaled by a DynamicGradScaler
-  /// (torch rule) and steps with inf/NaN gradients are skipped, as torch.amp.GradScaler. The forward
-  /// is NOT autocast: see Note [torch mode without autocast].
+  /// (torch rule) and steps with inf/NaN gradients are skipped, as torch.amp.GradScaler. Autocast is
+  /// the caller's ops::AutocastGuard(f16) around the forward (the Engine holds one); see Note [torch
+  /// mode without autocast].
   torch,
   /// Colossal-AI's AMP_TYPE.NAIVE: the model is converted to fp16 (parameters and buffers, like
   /// model.half()), the optimizer steps fp32 master copies, and the loss is scaled by a

@@ -46,11 +46,6 @@ void reject_unsupported(const TrainConfig& c) {
         "parallel.pipeline and parallel.tensor.size > 1 are not supported by train --config yet (data "
         "parallelism is: parallel.data)");
   }
-  if (c.fp16.mode == config::AmpMode::kTorch) {
-    unsupported(
-        "fp16.mode = \"torch\" needs autocast, which the ops do not have yet; use fp16.mode = \"naive\" (fp16 model, "
-        "fp32 master weights, dynamic loss scale) or bf16 = true");
-  }
   if (c.zero.stage > 0) unsupported("zero.stage > 0 is not supported by train --config yet");
 }
 

@@ -7,6 +7,7 @@
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"          // COLOSSAL_CHECK
 #include "colossal/core/tensor.h"         // from_vector
+#include "colossal/ops/autocast.h"        // AutocastGuard
 #include "colossal/ops/elementwise.h"     // div
 #include "colossal/optim/clip_grad.h"     // clip_grad_norm
 
@@ -89,6 +90,9 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
 
 Tensor Engine::forward(const Tensor& input) {
   if (!amp_) return model_->forward(input);
+  // torch mode: an f32 model whose matrix products autocast to f16 (ops/autocast.h).
+  std::optional<ops::AutocastGuard> autocast;
+  if (options_.amp->mode == amp::AmpMode::torch) autocast.emplace(DType::f16);
   return amp_->cast_output(model_->forward(amp_->cast_input(input)));
 }
 

@@ -30,8 +30,9 @@ struct EngineOptions {
   std::optional<double> clip_grad_norm;
   double clip_norm_type = 2.0;
   /// Mixed precision (config fp16 / bf16): the Engine wraps the optimizer in an
-  /// amp::MixedPrecisionOptimizer, which converts the model, scales the loss, skips overflowing
-  /// steps and steps fp32 master weights. Unset: everything in the model's own dtype.
+  /// amp::MixedPrecisionOptimizer, which converts the model (naive, bf16), scales the loss, skips
+  /// overflowing steps and steps fp32 master weights; in torch mode the forward runs under
+  /// ops::AutocastGuard(f16). Unset: everything in the model's own dtype.
   std::optional<amp::AmpOptions> amp;
   /// Data parallelism: the group the model is replicated over (null: none). The Engine wraps the
   /// model in a parallel::DataParallel (built after the mixed-precision conversion), averages the

@@ -8,6 +8,7 @@
 
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // expand_raw, contiguous_raw, broadcast_shapes
+#include "colossal/ops/autocast.h"
 #include "colossal/ops/nn_functional.h"
 #include "colossal/ops/nn_kernels.h"
 #include "colossal/ops/reduction.h"  // sum_to
@@ -50,6 +51,11 @@ Tensor expand_batch(const Tensor& t, const Shape& batch) {
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
+  if (const auto dtype = autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return scaled_dot_product_attention(autocast::to_lower(q, *dtype), autocast::to_lower(k, *dtype),
+                                        autocast::to_lower(v, *dtype), options);
+  }
   const char* op = "scaled_dot_product_attention";
   COLOSSAL_CHECK(q.defined() && k.defined() && v.defined(), "{}: q, k and v must be defined tensors", op);
   for (const Tensor* t : {&q, &k, &v}) {

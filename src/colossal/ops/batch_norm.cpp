@@ -2,8 +2,9 @@
 // running statistics in training) and records the fused backward kernel.
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw
-#include "colossal/ops/conv.h"           // batch_norm2d
-#include "colossal/ops/conv_kernels.h"   // batch_norm stubs
+#include "colossal/ops/autocast.h"
+#include "colossal/ops/conv.h"          // batch_norm2d
+#include "colossal/ops/conv_kernels.h"  // batch_norm stubs
 
 namespace colossal::ops {
 
@@ -30,6 +31,11 @@ void check_per_channel(const Tensor& t, const char* what, const Tensor& x, bool 
 
 Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, const Tensor& weight,
                     const Tensor& bias, bool training, double momentum, double eps) {
+  if (autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return batch_norm2d(autocast::to_f32(x), running_mean, running_var, autocast::to_f32(weight),
+                        autocast::to_f32(bias), training, momentum, eps);
+  }
   COLOSSAL_CHECK(x.defined(), "batch_norm2d: x must be defined");
   COLOSSAL_CHECK(x.dim() == 4, "batch_norm2d: expected x of shape [N, C, H, W], got shape {}", x.shape());
   COLOSSAL_CHECK(core::is_floating(x.dtype()), "batch_norm2d: expected a floating x, got {}", x.dtype());

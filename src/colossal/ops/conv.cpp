@@ -1,6 +1,7 @@
 // conv2d: validates the convolution's geometry, runs the device kernel (im2col + GEMM on the CPU)
 // and records the backward kernel that produces the input, weight and bias gradients together.
 #include "colossal/ops/conv.h"
+#include "colossal/ops/autocast.h"
 
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw
@@ -82,6 +83,11 @@ Conv2dGeometry conv2d_geometry(const Tensor& x, const Tensor& weight, const Tens
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
               int64_t groups) {
+  if (const auto dtype = autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return conv2d(autocast::to_lower(x, *dtype), autocast::to_lower(weight, *dtype), autocast::to_lower(bias, *dtype),
+                  stride, padding, dilation, groups);
+  }
   const Conv2dGeometry geometry = conv2d_geometry(x, weight, bias, stride, padding, dilation, groups);
   const Tensor x_c = core::contiguous_raw(x);
   const Tensor weight_c = core::contiguous_raw(weight);

@@ -7,6 +7,7 @@
 // nan, as in torch; the gradient is still 0 everywhere, because ignored rows contribute nothing.
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw, view_raw
+#include "colossal/ops/autocast.h"
 #include "colossal/ops/loss_kernels.h"
 #include "colossal/ops/nn_functional.h"
 
@@ -32,6 +33,10 @@ const char* reduction_name(Reduction reduction) {
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
+  if (autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return cross_entropy(autocast::to_f32(logits), autocast::to_f32(target), options);
+  }
   COLOSSAL_CHECK(logits.defined() && target.defined(), "cross_entropy: logits and target must be defined");
   COLOSSAL_CHECK(logits.dim() == 1 || logits.dim() == 2, "cross_entropy: logits must be [N, C] or [C], got shape {}",
                  logits.shape());

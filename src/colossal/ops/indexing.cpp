@@ -3,6 +3,7 @@
 // (through narrow), index_select is gather with the index broadcast along the other dims, and
 // gather and scatter_add are each other's adjoint.
 #include "colossal/ops/indexing.h"
+#include "colossal/ops/autocast.h"
 
 #include <string>
 
@@ -94,6 +95,23 @@ void check_condition(const char* op, const char* name, const Tensor& condition, 
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   COLOSSAL_CHECK(!tensors.empty(), "cat: expected at least one tensor");
+  if (autocast_dtype()) {
+    // Autocast mixes dtypes (an f32 parameter beside an f16 activation): cat promotes to the widest,
+    // as torch.autocast's "promote" ops do. Outside autocast mixed dtypes stay an error.
+    std::optional<DType> widest;
+    bool mixed = false;
+    for (const Tensor& t : tensors) {
+      if (!t.defined() || !core::is_floating(t.dtype())) continue;
+      mixed = mixed || (widest && *widest != t.dtype());
+      widest = widest ? core::promote_types(*widest, t.dtype()) : t.dtype();
+    }
+    if (mixed) {
+      std::vector<Tensor> promoted;
+      for (const Tensor& t : tensors) promoted.push_back(t.defined() ? to_dtype(t, *widest) : t);
+      const AutocastGuard off(std::nullopt);
+      return cat(promoted, dim);
+    }
+  }
   const Tensor& first = tensors[0];
   for (size_t i = 0; i < tensors.size(); ++i) {
     COLOSSAL_CHECK(tensors[i].defined(), "cat: tensor {} is undefined", i);

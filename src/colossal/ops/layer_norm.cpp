@@ -2,6 +2,7 @@
 // autograd through the fused forward (which saves each row's mean and rstd) and backward kernels.
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw, view_raw
+#include "colossal/ops/autocast.h"
 #include "colossal/ops/nn_functional.h"
 #include "colossal/ops/nn_kernels.h"
 
@@ -26,6 +27,10 @@ void check_affine(const char* name, const Tensor& param, const Tensor& x, const 
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
+  if (autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return layer_norm(autocast::to_f32(x), normalized_shape, autocast::to_f32(weight), autocast::to_f32(bias), eps);
+  }
   COLOSSAL_CHECK(x.defined(), "layer_norm: the input is undefined");
   COLOSSAL_CHECK(core::is_floating(x.dtype()),
                  "layer_norm: expected a floating input (f32, f64, f16, bf16), got {} of shape {}", x.dtype(),

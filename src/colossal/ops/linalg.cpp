@@ -3,6 +3,7 @@
 // (ops/linalg_kernels.h). Backward: dA = dC B^T and dB = A^T dC, summed over the batch dimensions
 // an operand was broadcast along.
 #include "colossal/ops/linalg.h"
+#include "colossal/ops/autocast.h"
 
 #include <algorithm>
 #include <atomic>
@@ -116,6 +117,10 @@ Tensor matrix_product(const char* name, const Tensor& a, const Tensor& b, const 
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (const auto dtype = autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return matmul(autocast::to_lower(a, *dtype), autocast::to_lower(b, *dtype));
+  }
   check_floating_pair("matmul", a, "a", b, "b");
   COLOSSAL_CHECK(a.dim() >= 1 && b.dim() >= 1,
                  "matmul: both operands need at least one dimension, got a {} and b {}; use mul for scalars", a.shape(),
@@ -145,6 +150,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (const auto dtype = autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return bmm(autocast::to_lower(a, *dtype), autocast::to_lower(b, *dtype));
+  }
   check_floating_pair("bmm", a, "a", b, "b");
   COLOSSAL_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D operands [B, M, K] and [B, K, N], got a {} and b {}",
                  a.shape(), b.shape());
@@ -224,6 +233,10 @@ std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, con
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (const auto dtype = autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return linear(autocast::to_lower(x, *dtype), autocast::to_lower(weight, *dtype), autocast::to_lower(bias, *dtype));
+  }
   check_linear("linear", x, weight, bias);
   const Tensor x_mat = flatten_to_matrix(x);
   const int64_t rows = x_mat.size(0);
@@ -238,6 +251,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (const auto dtype = autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return linear_gelu(autocast::to_lower(x, *dtype), autocast::to_lower(weight, *dtype),
+                       autocast::to_lower(bias, *dtype));
+  }
   check_linear("linear_gelu", x, weight, bias);
   const Tensor x_mat = flatten_to_matrix(x);
   const int64_t rows = x_mat.size(0);

@@ -2,6 +2,7 @@
 // kernels work on, and autograd through the fused backward kernels (ops/nn_kernels.h).
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw
+#include "colossal/ops/autocast.h"
 #include "colossal/ops/nn_functional.h"
 #include "colossal/ops/nn_kernels.h"
 
@@ -47,10 +48,18 @@ Tensor softmax_impl(const char* op, const Tensor& x, int64_t dim, bool log) {
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
+  if (autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return softmax(autocast::to_f32(x), dim);
+  }
   return softmax_impl("softmax", x, dim, false);
 }
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
+  if (autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return log_softmax(autocast::to_f32(x), dim);
+  }
   return softmax_impl("log_softmax", x, dim, true);
 }
 
