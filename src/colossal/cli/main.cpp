@@ -1,6 +1,5 @@
 // The colossal program. `colossal info` says what this build was compiled with; `colossal train`
 // runs the built-in training job (for now the synthetic MLP of train_mlp.h, on the CPU).
-#include <cblas.h>  // openblas_get_config, openblas_get_num_threads
 #include <fmt/format.h>
 #include <omp.h>
 #include <unistd.h>  // execv
@@ -16,8 +15,11 @@
 #include "colossal/cli/tokenize.h"
 #include "colossal/cli/train_config.h"
 #include "colossal/cli/train_mlp.h"
+#include "colossal/comm/library_versions.h"
 #include "colossal/core/build_config.h"  // COLOSSAL_VERSION, COLOSSAL_WITH_*
-#include "colossal/core/error.h"         // colossal::Error
+#include "colossal/core/cuda_device.h"
+#include "colossal/core/error.h"  // colossal::Error
+#include "colossal/ops/library_versions.h"
 
 namespace colossal::cli {
 namespace {
@@ -30,8 +32,23 @@ void print_info() {
   fmt::print("colossal {}\n", COLOSSAL_VERSION);
   fmt::print("engines: cpu yes, cuda {}, nccl {}, mpi {}\n", on_off(COLOSSAL_WITH_CUDA), on_off(COLOSSAL_WITH_NCCL),
              on_off(COLOSSAL_WITH_MPI));
-  fmt::print("openmp threads: {}\n", omp_get_max_threads());
-  fmt::print("blas: {} ({} threads)\n", openblas_get_config(), openblas_get_num_threads());
+  fmt::print("openmp threads: {} (wait policy {})\n", omp_get_max_threads(),
+             std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "default");
+  fmt::print("blas: {}\n", colossal::ops::blas_version());
+  const auto version = [](std::optional<int> v) {
+    return v ? fmt::format("{}.{}", *v / 1000, *v % 1000 / 10) : std::string("none");
+  };
+  fmt::print("cuda: runtime {}, driver {}; cublasLt {}; cudnn {}\n", version(colossal::core::cuda::runtime_version()),
+             version(colossal::core::cuda::driver_version()), colossal::ops::cublaslt_version(),
+             colossal::ops::cudnn_version());
+  fmt::print("nccl: {}\nmpi: {}\n", colossal::comm::nccl_version(), colossal::comm::mpi_version());
+  const int gpus = colossal::core::cuda::device_count();
+  fmt::print("gpus: {}\n", gpus);
+  for (int d = 0; d < gpus; ++d) {
+    const auto p = colossal::core::cuda::properties(d);
+    fmt::print("  cuda:{} {} (sm_{}{}, {} SMs, {:.1f} GiB)\n", d, p.name, p.major, p.minor, p.multiprocessor_count,
+               static_cast<double>(p.total_memory_bytes) / (1 << 30));
+  }
 }
 
 void run_train(const MlpTrainConfig& config) {

@@ -2,6 +2,8 @@
 // availability queries raises an error naming the build option.
 #include "colossal/core/cuda_device.h"
 
+#include <optional>
+
 #include "colossal/core/build_config.h"
 
 #if COLOSSAL_WITH_CUDA
@@ -20,12 +22,14 @@ namespace colossal::core::cuda {
 #if COLOSSAL_WITH_CUDA
 
 namespace {
-cudaStream_t as_cuda(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+cudaStream_t as_cuda(Stream s) {
+  return static_cast<cudaStream_t>(s.handle);
+}
 
 void check_device_index(int device) {
   const int count = device_count();
-  COLOSSAL_CHECK(device >= 0 && device < count, "cuda:{} does not exist: {} GPU(s) visible (cuda:0 to cuda:{})", device, count,
-                 count - 1);
+  COLOSSAL_CHECK(device >= 0 && device < count, "cuda:{} does not exist: {} GPU(s) visible (cuda:0 to cuda:{})", device,
+                 count, count - 1);
 }
 
 /// One colossal-created stream per device, made on first use, never destroyed (they live as long
@@ -48,7 +52,9 @@ Stream default_stream(int device) {
 thread_local std::array<void*, 64> current_streams{};
 }  // namespace
 
-bool is_available() { return device_count() > 0; }
+bool is_available() {
+  return device_count() > 0;
+}
 
 int device_count() {
   static const int count = [] {
@@ -108,14 +114,20 @@ void destroy_stream(Stream stream) {
   if (stream.handle) COLOSSAL_CUDA_CHECK(cudaStreamDestroy(as_cuda(stream)));
 }
 
-StreamGuard::StreamGuard(Stream stream) : previous_(current_stream(stream.device)) { set_current_stream(stream); }
-StreamGuard::~StreamGuard() { current_streams.at(static_cast<size_t>(previous_.device.index)) = previous_.handle; }
+StreamGuard::StreamGuard(Stream stream) : previous_(current_stream(stream.device)) {
+  set_current_stream(stream);
+}
+StreamGuard::~StreamGuard() {
+  current_streams.at(static_cast<size_t>(previous_.device.index)) = previous_.handle;
+}
 
 void synchronize(Device device) {
   DeviceGuard guard(device);
   COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());
 }
-void synchronize(Stream stream) { COLOSSAL_CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream))); }
+void synchronize(Stream stream) {
+  COLOSSAL_CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream)));
+}
 
 Event::Event(bool enable_timing) {
   cudaEvent_t e;
@@ -133,11 +145,15 @@ Event& Event::operator=(Event&& other) noexcept {
   }
   return *this;
 }
-void Event::record(Stream stream) { COLOSSAL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), as_cuda(stream))); }
+void Event::record(Stream stream) {
+  COLOSSAL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), as_cuda(stream)));
+}
 void Event::block(Stream stream) const {
   COLOSSAL_CUDA_CHECK(cudaStreamWaitEvent(as_cuda(stream), static_cast<cudaEvent_t>(handle_), 0));
 }
-void Event::synchronize() const { COLOSSAL_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_))); }
+void Event::synchronize() const {
+  COLOSSAL_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
+}
 bool Event::query() const {
   const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(handle_));
   if (status == cudaErrorNotReady) return false;
@@ -146,7 +162,8 @@ bool Event::query() const {
 }
 float Event::elapsed_ms(const Event& end) const {
   float ms = 0;
-  COLOSSAL_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_), static_cast<cudaEvent_t>(end.handle_)));
+  COLOSSAL_CUDA_CHECK(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_), static_cast<cudaEvent_t>(end.handle_)));
   return ms;
 }
 
@@ -173,7 +190,11 @@ DeviceProperties properties(int device) {
   check_device_index(device);
   cudaDeviceProp p;
   COLOSSAL_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
-  return DeviceProperties{p.name, p.major, p.minor, p.multiProcessorCount, static_cast<int64_t>(p.totalGlobalMem),
+  return DeviceProperties{p.name,
+                          p.major,
+                          p.minor,
+                          p.multiProcessorCount,
+                          static_cast<int64_t>(p.totalGlobalMem),
                           static_cast<int64_t>(p.l2CacheSize)};
 }
 
@@ -184,43 +205,108 @@ std::pair<int64_t, int64_t> memory_info(int device) {
   return {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
 }
 
+std::optional<int> runtime_version() {
+  int version = 0;
+  if (cudaRuntimeGetVersion(&version) != cudaSuccess) return std::nullopt;
+  return version;
+}
+
+std::optional<int> driver_version() {
+  int version = 0;
+  if (cudaDriverGetVersion(&version) != cudaSuccess || version == 0) return std::nullopt;
+  return version;
+}
+
 #else  // no CUDA in this build
 
 namespace {
 [[noreturn]] void no_cuda(const char* what) {
-  COLOSSAL_FAIL("{}: this build of colossal has no CUDA (configure with -DCOLOSSAL_CUDA=ON on a machine with the CUDA "
-                "toolkit)",
-                what);
+  COLOSSAL_FAIL(
+      "{}: this build of colossal has no CUDA (configure with -DCOLOSSAL_CUDA=ON on a machine with the CUDA "
+      "toolkit)",
+      what);
 }
 }  // namespace
 
-bool is_available() { return false; }
-int device_count() { return 0; }
-int current_device() { no_cuda("current_device"); }
-void set_device(int) { no_cuda("set_device"); }
-DeviceGuard::DeviceGuard(Device) { no_cuda("DeviceGuard"); }
+bool is_available() {
+  return false;
+}
+int device_count() {
+  return 0;
+}
+int current_device() {
+  no_cuda("current_device");
+}
+void set_device(int) {
+  no_cuda("set_device");
+}
+DeviceGuard::DeviceGuard(Device) {
+  no_cuda("DeviceGuard");
+}
 DeviceGuard::~DeviceGuard() = default;
-Stream current_stream(Device) { no_cuda("current_stream"); }
-void set_current_stream(Stream) { no_cuda("set_current_stream"); }
-Stream create_stream(Device, bool) { no_cuda("create_stream"); }
-void destroy_stream(Stream) { no_cuda("destroy_stream"); }
-StreamGuard::StreamGuard(Stream) { no_cuda("StreamGuard"); }
+Stream current_stream(Device) {
+  no_cuda("current_stream");
+}
+void set_current_stream(Stream) {
+  no_cuda("set_current_stream");
+}
+Stream create_stream(Device, bool) {
+  no_cuda("create_stream");
+}
+void destroy_stream(Stream) {
+  no_cuda("destroy_stream");
+}
+StreamGuard::StreamGuard(Stream) {
+  no_cuda("StreamGuard");
+}
 StreamGuard::~StreamGuard() = default;
-void synchronize(Device) { no_cuda("synchronize"); }
-void synchronize(Stream) { no_cuda("synchronize"); }
-Event::Event(bool) { no_cuda("Event"); }
+void synchronize(Device) {
+  no_cuda("synchronize");
+}
+void synchronize(Stream) {
+  no_cuda("synchronize");
+}
+Event::Event(bool) {
+  no_cuda("Event");
+}
 Event::~Event() = default;
 Event::Event(Event&&) noexcept {}
-Event& Event::operator=(Event&&) noexcept { return *this; }
-void Event::record(Stream) { no_cuda("Event::record"); }
-void Event::block(Stream) const { no_cuda("Event::block"); }
-void Event::synchronize() const { no_cuda("Event::synchronize"); }
-bool Event::query() const { no_cuda("Event::query"); }
-float Event::elapsed_ms(const Event&) const { no_cuda("Event::elapsed_ms"); }
-Tensor pinned_empty(const Shape&, DType) { no_cuda("pinned_empty"); }
-bool is_pinned(const Tensor&) { return false; }
-DeviceProperties properties(int) { no_cuda("properties"); }
-std::pair<int64_t, int64_t> memory_info(int) { no_cuda("memory_info"); }
+Event& Event::operator=(Event&&) noexcept {
+  return *this;
+}
+void Event::record(Stream) {
+  no_cuda("Event::record");
+}
+void Event::block(Stream) const {
+  no_cuda("Event::block");
+}
+void Event::synchronize() const {
+  no_cuda("Event::synchronize");
+}
+bool Event::query() const {
+  no_cuda("Event::query");
+}
+float Event::elapsed_ms(const Event&) const {
+  no_cuda("Event::elapsed_ms");
+}
+std::optional<int> runtime_version() {
+  return std::nullopt;
+}
+std::optional<int> driver_version() {
+  return std::nullopt;
+}
+Tensor pinned_empty(const Shape&, DType) {
+  no_cuda("pinned_empty");
+}
+bool is_pinned(const Tensor&) {
+  return false;
+}
+DeviceProperties properties(int) {
+  no_cuda("properties");
+}
+std::pair<int64_t, int64_t> memory_info(int) {
+  no_cuda("memory_info");
+}
 
 #endif
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "colossal/core/device.h"
@@ -91,6 +92,10 @@ struct DeviceProperties {
   int64_t l2_cache_bytes = 0;
 };
 DeviceProperties properties(int device);
+/// The CUDA runtime's and the driver's versions (1000 * major + 10 * minor); nullopt without CUDA or
+/// without a driver.
+std::optional<int> runtime_version();
+std::optional<int> driver_version();
 /// Free and total bytes on the device as the driver reports them.
 std::pair<int64_t, int64_t> memory_info(int device);
 
