@@ -6,10 +6,12 @@
 // its rows can see, keeping O and the online softmax statistics in registers; K and V tiles
 // alternate through shared memory so that one loads while the other is multiplied (FA2's scheme).
 //
-// Backward: a CTA owns kBlockN keys (16 per warp) and walks the query tiles that see them,
-// double-buffering Q and dO. S^T and dP^T come out with keys as rows, so P^T and dS^T feed dV and
-// dK straight from registers; dS^T goes through shared memory for dQ = dS K, which is added into
-// an f32 buffer with atomics (see Note [dQ through atomics] in attention_kernels.cu).
+// Backward: a CTA owns kBlockN keys (16 * kKeyAtoms per warp) and walks the query tiles that see
+// them, double-buffering Q and dO. S^T and dP^T come out with keys as rows, so P^T and dS^T feed dV
+// and dK straight from registers; dS^T goes through shared memory for dQ = dS K, which is added
+// into an f32 buffer with atomics (see Note [dQ through atomics] in attention_kernels.cu). Shared
+// memory, not the tensor cores, bounds it (ncu on an H100: L1/shared 65% busy, tensor pipe 28%,
+// at 16 keys a warp), hence the key atoms that share each loaded Q/dO fragment.
 #pragma once
 
 #include "colossal/ops/cuda/attention_common.cuh"
@@ -286,11 +288,15 @@ struct FlashBackwardParams {
   bool causal;
 };
 
-template <class T, int kD_, int kBlockM_, int kBlockN_, int kWarps_, int kMinBlocks_ = 1>
+template <class T, int kD_, int kBlockM_, int kBlockN_, int kWarps_, int kMinBlocks_ = 1, int kKeyAtoms_ = 1>
 struct FlashBackwardConfig {
   using Element = T;
   static constexpr int kD = kD_, kBlockM = kBlockM_, kBlockN = kBlockN_, kWarps = kWarps_;
   static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM the registers must allow
+  // 16-key mma tiles per warp: each Q/dO fragment a warp loads from shared memory feeds this many
+  // products (shared-memory traffic, not the tensor cores, bounds this kernel).
+  static constexpr int kKeyAtoms = kKeyAtoms_;
+  static constexpr int kWarpKeys = 16 * kKeyAtoms;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kStride = kD + 8;
   static constexpr int kScoreStride = kBlockM + 8;  // dS^T rows: keys, columns: queries
@@ -301,7 +307,7 @@ struct FlashBackwardConfig {
   static constexpr size_t kElements =
       size_t{2 * kBlockN * kStride + 4 * kBlockM * kStride + kBlockN * kScoreStride};        // K, V, 2x Q, 2x dO, dS
   static constexpr size_t kSmemBytes = kElements * sizeof(T) + 4 * kBlockM * sizeof(float);  // 2x lse, 2x delta
-  static_assert(kBlockN == 16 * kWarps, "each warp owns one 16-key mma tile");
+  static_assert(kBlockN == kWarpKeys * kWarps, "each warp owns kKeyAtoms 16-key mma tiles");
   static_assert(kBlockM % 16 == 0 && kD % 16 == 0, "tiles are whole mma tiles");
   static_assert(kWarps % kDqWarpsM == 0 && kDqCols % 16 == 0, "the dQ product splits evenly over the warps");
   static_assert(kElements * sizeof(T) % 16 == 0, "the f32 statistics stay 16-byte aligned");
@@ -312,7 +318,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_backward
   using T = typename Cfg::Element;
   constexpr int kD = Cfg::kD, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kThreads = Cfg::kThreads;
   constexpr int kStride = Cfg::kStride, kScoreStride = Cfg::kScoreStride, kDqCols = Cfg::kDqCols;
-  constexpr int kQueryTiles = kBlockM / 8, kColTiles = kD / 8;
+  constexpr int kQueryTiles = kBlockM / 8, kColTiles = kD / 8, kAtoms = Cfg::kKeyAtoms;
   constexpr uint32_t kElement = sizeof(T);
   constexpr uint32_t kQueryTileBytes = kBlockM * kStride * kElement;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -329,11 +335,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_backward
   const int64_t n0 = int64_t{blockIdx.y} * kBlockN;  // causal: the first key tiles have the most work
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;
-  const int key0 = warp * 16;  // this warp's keys within the tile
+  const int key0 = warp * Cfg::kWarpKeys;  // this warp's first key within the tile
   const int dq_m = warp % Cfg::kDqWarpsM, dq_d = warp / Cfg::kDqWarpsM;
-  // This lane's ldmatrix addresses: K and V rows of the warp's keys as A; Q and dO tiles as B
-  // (plain for S^T and dP^T, transposed for dK and dV); dS^T transposed as dQ's A, K transposed
-  // as its B.
+  // This lane's ldmatrix addresses: K and V rows of the warp's keys as A (atom i 16 rows further);
+  // Q and dO tiles as B (plain for S^T and dP^T, transposed for dK and dV); dS^T transposed as
+  // dQ's A, K transposed as its B.
   const uint32_t k_rows = sk + (key0 * kStride + a_fragment_offset(lane, kStride)) * kElement;
   const uint32_t v_rows = sv + (key0 * kStride + a_fragment_offset(lane, kStride)) * kElement;
   const uint32_t query_b = b_fragment_offset(lane, kStride) * kElement;
@@ -367,8 +373,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_backward
     }
   };
 
-  float acc_dk[kColTiles][4] = {};
-  float acc_dv[kColTiles][4] = {};
+  float acc_dk[kAtoms][kColTiles][4] = {};
+  float acc_dv[kAtoms][kColTiles][4] = {};
   if (m_begin < m_end) {
     load_tile<T, kBlockN, kD, kThreads>(sk, k, p.k.row_stride, n0, p.tk, p.qk_cols);
     load_tile<T, kBlockN, kD, kThreads>(sv, v, p.v.row_stride, n0, p.tk, p.v_cols);
@@ -392,83 +398,120 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_backward
     const float* lse_b = slse + buf * kBlockM;
     const float* delta_b = sdelta + buf * kBlockM;
 
-    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x kBlockM queries.
-    float acc_s[kQueryTiles][4] = {};
-    float acc_dp[kQueryTiles][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      uint32_t a[4];
-      ldmatrix_x4(a, k_rows + ks * 16 * kElement);
-#pragma unroll
-      for (int nt = 0; nt < kQueryTiles; nt += 2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, q_tile + query_b + (nt * 8 * kStride + ks * 16) * kElement);
-        mma_16816<T>(acc_s[nt], a, b[0], b[1]);
-        mma_16816<T>(acc_s[nt + 1], a, b[2], b[3]);
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      uint32_t a[4];
-      ldmatrix_x4(a, v_rows + ks * 16 * kElement);
-#pragma unroll
-      for (int nt = 0; nt < kQueryTiles; nt += 2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, do_tile + query_b + (nt * 8 * kStride + ks * 16) * kElement);
-        mma_16816<T>(acc_dp[nt], a, b[0], b[1]);
-        mma_16816<T>(acc_dp[nt + 1], a, b[2], b[3]);
-      }
-    }
+    // Causal: when every key of this warp lies past the last query's reach (half the warps on
+    // the first query tile of a key block), P and dS are 0; such a warp writes its zero rows of
+    // dS^T and keeps the barriers, leaving its SM sub-partition to the busy warps.
+    // (At kD 128 the branch costs the kernel register spills, so only narrower heads skip.)
+    const bool warp_idle = kD <= 64 && (key0 >= key_limit || (p.causal && n0 + key0 > m0 + kBlockM - 1 + diagonal));
 
-    // P^T = 2^(S^T * scale * log2 e - lse) (0 where masked) and dS^T = P^T (dP^T - delta), the
-    // softmax scale left for the end.
-    const bool masked_tile = n0 + kBlockN > p.tk || (p.causal && n0 + kBlockN - 1 > m0 + diagonal);
-    const int reach = causal_reach<kBlockM, kBlockN>(p.causal, m0, n0, diagonal);
+    // S^T = K Q^T and dP^T = V dO^T for this warp's keys x kBlockM queries.
+    float acc_s[kAtoms][kQueryTiles][4] = {};
+    float acc_dp[kAtoms][kQueryTiles][4] = {};
+    if (!warp_idle) {
 #pragma unroll
-    for (int nt = 0; nt < kQueryTiles; ++nt) {
+      for (int ks = 0; ks < kD / 16; ++ks) {
+        uint32_t a[kAtoms][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int query = nt * 8 + tig * 2 + e % 2;
-        const int key = key0 + group + (e / 2) * 8;
-        float prob = fast_exp2(acc_s[nt][e] * p.scale_log2 - lse_b[query]);
-        if (masked_tile && (key >= key_limit || key - query > reach)) prob = 0.f;
-        acc_s[nt][e] = prob;
-        acc_dp[nt][e] = prob * (acc_dp[nt][e] - delta_b[query]);
+        for (int atom = 0; atom < kAtoms; ++atom)
+          ldmatrix_x4(a[atom], k_rows + (atom * 16 * kStride + ks * 16) * kElement);
+#pragma unroll
+        for (int nt = 0; nt < kQueryTiles; nt += 2) {
+          uint32_t b[4];
+          ldmatrix_x4(b, q_tile + query_b + (nt * 8 * kStride + ks * 16) * kElement);
+#pragma unroll
+          for (int atom = 0; atom < kAtoms; ++atom) {
+            mma_16816<T>(acc_s[atom][nt], a[atom], b[0], b[1]);
+            mma_16816<T>(acc_s[atom][nt + 1], a[atom], b[2], b[3]);
+          }
+        }
       }
-    }
+#pragma unroll
+      for (int ks = 0; ks < kD / 16; ++ks) {
+        uint32_t a[kAtoms][4];
+#pragma unroll
+        for (int atom = 0; atom < kAtoms; ++atom)
+          ldmatrix_x4(a[atom], v_rows + (atom * 16 * kStride + ks * 16) * kElement);
+#pragma unroll
+        for (int nt = 0; nt < kQueryTiles; nt += 2) {
+          uint32_t b[4];
+          ldmatrix_x4(b, do_tile + query_b + (nt * 8 * kStride + ks * 16) * kElement);
+#pragma unroll
+          for (int atom = 0; atom < kAtoms; ++atom) {
+            mma_16816<T>(acc_dp[atom][nt], a[atom], b[0], b[1]);
+            mma_16816<T>(acc_dp[atom][nt + 1], a[atom], b[2], b[3]);
+          }
+        }
+      }
 
-    // dV += P^T dO and dK += dS^T Q, the A operands straight from the accumulators.
+      // P^T = 2^(S^T * scale * log2 e - lse) (0 where masked) and dS^T = P^T (dP^T - delta), the
+      // softmax scale left for the end.
+      const bool masked_tile = n0 + kBlockN > p.tk || (p.causal && n0 + kBlockN - 1 > m0 + diagonal);
+      const int reach = causal_reach<kBlockM, kBlockN>(p.causal, m0, n0, diagonal);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      uint32_t a[4];
-      accumulators_to_a<T>(a, acc_s[2 * kk], acc_s[2 * kk + 1]);
+      for (int nt = 0; nt < kQueryTiles; ++nt) {
+        // This lane's two queries of the tile, their statistics as one 8-byte load each.
+        const float2 row_lse = *reinterpret_cast<const float2*>(lse_b + nt * 8 + tig * 2);
+        const float2 row_delta = *reinterpret_cast<const float2*>(delta_b + nt * 8 + tig * 2);
 #pragma unroll
-      for (int dt = 0; dt < kColTiles; dt += 2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, do_tile + query_bt + (kk * 16 * kStride + dt * 8) * kElement);
-        mma_16816<T>(acc_dv[dt], a, b[0], b[1]);
-        mma_16816<T>(acc_dv[dt + 1], a, b[2], b[3]);
+        for (int atom = 0; atom < kAtoms; ++atom) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int query = nt * 8 + tig * 2 + e % 2;
+            const int key = key0 + atom * 16 + group + (e / 2) * 8;
+            float prob = fast_exp2(acc_s[atom][nt][e] * p.scale_log2 - (e % 2 ? row_lse.y : row_lse.x));
+            if (masked_tile && (key >= key_limit || key - query > reach)) prob = 0.f;
+            acc_s[atom][nt][e] = prob;
+            acc_dp[atom][nt][e] = prob * (acc_dp[atom][nt][e] - (e % 2 ? row_delta.y : row_delta.x));
+          }
+        }
       }
-    }
+
+      // dV += P^T dO and dK += dS^T Q, the A operands straight from the accumulators.
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      uint32_t a[4];
-      accumulators_to_a<T>(a, acc_dp[2 * kk], acc_dp[2 * kk + 1]);
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        uint32_t a[kAtoms][4];
 #pragma unroll
-      for (int dt = 0; dt < kColTiles; dt += 2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, q_tile + query_bt + (kk * 16 * kStride + dt * 8) * kElement);
-        mma_16816<T>(acc_dk[dt], a, b[0], b[1]);
-        mma_16816<T>(acc_dk[dt + 1], a, b[2], b[3]);
+        for (int atom = 0; atom < kAtoms; ++atom)
+          accumulators_to_a<T>(a[atom], acc_s[atom][2 * kk], acc_s[atom][2 * kk + 1]);
+#pragma unroll
+        for (int dt = 0; dt < kColTiles; dt += 2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, do_tile + query_bt + (kk * 16 * kStride + dt * 8) * kElement);
+#pragma unroll
+          for (int atom = 0; atom < kAtoms; ++atom) {
+            mma_16816<T>(acc_dv[atom][dt], a[atom], b[0], b[1]);
+            mma_16816<T>(acc_dv[atom][dt + 1], a[atom], b[2], b[3]);
+          }
+        }
       }
-    }
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        uint32_t a[kAtoms][4];
+#pragma unroll
+        for (int atom = 0; atom < kAtoms; ++atom)
+          accumulators_to_a<T>(a[atom], acc_dp[atom][2 * kk], acc_dp[atom][2 * kk + 1]);
+#pragma unroll
+        for (int dt = 0; dt < kColTiles; dt += 2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, q_tile + query_bt + (kk * 16 * kStride + dt * 8) * kElement);
+#pragma unroll
+          for (int atom = 0; atom < kAtoms; ++atom) {
+            mma_16816<T>(acc_dk[atom][dt], a[atom], b[0], b[1]);
+            mma_16816<T>(acc_dk[atom][dt + 1], a[atom], b[2], b[3]);
+          }
+        }
+      }
+    }  // !warp_idle
 
     // dS^T to shared memory (rows: keys) for the dQ product, whose warps own query rows.
 #pragma unroll
-    for (int nt = 0; nt < kQueryTiles; ++nt) {
-      T* top = sds_pointer + (key0 + group) * kScoreStride + nt * 8 + tig * 2;
-      *reinterpret_cast<uint32_t*>(top) = pack2<T>(acc_dp[nt][0], acc_dp[nt][1]);
-      *reinterpret_cast<uint32_t*>(top + 8 * kScoreStride) = pack2<T>(acc_dp[nt][2], acc_dp[nt][3]);
+    for (int atom = 0; atom < kAtoms; ++atom) {
+#pragma unroll
+      for (int nt = 0; nt < kQueryTiles; ++nt) {
+        T* top = sds_pointer + (key0 + atom * 16 + group) * kScoreStride + nt * 8 + tig * 2;
+        *reinterpret_cast<uint32_t*>(top) = pack2<T>(acc_dp[atom][nt][0], acc_dp[atom][nt][1]);
+        *reinterpret_cast<uint32_t*>(top + 8 * kScoreStride) = pack2<T>(acc_dp[atom][nt][2], acc_dp[atom][nt][3]);
+      }
     }
     __syncthreads();  // dS^T is visible; every warp is done with this Q/dO buffer
 
@@ -510,15 +553,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_backward
   T* dk = static_cast<T*>(p.dk) + batch * p.tk * p.head_dim;
   T* dv = static_cast<T*>(p.dv) + batch * p.tk * p.value_dim;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t key = n0 + key0 + group + h * 8;
-    if (key >= p.tk) continue;
+  for (int atom = 0; atom < kAtoms; ++atom) {
 #pragma unroll
-    for (int dt = 0; dt < kColTiles; ++dt) {
-      const int col = dt * 8 + tig * 2;
-      store_pair<T>(dk + key * p.head_dim, col, p.head_dim, acc_dk[dt][2 * h] * p.scale,
-                    acc_dk[dt][2 * h + 1] * p.scale);
-      store_pair<T>(dv + key * p.value_dim, col, p.value_dim, acc_dv[dt][2 * h], acc_dv[dt][2 * h + 1]);
+    for (int h = 0; h < 2; ++h) {
+      const int64_t key = n0 + key0 + atom * 16 + group + h * 8;
+      if (key >= p.tk) continue;
+#pragma unroll
+      for (int dt = 0; dt < kColTiles; ++dt) {
+        const int col = dt * 8 + tig * 2;
+        store_pair<T>(dk + key * p.head_dim, col, p.head_dim, acc_dk[atom][dt][2 * h] * p.scale,
+                      acc_dk[atom][dt][2 * h + 1] * p.scale);
+        store_pair<T>(dv + key * p.value_dim, col, p.value_dim, acc_dv[atom][dt][2 * h], acc_dv[atom][dt][2 * h + 1]);
+      }
     }
   }
 }

@@ -29,7 +29,7 @@ namespace {
 using namespace cuda::attention;  // NOLINT: the kernels and their parameter blocks
 
 constexpr const char* kOp = "scaled_dot_product_attention";
-/// The flash backward's query tile; the saved statistics are padded to a multiple of it.
+/// A multiple of the flash backward's query tiles; the saved statistics are padded to it.
 constexpr int kStatsPadding = 64;
 
 struct AttentionShape {
@@ -249,17 +249,25 @@ void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& 
 
 /// delta[b, i] = rowsum(dout * out) and lse_bwd[b, i] = lse * lse_factor, +inf for a row that
 /// sees no key (so that its recomputed P is 0 rather than inf); rows tq <= i < tq_padded get
-/// delta 0 and lse_bwd +inf. A team of 8 lanes per row, kVec elements per load.
+/// delta 0 and lse_bwd +inf. A team of 8 lanes per row, kVec elements per load. When `dq_accum`
+/// is given, the team also zeroes its row of it ([batch, tq, accum_cols], accum_cols a multiple
+/// of 8), sparing the flash backward a separate memset pass.
 template <class T, int kVec>
 __global__ void backward_statistics_kernel(const T* out, const T* dout, const acc_t<T>* lse, acc_t<T>* lse_bwd,
                                            acc_t<T>* delta, int64_t rows_padded, int64_t tq, int64_t tq_padded,
-                                           int64_t cols, acc_t<T> lse_factor) {
+                                           int64_t cols, acc_t<T> lse_factor, float* dq_accum, int64_t accum_cols) {
   using A = acc_t<T>;
   constexpr int kTeam = 8;
   const int64_t team = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kTeam;
   const int rank = static_cast<int>(threadIdx.x) % kTeam;
   const int64_t b = team / tq_padded, i = team % tq_padded;
   const bool real = team < rows_padded && i < tq;
+  if (real && dq_accum != nullptr) {
+    float* row = dq_accum + (b * tq + i) * accum_cols;
+    for (int64_t c = int64_t{rank} * 4; c < accum_cols; c += kTeam * 4) {
+      *reinterpret_cast<float4*>(row + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
   A dot = 0;
   if (real) {
     const int64_t start = (b * tq + i) * cols;
@@ -299,14 +307,21 @@ void launch_flash_backward(const FlashBackwardParams& p, int64_t batch, int devi
   COLOSSAL_CUDA_CHECK_LAUNCH();
 }
 
+/// Columns of the flash backward's dQ accumulator: the head dimension padded as flash_operand pads q.
+int64_t flash_accum_cols(const AttentionShape& s) {
+  return ceil_div<int64_t>(s.head_dim, 8) * 8;
+}
+
+/// `dq_accum` ([batch, tq, flash_accum_cols], f32) must be zeroed.
 template <class T>
 void flash_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_out,
                     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse_bwd, const Tensor& delta,
-                    const AttentionShape& s, const AttentionParams& params, cudaStream_t stream) {
+                    const Tensor& dq_accum, const AttentionShape& s, const AttentionParams& params,
+                    cudaStream_t stream) {
   const FlashOperand fq = flash_operand<T>(q, s.batch, stream), fk = flash_operand<T>(k, s.batch, stream),
                      fv = flash_operand<T>(v, s.batch, stream), fdo = flash_operand<T>(grad_out, s.batch, stream);
-  Tensor dq_accum = core::empty({s.batch, s.tq, fq.cols}, TensorOptions(DType::f32, q.device()));
-  COLOSSAL_CUDA_CHECK(cudaMemsetAsync(dq_accum.raw_data(), 0, dq_accum.numel() * sizeof(float), stream));
+  COLOSSAL_CHECK(fq.cols == dq_accum.size(-1), "{}: dQ accumulator of {} columns for q padded to {}", kOp,
+                 dq_accum.size(-1), fq.cols);
   FlashBackwardParams p;
   p.q = fq.matrix;
   p.k = fk.matrix;
@@ -328,9 +343,12 @@ void flash_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& gr
   p.scale_log2 = p.scale * kLog2e;
   p.causal = params.causal;
   const int device = q.device().index;
-  // 128 keys per CTA (16 per warp) against 64-query tiles, as FlashAttention-2 for these widths.
+  // 128 keys per CTA. Up to 64 columns: 4 warps of 32 keys against 32-query tiles, two CTAs per
+  // SM; each Q/dO fragment a warp loads feeds two key tiles, a quarter less shared-memory traffic
+  // per product than 16 keys a warp (the kernel's bound). At 128 columns the accumulators of 32
+  // keys do not fit the registers: 8 warps of 16 keys against 64-query tiles.
   if (std::max(p.qk_cols, p.v_cols) <= 64) {
-    launch_flash_backward<FlashBackwardConfig<T, 64, 64, 128, 8>>(p, s.batch, device, stream);
+    launch_flash_backward<FlashBackwardConfig<T, 64, 32, 128, 4, 2, 2>>(p, s.batch, device, stream);
   } else {
     launch_flash_backward<FlashBackwardConfig<T, 128, 64, 128, 8>>(p, s.batch, device, stream);
   }
@@ -422,20 +440,27 @@ void attention_backward_cuda(const Tensor& grad_q, const Tensor& grad_k, const T
     const unsigned blocks = static_cast<unsigned>(ceil_div<int64_t>(rows_padded * 8, core::cuda_detail::kThreads));
     // The flash kernels work in log2 units; the simple ones call exp.
     const A lse_factor = flash ? A(kLog2e) : A(1);
+    // The flash backward adds dQ into an f32 buffer (Note [dQ through atomics]), zeroed here.
+    Tensor dq_accum;
+    if (flash) dq_accum = core::empty({s.batch, s.tq, flash_accum_cols(s)}, TensorOptions(DType::f32, device));
+    float* dq_zero = flash ? dq_accum.data<float>() : nullptr;
     constexpr int kVec = 16 / sizeof(T);
     if (s.value_dim % kVec == 0 && core::cuda_detail::aligned16(out.raw_data()) &&
         core::cuda_detail::aligned16(grad_out.raw_data())) {
       backward_statistics_kernel<T, kVec><<<blocks, core::cuda_detail::kThreads, 0, stream>>>(
           out.data<T>(), grad_out.data<T>(), lse.data<A>(), lse_bwd.data<A>(), delta.data<A>(), rows_padded, s.tq,
-          tq_padded, s.value_dim, lse_factor);
+          tq_padded, s.value_dim, lse_factor, dq_zero, flash_accum_cols(s));
     } else {
       backward_statistics_kernel<T, 1><<<blocks, core::cuda_detail::kThreads, 0, stream>>>(
           out.data<T>(), grad_out.data<T>(), lse.data<A>(), lse_bwd.data<A>(), delta.data<A>(), rows_padded, s.tq,
-          tq_padded, s.value_dim, lse_factor);
+          tq_padded, s.value_dim, lse_factor, dq_zero, flash_accum_cols(s));
     }
     COLOSSAL_CUDA_CHECK_LAUNCH();
     if constexpr (kIs16Bit<T>) {
-      if (flash) return flash_backward<T>(grad_q, grad_k, grad_v, grad_out, q, k, v, lse_bwd, delta, s, params, stream);
+      if (flash) {
+        return flash_backward<T>(grad_q, grad_k, grad_v, grad_out, q, k, v, lse_bwd, delta, dq_accum, s, params,
+                                 stream);
+      }
     }
     simple_backward<T>(grad_q, grad_k, grad_v, grad_out, q, k, v, lse_bwd, delta, s, params, stream);
   });
