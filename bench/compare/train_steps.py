@@ -56,6 +56,9 @@ def run_json(command, timeout):
             output = f"timed out after {timeout} s"
         with open(path) as f:
             rows = [json.loads(line) for line in f if line.strip()]
+        # Each result as soon as it exists: a call cut short by a time limit keeps what it measured.
+        for row in rows:
+            print("  -> " + json.dumps(row, sort_keys=True), flush=True)
         if rows:
             return rows
         tail = " | ".join(line for line in output.strip().splitlines()[-3:])
