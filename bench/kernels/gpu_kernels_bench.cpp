@@ -17,10 +17,10 @@ namespace {
 
 struct Row {
   std::string name;
-  double ms = 0;        // median time per call
-  double bytes = 0;     // bytes moved per call (0 for compute-bound rows)
-  double flops = 0;     // floating-point operations per call (0 for memory-bound rows)
-  std::string error;    // set when the kernel is missing or failed
+  double ms = 0;      // median time per call
+  double bytes = 0;   // bytes moved per call (0 for compute-bound rows)
+  double flops = 0;   // floating-point operations per call (0 for memory-bound rows)
+  std::string error;  // set when the kernel is missing or failed
 };
 
 /// Median over `reps` samples (after warm-up) of the time per call, in milliseconds, timed with
@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
   const int64_t copy_elems = int64_t{1} << 28;  // 512 MiB of bf16 each way
   Tensor copy_src = random_gpu({copy_elems}, DType::bf16, 1);
   Tensor copy_dst = core::empty({copy_elems}, TensorOptions(DType::bf16, gpu));
-  rows.push_back(measure("ceiling: device copy 512 MiB", 2.0 * copy_src.nbytes(), 0, [&] { copy_dst.copy_(copy_src); }));
+  rows.push_back(
+      measure("ceiling: device copy 512 MiB", 2.0 * copy_src.nbytes(), 0, [&] { copy_dst.copy_(copy_src); }));
   const double copy_gbs = rows.back().bytes / (rows.back().ms * 1e-3) / 1e9;
   const int64_t big = 8192;
   Tensor ga = random_gpu({big, big}, DType::bf16, 2), gb = random_gpu({big, big}, DType::bf16, 3);
@@ -107,7 +108,8 @@ int main(int argc, char** argv) {
   Tensor x = random_gpu({rows_n, width}, DType::bf16, 6);
   Tensor w = random_gpu({width}, DType::bf16, 7), bias = random_gpu({width}, DType::bf16, 8);
   const double act_bytes = static_cast<double>(x.nbytes());
-  rows.push_back(measure("layer_norm fwd bf16 16384x768", 2 * act_bytes, 0, [&] { ops::layer_norm(x, {width}, w, bias); }));
+  rows.push_back(
+      measure("layer_norm fwd bf16 16384x768", 2 * act_bytes, 0, [&] { ops::layer_norm(x, {width}, w, bias); }));
   {
     // The same at a size that fills the GPU (128 MiB each way), where launch and tail effects vanish.
     Tensor big_x = random_gpu({65536, 1024}, DType::bf16, 21);
@@ -116,8 +118,10 @@ int main(int argc, char** argv) {
                            [&] { ops::layer_norm(big_x, {1024}, big_w, big_b); }));
   }
   Tensor wide = random_gpu({rows_n, 4 * width}, DType::bf16, 9);
-  rows.push_back(measure("gelu fwd bf16 16384x3072", 2.0 * wide.nbytes(), 0, [&] { ops::gelu(wide, ops::GeluApproximation::tanh); }));
-  rows.push_back(measure("dropout fwd bf16 16384x3072", 2.0 * wide.nbytes(), 0, [&] { ops::dropout(wide, 0.1, true); }));
+  rows.push_back(measure("gelu fwd bf16 16384x3072", 2.0 * wide.nbytes(), 0,
+                         [&] { ops::gelu(wide, ops::GeluApproximation::tanh); }));
+  rows.push_back(
+      measure("dropout fwd bf16 16384x3072", 2.0 * wide.nbytes(), 0, [&] { ops::dropout(wide, 0.1, true); }));
   Tensor scores = random_gpu({8 * 12 * 1024, 1024}, DType::bf16, 10);
   rows.push_back(measure("softmax fwd bf16 98304x1024", 2.0 * scores.nbytes(), 0, [&] { ops::softmax(scores, -1); }));
   {
@@ -129,9 +133,8 @@ int main(int argc, char** argv) {
     const int64_t n = 124'439'808;
     Tensor p = random_gpu({n}, DType::f32, 11), g = random_gpu({n}, DType::f32, 12);
     Tensor m = random_gpu({n}, DType::f32, 13), v = random_gpu({n}, DType::f32, 14, 0.1, 1);
-    rows.push_back(measure("adamw-style addcdiv_ f32 124M", 4.0 * p.nbytes(), 0, [&] {
-      ops::addcdiv_(p, m, v, -1e-3);
-    }));
+    rows.push_back(
+        measure("adamw-style addcdiv_ f32 124M", 4.0 * p.nbytes(), 0, [&] { ops::addcdiv_(p, m, v, -1e-3); }));
   }
   {
     // The fused AdamW step over GPT-2 124M's 148 f32 parameters (wte, wpe, 12 blocks, ln_f): p, g,
@@ -186,7 +189,8 @@ int main(int argc, char** argv) {
     }
     if (r.flops > 0) {
       const double tflops = r.flops / (r.ms * 1e-3) / 1e12;
-      std::printf("%-48s %10.3f %7.1f TF/s %9.1f%%\n", r.name.c_str(), r.ms, tflops, gemm_tflops > 0 ? 100 * tflops / gemm_tflops : 0);
+      std::printf("%-48s %10.3f %7.1f TF/s %9.1f%%\n", r.name.c_str(), r.ms, tflops,
+                  gemm_tflops > 0 ? 100 * tflops / gemm_tflops : 0);
     } else {
       const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
       std::printf("%-48s %10.3f %7.0f GB/s %9.1f%%\n", r.name.c_str(), r.ms, gbs, 100 * gbs / copy_gbs);
@@ -198,8 +202,9 @@ int main(int argc, char** argv) {
       std::fprintf(f, "[\n");
       for (size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
-        std::fprintf(f, "  {\"name\": \"%s\", \"ms\": %.6f, \"bytes\": %.0f, \"flops\": %.0f, \"error\": %s}%s\n", r.name.c_str(),
-                     r.ms, r.bytes, r.flops, r.error.empty() ? "null" : "\"missing\"", i + 1 < rows.size() ? "," : "");
+        std::fprintf(f, "  {\"name\": \"%s\", \"ms\": %.6f, \"bytes\": %.0f, \"flops\": %.0f, \"error\": %s}%s\n",
+                     r.name.c_str(), r.ms, r.bytes, r.flops, r.error.empty() ? "null" : "\"missing\"",
+                     i + 1 < rows.size() ? "," : "");
       }
       std::fprintf(f, "]\n");
       std::fclose(f);

@@ -552,9 +552,9 @@ TEST(BuildersBadOptions, ErrorsNameTheKey) {
 
 // Weight decay skips biases and norm parameters unless the config asks for decay everywhere.
 TEST(BuildersOptimizer, BiasesAndNormsGoToTheNoDecayGroup) {
-  const TrainConfig adamw =
-      parse("[model]\nname = \"vit\"\noptions = { patch_size = 4, embed_dim = 8, depth = 1, num_heads = 2 }\n"
-            "[data]\noptions = { image_size = 8 }\n[optimizer]\nname = \"adamw\"\nweight_decay = 0.05\n");
+  const TrainConfig adamw = parse(
+      "[model]\nname = \"vit\"\noptions = { patch_size = 4, embed_dim = 8, depth = 1, num_heads = 2 }\n"
+      "[data]\noptions = { image_size = 8 }\n[optimizer]\nname = \"adamw\"\nweight_decay = 0.05\n");
   Datasets d = make_datasets(adamw);
   core::Generator init(1), dropout(2);
   auto model = make_model(adamw, d, init, dropout);

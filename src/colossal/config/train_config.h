@@ -196,8 +196,8 @@ struct TrainLoopConfig {
   /// A checkpoint file, or a checkpoint_dir whose newest checkpoint is taken, to continue from;
   /// empty: start fresh.
   std::string resume_from;
-  std::string log_dir;              ///< TensorBoard events and JSON-lines metrics; empty: console only
-  double label_smoothing = 0;       ///< cross-entropy label smoothing
+  std::string log_dir;         ///< TensorBoard events and JSON-lines metrics; empty: console only
+  double label_smoothing = 0;  ///< cross-entropy label smoothing
   DeviceKind device = DeviceKind::kAuto;
   bool progress = true;  ///< a progress bar per pass on stderr (redrawn on a terminal, every 10% otherwise)
 

@@ -125,8 +125,8 @@ ResNet::ResNet(const ResNetConfig& config, core::Generator* generator) : Module(
     }
     stages_[s] = register_module("layer" + std::to_string(s + 1), stage);
   }
-  fc_ = register_module("fc", std::make_shared<Linear>((config.width << 3) * expansion, config.num_classes, true,
-                                                      generator));
+  fc_ = register_module("fc",
+                        std::make_shared<Linear>((config.width << 3) * expansion, config.num_classes, true, generator));
 
   // torchvision's init: convs kaiming_normal(fan_out, relu); BatchNorms are ones and zeros already.
   for (const auto& [name, module] : named_modules()) {
