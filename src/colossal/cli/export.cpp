@@ -23,18 +23,18 @@ struct ExportOptions {
   std::string dtype;
 };
 
-std::optional<DType> parse_dtype(const std::string& name) {
+/// --dtype: empty keeps the trained dtypes; otherwise a floating dtype (core::parse_dtype's spellings).
+std::optional<DType> export_dtype(const std::string& name) {
   if (name.empty()) return std::nullopt;
-  if (name == "f32" || name == "float32") return DType::f32;
-  if (name == "bf16" || name == "bfloat16") return DType::bf16;
-  if (name == "f16" || name == "float16") return DType::f16;
-  COLOSSAL_FAIL("export: --dtype \"{}\" is not one of f32, bf16, f16", name);
+  const DType dtype = core::parse_dtype(name);
+  COLOSSAL_CHECK(core::is_floating(dtype), "export: --dtype {} is not a floating dtype (f32, bf16, f16, f64)", name);
+  return dtype;
 }
 
 void run_export(const ExportOptions& o) {
   const std::filesystem::path checkpoint = engine::find_checkpoint(o.checkpoint);
   const nn::StateDict state = engine::load_checkpoint_model_state(checkpoint);
-  nn::export_hub_weights(state, o.output, parse_dtype(o.dtype));
+  nn::export_hub_weights(state, o.output, export_dtype(o.dtype));
   int64_t elements = 0;
   for (const auto& [name, tensor] : state) elements += tensor.numel();
   fmt::print("export: {} tensors ({} values) from {} -> {}\n", state.size(), elements, checkpoint.string(), o.output);
@@ -50,7 +50,7 @@ CLI::App* add_export_command(CLI::App& app) {
                   "A checkpoint file, or a checkpoint folder (its newest checkpoint is taken)")
       ->required();
   cmd->add_option("-o,--output", options->output, "The safetensors file to write (replaced if it exists)")->required();
-  cmd->add_option("--dtype", options->dtype, "Cast floating tensors to f32, bf16 or f16 (default: as trained)");
+  cmd->add_option("--dtype", options->dtype, "Cast floating tensors to f32, bf16, f16 or f64 (default: as trained)");
   cmd->footer(
       "GPT-2 weights load with transformers' GPT2LMHeadModel.from_pretrained (after saving the file as\n"
       "model.safetensors beside a config.json) or load_state_dict(strict=False) (the head is tied);\n"

@@ -289,24 +289,24 @@ void SaveCheckpointHook::save(Trainer& trainer, const TrainPosition& position) {
   const std::filesystem::path path = dir_ / checkpoint_file_name(position);
   save_checkpoint(path, trainer.engine(), generators_, info);
   // A step checkpoint at the epoch's last update is superseded by the epoch's own (same step).
-  if (!written_.empty() && written_.back() != path) {
-    try {
-      const auto previous = nn::read_safetensors_header(written_.back()).metadata;
-      if (parse_int(written_.back(), previous, "step") == position.step) {
-        std::filesystem::remove(written_.back());
-        written_.pop_back();
-      }
-    } catch (const Error&) {
-      // Removed or replaced by someone else: leave it.
-    }
+  if (!written_.empty() && written_.back().path != path && written_.back().step == position.step) {
+    std::error_code ec;
+    std::filesystem::remove(written_.back().path, ec);
+    written_.pop_back();
   }
-  std::erase(written_, path);
-  written_.push_back(path);
+  std::erase_if(written_, [&](const Written& w) { return w.path == path; });
+  written_.push_back({path, position.step});
   while (keep_ > 0 && static_cast<int64_t>(written_.size()) > keep_) {
     std::error_code ec;
-    std::filesystem::remove(written_.front(), ec);
+    std::filesystem::remove(written_.front().path, ec);
     written_.erase(written_.begin());
   }
+}
+
+std::vector<std::filesystem::path> SaveCheckpointHook::written() const {
+  std::vector<std::filesystem::path> paths;
+  for (const Written& w : written_) paths.push_back(w.path);
+  return paths;
 }
 
 }  // namespace colossal::engine

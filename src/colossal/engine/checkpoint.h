@@ -72,7 +72,7 @@ class SaveCheckpointHook : public Hook {
   void after_train_iter(Trainer& trainer, const Tensor& output, const Tensor& target, const Tensor& loss) override;
   void after_train_epoch(Trainer& trainer) override;
   /// Paths written by this hook, oldest first (the kept ones).
-  const std::vector<std::filesystem::path>& written() const { return written_; }
+  std::vector<std::filesystem::path> written() const;
 
  private:
   void save(Trainer& trainer, const TrainPosition& position);
@@ -82,7 +82,11 @@ class SaveCheckpointHook : public Hook {
   int64_t epoch_interval_, step_interval_;
   std::map<std::string, std::string> extra_;
   int64_t keep_;
-  std::vector<std::filesystem::path> written_;
+  struct Written {
+    std::filesystem::path path;
+    int64_t step;
+  };
+  std::vector<Written> written_;
 };
 
 }  // namespace colossal::engine
