@@ -65,9 +65,6 @@ void run_train(const MlpTrainConfig& config) {
       100 * result.majority_accuracy, result.seconds);
 }
 
-}  // namespace
-}  // namespace colossal::cli
-
 // Note [OpenMP wait policy]
 // Our CPU kernels run OpenMP loops between OpenBLAS calls, and OpenBLAS (the pthreads build) has
 // threads of its own. Under libgomp's default policy, OpenMP threads spin for a while after each
@@ -82,8 +79,11 @@ void ensure_passive_openmp_wait(char** argv) {
   // exec failed (no /proc): run on with the default policy.
 }
 
+}  // namespace
+}  // namespace colossal::cli
+
 int main(int argc, char** argv) {
-  ensure_passive_openmp_wait(argv);
+  colossal::cli::ensure_passive_openmp_wait(argv);
   using colossal::cli::MlpTrainConfig;
   CLI::App app{"colossal: native C++ training of large neural networks"};
   app.require_subcommand(1);
