@@ -9,9 +9,11 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "colossal/core/error.h"  // COLOSSAL_CHECK
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/error.h"          // COLOSSAL_CHECK
 #include "colossal/engine/trainer.h"
-#include "colossal/nn/metrics.h"  // topk_correct
+#include "colossal/nn/metrics.h"       // topk_correct
+#include "colossal/ops/elementwise.h"  // add
 
 namespace colossal::engine {
 namespace {
@@ -34,34 +36,52 @@ nlohmann::json optional_or_null(const std::optional<double>& value) {
 
 // ---- LossHook
 
+namespace {
+
+/// Adds a detached loss into `sum` where the loss lives (16-bit losses widened to f32): reading each
+/// loss on the host would synchronise the GPU at every training step.
+void accumulate(Tensor& sum, const Tensor& loss) {
+  autograd::NoGradGuard no_grad;
+  Tensor value = loss.detach();
+  if (value.dtype() == DType::f16 || value.dtype() == DType::bf16) value = value.to(DType::f32);
+  sum = sum.defined() ? ops::add(sum, value) : value.clone();
+}
+
+/// The mean of the accumulated losses, read once per pass.
+double mean_of(const Tensor& sum, int64_t count) {
+  return sum.to(Device{}).item<double>() / static_cast<double>(count);
+}
+
+}  // namespace
+
 void LossHook::before_train_epoch(Trainer&) {
-  train_sum_ = 0.0;
+  train_sum_ = Tensor();
   train_count_ = 0;
 }
 
 void LossHook::after_train_iter(Trainer&, const Tensor&, const Tensor&, const Tensor& loss) {
   if (!loss.defined()) return;
-  train_sum_ += loss.item<double>();
+  accumulate(train_sum_, loss);
   ++train_count_;
 }
 
 void LossHook::after_train_epoch(Trainer& trainer) {
-  if (train_count_ > 0) trainer.train_metrics()["loss"] = train_sum_ / static_cast<double>(train_count_);
+  if (train_count_ > 0) trainer.train_metrics()["loss"] = mean_of(train_sum_, train_count_);
 }
 
 void LossHook::before_test_epoch(Trainer&) {
-  test_sum_ = 0.0;
+  test_sum_ = Tensor();
   test_count_ = 0;
 }
 
 void LossHook::after_test_iter(Trainer&, const Tensor&, const Tensor&, const Tensor& loss) {
   if (!loss.defined()) return;
-  test_sum_ += loss.item<double>();
+  accumulate(test_sum_, loss);
   ++test_count_;
 }
 
 void LossHook::after_test_epoch(Trainer& trainer) {
-  if (test_count_ > 0) trainer.test_metrics()["loss"] = test_sum_ / static_cast<double>(test_count_);
+  if (test_count_ > 0) trainer.test_metrics()["loss"] = mean_of(test_sum_, test_count_);
 }
 
 // ---- AccuracyHook

@@ -17,7 +17,8 @@
 namespace colossal::engine {
 
 /// Mean of the per-iteration losses of each pass: train_metrics()["loss"] at after_train_epoch and
-/// test_metrics()["loss"] at after_test_epoch (Colossal-AI's LossHook and LossMetric).
+/// test_metrics()["loss"] at after_test_epoch (Colossal-AI's LossHook and LossMetric). The sum stays on
+/// the losses' device (f32 or wider) until the pass ends, so the hook adds no host sync to a step.
 class LossHook : public Hook {
  public:
   explicit LossHook(int priority = 0) : Hook(priority) {}
@@ -30,7 +31,7 @@ class LossHook : public Hook {
   void after_test_epoch(Trainer& trainer) override;
 
  private:
-  double train_sum_ = 0.0, test_sum_ = 0.0;
+  Tensor train_sum_, test_sum_;  // on the losses' device, read once per pass
   int64_t train_count_ = 0, test_count_ = 0;
 };
 
