@@ -26,6 +26,9 @@
 #include "colossal/nn/models/vit.h"                  // VisionTransformer
 #include "colossal/ops/nn_functional.h"              // cross_entropy
 #include "colossal/optim/adam.h"                     // AdamW
+#if COLOSSAL_BENCH_CUPTI
+#include "kernel_trace.h"  // KernelTrace, summarize
+#endif
 
 using namespace colossal;
 
@@ -58,6 +61,8 @@ struct Options {
   std::string json_path;
   /// cpu runs the same steps on the CPU backend (host-clock timing): a smoke test at small sizes.
   bool cpu = false;
+  /// After timing, trace one more step with CUPTI and print its top kernels (0: no trace).
+  int trace_top = 0;
 };
 
 struct Result {
@@ -67,6 +72,10 @@ struct Result {
   std::string flop_formula;
   double ms_per_step = 0;       ///< CUDA events around the timed steps, divided by their number
   double wall_ms_per_step = 0;  ///< host clock over the same steps (to the final synchronize)
+  /// Host clock until the last step was queued: near ms_per_step means the host, not the GPU, sets
+  /// the pace (launch-bound); well under it means the GPU is never left waiting for work.
+  double enqueue_ms_per_step = 0;
+  double forward_ms = 0;  ///< forward + loss alone (the graph built, then dropped), CUDA events
   double peak_memory_bytes = 0;
   double loss_first = 0;  ///< after the first warm-up step
   double loss_last = 0;   ///< after the last timed step
@@ -271,13 +280,38 @@ void measure(Result& r, const Options& o, Device device) {
   start.record(stream);
   for (int i = 0; i < o.steps; ++i) loss = engine->step(input, target);
   stop.record(stream);
+  const auto enqueued = std::chrono::steady_clock::now();
   stop.synchronize();
   const auto wall_stop = std::chrono::steady_clock::now();
 
   r.ms_per_step = start.elapsed_ms(stop) / o.steps;
   r.wall_ms_per_step = std::chrono::duration<double, std::milli>(wall_stop - wall_start).count() / o.steps;
+  r.enqueue_ms_per_step = std::chrono::duration<double, std::milli>(enqueued - wall_start).count() / o.steps;
   r.peak_memory_bytes = double(core::memory_stats(device).peak_allocated_bytes);
   r.loss_last = loss.item<double>();
+
+  // Where the step's time goes: forward + loss alone (backward + optimizer is the rest).
+  constexpr int kForwardRuns = 5;
+  core::cuda::Event forward_start(true), forward_stop(true);
+  forward_start.record(stream);
+  for (int i = 0; i < kForwardRuns; ++i) engine->criterion(engine->forward(input), target);
+  forward_stop.record(stream);
+  forward_stop.synchronize();
+  r.forward_ms = forward_start.elapsed_ms(forward_stop) / kForwardRuns;
+
+  if (o.trace_top > 0) {
+#if COLOSSAL_BENCH_CUPTI
+    bench::KernelTrace trace;
+    trace.start();
+    loss = engine->step(input, target);
+    const std::vector<bench::TraceRecord> records = trace.stop();
+    std::printf("\n%s, one step (%s):\n%s", c.name.c_str(), c.family == Family::gpt2 ? "tokens" : "images",
+                bench::summarize(records, o.trace_top).c_str());
+    std::fflush(stdout);
+#else
+    std::fprintf(stderr, "train_step_bench: built without CUPTI, --trace ignored\n");
+#endif
+  }
 }
 
 // ---- command line and output
@@ -286,11 +320,13 @@ void measure(Result& r, const Options& o, Device device) {
   std::fprintf(stderr,
                "train_step_bench: %s\n"
                "usage: train_step_bench [--model NAME|all] [--batch B] [--seq T] [--steps N] [--warmup N]\n"
-               "                        [--peak-tflops F] [--json FILE] [--device cuda|cpu]\n"
+               "                        [--peak-tflops F] [--json FILE] [--device cuda|cpu] [--trace TOP]\n"
                "  NAME: gpt2 (B16 T1024), gpt2-medium (B8 T1024), vit_base_patch16_224 (B128),\n"
                "        vit_large_patch16_224 (B64), resnet50 (B128); all (the default) runs each.\n"
                "  --batch and --seq override every selected model's (--seq: GPT-2 only, <= 1024).\n"
-               "  --device cpu: the same steps on the CPU backend, a smoke test at small sizes.\n",
+               "  --device cpu: the same steps on the CPU backend, a smoke test at small sizes.\n"
+               "  --trace TOP: after timing, one more step traced with CUPTI; prints the GPU's busy and idle\n"
+               "        time and the TOP kernels by summed duration.\n",
                problem.c_str());
   std::exit(2);
 }
@@ -339,6 +375,8 @@ Options parse(int argc, char** argv) {
       if (!(o.peak_tflops > 0)) usage(fmt::format("--peak-tflops needs a positive number, got '{}'", value));
     } else if (flag == "--json") {
       o.json_path = value;
+    } else if (flag == "--trace") {
+      o.trace_top = int(parse_int(flag, value, 1));
     } else if (flag == "--device") {
       if (value != "cuda" && value != "cpu") usage(fmt::format("--device is cuda or cpu, got '{}'", value));
       o.cpu = value == "cpu";
@@ -393,6 +431,8 @@ nlohmann::json to_json(const Result& r, const Options& o, const std::string& dev
   j["error"] = nullptr;
   j["ms_per_step"] = r.ms_per_step;
   j["wall_ms_per_step"] = r.wall_ms_per_step;
+  j["enqueue_ms_per_step"] = r.enqueue_ms_per_step;
+  j["forward_ms"] = r.forward_ms;
   j["throughput"] = r.throughput();
   j["tflops"] = r.flops_per_step / (r.ms_per_step * 1e-3) / 1e12;
   j["mfu"] = r.flops_per_step / (r.ms_per_step * 1e-3) / (o.peak_tflops * 1e12);
@@ -455,8 +495,8 @@ int main(int argc, char** argv) {
 
   std::printf("\ncolossal training steps on %s: bf16 model, fp32 master weights, AdamW;\n", device_name.c_str());
   std::printf("%d warm-up + %d timed steps; MFU against %.1f TFLOP/s\n\n", o.warmup, o.steps, o.peak_tflops);
-  std::printf("%-24s %-14s %10s %20s %9s %7s %10s %9s\n", "model", "shape", "ms/step", "throughput", "TFLOP/s", "MFU",
-              "peak GiB", "loss");
+  std::printf("%-24s %-14s %10s %20s %9s %7s %10s %9s %10s %10s\n", "model", "shape", "ms/step", "throughput",
+              "TFLOP/s", "MFU", "peak GiB", "loss", "fwd ms", "host ms");
   for (const Result& r : results) {
     if (!r.error.empty()) {
       std::printf("%-24s %-14s %10s  error: %.80s\n", r.c.name.c_str(), shape_label(r.c).c_str(), "n/a",
@@ -464,9 +504,10 @@ int main(int argc, char** argv) {
       continue;
     }
     const double tflops = r.flops_per_step / (r.ms_per_step * 1e-3) / 1e12;
-    std::printf("%-24s %-14s %10.2f %11.0f %-8s %9.1f %6.1f%% %10.2f %9.3f\n", r.c.name.c_str(),
+    std::printf("%-24s %-14s %10.2f %11.0f %-8s %9.1f %6.1f%% %10.2f %9.3f %10.2f %10.2f\n", r.c.name.c_str(),
                 shape_label(r.c).c_str(), r.ms_per_step, r.throughput(), r.unit(), tflops,
-                100.0 * tflops / o.peak_tflops, r.peak_memory_bytes / double(1 << 30), r.loss_last);
+                100.0 * tflops / o.peak_tflops, r.peak_memory_bytes / double(1 << 30), r.loss_last, r.forward_ms,
+                r.enqueue_ms_per_step);
   }
   bool any_error = false;
   for (const Result& r : results) any_error = any_error || !r.error.empty();

@@ -60,6 +60,9 @@ class Engine {
   Tensor step(const Tensor& input, const Tensor& target);
   /// The model's output for `input` with autograd off.
   Tensor evaluate(const Tensor& input);
+  /// The model's output for `input`, through the mixed-precision casts when on, recording the
+  /// autograd graph as step() does (benchmarks time it alone).
+  Tensor forward(const Tensor& input);
   /// The criterion on (output, target).
   Tensor criterion(const Tensor& output, const Tensor& target) const { return criterion_(output, target); }
 
@@ -89,9 +92,6 @@ class Engine {
   const EngineOptions& options() const { return options_; }
 
  private:
-  /// The model's output for `input`, through the mixed-precision casts when on.
-  Tensor forward(const Tensor& input);
-
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;
   Criterion criterion_;
