@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "gpu_compare.h"
@@ -136,6 +137,54 @@ TEST(AttentionGpu, StridedInputs) {
                                .tolerance_scale = tolerance_scale(dtype)},
                               dtype, "attention on transposed inputs");
     }
+  }
+}
+
+TEST(AttentionGpu, PackedQkv) {
+  COLOSSAL_REQUIRE_GPU();
+  // ops::packed_qkv_attention: q, k, v read from [B, T, 3, H, D], the output written as [B, T, H, D]
+  // and the gradient as [B, T, 3, H, D], in place (flash kernels, bf16/f16) or through contiguous
+  // buffers (simple kernels, f32). D = 64 and D = 40 (padded, so q, k, v are packed first).
+  for (const auto& [heads, head_dim, tokens] : {std::tuple<int64_t, int64_t, int64_t>{3, 64, 77}, {2, 40, 50}}) {
+    for (DType dtype : kDtypes) {
+      for (bool causal : {false, true}) {
+        const std::string what = fmt::format("packed qkv H {} D {} T {} causal {} ({})", heads, head_dim, tokens,
+                                             causal, core::dtype_name(dtype));
+        SCOPED_TRACE(what);
+        expect_cuda_matches_cpu(
+            {.make_inputs =
+                 [&](DType d) {
+                   return std::vector<Tensor>{random_input({2, tokens, 3 * heads * head_dim}, 8, d, -1.5, 1.5)};
+                 },
+             .fn =
+                 [&](const std::vector<Tensor>& in) {
+                   return ops::packed_qkv_attention(in[0], heads, {.causal = causal});
+                 },
+             .tolerance_scale = tolerance_scale(dtype)},
+            dtype, what);
+      }
+    }
+  }
+}
+
+TEST(AttentionGpu, StridedGradOut) {
+  COLOSSAL_REQUIRE_GPU();
+  // A transposed output ([B, H, T, D] viewed as [B, T, H, D]) gets its gradient strided: the
+  // backward reads it in place.
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    expect_cuda_matches_cpu(
+        {.make_inputs =
+             [](DType d) {
+               return std::vector<Tensor>{random_input({2, 3, 65, 64}, 9, d, -1.5, 1.5),
+                                          random_input({2, 3, 65, 64}, 10, d, -1.5, 1.5),
+                                          random_input({2, 3, 65, 64}, 11, d)};
+             },
+         .fn =
+             [](const std::vector<Tensor>& in) {
+               return ops::scaled_dot_product_attention(in[0], in[1], in[2], {.causal = true}).transpose(1, 2);
+             },
+         .tolerance_scale = tolerance_scale(dtype)},
+        dtype, "attention with a transposed output");
   }
 }
 

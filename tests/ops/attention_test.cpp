@@ -83,6 +83,65 @@ TEST(GradCheck, scaled_dot_product_attention_strided_inputs) {
                        }});
 }
 
+TEST(GradCheck, packed_qkv_attention) {
+  // qkv [B, T, 3 * H * D] with H = 2, D = 3; causal and not, and a custom scale.
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(fmt::format("causal {}", causal));
+    check_gradients({.make_inputs =
+                         [] {
+                           return std::vector<Tensor>{random_leaf({2, 4, 18}, 7, -1.5, 1.5)};
+                         },
+                     .fn =
+                         [=](const std::vector<Tensor>& in) {
+                           return ops::packed_qkv_attention(in[0], 2, {.causal = causal, .scale = 0.6});
+                         }});
+  }
+}
+
+/// The unfused form of packed_qkv_attention: split qkv into heads, attend, merge.
+Tensor split_attend_merge(const Tensor& qkv, int64_t heads, bool causal) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
+  const Tensor split = qkv.reshape({b, t, 3, heads, d}).permute({2, 0, 3, 1, 4});
+  const Tensor out =
+      ops::scaled_dot_product_attention(split.select(0, 0), split.select(0, 1), split.select(0, 2), options(causal));
+  return out.transpose(1, 2).reshape({b, t, c});
+}
+
+TEST(Attention, PackedQkvEqualsSplitAttendMerge) {
+  // The same kernel on the same strided q, k, v; only where the output and gradient land differs,
+  // so forward and backward agree exactly.
+  for (bool causal : {false, true}) {
+    auto run = [&](bool packed) {
+      Tensor qkv = random_tensor({3, 7, 3 * 4 * 5}, 50, -2, 2);
+      qkv.set_requires_grad(true);
+      Tensor out = packed ? ops::packed_qkv_attention(qkv, 4, options(causal)) : split_attend_merge(qkv, 4, causal);
+      autograd::backward(out, random_tensor(out.shape(), 51));
+      return std::pair{out.detach(), qkv.grad()};
+    };
+    const auto [out, grad] = run(true);
+    const auto [ref_out, ref_grad] = run(false);
+    EXPECT_EQ(out.shape(), (Shape{3, 7, 20}));
+    expect_close(out, ref_out, 0, 0, fmt::format("output, causal {}", causal));
+    expect_close(grad, ref_grad, 0, 0, fmt::format("qkv gradient, causal {}", causal));
+  }
+}
+
+TEST(Attention, PackedQkvBadInput) {
+  const Tensor qkv = random_tensor({2, 5, 18}, 1);
+  EXPECT_THROW(
+      {
+        try {
+          ops::packed_qkv_attention(qkv, 4);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("not 3 * num_heads (4) * head_dim"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  EXPECT_THROW(ops::packed_qkv_attention(random_tensor({5, 18}, 1), 2), Error);
+  EXPECT_THROW(ops::packed_qkv_attention(qkv, 0), Error);
+}
+
 TEST(Attention, KnownValues) {
   // One query, keys with scores 0 and ln 3 (scale 1): probabilities [1/4, 3/4], so the output is
   // 1/4 * [4, 0] + 3/4 * [8, 4] = [7, 3].

@@ -22,28 +22,24 @@ Tensor multihead_attention(const Tensor& qkv, int64_t num_heads, bool causal, do
                  "multihead_attention: qkv {} has a last dimension of {}, which is not 3 * num_heads ({}) * head_dim",
                  qkv.shape(), width, num_heads);
   const int64_t channels = width / 3, head_dim = channels / num_heads;
+  if (attn_dropout == 0.0 || !training) return ops::packed_qkv_attention(qkv, num_heads, {.causal = causal});
+
+  // Dropout on the probabilities needs them materialised: the unfused path.
   // [B, N, 3, H, D] -> [3, B, H, N, D]: the layout timm's Attention and HF's _split_heads produce.
   const Tensor heads = qkv.reshape({batch, tokens, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
   const Tensor q = heads.select(0, 0), k = heads.select(0, 1), v = heads.select(0, 2);
-
-  Tensor out;
-  if (attn_dropout > 0.0 && training) {
-    Tensor scores = ops::mul(ops::matmul(q, k.transpose(-2, -1)), 1.0 / std::sqrt(static_cast<double>(head_dim)));
-    if (causal) {
-      // Query i sees keys j <= i: an additive mask of -inf above the diagonal.
-      std::vector<double> mask(static_cast<size_t>(tokens * tokens), 0.0);
-      for (int64_t i = 0; i < tokens; ++i) {
-        for (int64_t j = i + 1; j < tokens; ++j) mask[i * tokens + j] = -std::numeric_limits<double>::infinity();
-      }
-      scores =
-          ops::add(scores, core::from_vector(mask, {tokens, tokens}, TensorOptions(scores.dtype(), scores.device())));
+  Tensor scores = ops::mul(ops::matmul(q, k.transpose(-2, -1)), 1.0 / std::sqrt(static_cast<double>(head_dim)));
+  if (causal) {
+    // Query i sees keys j <= i: an additive mask of -inf above the diagonal.
+    std::vector<double> mask(static_cast<size_t>(tokens * tokens), 0.0);
+    for (int64_t i = 0; i < tokens; ++i) {
+      for (int64_t j = i + 1; j < tokens; ++j) mask[i * tokens + j] = -std::numeric_limits<double>::infinity();
     }
-    const Tensor probs = ops::dropout(ops::softmax(scores, -1), attn_dropout, true, dropout_generator);
-    out = ops::matmul(probs, v);
-  } else {
-    out = ops::scaled_dot_product_attention(q, k, v, {.causal = causal});
+    scores =
+        ops::add(scores, core::from_vector(mask, {tokens, tokens}, TensorOptions(scores.dtype(), scores.device())));
   }
-  return out.transpose(1, 2).reshape({batch, tokens, channels});
+  const Tensor probs = ops::dropout(ops::softmax(scores, -1), attn_dropout, true, dropout_generator);
+  return ops::matmul(probs, v).transpose(1, 2).reshape({batch, tokens, channels});
 }
 
 MultiheadSelfAttention::MultiheadSelfAttention(int64_t dim, int64_t num_heads,

@@ -3,6 +3,7 @@
 // only each query row's logsumexp; the backward recomputes the probabilities from it, as flash
 // attention does, so memory stays O(T) per row instead of O(Tq * Tk).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -38,6 +39,35 @@ bool batches_broadcast(const std::vector<Shape>& shapes) {
     }
   }
   return true;
+}
+
+/// The CUDA kernels write strided outputs and read a strided grad_out in place; the CPU kernels
+/// take contiguous ones. These run the stubs either way.
+void forward_into(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const AttentionParams& params) {
+  if (out.numel() == 0) return;
+  if (q.device().is_cuda() || out.is_contiguous()) return attention_forward_stub(q.device(), out, lse, q, k, v, params);
+  const Tensor buffer = core::empty(out.shape(), TensorOptions(out.dtype(), out.device()));
+  attention_forward_stub(q.device(), buffer, lse, q, k, v, params);
+  core::copy_stub(out.device(), out, buffer);
+}
+
+void backward_into(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_out,
+                   const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                   const AttentionParams& params) {
+  if (q.device().is_cuda()) {
+    return attention_backward_stub(q.device(), grad_q, grad_k, grad_v, grad_out, q, k, v, out, lse, params);
+  }
+  std::vector<Tensor> buffers;
+  for (const Tensor* g : {&grad_q, &grad_k, &grad_v}) {
+    buffers.push_back(g->is_contiguous() ? *g : core::empty(g->shape(), TensorOptions(g->dtype(), g->device())));
+  }
+  attention_backward_stub(q.device(), buffers[0], buffers[1], buffers[2], core::contiguous_raw(grad_out), q, k, v,
+                          core::contiguous_raw(out), lse, params);
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const Tensor& g = i == 0 ? grad_q : i == 1 ? grad_k : grad_v;
+    if (buffers[i].raw_data() != g.raw_data() && g.numel() > 0) core::copy_stub(g.device(), g, buffers[i]);
+  }
 }
 
 /// t [..., T, D] expanded (a view) to the common batch shape.
@@ -96,7 +126,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   lse_shape.push_back(tq);
   Tensor out = core::empty(out_shape, TensorOptions(q.dtype(), q.device()));
   Tensor lse = core::empty(lse_shape, TensorOptions(stat_dtype, q.device()));
-  if (out.numel() > 0) attention_forward_stub(q.device(), out, lse, qb, kb, vb, params);
+  forward_into(out, lse, qb, kb, vb, params);
 
   autograd::record("scaled_dot_product_attention", {q, k, v}, {out},
                    [qb = qb.detach(), kb = kb.detach(), vb = vb.detach(), out = out.detach(), lse = lse.detach(),
@@ -106,15 +136,66 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                      Tensor grad_q = core::empty(qb.shape(), options);
                      Tensor grad_k = core::empty(kb.shape(), options);
                      Tensor grad_v = core::empty(vb.shape(), options);
-                     const Tensor grad_out = core::contiguous_raw(grads[0]);
-                     attention_backward_stub(qb.device(), grad_q, grad_k, grad_v, grad_out, qb, kb, vb, out, lse,
-                                             params);
+                     backward_into(grad_q, grad_k, grad_v, grads[0], qb, kb, vb, out, lse, params);
                      // The kernel's gradients are per broadcast batch entry; sum them back onto each input's shape.
                      return std::vector<Tensor>{node.needs_input_grad(0) ? sum_to(grad_q, q_shape) : Tensor(),
                                                 node.needs_input_grad(1) ? sum_to(grad_k, k_shape) : Tensor(),
                                                 node.needs_input_grad(2) ? sum_to(grad_v, v_shape) : Tensor()};
                    });
   return out;
+}
+
+Tensor packed_qkv_attention(const Tensor& qkv, int64_t num_heads, const AttentionOptions& options) {
+  if (const auto dtype = autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return packed_qkv_attention(autocast::to_lower(qkv, *dtype), num_heads, options);
+  }
+  const char* op = "packed_qkv_attention";
+  COLOSSAL_CHECK(qkv.defined() && qkv.dim() == 3, "{}: qkv must be [B, T, 3 * C], got shape {}", op,
+                 qkv.defined() ? qkv.shape() : Shape{});
+  COLOSSAL_CHECK(core::is_floating(qkv.dtype()), "{}: expected a floating qkv (f32, f64, f16, bf16), got {}", op,
+                 qkv.dtype());
+  COLOSSAL_CHECK(num_heads > 0, "{}: num_heads must be positive, got {}", op, num_heads);
+  const int64_t batch = qkv.size(0), tokens = qkv.size(1), width = qkv.size(2);
+  COLOSSAL_CHECK(width % (3 * num_heads) == 0 && width > 0,
+                 "{}: qkv {} has a last dimension of {}, which is not 3 * num_heads ({}) * head_dim", op, qkv.shape(),
+                 width, num_heads);
+  const int64_t channels = width / 3, head_dim = channels / num_heads;
+  AttentionParams params;
+  params.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  params.causal = options.causal;
+  const TensorOptions like(qkv.dtype(), qkv.device());
+
+  // q, k and v as [B, H, T, D] views of [B, T, 3, H, D]; the output written as [B, T, H, D] (heads
+  // merged) through a [B, H, T, D] view of it.
+  const Tensor base = core::contiguous_raw(qkv);
+  auto split = [=](const Tensor& packed) {
+    const Tensor heads =
+        core::permute_raw(core::view_raw(packed, {batch, tokens, 3, num_heads, head_dim}), {2, 0, 3, 1, 4});
+    return std::array<Tensor, 3>{core::select_raw(heads, 0, 0), core::select_raw(heads, 0, 1),
+                                 core::select_raw(heads, 0, 2)};
+  };
+  auto heads_view = [=](const Tensor& merged) {
+    return core::transpose_raw(core::view_raw(merged, {batch, tokens, num_heads, head_dim}), 1, 2);
+  };
+  const auto [q, k, v] = split(base);
+  Tensor merged = core::empty({batch, tokens, channels}, like);
+  const Tensor out = heads_view(merged);
+  const Tensor lse = core::empty({batch, num_heads, tokens},
+                                 TensorOptions(qkv.dtype() == DType::f64 ? DType::f64 : DType::f32, qkv.device()));
+  forward_into(out, lse, q, k, v, params);
+
+  autograd::record(op, {qkv}, {merged},
+                   [base = base.detach(), out = out.detach(), lse = lse.detach(), params, split, heads_view](
+                       const std::vector<Tensor>& grads, const autograd::Node&) {
+                     const auto [q, k, v] = split(base);
+                     Tensor grad_qkv = core::empty(base.shape(), TensorOptions(base.dtype(), base.device()));
+                     const auto [grad_q, grad_k, grad_v] = split(grad_qkv);
+                     backward_into(grad_q, grad_k, grad_v, heads_view(core::contiguous_raw(grads[0])), q, k, v, out,
+                                   lse, params);
+                     return std::vector<Tensor>{grad_qkv};
+                   });
+  return merged;
 }
 
 }  // namespace colossal::ops

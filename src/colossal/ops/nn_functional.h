@@ -46,6 +46,13 @@ struct AttentionOptions {
 /// softmax(q k^T * scale [+ causal mask]) v for q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv].
 /// The causal mask lets query i see keys j <= i (+ Tk - Tq when lengths differ, as in flash attention
 /// aligned to the bottom right).
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& options = {});
+/// Multi-head self-attention on a fused projection: qkv [B, T, 3 * C] laid out as [B, T, 3, H, D]
+/// (q, k, v, each head by head, as nn's fused qkv Linear and timm/HF produce), C = H * D. Returns
+/// [B, T, C], the heads merged. The same function as splitting the heads, scaled_dot_product_attention
+/// and merging them, but the kernels read q, k, v from qkv and write the merged output and the qkv
+/// gradient in place: no transposing copies, forward or backward.
+Tensor packed_qkv_attention(const Tensor& qkv, int64_t num_heads, const AttentionOptions& options = {});
 
 }  // namespace colossal::ops

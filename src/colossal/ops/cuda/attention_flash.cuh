@@ -64,8 +64,8 @@ __device__ __forceinline__ void store_pair(T* row, int col, int cols, float v0, 
 
 struct FlashForwardParams {
   MatrixOperand q, k, v;
-  void* out;   // [batch, tq, value_dim] contiguous, T
-  float* lse;  // [batch, tq]
+  MatrixOperand out;  // [batch, tq, value_dim] of T, unit column stride, even strides (written)
+  float* lse;         // [batch, tq]
   int64_t tq, tk;
   int qk_cols;    // columns of q and k to load (a multiple of 8, <= kD)
   int v_cols;     // columns of v to load (likewise)
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_forward_
   }
   cp_async_wait<0>();  // with no key tile, Q's copy is still in flight
 
-  T* out = static_cast<T*>(p.out) + batch * p.tq * p.value_dim;
+  T* out = const_cast<T*>(p.out.matrix<T>(batch));
   float* lse = p.lse + batch * p.tq;
 #pragma unroll
   for (int atom = 0; atom < kAtoms; ++atom) {
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_forward_
       if (row >= p.tq) continue;
       // A row that sees no key has sum 0: output 0 and logsumexp -inf, as the contract says.
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      T* out_row = out + row * p.value_dim;
+      T* out_row = out + row * p.out.row_stride;
 #pragma unroll
       for (int dt = 0; dt < kOutTiles; ++dt) {
         store_pair<T>(out_row, dt * 8 + tig * 2, p.value_dim, acc_o[atom][dt][2 * h] * inv,
@@ -279,8 +279,8 @@ struct FlashBackwardParams {
   const float* lse;    // [batch, tq_padded]: logsumexp * log2(e); +inf where a row sees no key and past tq
   const float* delta;  // [batch, tq_padded]: rowsum(dout * out); 0 past tq
   float* dq_accum;     // [batch, tq, qk_cols], zeroed: receives dS K (unscaled) through atomics
-  void* dk;            // [batch, tk, head_dim], T
-  void* dv;            // [batch, tk, value_dim], T
+  MatrixOperand dk;    // [batch, tk, head_dim] of T, unit column stride, even strides (written)
+  MatrixOperand dv;    // [batch, tk, value_dim] likewise
   int64_t tq, tk, tq_padded;
   int qk_cols, v_cols;  // loaded columns, multiples of 8
   int head_dim, value_dim;
@@ -550,8 +550,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_backward
   }
 
   // Keys past tk are not stored; keys no query sees get zeros.
-  T* dk = static_cast<T*>(p.dk) + batch * p.tk * p.head_dim;
-  T* dv = static_cast<T*>(p.dv) + batch * p.tk * p.value_dim;
+  T* dk = const_cast<T*>(p.dk.matrix<T>(batch));
+  T* dv = const_cast<T*>(p.dv.matrix<T>(batch));
 #pragma unroll
   for (int atom = 0; atom < kAtoms; ++atom) {
 #pragma unroll
@@ -561,9 +561,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) flash_backward
 #pragma unroll
       for (int dt = 0; dt < kColTiles; ++dt) {
         const int col = dt * 8 + tig * 2;
-        store_pair<T>(dk + key * p.head_dim, col, p.head_dim, acc_dk[atom][dt][2 * h] * p.scale,
+        store_pair<T>(dk + key * p.dk.row_stride, col, p.head_dim, acc_dk[atom][dt][2 * h] * p.scale,
                       acc_dk[atom][dt][2 * h + 1] * p.scale);
-        store_pair<T>(dv + key * p.value_dim, col, p.value_dim, acc_dv[atom][dt][2 * h], acc_dv[atom][dt][2 * h + 1]);
+        store_pair<T>(dv + key * p.dv.row_stride, col, p.value_dim, acc_dv[atom][dt][2 * h],
+                      acc_dv[atom][dt][2 * h + 1]);
       }
     }
   }

@@ -120,6 +120,32 @@ MatrixOperand simple_operand(const Tensor& t, Tensor& keep) {
   return *describe(keep);
 }
 
+/// An output the flash kernels can write in place: unit column stride and, when the row has an
+/// even number of columns (stored two at a time as one 32-bit word), even row and batch strides
+/// and a 4-byte aligned start. Contiguous tensors and [B, T, H, D] memory viewed as [B, H, T, D]
+/// qualify.
+std::optional<MatrixOperand> flash_output(const Tensor& t) {
+  std::optional<MatrixOperand> m = describe(t);
+  if (!m || m->col_stride != 1) return std::nullopt;
+  if (t.size(-1) % 2 == 0) {
+    bool even = m->row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(t.raw_data()) % 4 == 0;
+    for (int d = 0; d < m->batch_dims; ++d) even = even && m->batch_strides[d] % 2 == 0;
+    if (!even) return std::nullopt;
+  }
+  return m;
+}
+
+/// Where a kernel writes output `target`: the tensor itself when it can (`direct`), else a
+/// contiguous temporary that finish() copies into target.
+struct OutputBuffer {
+  Tensor target, buffer;
+  OutputBuffer(const Tensor& t, bool direct)
+      : target(t), buffer(direct ? t : core::empty(t.shape(), TensorOptions(t.dtype(), t.device()))) {}
+  void finish() const {
+    if (target.numel() > 0 && buffer.raw_data() != target.raw_data()) core::copy_stub(target.device(), target, buffer);
+  }
+};
+
 /// dst[b, r, c] = src's element (b, r, c) for c < cols, 0 for cols <= c < padded_cols.
 template <class T>
 __global__ void pack_operand_kernel(T* dst, const MatrixOperand src, int64_t rows, int64_t cols, int64_t padded_cols,
@@ -177,11 +203,12 @@ void flash_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const 
                    const AttentionShape& s, const AttentionParams& params, cudaStream_t stream) {
   const FlashOperand fq = flash_operand<T>(q, s.batch, stream), fk = flash_operand<T>(k, s.batch, stream),
                      fv = flash_operand<T>(v, s.batch, stream);
+  const OutputBuffer o(out, flash_output(out).has_value());
   FlashForwardParams p;
   p.q = fq.matrix;
   p.k = fk.matrix;
   p.v = fv.matrix;
-  p.out = out.raw_data();
+  p.out = *flash_output(o.buffer);
   p.lse = lse.data<float>();
   p.tq = s.tq;
   p.tk = s.tk;
@@ -198,6 +225,7 @@ void flash_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const 
   } else {
     launch_flash_forward<FlashForwardConfig<T, 128, 128, 64, 4>>(p, s.batch, device, stream);
   }
+  o.finish();
 }
 
 template <class T>
@@ -206,6 +234,7 @@ void simple_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const
   using A = acc_t<T>;
   constexpr int kRows = kSimpleRows<A>;
   Tensor keep_q, keep_k, keep_v;
+  const OutputBuffer o(out, out.is_contiguous());
   SimpleParams p{};
   p.q = simple_operand(q, keep_q);
   p.k = simple_operand(k, keep_k);
@@ -216,7 +245,7 @@ void simple_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const
   p.value_dim = s.value_dim;
   p.scale = params.scale;
   p.causal = params.causal;
-  p.out = out.raw_data();
+  p.out = o.buffer.raw_data();
   p.lse = lse.raw_data();
   check_tiles(s.tq, kRows, "a query length");
   const size_t smem = simple_forward_smem<A>(s.head_dim, s.value_dim);
@@ -224,6 +253,7 @@ void simple_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const
   const dim3 grid(static_cast<unsigned>(s.batch), static_cast<unsigned>(ceil_div<int64_t>(s.tq, kRows)));
   simple_forward_kernel<T><<<grid, kSimpleThreads, smem, stream>>>(p);
   COLOSSAL_CUDA_CHECK_LAUNCH();
+  o.finish();
 }
 
 void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -253,9 +283,10 @@ void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& 
 /// is given, the team also zeroes its row of it ([batch, tq, accum_cols], accum_cols a multiple
 /// of 8), sparing the flash backward a separate memset pass.
 template <class T, int kVec>
-__global__ void backward_statistics_kernel(const T* out, const T* dout, const acc_t<T>* lse, acc_t<T>* lse_bwd,
-                                           acc_t<T>* delta, int64_t rows_padded, int64_t tq, int64_t tq_padded,
-                                           int64_t cols, acc_t<T> lse_factor, float* dq_accum, int64_t accum_cols) {
+__global__ void backward_statistics_kernel(const MatrixOperand out, const MatrixOperand dout, const acc_t<T>* lse,
+                                           acc_t<T>* lse_bwd, acc_t<T>* delta, int64_t rows_padded, int64_t tq,
+                                           int64_t tq_padded, int64_t cols, acc_t<T> lse_factor, float* dq_accum,
+                                           int64_t accum_cols) {
   using A = acc_t<T>;
   constexpr int kTeam = 8;
   const int64_t team = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kTeam;
@@ -270,10 +301,12 @@ __global__ void backward_statistics_kernel(const T* out, const T* dout, const ac
   }
   A dot = 0;
   if (real) {
-    const int64_t start = (b * tq + i) * cols;
+    // kVec > 1 only for unit column strides (the launch checks).
+    const T* out_row = out.matrix<T>(b) + i * out.row_stride;
+    const T* dout_row = dout.matrix<T>(b) + i * dout.row_stride;
     for (int64_t c = int64_t{rank} * kVec; c < cols; c += kTeam * kVec) {
-      const auto o = *reinterpret_cast<const core::cuda_detail::Vec<T, kVec>*>(out + start + c);
-      const auto g = *reinterpret_cast<const core::cuda_detail::Vec<T, kVec>*>(dout + start + c);
+      const auto o = *reinterpret_cast<const core::cuda_detail::Vec<T, kVec>*>(out_row + c * out.col_stride);
+      const auto g = *reinterpret_cast<const core::cuda_detail::Vec<T, kVec>*>(dout_row + c * dout.col_stride);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) dot += to_acc(o.v[j]) * to_acc(g.v[j]);
     }
@@ -287,13 +320,15 @@ __global__ void backward_statistics_kernel(const T* out, const T* dout, const ac
   }
 }
 
-/// dq = accum * scale, dropping the accumulator's padding columns.
+/// dq = accum * scale, dropping the accumulator's padding columns; dq [batch, tq, cols] any strides.
 template <class T>
-__global__ void dq_from_accumulator_kernel(T* dq, const float* accum, int64_t rows, int64_t cols, int64_t accum_cols,
-                                           float scale) {
+__global__ void dq_from_accumulator_kernel(const MatrixOperand dq, const float* accum, int64_t tq, int64_t rows,
+                                           int64_t cols, int64_t accum_cols, float scale) {
   const int64_t total = rows * cols;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    dq[i] = from_acc<T>(accum[(i / cols) * accum_cols + i % cols] * scale);
+    const int64_t row = i / cols, c = i % cols;
+    T* dst = const_cast<T*>(dq.matrix<T>(row / tq)) + (row % tq) * dq.row_stride + c * dq.col_stride;
+    *dst = from_acc<T>(accum[row * accum_cols + c] * scale);
   }
 }
 
@@ -322,6 +357,8 @@ void flash_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& gr
                      fv = flash_operand<T>(v, s.batch, stream), fdo = flash_operand<T>(grad_out, s.batch, stream);
   COLOSSAL_CHECK(fq.cols == dq_accum.size(-1), "{}: dQ accumulator of {} columns for q padded to {}", kOp,
                  dq_accum.size(-1), fq.cols);
+  const OutputBuffer dk(grad_k, flash_output(grad_k).has_value()), dv(grad_v, flash_output(grad_v).has_value()),
+      dq(grad_q, describe(grad_q).has_value());
   FlashBackwardParams p;
   p.q = fq.matrix;
   p.k = fk.matrix;
@@ -330,8 +367,8 @@ void flash_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& gr
   p.lse = lse_bwd.data<float>();
   p.delta = delta.data<float>();
   p.dq_accum = dq_accum.data<float>();
-  p.dk = grad_k.raw_data();
-  p.dv = grad_v.raw_data();
+  p.dk = *flash_output(dk.buffer);
+  p.dv = *flash_output(dv.buffer);
   p.tq = s.tq;
   p.tk = s.tk;
   p.tq_padded = lse_bwd.size(-1);
@@ -355,8 +392,9 @@ void flash_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& gr
   const int64_t rows = s.batch * s.tq;
   dq_from_accumulator_kernel<T>
       <<<core::cuda_detail::grid_for(rows * s.head_dim), core::cuda_detail::kThreads, 0, stream>>>(
-          grad_q.data<T>(), p.dq_accum, rows, s.head_dim, fq.cols, p.scale);
+          *describe(dq.buffer), p.dq_accum, s.tq, rows, s.head_dim, fq.cols, p.scale);
   COLOSSAL_CUDA_CHECK_LAUNCH();
+  for (const OutputBuffer* b : {&dq, &dk, &dv}) b->finish();
 }
 
 template <class T>
@@ -366,6 +404,10 @@ void simple_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& g
   using A = acc_t<T>;
   constexpr int kRows = kSimpleRows<A>;
   Tensor keep_q, keep_k, keep_v;
+  // These kernels read dout and write the gradients as contiguous tensors.
+  const Tensor dout = core::contiguous_raw(grad_out);
+  const OutputBuffer dq(grad_q, grad_q.is_contiguous()), dk(grad_k, grad_k.is_contiguous()),
+      dv(grad_v, grad_v.is_contiguous());
   SimpleParams p{};
   p.q = simple_operand(q, keep_q);
   p.k = simple_operand(k, keep_k);
@@ -376,13 +418,13 @@ void simple_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& g
   p.value_dim = s.value_dim;
   p.scale = params.scale;
   p.causal = params.causal;
-  p.dout = grad_out.raw_data();
+  p.dout = dout.raw_data();
   p.lse_bwd = lse_bwd.raw_data();
   p.delta = delta.raw_data();
   p.tq_padded = lse_bwd.size(-1);
-  p.dq = grad_q.raw_data();
-  p.dk = grad_k.raw_data();
-  p.dv = grad_v.raw_data();
+  p.dq = dq.buffer.raw_data();
+  p.dk = dk.buffer.raw_data();
+  p.dv = dv.buffer.raw_data();
   check_tiles(s.tq, kRows, "a query length");
   check_tiles(s.tk, kRows, "a key length");
   const size_t smem = simple_backward_smem<A>(s.head_dim, s.value_dim);
@@ -397,6 +439,7 @@ void simple_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& g
   const dim3 grid(static_cast<unsigned>(s.batch), static_cast<unsigned>(ceil_div<int64_t>(s.tk, kRows)));
   simple_backward_dkdv_kernel<T><<<grid, kSimpleThreads, smem, stream>>>(p);
   COLOSSAL_CUDA_CHECK_LAUNCH();
+  for (const OutputBuffer* b : {&dq, &dk, &dv}) b->finish();
 }
 
 void zero_(const Tensor& t, cudaStream_t stream) {
@@ -444,16 +487,23 @@ void attention_backward_cuda(const Tensor& grad_q, const Tensor& grad_k, const T
     Tensor dq_accum;
     if (flash) dq_accum = core::empty({s.batch, s.tq, flash_accum_cols(s)}, TensorOptions(DType::f32, device));
     float* dq_zero = flash ? dq_accum.data<float>() : nullptr;
+    // out and grad_out may be strided views (a [B, T, H, D] buffer seen as [B, H, T, D]).
     constexpr int kVec = 16 / sizeof(T);
-    if (s.value_dim % kVec == 0 && core::cuda_detail::aligned16(out.raw_data()) &&
-        core::cuda_detail::aligned16(grad_out.raw_data())) {
+    Tensor keep_out, keep_dout;
+    const MatrixOperand out_m = simple_operand(out, keep_out), dout_m = simple_operand(grad_out, keep_dout);
+    auto vectorizable = [&](const MatrixOperand& m) {
+      bool ok = m.col_stride == 1 && m.row_stride % kVec == 0 && core::cuda_detail::aligned16(m.data);
+      for (int d = 0; d < m.batch_dims; ++d) ok = ok && m.batch_strides[d] % kVec == 0;
+      return ok;
+    };
+    if (s.value_dim % kVec == 0 && vectorizable(out_m) && vectorizable(dout_m)) {
       backward_statistics_kernel<T, kVec><<<blocks, core::cuda_detail::kThreads, 0, stream>>>(
-          out.data<T>(), grad_out.data<T>(), lse.data<A>(), lse_bwd.data<A>(), delta.data<A>(), rows_padded, s.tq,
-          tq_padded, s.value_dim, lse_factor, dq_zero, flash_accum_cols(s));
+          out_m, dout_m, lse.data<A>(), lse_bwd.data<A>(), delta.data<A>(), rows_padded, s.tq, tq_padded, s.value_dim,
+          lse_factor, dq_zero, flash_accum_cols(s));
     } else {
       backward_statistics_kernel<T, 1><<<blocks, core::cuda_detail::kThreads, 0, stream>>>(
-          out.data<T>(), grad_out.data<T>(), lse.data<A>(), lse_bwd.data<A>(), delta.data<A>(), rows_padded, s.tq,
-          tq_padded, s.value_dim, lse_factor, dq_zero, flash_accum_cols(s));
+          out_m, dout_m, lse.data<A>(), lse_bwd.data<A>(), delta.data<A>(), rows_padded, s.tq, tq_padded, s.value_dim,
+          lse_factor, dq_zero, flash_accum_cols(s));
     }
     COLOSSAL_CUDA_CHECK_LAUNCH();
     if constexpr (kIs16Bit<T>) {
