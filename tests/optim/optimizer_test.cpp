@@ -3,6 +3,7 @@
 // refusals (each leaving the optimizer as it was).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -220,6 +221,27 @@ TEST(Optimizer, LoadStateDictCopiesBuffersToTheParametersDtype) {
   set_grad(a, {1.0, 1.0});
   source.step();
   expect_values(buffer, {0.5, 0.25}, 0.0);
+}
+
+TEST(MultiTensorCopy, ConvertsEveryPairAndRefusesMismatches) {
+  // f32 -> bf16 rounds to nearest even (1 + 2^-8 is a tie: down to 1; 1 + 3 * 2^-9 rounds up to
+  // 1 + 2^-7), bf16 -> f32 is exact, f64 -> f32 rounds; tensors of different dtype pairs in one call.
+  const std::vector<double> values = {1.0, 1.0 + std::ldexp(1.0, -8), 1.0 + 3 * std::ldexp(1.0, -9), -2.5};
+  const Tensor f32 = core::from_vector(values, {2, 2}).to(DType::f32);
+  Tensor to_bf16 = core::empty({2, 2}, TensorOptions(DType::bf16));
+  Tensor back = core::empty({2, 2}, TensorOptions(DType::f32));
+  const Tensor bf16 = core::from_vector(std::vector<double>{0.5, -3.0, 7.0}, {3}).to(DType::bf16);
+  Tensor f64_dst = core::empty({3}, TensorOptions(DType::f64));
+  multi_tensor_copy({to_bf16, f64_dst}, {f32, bf16});
+  expect_values(to_bf16.to(DType::f64), {1.0, 1.0, 1.0 + std::ldexp(1.0, -7), -2.5});
+  expect_values(f64_dst, {0.5, -3.0, 7.0});
+  multi_tensor_copy({back}, {to_bf16});
+  expect_values(back.to(DType::f64), {1.0, 1.0, 1.0 + std::ldexp(1.0, -7), -2.5});
+  multi_tensor_copy({}, {});  // nothing to do
+
+  EXPECT_ERROR_CONTAINS(multi_tensor_copy({back}, {}), "1 destinations for 0 sources");
+  EXPECT_ERROR_CONTAINS(multi_tensor_copy({back}, {bf16}), "tensor 0: destination [2, 2] and source [3] differ");
+  EXPECT_ERROR_CONTAINS(multi_tensor_copy({back.transpose(0, 1)}, {f32}), "tensor 0 is not contiguous");
 }
 
 }  // namespace

@@ -21,7 +21,7 @@
 #include "colossal/autograd/engine.h"     // backward
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"          // COLOSSAL_CHECK
-#include "colossal/core/view.h"           // cast_raw
+#include "colossal/core/view.h"           // contiguous_raw
 #include "colossal/ops/elementwise.h"     // mul, mul_, add
 #include "colossal/ops/reduction.h"       // sum
 #include "colossal/optim/clip_grad.h"     // clip_grad_norm
@@ -161,13 +161,23 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
   result.loss_scale = loss_scale();
 
   if (options_.mode != AmpMode::torch) {
+    // The masters' f32 gradients are new tensors each step (freed again by zero_grad, so they never
+    // sit beside the activations), filled from the 16-bit gradients in one multi-tensor copy.
+    std::vector<Tensor> master_grads, model_grads;
     for (size_t k = 0; k < model_params_.size(); ++k) {
       Tensor& param = model_params_[k];
       const Tensor grad = param.grad();
-      // cast_raw makes a new contiguous f32 tensor, so the master owns its gradient.
-      master_params_[k].set_grad(grad.defined() ? core::cast_raw(grad, DType::f32) : Tensor());
-      if (grad.defined()) param.set_grad(Tensor());
+      if (!grad.defined()) {
+        master_params_[k].set_grad(Tensor());
+        continue;
+      }
+      Tensor master_grad = core::empty(grad.shape(), TensorOptions(DType::f32, grad.device()));
+      master_grads.push_back(master_grad);
+      model_grads.push_back(core::contiguous_raw(grad));
+      master_params_[k].set_grad(master_grad);
+      param.set_grad(Tensor());
     }
+    optim::multi_tensor_copy(master_grads, model_grads);
   }
 
   if (scaler_) {
@@ -185,9 +195,7 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
                                        : optim::clip_grad_norm(master_params_, *max_norm, norm_type);
   }
   optimizer_->step();
-  if (options_.mode != AmpMode::torch) {
-    for (size_t k = 0; k < model_params_.size(); ++k) model_params_[k].copy_(master_params_[k]);
-  }
+  if (options_.mode != AmpMode::torch) optim::multi_tensor_copy(model_params_, master_params_);
   result.stepped = true;
   return result;
 }

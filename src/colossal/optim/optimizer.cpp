@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "colossal/core/error.h"  // COLOSSAL_CHECK
+#include "colossal/core/view.h"   // copy_stub
 
 namespace colossal::optim {
 
@@ -335,6 +336,29 @@ std::vector<ParamGroup> single_group(std::vector<Tensor> params) {
   ParamGroup group;
   group.params = std::move(params);
   return {std::move(group)};
+}
+
+constinit core::DispatchStub<MultiTensorCopyKernel> multi_tensor_copy_stub("multi_tensor_copy");
+
+void multi_tensor_copy(const std::vector<Tensor>& dst, const std::vector<Tensor>& src) {
+  COLOSSAL_CHECK(dst.size() == src.size(), "multi_tensor_copy: {} destinations for {} sources", dst.size(), src.size());
+  if (dst.empty()) return;
+  const Device device = dst.front().device();
+  for (size_t i = 0; i < dst.size(); ++i) {
+    COLOSSAL_CHECK(dst[i].defined() && src[i].defined(), "multi_tensor_copy: tensor {} is undefined", i);
+    COLOSSAL_CHECK(dst[i].device() == device && src[i].device() == device,
+                   "multi_tensor_copy: tensor {} is on {} (destination) and {} (source), expected both on {}", i,
+                   dst[i].device(), src[i].device(), device);
+    COLOSSAL_CHECK(dst[i].shape() == src[i].shape(),
+                   "multi_tensor_copy: tensor {}: destination {} and source {} differ", i, dst[i].shape(),
+                   src[i].shape());
+    COLOSSAL_CHECK(dst[i].is_contiguous() && src[i].is_contiguous(), "multi_tensor_copy: tensor {} is not contiguous",
+                   i);
+  }
+  if (multi_tensor_copy_stub.supports(device.type)) return multi_tensor_copy_stub(device, dst, src);
+  for (size_t i = 0; i < dst.size(); ++i) {
+    if (dst[i].numel() > 0) core::copy_stub(device, dst[i], src[i]);
+  }
 }
 
 }  // namespace colossal::optim
