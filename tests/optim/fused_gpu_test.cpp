@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "colossal/core/view.h"   // narrow_raw
 #include "colossal/optim/adam.h"  // Adam, AdamW, adam_step_stub
 #include "colossal/optim/lamb.h"  // Lamb
 #include "colossal/optim/lars.h"  // Lars
