@@ -291,7 +291,13 @@ __global__ void backward_statistics_kernel(const MatrixOperand out, const Matrix
   constexpr int kTeam = 8;
   const int64_t team = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kTeam;
   const int rank = static_cast<int>(threadIdx.x) % kTeam;
-  const int64_t b = team / tq_padded, i = team % tq_padded;
+  int64_t b, i;
+  if (rows_padded <= UINT32_MAX) {  // 32-bit division: several times cheaper than 64-bit
+    const auto b32 = static_cast<uint32_t>(team) / static_cast<uint32_t>(tq_padded);
+    b = b32, i = team - int64_t{b32} * tq_padded;
+  } else {
+    b = team / tq_padded, i = team % tq_padded;
+  }
   const bool real = team < rows_padded && i < tq;
   if (real && dq_accum != nullptr) {
     float* row = dq_accum + (b * tq + i) * accum_cols;
@@ -321,14 +327,37 @@ __global__ void backward_statistics_kernel(const MatrixOperand out, const Matrix
 }
 
 /// dq = accum * scale, dropping the accumulator's padding columns; dq [batch, tq, cols] any strides.
-template <class T>
+/// Each thread converts kVec consecutive columns of one row (kVec divides cols; with kVec > 1 dq
+/// has unit column stride and 16-byte aligned rows), finding the row's matrix once.
+template <class T, int kVec>
 __global__ void dq_from_accumulator_kernel(const MatrixOperand dq, const float* accum, int64_t tq, int64_t rows,
                                            int64_t cols, int64_t accum_cols, float scale) {
-  const int64_t total = rows * cols;
+  const int64_t groups_per_row = cols / kVec;
+  const int64_t total = rows * groups_per_row;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = i / cols, c = i % cols;
-    T* dst = const_cast<T*>(dq.matrix<T>(row / tq)) + (row % tq) * dq.row_stride + c * dq.col_stride;
-    *dst = from_acc<T>(accum[row * accum_cols + c] * scale);
+    int64_t row, group, b, r;
+    if (total <= UINT32_MAX) {
+      const auto i32 = static_cast<uint32_t>(i);
+      const auto row32 = i32 / static_cast<uint32_t>(groups_per_row);
+      const auto b32 = row32 / static_cast<uint32_t>(tq);
+      row = row32, group = i32 - row32 * static_cast<uint32_t>(groups_per_row), b = b32, r = row32 - b32 * tq;
+    } else {
+      row = i / groups_per_row, group = i % groups_per_row, b = row / tq, r = row % tq;
+    }
+    const int64_t c = group * kVec;
+    T* dst = const_cast<T*>(dq.matrix<T>(b)) + r * dq.row_stride + c * dq.col_stride;
+    const float* src = accum + row * accum_cols + c;
+    if constexpr (kVec == 8) {
+      const float4 lo = reinterpret_cast<const float4*>(src)[0], hi = reinterpret_cast<const float4*>(src)[1];
+      core::cuda_detail::Vec<T, 8> v;
+      v.v[0] = from_acc<T>(lo.x * scale), v.v[1] = from_acc<T>(lo.y * scale);
+      v.v[2] = from_acc<T>(lo.z * scale), v.v[3] = from_acc<T>(lo.w * scale);
+      v.v[4] = from_acc<T>(hi.x * scale), v.v[5] = from_acc<T>(hi.y * scale);
+      v.v[6] = from_acc<T>(hi.z * scale), v.v[7] = from_acc<T>(hi.w * scale);
+      *reinterpret_cast<core::cuda_detail::Vec<T, 8>*>(dst) = v;
+    } else {
+      *dst = from_acc<T>(*src * scale);
+    }
   }
 }
 
@@ -390,9 +419,20 @@ void flash_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& gr
     launch_flash_backward<FlashBackwardConfig<T, 128, 64, 128, 8>>(p, s.batch, device, stream);
   }
   const int64_t rows = s.batch * s.tq;
-  dq_from_accumulator_kernel<T>
-      <<<core::cuda_detail::grid_for(rows * s.head_dim), core::cuda_detail::kThreads, 0, stream>>>(
-          *describe(dq.buffer), p.dq_accum, s.tq, rows, s.head_dim, fq.cols, p.scale);
+  const MatrixOperand dq_m = *describe(dq.buffer);
+  // The accumulator's rows are fq.cols (a multiple of 8) floats: 32-byte aligned groups of 8.
+  bool vector = s.head_dim % 8 == 0 && dq_m.col_stride == 1 && dq_m.row_stride % 8 == 0 &&
+                core::cuda_detail::aligned16(dq_m.data);
+  for (int d = 0; d < dq_m.batch_dims; ++d) vector = vector && dq_m.batch_strides[d] % 8 == 0;
+  if (vector) {
+    dq_from_accumulator_kernel<T, 8>
+        <<<core::cuda_detail::grid_for(rows * s.head_dim, 8), core::cuda_detail::kThreads, 0, stream>>>(
+            dq_m, p.dq_accum, s.tq, rows, s.head_dim, fq.cols, p.scale);
+  } else {
+    dq_from_accumulator_kernel<T, 1>
+        <<<core::cuda_detail::grid_for(rows * s.head_dim), core::cuda_detail::kThreads, 0, stream>>>(
+            dq_m, p.dq_accum, s.tq, rows, s.head_dim, fq.cols, p.scale);
+  }
   COLOSSAL_CUDA_CHECK_LAUNCH();
   for (const OutputBuffer* b : {&dq, &dk, &dv}) b->finish();
 }
