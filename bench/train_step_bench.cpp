@@ -228,6 +228,8 @@ std::unique_ptr<engine::Engine> make_engine(const Case& c, Device device, core::
   auto optimizer = std::make_shared<optim::AdamW>(model->parameters(), adamw);
   engine::EngineOptions options;
   options.amp = amp::AmpOptions::for_mode(amp::AmpMode::bf16);
+  // The criteria are ops::cross_entropy on class targets: f32 loss from the bf16 logits directly.
+  options.amp->output_to_f32 = false;
   return std::make_unique<engine::Engine>(model, optimizer, criterion, options);
 }
 

@@ -7,7 +7,10 @@
 #include <memory>
 #include <vector>
 
-#include "colossal/autograd/engine.h"  // backward
+#include "colossal/amp/mixed_precision_optimizer.h"  // AmpOptions
+#include "colossal/autograd/engine.h"                // backward
+#include "colossal/ops/nn_functional.h"              // cross_entropy
+#include "colossal/optim/adam.h"
 #include "colossal/optim/clip_grad.h"  // clip_grad_norm
 #include "colossal/optim/lr_scheduler.h"
 #include "colossal/optim/sgd.h"
@@ -78,6 +81,42 @@ TEST(Engine, StepMatchesHandWrittenLoopBitwise) {
   EXPECT_TRUE(clipped) << "the test should exercise clipping";
   EXPECT_EQ(engine.num_updates(), kSteps);
   EXPECT_EQ(sched->last_step(), kSteps);
+}
+
+TEST(Engine, Bf16CrossEntropyWithoutTheF32OutputCopyTrainsTheSame) {
+  // AmpOptions::output_to_f32 = false hands the bf16 logits to cross_entropy, which computes in f32
+  // and returns an f32 loss: the conversion it skips is exact, so losses and parameters match the
+  // f32-output run bit for bit (the CPU kernel visits each row in the same order for both dtypes).
+  auto run = [](bool output_to_f32) {
+    core::Generator init(11);
+    auto model = std::make_shared<nn::Linear>(6, 5, true, &init);
+    optim::AdamOptions adam;
+    adam.lr = 0.05;
+    auto opt = std::make_shared<optim::AdamW>(model->parameters(), adam);
+    EngineOptions options;
+    options.amp = amp::AmpOptions::for_mode(amp::AmpMode::bf16);
+    options.amp->output_to_f32 = output_to_f32;
+    Engine engine(
+        model, opt, [](const Tensor& out, const Tensor& y) { return ops::cross_entropy(out, y); }, options);
+    engine.train();
+    std::vector<double> losses;
+    for (int step = 0; step < 4; ++step) {
+      const Tensor x = core::from_vector(pattern(8, 6, 0.07 * step), {8, 6}).to(DType::f32);
+      const Tensor y = core::from_vector<int64_t>({0, 4, 2, 1, 3, 3, 0, 2}, {8});
+      const Tensor loss = engine.step(x, y);
+      EXPECT_EQ(loss.dtype(), DType::f32);
+      losses.push_back(loss.item<double>());
+    }
+    std::vector<std::vector<double>> params;
+    for (const Tensor& p : engine.amp()->master_params()) params.push_back(p.to_vector<double>());
+    for (const Tensor& p : model->parameters()) params.push_back(p.to_vector<double>());
+    return std::pair{losses, params};
+  };
+  const auto [losses, params] = run(false);
+  const auto [reference_losses, reference_params] = run(true);
+  EXPECT_EQ(losses, reference_losses);
+  EXPECT_EQ(params, reference_params);
+  EXPECT_NE(losses.front(), losses.back()) << "the steps should train";
 }
 
 TEST(Engine, AccumulatingFourMicroBatchesOfTwoEqualsOneBatchOfEight) {

@@ -125,7 +125,7 @@ Tensor MixedPrecisionOptimizer::cast_input(const Tensor& input) const {
 }
 
 Tensor MixedPrecisionOptimizer::cast_output(const Tensor& output) const {
-  if (!output.defined() || !core::is_reduced_float(output.dtype())) return output;
+  if (!options_.output_to_f32 || !output.defined() || !core::is_reduced_float(output.dtype())) return output;
   return output.to(DType::f32);
 }
 

@@ -229,6 +229,10 @@ int train_from_config(const std::string& path, const std::vector<std::string>& o
   eo.gradient_accumulation = accum;
   if (c.clip_grad_norm > 0) eo.clip_grad_norm = c.clip_grad_norm;
   eo.amp = make_amp_options(c);
+  // The class-target cross-entropies make_criterion builds compute in f32 from 16-bit logits and
+  // return an f32 loss: the f32 copy of the logits would change nothing. Soft (mixup) targets must
+  // share the logits' dtype, so those keep the f32 output.
+  if (eo.amp && !d.batch_transform) eo.amp->output_to_f32 = false;
   eo.data_parallel_group = dp_group;
   engine::Engine eng(model, optimizer, make_criterion(c, d), eo, scheduler);
   engine::Trainer trainer(eng);

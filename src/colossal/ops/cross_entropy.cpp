@@ -78,9 +78,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   const Tensor logits_2d = core::view_raw(core::contiguous_raw(logits), {rows, classes});
   const Tensor target_flat =
       core::view_raw(core::contiguous_raw(target), params.soft_target ? Shape{rows, classes} : Shape{rows});
-  const TensorOptions value_options(logits.dtype(), logits.device());
+  // The loss comes out in the accumulation type: f32 for f16/bf16 logits (never rounded to 16 bits,
+  // so a mixed-precision model's logits need no f32 copy before the loss), f64 for f64.
   const DType acc_dtype = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  Tensor out = core::empty(options.reduction == Reduction::none ? Shape{rows} : Shape{}, value_options);
+  Tensor out = core::empty(options.reduction == Reduction::none ? Shape{rows} : Shape{},
+                           TensorOptions(acc_dtype, logits.device()));
   Tensor lse = core::empty({rows}, TensorOptions(acc_dtype, logits.device()));
   Tensor total_weight = core::empty({}, TensorOptions(DType::f64, logits.device()));
   cross_entropy_forward_stub(logits.device(), out, lse, total_weight, logits_2d, target_flat, params);

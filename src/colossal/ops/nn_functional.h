@@ -30,7 +30,9 @@ struct CrossEntropyOptions {
   Reduction reduction = Reduction::mean;
 };
 /// logits [N, C] (or [C]); target either class indices [N] (i32/i64) or class probabilities [N, C]
-/// (soft targets, e.g. from mixup). Matches torch.nn.functional.cross_entropy.
+/// (soft targets, e.g. from mixup). Matches torch.nn.functional.cross_entropy, except that the loss
+/// of f16/bf16 logits is returned in f32 (computed in f32 and never rounded to 16 bits, as torch's
+/// autocast gets by running the whole op in f32, but without an f32 copy of the logits).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options = {});
 
 /// Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training. The

@@ -83,9 +83,10 @@ void cross_entropy_forward_cpu(const Tensor& out, const Tensor& lse, const Tenso
     if (!soft)
       counted = std::count_if(labels.begin(), labels.end(), [&](int64_t y) { return y != params.ignore_index; });
     *total_weight.data<double>() = static_cast<double>(counted);
-    T* y = out.data<T>();
+    // The loss is in the accumulation type (f32 for 16-bit logits): never rounded to 16 bits.
+    Acc* y = out.data<Acc>();
     if (params.reduction == Reduction::none) {
-      for (int64_t i = 0; i < rows; ++i) y[i] = static_cast<T>(row_loss[i]);
+      for (int64_t i = 0; i < rows; ++i) y[i] = static_cast<Acc>(row_loss[i]);
       return;
     }
     // Serial, in double: the result must not depend on the thread count.
@@ -93,7 +94,7 @@ void cross_entropy_forward_cpu(const Tensor& out, const Tensor& lse, const Tenso
     for (int64_t i = 0; i < rows; ++i) total += static_cast<double>(row_loss[i]);
     // mean over no counted rows is 0 / 0 = nan, as in torch (Note [Cross entropy over no targets]).
     if (params.reduction == Reduction::mean) total /= static_cast<double>(counted);
-    y[0] = static_cast<T>(static_cast<Acc>(total));
+    y[0] = static_cast<Acc>(total);
   });
 }
 
@@ -108,14 +109,14 @@ void cross_entropy_backward_cpu(const Tensor& grad_logits, const Tensor& grad_ta
     const T* x = logits.data<T>();
     const T* soft = params.soft_target ? target.data<T>() : nullptr;
     const Acc* row_lse = lse.data<Acc>();
-    const T* dy = grad_out.data<T>();
+    const Acc* dy = grad_out.data<Acc>();
     T* dx = grad_logits.defined() ? grad_logits.data<T>() : nullptr;
     T* dt = grad_target.defined() ? grad_target.data<T>() : nullptr;
     const Acc smoothing = static_cast<Acc>(params.label_smoothing);
     const Acc uniform_share = classes > 0 ? smoothing / static_cast<Acc>(classes) : Acc(0);
     double shared_scale = 0.0;  // the gradient of each row's loss under sum and mean
     if (params.reduction != Reduction::none) {
-      shared_scale = static_cast<double>(static_cast<Acc>(dy[0]));
+      shared_scale = static_cast<double>(dy[0]);
       if (params.reduction == Reduction::mean) shared_scale /= *total_weight.data<double>();
     }
     for_each_row(rows, classes, [&](int64_t i) {
@@ -126,8 +127,7 @@ void cross_entropy_backward_cpu(const Tensor& grad_logits, const Tensor& grad_ta
       // Ignored rows get an exact 0 even when mean's divisor is 0 (Note [Cross entropy over no targets]).
       const Acc scale =
           ignored ? Acc(0)
-                  : static_cast<Acc>(params.reduction == Reduction::none ? static_cast<double>(static_cast<Acc>(dy[i]))
-                                                                         : shared_scale);
+                  : static_cast<Acc>(params.reduction == Reduction::none ? static_cast<double>(dy[i]) : shared_scale);
       const Acc log_sum_exp = row_lse[i];
       if (ignored) {
         if (dxr) std::fill(dxr, dxr + classes, static_cast<T>(0.0f));

@@ -45,7 +45,7 @@ struct ForwardArgs {
   const T* soft;  // soft targets [N, C], or nullptr
   A* lse;         // [N]
   A* row_loss;    // [N] for sum and mean, else nullptr
-  T* out_rows;    // [N] for Reduction::none, else nullptr
+  A* out_rows;    // [N] for Reduction::none, else nullptr (the loss is in the accumulation type)
   unsigned long long* bad_row;
   int64_t rows, classes, ignore_index;
   A smoothing;
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_forward_rows(Fo
     }
   }
   if (args.out_rows) {
-    args.out_rows[row] = from_acc<T>(loss);
+    args.out_rows[row] = loss;
   } else {
     args.row_loss[row] = loss;
   }
@@ -142,8 +142,9 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_forward_rows(Fo
 /// for mean.
 template <class T>
 __global__ void __launch_bounds__(kFinishBlock, 1)
-    cross_entropy_finish(T* __restrict__ out, double* __restrict__ total_weight, const acc_t<T>* __restrict__ row_loss,
-                         Labels labels, bool soft, int64_t rows, int64_t ignore_index, Reduction reduction) {
+    cross_entropy_finish(acc_t<T>* __restrict__ out, double* __restrict__ total_weight,
+                         const acc_t<T>* __restrict__ row_loss, Labels labels, bool soft, int64_t rows,
+                         int64_t ignore_index, Reduction reduction) {
   __shared__ TeamScratch<double, 2> scratch;
   double values[2] = {0.0, 0.0};  // loss sum, rows counted
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
@@ -157,15 +158,15 @@ __global__ void __launch_bounds__(kFinishBlock, 1)
   if (reduction == Reduction::none) return;
   // mean over no counted rows is 0 / 0 = nan, as in torch (Note [Cross entropy over no targets]).
   const double total = reduction == Reduction::mean ? values[0] / counted : values[0];
-  out[0] = from_acc<T>(static_cast<acc_t<T>>(total));
+  out[0] = static_cast<acc_t<T>>(total);
 }
 
 template <class T>
 struct BackwardArgs {
   using A = acc_t<T>;
-  T* grad_logits;  // or nullptr
-  T* grad_target;  // soft targets only, or nullptr
-  const T* grad_out;
+  T* grad_logits;     // or nullptr
+  T* grad_target;     // soft targets only, or nullptr
+  const A* grad_out;  // the accumulation type, as the loss
   const T* logits;
   Labels labels;
   const T* soft;
@@ -196,9 +197,9 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_backward_rows(B
 
   A scale;
   if (args.reduction == Reduction::none) {
-    scale = to_acc(args.grad_out[row]);
+    scale = args.grad_out[row];
   } else {
-    double shared = static_cast<double>(to_acc(args.grad_out[0]));
+    double shared = static_cast<double>(args.grad_out[0]);
     if (args.reduction == Reduction::mean) shared /= *args.total_weight;
     scale = static_cast<A>(shared);
   }
@@ -337,7 +338,7 @@ void cross_entropy_forward_cuda(const Tensor& out, const Tensor& lse, const Tens
                                 params.soft_target ? target.data<T>() : nullptr,
                                 lse.data<A>(),
                                 none ? nullptr : row_loss.data<A>(),
-                                none ? out.data<T>() : nullptr,
+                                none ? out.data<A>() : nullptr,
                                 bad_row ? bad_row->get() : nullptr,
                                 rows,
                                 classes,
@@ -350,7 +351,7 @@ void cross_entropy_forward_cuda(const Tensor& out, const Tensor& lse, const Tens
       }
     }
     cross_entropy_finish<T><<<1, kFinishBlock, 0, stream>>>(
-        none ? nullptr : out.data<T>(), total_weight.data<double>(), row_loss.defined() ? row_loss.data<A>() : nullptr,
+        none ? nullptr : out.data<A>(), total_weight.data<double>(), row_loss.defined() ? row_loss.data<A>() : nullptr,
         labels, params.soft_target, rows, params.ignore_index, params.reduction);
     COLOSSAL_CUDA_CHECK_LAUNCH();
   });
@@ -388,7 +389,7 @@ void cross_entropy_backward_cuda(const Tensor& grad_logits, const Tensor& grad_t
     using A = acc_t<T>;
     const BackwardArgs<T> args{grad_logits.defined() ? grad_logits.data<T>() : nullptr,
                                grad_target.defined() ? grad_target.data<T>() : nullptr,
-                               grad_out.data<T>(),
+                               grad_out.data<A>(),
                                logits.data<T>(),
                                labels_of(target, params),
                                params.soft_target ? target.data<T>() : nullptr,
