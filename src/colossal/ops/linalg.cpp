@@ -217,7 +217,14 @@ std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, con
   Tensor grad_x, grad_weight, grad_bias;
   if (node.needs_input_grad(0)) grad_x = reshape_raw(gemm(grad, weight), x_shape);
   const Tensor grad_t = transpose_last(grad);
-  if (node.needs_input_grad(1) && node.needs_input_grad(2) && fused_gemm_stub.supports(grad.device().type)) {
+  // A weight that is the transpose of a contiguous [in, out] tensor (nn::Conv1D's view of its
+  // parameter) gets its gradient as x^T dy, contiguous in the parameter's own layout: transposed
+  // back on its way to the parameter, it needs no copy. The bias gradient is then its own sum.
+  const bool transposed_weight =
+      weight.dim() == 2 && weight.size(0) > 1 && weight.stride(0) == 1 && weight.stride(1) == weight.size(0);
+  if (node.needs_input_grad(1) && transposed_weight) grad_weight = transpose_last(gemm(transpose_last(x_mat), grad));
+  if (node.needs_input_grad(1) && node.needs_input_grad(2) && !grad_weight.defined() &&
+      fused_gemm_stub.supports(grad.device().type)) {
     Tensor fused_weight = core::empty(weight.shape(), TensorOptions(grad.dtype(), grad.device()));
     Tensor fused_bias = core::empty({weight.size(0)}, TensorOptions(grad.dtype(), grad.device()));
     if (try_fused_gemm(fused_weight, grad_t, x_mat, {.bias_grad = fused_bias})) {
