@@ -95,15 +95,27 @@ TEST(EmbeddingGpu, BadIndices) {
   const Device gpu = core::cuda_device(0);
   Tensor weight = random_input({5, 3}, 54, DType::f32, -1, 1, false).to(gpu);
   // The CPU's message, naming the first bad position as a multi-index.
-  EXPECT_ERROR_CONTAINS(ops::embedding(core::from_vector<int64_t>({0, 1, 7, 9}, {2, 2}).to(gpu), weight),
-                        "embedding: index 7 at position [1, 0] of indices [2, 2] is out of range for num_embeddings 5 "
-                        "(valid: 0..4)");
-  EXPECT_ERROR_CONTAINS(ops::embedding(core::from_vector<int32_t>({2, -1}, {2}).to(gpu), weight),
-                        "index -1 at position [1]");
+  // Deferred (Note [Deferred device checks]): thrown at the next host synchronisation or read.
+  EXPECT_ERROR_CONTAINS(
+      {
+        ops::embedding(core::from_vector<int64_t>({0, 1, 7, 9}, {2, 2}).to(gpu), weight);
+        core::cuda::synchronize(gpu);
+      },
+      "embedding: index 7 at position [1, 0] of indices [2, 2] is out of range for num_embeddings 5 (valid: 0..4)");
+  EXPECT_ERROR_CONTAINS(
+      {
+        const Tensor rows = ops::embedding(core::from_vector<int32_t>({2, -1}, {2}).to(gpu), weight);
+        rows.to(core::kCpu);
+      },
+      "index -1 at position [1]");
   // Checked even when the rows are empty.
   Tensor empty_rows = core::empty({5, 0}, TensorOptions(DType::f32, gpu));
-  EXPECT_ERROR_CONTAINS(ops::embedding(core::from_vector<int64_t>({5}, {1}).to(gpu), empty_rows),
-                        "index 5 at position [0]");
+  EXPECT_ERROR_CONTAINS(
+      {
+        ops::embedding(core::from_vector<int64_t>({5}, {1}).to(gpu), empty_rows);
+        core::cuda::synchronize(gpu);
+      },
+      "index 5 at position [0]");
   // A valid call afterwards still works.
   EXPECT_EQ(ops::embedding(core::from_vector<int64_t>({4}, {1}).to(gpu), weight).shape(), (Shape{1, 3}));
 }

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <deque>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -121,12 +122,98 @@ StreamGuard::~StreamGuard() {
   current_streams.at(static_cast<size_t>(previous_.device.index)) = previous_.handle;
 }
 
+namespace {
+
+/// One deferred check (Note [Deferred device checks]).
+struct PendingCheck {
+  cudaEvent_t event = nullptr;
+  uint64_t* host = nullptr;  // a pinned slot the device value is copied into
+  uint64_t ok = 0;
+  std::shared_ptr<const void> keep;
+  std::function<std::string(uint64_t)> describe;
+};
+
+/// Pending checks in the order deferred, and the pinned slots they copy into (allocated in blocks,
+/// never freed: a few KiB for the life of the process).
+struct DeferredChecks {
+  std::mutex mutex;
+  std::deque<PendingCheck> pending;
+  std::vector<uint64_t*> free_slots;
+
+  uint64_t* take_slot() {
+    if (free_slots.empty()) {
+      constexpr size_t kBlock = 512;
+      void* block = nullptr;
+      COLOSSAL_CUDA_CHECK(cudaMallocHost(&block, kBlock * sizeof(uint64_t)));
+      for (size_t i = 0; i < kBlock; ++i) free_slots.push_back(static_cast<uint64_t*>(block) + i);
+    }
+    uint64_t* slot = free_slots.back();
+    free_slots.pop_back();
+    return slot;
+  }
+};
+
+DeferredChecks& deferred_checks() {
+  static auto* checks = new DeferredChecks();  // outlives every static destructor that might sync
+  return *checks;
+}
+
+}  // namespace
+
+void resolve_deferred_checks(bool wait) {
+  DeferredChecks& checks = deferred_checks();
+  std::vector<std::pair<uint64_t, PendingCheck>> failed;
+  {
+    std::lock_guard<std::mutex> lock(checks.mutex);
+    while (!checks.pending.empty()) {
+      PendingCheck& check = checks.pending.front();
+      if (wait) {
+        COLOSSAL_CUDA_CHECK(cudaEventSynchronize(check.event));
+      } else {
+        const cudaError_t status = cudaEventQuery(check.event);
+        if (status == cudaErrorNotReady) {
+          (void)cudaGetLastError();  // not an error: leave nothing behind for the next launch check
+          break;
+        }
+        COLOSSAL_CUDA_CHECK(status);
+      }
+      const uint64_t value = *check.host;
+      COLOSSAL_CUDA_CHECK(cudaEventDestroy(check.event));
+      checks.free_slots.push_back(check.host);
+      if (value != check.ok) failed.emplace_back(value, std::move(check));
+      checks.pending.pop_front();
+    }
+  }
+  // Messages are built outside the lock (describe may read the device); the first failure wins.
+  if (!failed.empty()) throw Error(failed.front().second.describe(failed.front().first));
+}
+
+void defer_check(Stream stream, const void* slot, uint64_t ok, std::shared_ptr<const void> keep,
+                 std::function<std::string(uint64_t value)> describe) {
+  resolve_deferred_checks(false);
+  DeferredChecks& checks = deferred_checks();
+  std::lock_guard<std::mutex> lock(checks.mutex);
+  PendingCheck check;
+  check.host = checks.take_slot();
+  check.ok = ok;
+  check.keep = std::move(keep);
+  check.describe = std::move(describe);
+  COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(check.host, slot, sizeof(uint64_t), cudaMemcpyDeviceToHost, as_cuda(stream)));
+  COLOSSAL_CUDA_CHECK(cudaEventCreateWithFlags(&check.event, cudaEventDisableTiming));
+  COLOSSAL_CUDA_CHECK(cudaEventRecord(check.event, as_cuda(stream)));
+  checks.pending.push_back(std::move(check));
+}
+
 void synchronize(Device device) {
-  DeviceGuard guard(device);
-  COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());
+  {
+    DeviceGuard guard(device);
+    COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  resolve_deferred_checks(true);
 }
 void synchronize(Stream stream) {
   COLOSSAL_CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream)));
+  resolve_deferred_checks(false);
 }
 
 Event::Event(bool enable_timing) {
@@ -260,6 +347,10 @@ StreamGuard::StreamGuard(Stream) {
   no_cuda("StreamGuard");
 }
 StreamGuard::~StreamGuard() = default;
+void defer_check(Stream, const void*, uint64_t, std::shared_ptr<const void>, std::function<std::string(uint64_t)>) {
+  no_cuda("defer_check");
+}
+void resolve_deferred_checks(bool) {}
 void synchronize(Device) {
   no_cuda("synchronize");
 }

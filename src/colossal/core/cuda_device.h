@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -53,7 +55,30 @@ class StreamGuard {
   Stream previous_;
 };
 
-/// Waits for all work on the device.
+// Note [Deferred device checks]
+// A kernel that validates its input (a class target or an embedding index out of range) reports the
+// first bad position into a 64-bit device slot. Reading the slot back at once would stop the host at
+// every such op (three per GPT-2 training step), and the GPU would then idle while the host queued
+// the next kernels. Instead the op hands the slot to defer_check: an asynchronous copy into pinned
+// host memory and an event follow the kernel on its stream, and the check resolves once the event
+// has completed. Pending checks are polled (never waited for) whenever another check is deferred,
+// and resolved (waiting) at the host's synchronisation points: synchronize() and copies to the host
+// (Tensor::item, .to(kCpu)). The first failure is thrown there, with the message its op composed
+// (naming the op, the position and the value), and later checks of the same batch are dropped.
+// An error so surfaces a few ops after the call that caused it, at the latest when the host next
+// reads a result; nothing is written out of bounds in between (the kernels skip bad positions).
+
+/// Defers the check of `slot` (a device pointer to one uint64, written by kernels queued on
+/// `stream` before this call): when it resolves to a value other than `ok`, `describe(value)` builds
+/// the message of the Error thrown. `keep` holds the slot's memory (and anything describe reads)
+/// alive until then. Polls earlier checks first, so it may throw one of theirs.
+void defer_check(Stream stream, const void* slot, uint64_t ok, std::shared_ptr<const void> keep,
+                 std::function<std::string(uint64_t value)> describe);
+/// Resolves pending deferred checks: every one (waiting for their events) when `wait`, else those
+/// already complete, in the order they were deferred. Throws the first failure.
+void resolve_deferred_checks(bool wait);
+
+/// Waits for all work on the device, then resolves the deferred checks (which may throw).
 void synchronize(Device device);
 /// Waits for the work queued on stream.
 void synchronize(Stream stream);

@@ -85,7 +85,12 @@ void cross_device_copy_cuda(const Tensor& dst, const Tensor& src) {
   }
   const cudaMemcpyKind kind = dst.device().is_cuda() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
   COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), kind, stream));
-  if (kind == cudaMemcpyDeviceToHost) COLOSSAL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (kind == cudaMemcpyDeviceToHost) {
+    COLOSSAL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    // A host read is where a deferred check of this stream's earlier ops surfaces (Note [Deferred
+    // device checks] in core/cuda_device.h).
+    cuda::resolve_deferred_checks(false);
+  }
 }
 
 template <class T>

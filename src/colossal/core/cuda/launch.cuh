@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 
 #include "colossal/core/cuda/cuda_check.h"
 #include "colossal/core/cuda_device.h"
@@ -36,10 +37,38 @@ struct OffsetCalculator {
   int64_t sizes[kMaxDims];
   int64_t strides[N][kMaxDims];
 
+  // The loop runs over the compile-time bound with `dims` as a guard: indexing sizes/strides with a
+  // runtime index would make every thread copy this kernel parameter into local memory. 32-bit
+  // division where the index allows (several times cheaper than 64-bit on the GPU).
   __host__ __device__ void get(int64_t linear, int64_t (&offsets)[N]) const {
 #pragma unroll
     for (int k = 0; k < N; ++k) offsets[k] = 0;
-    for (int d = dims - 1; d >= 0; --d) {
+    if (linear <= UINT32_MAX) {
+      auto rest = static_cast<uint32_t>(linear);
+#pragma unroll
+      for (int j = 0; j < kMaxDims; ++j) {
+        const int d = kMaxDims - 1 - j;
+        if (d >= dims) continue;
+        // Every size is at most the element count, and an index below 2^32 means the sizes after
+        // this one fit too; a size of 2^32 or more (only ever the outermost) takes what is left.
+        int64_t index = rest;
+        if (sizes[d] <= UINT32_MAX) {
+          const auto size = static_cast<uint32_t>(sizes[d]);
+          const uint32_t quotient = rest / size;
+          index = rest - quotient * size;
+          rest = quotient;
+        } else {
+          rest = 0;
+        }
+#pragma unroll
+        for (int k = 0; k < N; ++k) offsets[k] += index * strides[k][d];
+      }
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxDims; ++j) {
+      const int d = kMaxDims - 1 - j;
+      if (d >= dims) continue;
       const int64_t index = linear % sizes[d];
       linear /= sizes[d];
 #pragma unroll
@@ -52,8 +81,8 @@ template <int N>
 OffsetCalculator<N> make_offset_calculator(const StridedOperands<N>& ops) {
   OffsetCalculator<N> calc;
   calc.dims = static_cast<int>(ops.shape.size());
-  COLOSSAL_CHECK(calc.dims <= kMaxDims, "CUDA kernels support up to {} non-mergeable dimensions, got {} (shape {})", kMaxDims,
-                 calc.dims, ops.shape);
+  COLOSSAL_CHECK(calc.dims <= kMaxDims, "CUDA kernels support up to {} non-mergeable dimensions, got {} (shape {})",
+                 kMaxDims, calc.dims, ops.shape);
   for (int d = 0; d < calc.dims; ++d) {
     calc.sizes[d] = ops.shape[d];
     for (int k = 0; k < N; ++k) calc.strides[k][d] = ops.strides[k][d];
@@ -83,23 +112,27 @@ __global__ void map_unary_vec(int64_t n, Out* __restrict__ out, const In* __rest
     reinterpret_cast<Vec<Out, kVec>*>(out)[i] = ov;
   }
   // The tail that does not fill a vector.
-  for (int64_t i = n_vec * kVec + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = n_vec * kVec + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     out[i] = static_cast<Out>(f(static_cast<acc_t<In>>(x[i])));
   }
 }
 
 template <int kVec, class Out, class In, class F>
-__global__ void map_binary_vec(int64_t n, Out* __restrict__ out, const In* __restrict__ a, const In* __restrict__ b, F f) {
+__global__ void map_binary_vec(int64_t n, Out* __restrict__ out, const In* __restrict__ a, const In* __restrict__ b,
+                               F f) {
   const int64_t n_vec = n / kVec;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_vec; i += int64_t{gridDim.x} * blockDim.x) {
     const Vec<In, kVec> av = reinterpret_cast<const Vec<In, kVec>*>(a)[i];
     const Vec<In, kVec> bv = reinterpret_cast<const Vec<In, kVec>*>(b)[i];
     Vec<Out, kVec> ov;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) ov.v[j] = static_cast<Out>(f(static_cast<acc_t<In>>(av.v[j]), static_cast<acc_t<In>>(bv.v[j])));
+    for (int j = 0; j < kVec; ++j)
+      ov.v[j] = static_cast<Out>(f(static_cast<acc_t<In>>(av.v[j]), static_cast<acc_t<In>>(bv.v[j])));
     reinterpret_cast<Vec<Out, kVec>*>(out)[i] = ov;
   }
-  for (int64_t i = n_vec * kVec + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = n_vec * kVec + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
     out[i] = static_cast<Out>(f(static_cast<acc_t<In>>(a[i]), static_cast<acc_t<In>>(b[i])));
   }
 }
@@ -120,8 +153,10 @@ __global__ void map_ternary_vec(int64_t n, Out* __restrict__ out, const In* __re
     }
     reinterpret_cast<Vec<Out, kVec>*>(out)[i] = ov;
   }
-  for (int64_t i = n_vec * kVec + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    out[i] = static_cast<Out>(f(static_cast<acc_t<In>>(a[i]), static_cast<acc_t<In>>(b[i]), static_cast<acc_t<In>>(c[i])));
+  for (int64_t i = n_vec * kVec + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] =
+        static_cast<Out>(f(static_cast<acc_t<In>>(a[i]), static_cast<acc_t<In>>(b[i]), static_cast<acc_t<In>>(c[i])));
   }
 }
 
@@ -132,7 +167,8 @@ __global__ void map_strided(int64_t n, OffsetCalculator<N> calc, Out* out, std::
     int64_t off[N];
     calc.get(i, off);
     auto load = [&](int k) {
-      return static_cast<acc_t<In>>(*reinterpret_cast<const In*>(reinterpret_cast<const char*>(inputs[k - 1]) + off[k]));
+      return static_cast<acc_t<In>>(
+          *reinterpret_cast<const In*>(reinterpret_cast<const char*>(inputs[k - 1]) + off[k]));
     };
     Out* dst = reinterpret_cast<Out*>(reinterpret_cast<char*>(out) + off[0]);
     if constexpr (N == 2) {
@@ -145,7 +181,9 @@ __global__ void map_strided(int64_t n, OffsetCalculator<N> calc, Out* out, std::
   }
 }
 
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 /// Runs out[i] = f(inputs[i]...) for 1 to 3 inputs of dtype In, all already of out's shape.
 template <class Out, class In, size_t K, class F>
@@ -189,8 +227,8 @@ void launch_map(const Tensor& out, const std::array<const Tensor*, K>& inputs, F
 
 /// Every tensor of a CUDA op must be on the op's device.
 inline void check_on_device(const Tensor& t, Device device, const char* op, const char* role) {
-  COLOSSAL_CHECK(t.device() == device, "{}: {} is on {} but the op runs on {}; move it with .to()", op, role, t.device(),
-                 device);
+  COLOSSAL_CHECK(t.device() == device, "{}: {} is on {} but the op runs on {}; move it with .to()", op, role,
+                 t.device(), device);
 }
 
 }  // namespace colossal::core::cuda_detail

@@ -277,34 +277,54 @@ void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& 
 
 // ---- backward
 
+/// Where the `index`-th of `count` work items (rows, or groups of a row) lands when the items are
+/// visited in memory order: item = ((outer * rows + r) * inner + h) * groups + g, batch entry
+/// b = outer * inner + h. `inner` > 1 when consecutive batch entries (heads) sit side by side within
+/// one row of memory ([B, T, H, D] viewed as [B, H, T, D]): visiting them together reads whole
+/// token rows instead of one head's slice of every row, which the memory serves several times
+/// faster. 32-bit division where the count allows (several times cheaper than 64-bit).
+struct RowItem {
+  int64_t b, r, g;
+};
+__device__ __forceinline__ RowItem row_item(int64_t index, int64_t count, int64_t rows, int64_t inner, int64_t groups) {
+  if (count <= UINT32_MAX) {
+    auto rest = static_cast<uint32_t>(index);
+    const uint32_t q0 = rest / static_cast<uint32_t>(groups);
+    const uint32_t g = rest - q0 * static_cast<uint32_t>(groups);
+    const uint32_t q1 = q0 / static_cast<uint32_t>(inner);
+    const uint32_t h = q0 - q1 * static_cast<uint32_t>(inner);
+    const uint32_t outer = q1 / static_cast<uint32_t>(rows);
+    const uint32_t r = q1 - outer * static_cast<uint32_t>(rows);
+    return {int64_t{outer} * inner + h, r, g};
+  }
+  const int64_t q0 = index / groups, q1 = q0 / inner;
+  return {(q1 / rows) * inner + q0 % inner, q1 % rows, index % groups};
+}
+
+/// How many consecutive batch entries of `m` share its rows of memory (row_item's `inner`): the
+/// innermost batch dimension's size when its stride is below the row stride (heads interleaved
+/// within each token's row), else 1.
+int64_t interleaved_entries(const MatrixOperand& m) {
+  if (m.batch_dims == 0) return 1;
+  const int last = m.batch_dims - 1;
+  return m.batch_strides[last] > 0 && m.batch_strides[last] < m.row_stride ? m.batch_sizes[last] : 1;
+}
+
 /// delta[b, i] = rowsum(dout * out) and lse_bwd[b, i] = lse * lse_factor, +inf for a row that
 /// sees no key (so that its recomputed P is 0 rather than inf); rows tq <= i < tq_padded get
-/// delta 0 and lse_bwd +inf. A team of 8 lanes per row, kVec elements per load. When `dq_accum`
-/// is given, the team also zeroes its row of it ([batch, tq, accum_cols], accum_cols a multiple
-/// of 8), sparing the flash backward a separate memset pass.
+/// delta 0 and lse_bwd +inf. A team of 8 lanes per row, kVec elements per load; the rows visited
+/// in out's memory order (row_item, `inner` interleaved batch entries).
 template <class T, int kVec>
 __global__ void backward_statistics_kernel(const MatrixOperand out, const MatrixOperand dout, const acc_t<T>* lse,
                                            acc_t<T>* lse_bwd, acc_t<T>* delta, int64_t rows_padded, int64_t tq,
-                                           int64_t tq_padded, int64_t cols, acc_t<T> lse_factor, float* dq_accum,
-                                           int64_t accum_cols) {
+                                           int64_t tq_padded, int64_t cols, acc_t<T> lse_factor, int64_t inner) {
   using A = acc_t<T>;
   constexpr int kTeam = 8;
   const int64_t team = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kTeam;
   const int rank = static_cast<int>(threadIdx.x) % kTeam;
-  int64_t b, i;
-  if (rows_padded <= UINT32_MAX) {  // 32-bit division: several times cheaper than 64-bit
-    const auto b32 = static_cast<uint32_t>(team) / static_cast<uint32_t>(tq_padded);
-    b = b32, i = team - int64_t{b32} * tq_padded;
-  } else {
-    b = team / tq_padded, i = team % tq_padded;
-  }
+  const RowItem item = row_item(team, rows_padded, tq_padded, inner, 1);
+  const int64_t b = item.b, i = item.r;
   const bool real = team < rows_padded && i < tq;
-  if (real && dq_accum != nullptr) {
-    float* row = dq_accum + (b * tq + i) * accum_cols;
-    for (int64_t c = int64_t{rank} * 4; c < accum_cols; c += kTeam * 4) {
-      *reinterpret_cast<float4*>(row + c) = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
   A dot = 0;
   if (real) {
     // kVec > 1 only for unit column strides (the launch checks).
@@ -321,8 +341,8 @@ __global__ void backward_statistics_kernel(const MatrixOperand out, const Matrix
   for (int offset = kTeam / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
   if (team < rows_padded && rank == 0) {
     const A row_lse = real ? lse[b * tq + i] : A(-INFINITY);
-    delta[team] = dot;
-    lse_bwd[team] = row_lse == A(-INFINITY) ? A(INFINITY) : row_lse * lse_factor;
+    delta[b * tq_padded + i] = dot;
+    lse_bwd[b * tq_padded + i] = row_lse == A(-INFINITY) ? A(INFINITY) : row_lse * lse_factor;
   }
 }
 
@@ -331,20 +351,14 @@ __global__ void backward_statistics_kernel(const MatrixOperand out, const Matrix
 /// has unit column stride and 16-byte aligned rows), finding the row's matrix once.
 template <class T, int kVec>
 __global__ void dq_from_accumulator_kernel(const MatrixOperand dq, const float* accum, int64_t tq, int64_t rows,
-                                           int64_t cols, int64_t accum_cols, float scale) {
+                                           int64_t cols, int64_t accum_cols, float scale, int64_t inner) {
   const int64_t groups_per_row = cols / kVec;
   const int64_t total = rows * groups_per_row;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t row, group, b, r;
-    if (total <= UINT32_MAX) {
-      const auto i32 = static_cast<uint32_t>(i);
-      const auto row32 = i32 / static_cast<uint32_t>(groups_per_row);
-      const auto b32 = row32 / static_cast<uint32_t>(tq);
-      row = row32, group = i32 - row32 * static_cast<uint32_t>(groups_per_row), b = b32, r = row32 - b32 * tq;
-    } else {
-      row = i / groups_per_row, group = i % groups_per_row, b = row / tq, r = row % tq;
-    }
-    const int64_t c = group * kVec;
+    // Visited in dq's memory order (row_item): the writes stream, the accumulator's rows are read whole.
+    const RowItem item = row_item(i, total, tq, inner, groups_per_row);
+    const int64_t b = item.b, r = item.r, row = b * tq + r;
+    const int64_t c = item.g * kVec;
     T* dst = const_cast<T*>(dq.matrix<T>(b)) + r * dq.row_stride + c * dq.col_stride;
     const float* src = accum + row * accum_cols + c;
     if constexpr (kVec == 8) {
@@ -427,11 +441,11 @@ void flash_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& gr
   if (vector) {
     dq_from_accumulator_kernel<T, 8>
         <<<core::cuda_detail::grid_for(rows * s.head_dim, 8), core::cuda_detail::kThreads, 0, stream>>>(
-            dq_m, p.dq_accum, s.tq, rows, s.head_dim, fq.cols, p.scale);
+            dq_m, p.dq_accum, s.tq, rows, s.head_dim, fq.cols, p.scale, interleaved_entries(dq_m));
   } else {
     dq_from_accumulator_kernel<T, 1>
         <<<core::cuda_detail::grid_for(rows * s.head_dim), core::cuda_detail::kThreads, 0, stream>>>(
-            dq_m, p.dq_accum, s.tq, rows, s.head_dim, fq.cols, p.scale);
+            dq_m, p.dq_accum, s.tq, rows, s.head_dim, fq.cols, p.scale, interleaved_entries(dq_m));
   }
   COLOSSAL_CUDA_CHECK_LAUNCH();
   for (const OutputBuffer* b : {&dq, &dk, &dv}) b->finish();
@@ -525,8 +539,10 @@ void attention_backward_cuda(const Tensor& grad_q, const Tensor& grad_k, const T
     const A lse_factor = flash ? A(kLog2e) : A(1);
     // The flash backward adds dQ into an f32 buffer (Note [dQ through atomics]), zeroed here.
     Tensor dq_accum;
-    if (flash) dq_accum = core::empty({s.batch, s.tq, flash_accum_cols(s)}, TensorOptions(DType::f32, device));
-    float* dq_zero = flash ? dq_accum.data<float>() : nullptr;
+    if (flash) {
+      dq_accum = core::empty({s.batch, s.tq, flash_accum_cols(s)}, TensorOptions(DType::f32, device));
+      zero_(dq_accum, stream);
+    }
     // out and grad_out may be strided views (a [B, T, H, D] buffer seen as [B, H, T, D]).
     constexpr int kVec = 16 / sizeof(T);
     Tensor keep_out, keep_dout;
@@ -539,11 +555,11 @@ void attention_backward_cuda(const Tensor& grad_q, const Tensor& grad_k, const T
     if (s.value_dim % kVec == 0 && vectorizable(out_m) && vectorizable(dout_m)) {
       backward_statistics_kernel<T, kVec><<<blocks, core::cuda_detail::kThreads, 0, stream>>>(
           out_m, dout_m, lse.data<A>(), lse_bwd.data<A>(), delta.data<A>(), rows_padded, s.tq, tq_padded, s.value_dim,
-          lse_factor, dq_zero, flash_accum_cols(s));
+          lse_factor, interleaved_entries(out_m));
     } else {
       backward_statistics_kernel<T, 1><<<blocks, core::cuda_detail::kThreads, 0, stream>>>(
           out_m, dout_m, lse.data<A>(), lse_bwd.data<A>(), delta.data<A>(), rows_padded, s.tq, tq_padded, s.value_dim,
-          lse_factor, dq_zero, flash_accum_cols(s));
+          lse_factor, interleaved_entries(out_m));
     }
     COLOSSAL_CUDA_CHECK_LAUNCH();
     if constexpr (kIs16Bit<T>) {

@@ -356,13 +356,14 @@ void cross_entropy_forward_cuda(const Tensor& out, const Tensor& lse, const Tens
     COLOSSAL_CUDA_CHECK_LAUNCH();
   });
   if (!bad_row) return;
-  // The op's one host synchronisation: the contract throws for a bad target, and only the host can.
-  if (const std::optional<int64_t> row = bad_row->first_bad()) {
-    const int64_t value = cuda::rows::read_index_at(target, *row, stream);
-    COLOSSAL_FAIL(
+  // Checked without stopping the host (Note [Deferred device checks]): a bad target throws at a later
+  // op or host read, with this message.
+  bad_row->defer([target, classes, ignore_index = params.ignore_index, stream](int64_t row) {
+    const int64_t value = cuda::rows::read_index_at(target, row, stream);
+    return fmt::format(
         "cross_entropy: target {} at row {} is out of range for {} classes (valid: 0..{}, or ignore_index {})", value,
-        *row, classes, classes - 1, params.ignore_index);
-  }
+        row, classes, classes - 1, ignore_index);
+  });
 }
 
 // The backward does not check the targets again: they are the tensor the forward validated (the op

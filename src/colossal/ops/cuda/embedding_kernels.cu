@@ -105,13 +105,14 @@ void embedding_forward_cuda(const Tensor& out, const Tensor& indices, const Tens
     }
     COLOSSAL_CUDA_CHECK_LAUNCH();
   });
-  // The op's one host synchronisation: the contract throws for a bad index, and only the host can.
-  if (const std::optional<int64_t> k = bad_position.first_bad()) {
-    const int64_t value = cuda::rows::read_index_at(indices, *k, stream);
-    COLOSSAL_FAIL(
+  // Checked without stopping the host (Note [Deferred device checks]): a bad index throws at a later
+  // op or host read, with this message.
+  bad_position.defer([indices, num_embeddings, stream](int64_t k) {
+    const int64_t value = cuda::rows::read_index_at(indices, k, stream);
+    return fmt::format(
         "embedding: index {} at position {} of indices {} is out of range for num_embeddings {} (valid: 0..{})", value,
-        unravel(*k, indices.shape()), indices.shape(), num_embeddings, num_embeddings - 1);
-  }
+        unravel(k, indices.shape()), indices.shape(), num_embeddings, num_embeddings - 1);
+  });
 }
 
 // ---- backward

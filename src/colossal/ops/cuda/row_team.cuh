@@ -11,7 +11,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
 
 #include "colossal/core/cuda/launch.cuh"  // Vec, aligned16, stream_of, check_on_device
@@ -342,8 +345,9 @@ inline IndexView index_view(const Tensor& indices) {
 }
 
 /// One 64-bit slot on the device that kernels lower (atomicMin) to the first bad position they
-/// find. Reading it back is the op's one host synchronisation: an exception about bad indices must
-/// be thrown by the call that received them, and only the host can throw.
+/// find. defer() hands it to core::cuda::defer_check, so the op does not stop the host; the error
+/// is thrown at a later op or host read (Note [Deferred device checks] in core/cuda_device.h).
+/// first_bad() reads it at once (a host synchronisation).
 class DeviceErrorSlot {
  public:
   static constexpr unsigned long long kNone = ~0ull;
@@ -354,6 +358,14 @@ class DeviceErrorSlot {
   }
 
   unsigned long long* get() const { return static_cast<unsigned long long*>(slot_.raw_data()); }
+
+  /// Checks the slot once the kernels queued so far have run: `describe(position)` builds the
+  /// message thrown for a bad position.
+  void defer(std::function<std::string(int64_t position)> describe) const {
+    core::cuda::defer_check(
+        core::Stream{slot_.device(), stream_}, slot_.raw_data(), kNone, std::make_shared<Tensor>(slot_),
+        [describe = std::move(describe)](uint64_t value) { return describe(static_cast<int64_t>(value)); });
+  }
 
   /// Waits for the stream and returns the first bad position, if any kernel reported one.
   std::optional<int64_t> first_bad() const {
