@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_forward_rows(Fo
   const T* tr = args.soft ? args.soft + row * classes : nullptr;
   const A uniform_share = args.smoothing / static_cast<A>(classes);
   const A reference = to_acc(xr[0]);
+  const bool smoothed = args.smoothing != A(0);  // sum_x is needed only for label smoothing
 
   MaxSum<A> state{-INFINITY, A(0)};
   A sum_x = 0, sum_q = 0, sum_qx = 0;  // sum (x - x0); sum q; sum q (x - x0)
@@ -91,10 +92,24 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_forward_rows(Fo
         A vector_max = -INFINITY;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) vector_max = max(vector_max, to_acc(xs[u].v[j]));
+        // One rescale per vector, then its exponentials summed apart from the running sum (the
+        // per-element online_add compared and branched on every element: this kernel was bound by
+        // instructions, not memory). Same guards: -inf adds nothing, nan poisons the sum.
+        if (vector_max > state.max) {
+          if (state.sum != A(0)) state.sum *= cuda::rows::row_exp<T>(state.max - vector_max);
+          state.max = vector_max;
+        }
+        A vector_sum = 0;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const A x = to_acc(xs[u].v[j]);
-          cuda::rows::online_add<T>(state, x, vector_max);
+          vector_sum += x == -INFINITY ? A(0) : cuda::rows::row_exp<T>(x - state.max);
+        }
+        state.sum += vector_sum;
+        if (!smoothed && !tr) continue;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const A x = to_acc(xs[u].v[j]);
           sum_x += x - reference;
           if (tr) {
             const A q = (A(1) - args.smoothing) * to_acc(ts[u].v[j]) + uniform_share;
