@@ -125,8 +125,8 @@ void expect_data_parallel_equals_serial(int64_t steps, int64_t accumulation, std
       auto [gx, gy] = rows(step, micro, 0, kPerRank * size);
       const double serial_loss = serial->step(gx, gy).item<double>();
       auto [x, y] = rows(step, micro, rank * kPerRank, (rank + 1) * kPerRank);
-      Tensor loss = dp->step(x, y);
-      world().all_reduce(loss, comm::ReduceOp::avg);  // equal shares: the mean of the means
+      // The Engine reports the group's mean loss (equal shares: the mean of the means), on every rank.
+      const Tensor loss = dp->step(x, y);
       EXPECT_NEAR(loss.item<double>(), serial_loss, kTolerance * std::abs(serial_loss))
           << "step " << step << " micro " << micro;
     }
@@ -157,6 +157,20 @@ TEST(DataParallel, GradientAccumulationEqualsSerial) {
 
 TEST(DataParallel, ClippingEqualsSerial) {
   expect_data_parallel_equals_serial(3, 2, /*clip=*/0.05, int64_t{25} << 20);
+}
+
+TEST(DataParallel, ReportsThisRanksLossWhenAskedTo) {
+  // report_mean_loss = false: step() returns this rank's own loss, the one a serial step on this
+  // rank's share computes (the update itself is the same either way).
+  const int rank = world().rank();
+  engine::EngineOptions options;
+  options.data_parallel_group = world_group();
+  options.report_mean_loss = false;
+  auto local = make_engine(make_mlp(7), engine::EngineOptions{});
+  auto dp = make_engine(make_mlp(7), options);
+  auto [x, y] = rows(0, 0, rank * kPerRank, (rank + 1) * kPerRank);
+  const double expected = local->step(x, y).item<double>();
+  EXPECT_NEAR(dp->step(x, y).item<double>(), expected, kTolerance * std::abs(expected));
 }
 
 TEST(DataParallel, BucketsFollowReverseRegistrationOrder) {

@@ -85,7 +85,12 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
     if (lr_scheduler_) lr_scheduler_->step();
     ++num_updates_;
   }
-  return loss.detach();
+  Tensor reported = loss.detach();
+  if (data_parallel_ && options_.report_mean_loss) {
+    // The graph is gone, so the loss's own storage can take the mean.
+    options_.data_parallel_group->all_reduce(reported, comm::ReduceOp::avg);
+  }
+  return reported;
 }
 
 Tensor Engine::forward(const Tensor& input) {

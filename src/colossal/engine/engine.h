@@ -40,6 +40,10 @@ struct EngineOptions {
   /// group skip the same fp16 steps.
   std::shared_ptr<comm::ProcessGroup> data_parallel_group;
   parallel::DataParallelOptions data_parallel;
+  /// With data parallelism, step() returns the mean of the group's losses (one all-reduce of a
+  /// scalar per micro-step): with equal shares that is the loss of the global batch, the number the
+  /// serial run reports, and every rank's hooks and logs see it. false returns this rank's own loss.
+  bool report_mean_loss = true;
 };
 
 class Engine {
@@ -56,7 +60,7 @@ class Engine {
 
   /// One micro-step: forward, loss, backward of loss / gradient_accumulation; on the window's last
   /// micro-step also clipping, optimizer.step(), zero_grad and the scheduler's step. Returns the
-  /// unscaled loss, detached.
+  /// unscaled loss, detached (under data parallelism the group's mean: options.report_mean_loss).
   Tensor step(const Tensor& input, const Tensor& target);
   /// The model's output for `input` with autograd off.
   Tensor evaluate(const Tensor& input);
