@@ -36,52 +36,47 @@ nlohmann::json optional_or_null(const std::optional<double>& value) {
 
 // ---- LossHook
 
-namespace {
-
-/// Adds a detached loss into `sum` where the loss lives (16-bit losses widened to f32): reading each
-/// loss on the host would synchronise the GPU at every training step.
-void accumulate(Tensor& sum, const Tensor& loss) {
+void DeviceLossSum::add(const Tensor& loss) {
+  if (!loss.defined()) return;
   autograd::NoGradGuard no_grad;
   Tensor value = loss.detach();
   if (value.dtype() == DType::f16 || value.dtype() == DType::bf16) value = value.to(DType::f32);
-  sum = sum.defined() ? ops::add(sum, value) : value.clone();
+  sum_ = sum_.defined() ? ops::add(sum_, value) : value.clone();
+  ++count_;
 }
 
-/// The mean of the accumulated losses, read once per pass.
-double mean_of(const Tensor& sum, int64_t count) {
-  return sum.to(Device{}).item<double>() / static_cast<double>(count);
+double DeviceLossSum::mean() const {
+  if (count_ == 0) return std::nan("");
+  return sum_.to(Device{}).item<double>() / static_cast<double>(count_);
 }
 
-}  // namespace
+void DeviceLossSum::reset() {
+  sum_ = Tensor();
+  count_ = 0;
+}
 
 void LossHook::before_train_epoch(Trainer&) {
-  train_sum_ = Tensor();
-  train_count_ = 0;
+  train_.reset();
 }
 
 void LossHook::after_train_iter(Trainer&, const Tensor&, const Tensor&, const Tensor& loss) {
-  if (!loss.defined()) return;
-  accumulate(train_sum_, loss);
-  ++train_count_;
+  train_.add(loss);
 }
 
 void LossHook::after_train_epoch(Trainer& trainer) {
-  if (train_count_ > 0) trainer.train_metrics()["loss"] = mean_of(train_sum_, train_count_);
+  if (train_.count() > 0) trainer.train_metrics()["loss"] = train_.mean();
 }
 
 void LossHook::before_test_epoch(Trainer&) {
-  test_sum_ = Tensor();
-  test_count_ = 0;
+  test_.reset();
 }
 
 void LossHook::after_test_iter(Trainer&, const Tensor&, const Tensor&, const Tensor& loss) {
-  if (!loss.defined()) return;
-  accumulate(test_sum_, loss);
-  ++test_count_;
+  test_.add(loss);
 }
 
 void LossHook::after_test_epoch(Trainer& trainer) {
-  if (test_count_ > 0) trainer.test_metrics()["loss"] = mean_of(test_sum_, test_count_);
+  if (test_.count() > 0) trainer.test_metrics()["loss"] = test_.mean();
 }
 
 // ---- AccuracyHook

@@ -16,6 +16,21 @@
 
 namespace colossal::engine {
 
+/// A running sum of detached losses kept on their device (16-bit losses widened to f32) and read on
+/// the host only by mean(): reading each loss as it comes would synchronise the GPU at every step.
+class DeviceLossSum {
+ public:
+  void add(const Tensor& loss);
+  /// The mean of the losses added since reset(): one host read. NaN when none was added.
+  double mean() const;
+  int64_t count() const { return count_; }
+  void reset();
+
+ private:
+  Tensor sum_;
+  int64_t count_ = 0;
+};
+
 /// Mean of the per-iteration losses of each pass: train_metrics()["loss"] at after_train_epoch and
 /// test_metrics()["loss"] at after_test_epoch (Colossal-AI's LossHook and LossMetric). The sum stays on
 /// the losses' device (f32 or wider) until the pass ends, so the hook adds no host sync to a step.
@@ -31,8 +46,7 @@ class LossHook : public Hook {
   void after_test_epoch(Trainer& trainer) override;
 
  private:
-  Tensor train_sum_, test_sum_;  // on the losses' device, read once per pass
-  int64_t train_count_ = 0, test_count_ = 0;
+  DeviceLossSum train_, test_;  // read once per pass
 };
 
 /// Top-1 accuracy over the whole test pass (correct / total rows): test_metrics()["accuracy"].

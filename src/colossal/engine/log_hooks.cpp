@@ -101,8 +101,7 @@ LogMetricByStepHook::LogMetricByStepHook(std::ostream* out, int64_t interval, in
 
 void LogMetricByStepHook::before_train_epoch(Trainer&) {
   // The Trainer drops a window left open at the end of an epoch, so its losses go with it.
-  loss_sum_ = 0.0;
-  loss_count_ = 0;
+  losses_.reset();
 }
 
 void LogMetricByStepHook::before_train_iter(Trainer& trainer) {
@@ -110,19 +109,15 @@ void LogMetricByStepHook::before_train_iter(Trainer& trainer) {
 }
 
 void LogMetricByStepHook::after_train_iter(Trainer& trainer, const Tensor&, const Tensor&, const Tensor& loss) {
-  if (loss.defined()) {
-    loss_sum_ += loss.item<double>();
-    ++loss_count_;
-  }
+  losses_.add(loss);
   const Engine& engine = trainer.engine();
   if (!engine.last_step_updated() || engine.num_updates() % interval_ != 0) return;
   std::string line =
       fmt::format("step {} | epoch {}/{} |", engine.num_updates(), trainer.cur_epoch() + 1, trainer.max_epochs());
-  if (loss_count_ > 0) line += fmt::format(" loss={:.6g}", loss_sum_ / static_cast<double>(loss_count_));
+  if (losses_.count() > 0) line += fmt::format(" loss={:.6g}", losses_.mean());
   if (iter_lr_) line += fmt::format(" lr={:.6g}", *iter_lr_);
   *out_ << line << '\n' << std::flush;
-  loss_sum_ = 0.0;
-  loss_count_ = 0;
+  losses_.reset();
 }
 
 // ---- LogMemoryHook

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "colossal/engine/hook.h"
+#include "colossal/engine/hooks.h"  // DeviceLossSum
 #include "colossal/engine/tensorboard.h"
 
 namespace colossal::engine {
@@ -62,8 +63,7 @@ class LogMetricByStepHook : public Hook {
  private:
   std::ostream* out_;
   int64_t interval_;
-  double loss_sum_ = 0.0;
-  int64_t loss_count_ = 0;
+  DeviceLossSum losses_;  // read at each log line, not at each step
   std::optional<double> iter_lr_;
 };
 
