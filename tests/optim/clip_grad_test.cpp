@@ -40,6 +40,23 @@ TEST(ClipGradNorm, ScalesAllGradientsByOneGlobalFactor) {
   expect_values(a, {1.0, 1.0}, 0.0);  // parameters untouched
 }
 
+TEST(ClipGradNorm, OnDeviceReturnsTheNormAsATensorAndScalesTheSame) {
+  // The Engine's path: the total stays a 0-d f64 tensor where the gradients live (no host read),
+  // and the gradients are scaled exactly as clip_grad_norm scales them.
+  Tensor a = make_param({1.0, 1.0});
+  Tensor b = make_param({1.0});
+  set_grad(a, {3.0, 4.0});
+  set_grad(b, {12.0});
+  const Tensor total = clip_grad_norm_on_device({a, b}, 6.5);
+  EXPECT_EQ(total.dim(), 0);
+  EXPECT_EQ(total.dtype(), DType::f64);
+  EXPECT_EQ(total.device(), a.grad().device());
+  EXPECT_EQ(total.item<double>(), 13.0);
+  const double factor = 6.5 / (13.0 + 1e-6);
+  expect_values(a.grad(), {3.0 * factor, 4.0 * factor}, kTol);
+  expect_values(b.grad(), {12.0 * factor}, kTol);
+}
+
 TEST(ClipGradNorm, InfNormUsesTheLargestMagnitude) {
   Tensor a = make_param({0.0, 0.0});
   Tensor b = make_param({0.0});

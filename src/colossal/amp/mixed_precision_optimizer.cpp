@@ -192,7 +192,7 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
 
   if (max_norm) {
     result.grad_norm = clip_grad_norm_ ? clip_grad_norm_(master_params_, *max_norm, norm_type)
-                                       : optim::clip_grad_norm(master_params_, *max_norm, norm_type);
+                                       : optim::clip_grad_norm_on_device(master_params_, *max_norm, norm_type);
   }
   optimizer_->step();
   if (options_.mode != AmpMode::torch) optim::multi_tensor_copy(model_params_, master_params_);

@@ -60,8 +60,9 @@ struct AmpStepResult {
   /// The scale this step's gradients carried (the scale before the update that step() made); 1 for bf16.
   double loss_scale = 1.0;
   /// The total norm of the unscaled fp32 gradients before clipping, when step() was asked to clip and
-  /// did not skip.
-  std::optional<double> grad_norm;
+  /// did not skip (else undefined): 0-d f64 on the gradients' device, so that clipping adds no host
+  /// sync to the step; reading it is one.
+  Tensor grad_norm;
 };
 
 /// Turns this rank's overflow flag into the flag every rank acts on. The distributed layer installs an
@@ -70,9 +71,9 @@ struct AmpStepResult {
 /// when the local flag is already true. The default (none installed) returns the local flag.
 using FoundInfSync = std::function<bool(bool local_found_inf)>;
 /// Clips the gradients of `params` to a total norm of `max_norm` and returns the norm before clipping
-/// (optim::clip_grad_norm by default; the tensor-parallel layer replaces it with one that sums the norm
-/// over its groups).
-using ClipGradNormFn = std::function<double(const std::vector<Tensor>& params, double max_norm, double norm_type)>;
+/// as a 0-d device tensor (optim::clip_grad_norm_on_device by default; the tensor-parallel layer
+/// replaces it with one that sums the norm over its groups).
+using ClipGradNormFn = std::function<Tensor(const std::vector<Tensor>& params, double max_norm, double norm_type)>;
 
 class MixedPrecisionOptimizer {
  public:

@@ -73,11 +73,11 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
       // torch's and Colossal-AI's loops do.
       const amp::AmpStepResult result = amp_->step(options_.clip_grad_norm, options_.clip_norm_type);
       last_step_skipped_ = !result.stepped;
-      if (result.grad_norm) last_grad_norm_ = result.grad_norm;
+      if (result.grad_norm.defined()) last_grad_norm_ = result.grad_norm;
     } else {
       if (options_.clip_grad_norm) {
         last_grad_norm_ =
-            optim::clip_grad_norm(model_->parameters(), *options_.clip_grad_norm, options_.clip_norm_type);
+            optim::clip_grad_norm_on_device(model_->parameters(), *options_.clip_grad_norm, options_.clip_norm_type);
       }
       optimizer_->step();
     }
@@ -99,6 +99,11 @@ Tensor Engine::forward(const Tensor& input) {
   std::optional<ops::AutocastGuard> autocast;
   if (options_.amp->mode == amp::AmpMode::torch) autocast.emplace(DType::f16);
   return amp_->cast_output(model_->forward(amp_->cast_input(input)));
+}
+
+std::optional<double> Engine::last_grad_norm() const {
+  if (!last_grad_norm_.defined()) return std::nullopt;
+  return last_grad_norm_.item<double>();
 }
 
 Tensor Engine::evaluate(const Tensor& input) {

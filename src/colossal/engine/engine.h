@@ -75,7 +75,8 @@ class Engine {
   /// Whether the last step() updated the parameters (it ended an accumulation window).
   bool last_step_updated() const { return last_step_updated_; }
   /// The gradient norm before clipping at the last update, when clipping is on.
-  std::optional<double> last_grad_norm() const { return last_grad_norm_; }
+  /// Reading it waits for the GPU (the norm stays a device tensor until asked for).
+  std::optional<double> last_grad_norm() const;
   /// Whether the last window's optimizer step was skipped for inf/NaN gradients (fp16 modes).
   bool last_step_skipped() const { return last_step_skipped_; }
   /// The mixed-precision wrapper, or null without options.amp.
@@ -104,7 +105,7 @@ class Engine {
   int64_t micro_step_ = 0;  // micro-steps done in the current accumulation window
   int64_t num_updates_ = 0;
   bool last_step_updated_ = false;
-  std::optional<double> last_grad_norm_;
+  Tensor last_grad_norm_;  // 0-d on the gradients' device, undefined before the first clipped update
   bool last_step_skipped_ = false;
   Tensor last_output_;
   std::unique_ptr<amp::MixedPrecisionOptimizer> amp_;

@@ -71,16 +71,15 @@ Tensor total_grad_norm(const std::vector<Tensor>& params, double norm_type) {
   return finish_norm(total, norm_type);
 }
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
+Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm, double norm_type,
+                                bool error_if_nonfinite) {
   check_norm_type(norm_type, "clip_grad_norm");
   COLOSSAL_CHECK(max_norm >= 0.0, "clip_grad_norm: max_norm must be >= 0, got {}", max_norm);
   autograd::NoGradGuard no_grad;
   const Tensor total = total_grad_norm(params, norm_type);
-  // error_if_nonfinite needs the value before scaling; otherwise the read can wait until after
-  // the scaling is queued.
-  double total_value = 0.0;
+  // error_if_nonfinite needs the value before scaling.
   if (error_if_nonfinite) {
-    total_value = total.item<double>();
+    const double total_value = total.item<double>();
     COLOSSAL_CHECK(std::isfinite(total_value),
                    "clip_grad_norm: the total {}-norm of the gradients is {}; pass error_if_nonfinite = false to clip "
                    "anyway",
@@ -92,7 +91,11 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
     Tensor grad = p.grad();
     if (grad.defined() && grad.numel() > 0) ops::mul_(grad, factor);
   }
-  return error_if_nonfinite ? total_value : total.item<double>();
+  return total;
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
+  return clip_grad_norm_on_device(params, max_norm, norm_type, error_if_nonfinite).item<double>();
 }
 
 }  // namespace colossal::optim

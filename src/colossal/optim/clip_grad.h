@@ -22,10 +22,15 @@ Tensor vector_norm(const Tensor& t, double norm_type = 2.0);
 Tensor total_grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
 
 /// Scales every gradient in place by max_norm / (total + 1e-6) when that factor is below 1 and
-/// returns the total norm from before the scaling, exactly as torch.nn.utils.clip_grad_norm_. The
-/// factor is applied as a device tensor (min(factor, 1)), so the only host sync is reading the
-/// returned norm. With error_if_nonfinite, a NaN or infinite total throws before any gradient is
-/// touched.
+/// returns the total norm from before the scaling (0-d f64 on the gradients' device), exactly as
+/// torch.nn.utils.clip_grad_norm_. The factor is applied as a device tensor (min(factor, 1)), so
+/// nothing waits for the GPU: a training step stays free of host syncs until someone reads the
+/// norm. With error_if_nonfinite the total is read first (a sync), and a NaN or infinite total
+/// throws before any gradient is touched.
+Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
+                                bool error_if_nonfinite = false);
+
+/// clip_grad_norm_on_device with the norm read on the host.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                       bool error_if_nonfinite = false);
 
