@@ -352,13 +352,18 @@ void multi_tensor_copy(const std::vector<Tensor>& dst, const std::vector<Tensor>
     COLOSSAL_CHECK(dst[i].shape() == src[i].shape(),
                    "multi_tensor_copy: tensor {}: destination {} and source {} differ", i, dst[i].shape(),
                    src[i].shape());
-    COLOSSAL_CHECK(dst[i].is_contiguous() && src[i].is_contiguous(), "multi_tensor_copy: tensor {} is not contiguous",
-                   i);
   }
-  if (multi_tensor_copy_stub.supports(device.type)) return multi_tensor_copy_stub(device, dst, src);
+  std::vector<Tensor> fused_dst, fused_src;
   for (size_t i = 0; i < dst.size(); ++i) {
-    if (dst[i].numel() > 0) core::copy_stub(device, dst[i], src[i]);
+    if (dst[i].numel() == 0) continue;
+    if (multi_tensor_copy_stub.supports(device.type) && dst[i].is_contiguous() && src[i].is_contiguous()) {
+      fused_dst.push_back(dst[i]);
+      fused_src.push_back(src[i]);
+    } else {
+      core::copy_stub(device, dst[i], src[i]);  // any strides
+    }
   }
+  if (!fused_dst.empty()) multi_tensor_copy_stub(device, fused_dst, fused_src);
 }
 
 }  // namespace colossal::optim

@@ -77,10 +77,11 @@ void run_multi_tensor(const core::DispatchStub<Fn>& stub, Fn* reference, const M
   }
 }
 
-/// dst[i] <- src[i] for index-aligned lists of contiguous tensors of equal sizes on one device,
-/// converting dtypes (round to nearest even): mixed precision's copies of 16-bit gradients into f32
-/// and f32 master weights into the 16-bit model. On CUDA one multi-tensor launch per dtype pair (a
-/// GPT-2-sized list: 148 tensors) instead of one per tensor; elsewhere a copy per tensor.
+/// dst[i] <- src[i] for index-aligned lists of tensors of equal shapes on one device, converting
+/// dtypes (round to nearest even): mixed precision's copies of 16-bit gradients into f32 and f32
+/// master weights into the 16-bit model. On CUDA the contiguous pairs go in one multi-tensor launch
+/// per dtype pair (a GPT-2-sized list: 148 tensors) instead of one copy per tensor; other pairs,
+/// and every pair elsewhere, are copied one by one.
 void multi_tensor_copy(const std::vector<Tensor>& dst, const std::vector<Tensor>& src);
 using MultiTensorCopyKernel = void(const std::vector<Tensor>& dst, const std::vector<Tensor>& src);
 extern core::DispatchStub<MultiTensorCopyKernel> multi_tensor_copy_stub;
