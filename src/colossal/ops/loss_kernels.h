@@ -43,17 +43,19 @@ struct CrossEntropyParams {
   bool soft_target = false;  ///< target holds probabilities [N, C] rather than class indices [N]
 };
 
-/// out: [N] of the accumulation dtype (f32 for f16/bf16 logits) for Reduction::none, else a 0-d tensor (sum, or sum / total_weight for
-/// mean). lse: [N] row logsumexps in the accumulation dtype (f64 for f64 logits, f32 otherwise),
-/// all the backward needs besides the inputs. total_weight: 0-d f64 (a count can pass 2^24 rows),
-/// the number of rows not ignored (N for soft targets). Throws naming a hard target outside [0, C)
-/// that is not ignore_index, its row and C.
+/// out: [N] for Reduction::none, else a 0-d tensor (sum, or sum / total_weight for mean), in the
+/// accumulation dtype (f32 for f16/bf16 logits). lse: [N] row logsumexps in the accumulation dtype
+/// (f64 for f64 logits, f32 otherwise), all the backward needs besides the inputs. total_weight: 0-d
+/// f64 (a count can pass 2^24 rows), the number of rows not ignored (N for soft targets). A hard
+/// target outside [0, C) that is not ignore_index raises an error naming it, its row and C: at once on
+/// the CPU, at the next deferred check on CUDA (Note [Deferred device checks] in core/cuda_device.h).
 using CrossEntropyForwardKernel = void(const Tensor& out, const Tensor& lse, const Tensor& total_weight,
                                        const Tensor& logits, const Tensor& target, const CrossEntropyParams& params);
 /// grad_logits [N, C] <- (softmax(x_i) * sum_c q_ic - q_i) * g_i, with g_i the upstream gradient of
 /// row i's loss (grad_out[i] for none, grad_out for sum, grad_out / total_weight for mean; 0 for
-/// ignored rows; grad_out has out's accumulation dtype). grad_target [N, C] (soft targets only) <- g_i (1 - s) (lse_i - x_ic). Either may
-/// be undefined (not wanted); both are contiguous of logits' dtype.
+/// ignored rows); grad_out has out's accumulation dtype. grad_target [N, C] (soft targets only) <-
+/// g_i (1 - s) (lse_i - x_ic). Either may be undefined (not wanted); both are contiguous of logits'
+/// dtype.
 using CrossEntropyBackwardKernel = void(const Tensor& grad_logits, const Tensor& grad_target, const Tensor& grad_out,
                                         const Tensor& logits, const Tensor& target, const Tensor& lse,
                                         const Tensor& total_weight, const CrossEntropyParams& params);
