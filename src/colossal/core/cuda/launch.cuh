@@ -30,6 +30,45 @@ inline unsigned grid_for(int64_t n, int per_thread = 1) {
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, 65535LL * 16));
 }
 
+/// The mixed-radix digits of `rest` over sizes[0..dims) (the last dimension varies fastest), visited
+/// innermost first as visit(d, digit). The loop runs over the compile-time bound kMax with `dims` as
+/// a guard, so `sizes` may be a kernel parameter's array: indexing one with a runtime index makes
+/// every thread copy the parameter into local memory (seen: 7x the bytes a row-statistics kernel
+/// needed). Index is the type the division runs in: uint32_t where the value fits, several times
+/// cheaper than 64-bit on the GPU; a size beyond its range (then larger than the value) takes what
+/// is left.
+template <int kMax, class Index, class Visit>
+__host__ __device__ __forceinline__ void for_each_digit(Index rest, int dims, const int64_t (&sizes)[kMax],
+                                                        Visit&& visit) {
+#pragma unroll
+  for (int j = 0; j < kMax; ++j) {
+    const int d = kMax - 1 - j;
+    if (d >= dims) continue;
+    if constexpr (sizeof(Index) < sizeof(int64_t)) {
+      if (sizes[d] > static_cast<int64_t>(static_cast<Index>(-1))) {
+        visit(d, static_cast<int64_t>(rest));
+        rest = 0;
+        continue;
+      }
+    }
+    const auto size = static_cast<Index>(sizes[d]);
+    const Index quotient = rest / size;
+    visit(d, static_cast<int64_t>(rest - quotient * size));
+    rest = quotient;
+  }
+}
+
+/// for_each_digit of a non-negative `value`, in 32-bit arithmetic when it fits.
+template <int kMax, class Visit>
+__host__ __device__ __forceinline__ void for_each_digit(int64_t value, int dims, const int64_t (&sizes)[kMax],
+                                                        Visit&& visit) {
+  if (value <= UINT32_MAX) {
+    for_each_digit<kMax>(static_cast<uint32_t>(value), dims, sizes, visit);
+  } else {
+    for_each_digit<kMax>(static_cast<uint64_t>(value), dims, sizes, visit);
+  }
+}
+
 /// Byte offsets of element `linear` for N operands over merged dims.
 template <int N>
 struct OffsetCalculator {
@@ -37,43 +76,14 @@ struct OffsetCalculator {
   int64_t sizes[kMaxDims];
   int64_t strides[N][kMaxDims];
 
-  // The loop runs over the compile-time bound with `dims` as a guard: indexing sizes/strides with a
-  // runtime index would make every thread copy this kernel parameter into local memory. 32-bit
-  // division where the index allows (several times cheaper than 64-bit on the GPU).
+  // for_each_digit keeps every index into sizes and strides a compile-time constant.
   __host__ __device__ void get(int64_t linear, int64_t (&offsets)[N]) const {
 #pragma unroll
     for (int k = 0; k < N; ++k) offsets[k] = 0;
-    if (linear <= UINT32_MAX) {
-      auto rest = static_cast<uint32_t>(linear);
-#pragma unroll
-      for (int j = 0; j < kMaxDims; ++j) {
-        const int d = kMaxDims - 1 - j;
-        if (d >= dims) continue;
-        // Every size is at most the element count, and an index below 2^32 means the sizes after
-        // this one fit too; a size of 2^32 or more (only ever the outermost) takes what is left.
-        int64_t index = rest;
-        if (sizes[d] <= UINT32_MAX) {
-          const auto size = static_cast<uint32_t>(sizes[d]);
-          const uint32_t quotient = rest / size;
-          index = rest - quotient * size;
-          rest = quotient;
-        } else {
-          rest = 0;
-        }
-#pragma unroll
-        for (int k = 0; k < N; ++k) offsets[k] += index * strides[k][d];
-      }
-      return;
-    }
-#pragma unroll
-    for (int j = 0; j < kMaxDims; ++j) {
-      const int d = kMaxDims - 1 - j;
-      if (d >= dims) continue;
-      const int64_t index = linear % sizes[d];
-      linear /= sizes[d];
+    for_each_digit(linear, dims, sizes, [&](int d, int64_t index) {
 #pragma unroll
       for (int k = 0; k < N; ++k) offsets[k] += index * strides[k][d];
-    }
+    });
   }
 };
 

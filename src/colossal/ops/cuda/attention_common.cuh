@@ -12,7 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "colossal/core/dtype.h"  // acc_t, Half, BFloat16
+#include "colossal/core/cuda/launch.cuh"  // for_each_digit
+#include "colossal/core/dtype.h"          // acc_t, Half, BFloat16
 
 namespace colossal::ops::cuda::attention {
 
@@ -45,38 +46,12 @@ struct MatrixOperand {
   int64_t batch_sizes[kMaxBatchDims] = {};
   int64_t batch_strides[kMaxBatchDims] = {};
 
-  // The loops run over the compile-time bound with the dimension count as a guard: indexing the
-  // arrays with a runtime index would make every thread copy this kernel parameter into local
-  // memory (seen: 7x the bytes a row-statistics kernel needed to read).
+  // for_each_digit keeps every index into the arrays a compile-time constant (a kernel calls this
+  // per thread on its parameter).
   __host__ __device__ int64_t batch_offset(int64_t b) const {
     int64_t offset = 0;
-    if (b <= UINT32_MAX) {
-      // 32-bit division is several times cheaper than 64-bit on the GPU, and kernels that map every
-      // row or element to its matrix call this per thread.
-      auto rest = static_cast<uint32_t>(b);
-#pragma unroll
-      for (int k = 0; k < kMaxBatchDims; ++k) {
-        const int d = kMaxBatchDims - 1 - k;
-        if (d >= batch_dims) continue;
-        if (batch_sizes[d] > UINT32_MAX) {  // then rest < size: index rest, nothing left over
-          offset += static_cast<int64_t>(rest) * batch_strides[d];
-          rest = 0;
-          continue;
-        }
-        const auto size = static_cast<uint32_t>(batch_sizes[d]);
-        const uint32_t quotient = rest / size;
-        offset += static_cast<int64_t>(rest - quotient * size) * batch_strides[d];
-        rest = quotient;
-      }
-      return offset;
-    }
-#pragma unroll
-    for (int k = 0; k < kMaxBatchDims; ++k) {
-      const int d = kMaxBatchDims - 1 - k;
-      if (d >= batch_dims) continue;
-      offset += (b % batch_sizes[d]) * batch_strides[d];
-      b /= batch_sizes[d];
-    }
+    core::cuda_detail::for_each_digit(b, batch_dims, batch_sizes,
+                                      [&](int d, int64_t index) { offset += index * batch_strides[d]; });
     return offset;
   }
   template <class T>
