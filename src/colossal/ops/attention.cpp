@@ -58,15 +58,16 @@ void backward_into(const Tensor& grad_q, const Tensor& grad_k, const Tensor& gra
   if (q.device().is_cuda()) {
     return attention_backward_stub(q.device(), grad_q, grad_k, grad_v, grad_out, q, k, v, out, lse, params);
   }
-  std::vector<Tensor> buffers;
-  for (const Tensor* g : {&grad_q, &grad_k, &grad_v}) {
-    buffers.push_back(g->is_contiguous() ? *g : core::empty(g->shape(), TensorOptions(g->dtype(), g->device())));
+  const std::array<const Tensor*, 3> grads = {&grad_q, &grad_k, &grad_v};
+  std::array<Tensor, 3> buffers;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Tensor& g = *grads[i];
+    buffers[i] = g.is_contiguous() ? g : core::empty(g.shape(), TensorOptions(g.dtype(), g.device()));
   }
   attention_backward_stub(q.device(), buffers[0], buffers[1], buffers[2], core::contiguous_raw(grad_out), q, k, v,
                           core::contiguous_raw(out), lse, params);
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    const Tensor& g = i == 0 ? grad_q : i == 1 ? grad_k : grad_v;
-    if (buffers[i].raw_data() != g.raw_data() && g.numel() > 0) core::copy_stub(g.device(), g, buffers[i]);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!buffers[i].is_same(*grads[i]) && grads[i]->numel() > 0) core::copy_stub(q.device(), *grads[i], buffers[i]);
   }
 }
 

@@ -120,18 +120,21 @@ MatrixOperand simple_operand(const Tensor& t, Tensor& keep) {
   return *describe(keep);
 }
 
+/// Whether vector accesses of `elements` consecutive elements (`bytes` wide) fit m: unit column
+/// stride, every row and batch entry starting at a multiple of `elements`, a `bytes`-aligned start.
+bool vector_rows(const MatrixOperand& m, int64_t elements, uintptr_t bytes) {
+  bool ok = m.col_stride == 1 && m.row_stride % elements == 0 && reinterpret_cast<uintptr_t>(m.data) % bytes == 0;
+  for (int d = 0; d < m.batch_dims; ++d) ok = ok && m.batch_strides[d] % elements == 0;
+  return ok;
+}
+
 /// An output the flash kernels can write in place: unit column stride and, when the row has an
-/// even number of columns (stored two at a time as one 32-bit word), even row and batch strides
-/// and a 4-byte aligned start. Contiguous tensors and [B, T, H, D] memory viewed as [B, H, T, D]
-/// qualify.
+/// even number of columns (stored two at a time as one 32-bit word), pairs that start aligned.
+/// Contiguous tensors and [B, T, H, D] memory viewed as [B, H, T, D] qualify.
 std::optional<MatrixOperand> flash_output(const Tensor& t) {
   std::optional<MatrixOperand> m = describe(t);
   if (!m || m->col_stride != 1) return std::nullopt;
-  if (t.size(-1) % 2 == 0) {
-    bool even = m->row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(t.raw_data()) % 4 == 0;
-    for (int d = 0; d < m->batch_dims; ++d) even = even && m->batch_strides[d] % 2 == 0;
-    if (!even) return std::nullopt;
-  }
+  if (t.size(-1) % 2 == 0 && !vector_rows(*m, 2, 4)) return std::nullopt;
   return m;
 }
 
@@ -171,10 +174,7 @@ template <class T>
 FlashOperand flash_operand(const Tensor& t, int64_t batch, cudaStream_t stream) {
   const int64_t rows = t.size(-2), cols = t.size(-1);
   const std::optional<MatrixOperand> m = describe(t);
-  bool direct = m.has_value() && m->col_stride == 1 && m->row_stride % 8 == 0 && cols % 8 == 0 &&
-                core::cuda_detail::aligned16(t.raw_data());
-  for (int d = 0; direct && d < m->batch_dims; ++d) direct = m->batch_strides[d] % 8 == 0;
-  if (direct) return {*m, static_cast<int>(cols), Tensor()};
+  if (m && cols % 8 == 0 && vector_rows(*m, 8, 16)) return {*m, static_cast<int>(cols), Tensor()};
 
   Tensor keep;
   const MatrixOperand source = simple_operand(t, keep);
@@ -435,10 +435,7 @@ void flash_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& gr
   const int64_t rows = s.batch * s.tq;
   const MatrixOperand dq_m = *describe(dq.buffer);
   // The accumulator's rows are fq.cols (a multiple of 8) floats: 32-byte aligned groups of 8.
-  bool vector = s.head_dim % 8 == 0 && dq_m.col_stride == 1 && dq_m.row_stride % 8 == 0 &&
-                core::cuda_detail::aligned16(dq_m.data);
-  for (int d = 0; d < dq_m.batch_dims; ++d) vector = vector && dq_m.batch_strides[d] % 8 == 0;
-  if (vector) {
+  if (s.head_dim % 8 == 0 && vector_rows(dq_m, 8, 16)) {
     dq_from_accumulator_kernel<T, 8>
         <<<core::cuda_detail::grid_for(rows * s.head_dim, 8), core::cuda_detail::kThreads, 0, stream>>>(
             dq_m, p.dq_accum, s.tq, rows, s.head_dim, fq.cols, p.scale, interleaved_entries(dq_m));
@@ -547,12 +544,7 @@ void attention_backward_cuda(const Tensor& grad_q, const Tensor& grad_k, const T
     constexpr int kVec = 16 / sizeof(T);
     Tensor keep_out, keep_dout;
     const MatrixOperand out_m = simple_operand(out, keep_out), dout_m = simple_operand(grad_out, keep_dout);
-    auto vectorizable = [&](const MatrixOperand& m) {
-      bool ok = m.col_stride == 1 && m.row_stride % kVec == 0 && core::cuda_detail::aligned16(m.data);
-      for (int d = 0; d < m.batch_dims; ++d) ok = ok && m.batch_strides[d] % kVec == 0;
-      return ok;
-    };
-    if (s.value_dim % kVec == 0 && vectorizable(out_m) && vectorizable(dout_m)) {
+    if (s.value_dim % kVec == 0 && vector_rows(out_m, kVec, 16) && vector_rows(dout_m, kVec, 16)) {
       backward_statistics_kernel<T, kVec><<<blocks, core::cuda_detail::kThreads, 0, stream>>>(
           out_m, dout_m, lse.data<A>(), lse_bwd.data<A>(), delta.data<A>(), rows_padded, s.tq, tq_padded, s.value_dim,
           lse_factor, interleaved_entries(out_m));

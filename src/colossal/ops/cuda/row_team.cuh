@@ -347,7 +347,6 @@ inline IndexView index_view(const Tensor& indices) {
 /// One 64-bit slot on the device that kernels lower (atomicMin) to the first bad position they
 /// find. defer() hands it to core::cuda::defer_check, so the op does not stop the host; the error
 /// is thrown at a later op or host read (Note [Deferred device checks] in core/cuda_device.h).
-/// first_bad() reads it at once (a host synchronisation).
 class DeviceErrorSlot {
  public:
   static constexpr unsigned long long kNone = ~0ull;
@@ -365,15 +364,6 @@ class DeviceErrorSlot {
     core::cuda::defer_check(
         core::Stream{slot_.device(), stream_}, slot_.raw_data(), kNone, std::make_shared<Tensor>(slot_),
         [describe = std::move(describe)](uint64_t value) { return describe(static_cast<int64_t>(value)); });
-  }
-
-  /// Waits for the stream and returns the first bad position, if any kernel reported one.
-  std::optional<int64_t> first_bad() const {
-    unsigned long long host = kNone;
-    COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(&host, get(), sizeof host, cudaMemcpyDeviceToHost, stream_));
-    COLOSSAL_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (host == kNone) return std::nullopt;
-    return static_cast<int64_t>(host);
   }
 
  private:
