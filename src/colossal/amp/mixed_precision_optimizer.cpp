@@ -21,7 +21,6 @@
 #include "colossal/autograd/engine.h"     // backward
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"          // COLOSSAL_CHECK
-#include "colossal/core/view.h"           // contiguous_raw
 #include "colossal/ops/elementwise.h"     // mul, mul_, add
 #include "colossal/ops/reduction.h"       // sum
 #include "colossal/optim/clip_grad.h"     // clip_grad_norm
@@ -173,7 +172,7 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
       }
       Tensor master_grad = core::empty(grad.shape(), TensorOptions(DType::f32, grad.device()));
       master_grads.push_back(master_grad);
-      model_grads.push_back(core::contiguous_raw(grad));
+      model_grads.push_back(grad);
       master_params_[k].set_grad(master_grad);
       param.set_grad(Tensor());
     }
