@@ -49,6 +49,7 @@ struct Case {
   int64_t batch = 0;
   int64_t seq = 0;           ///< tokens per sequence (GPT-2)
   int64_t image_size = 224;  ///< square images (ViT, ResNet)
+  bool channels_last = true;  ///< ResNet's activation layout
 };
 
 struct Options {
@@ -63,6 +64,9 @@ struct Options {
   bool cpu = false;
   /// After timing, trace one more step with CUPTI and print its top kernels (0: no trace).
   int trace_top = 0;
+  /// ResNet's activations in channels_last (nhwc), as the PyTorch reference runs it; --layout nchw
+  /// measures the other layout.
+  bool channels_last = true;
 };
 
 struct Result {
@@ -215,9 +219,12 @@ std::unique_ptr<engine::Engine> make_engine(const Case& c, Device device, core::
     case Family::vit:
       model = std::make_shared<nn::models::VisionTransformer>(vit_config(c), &init);
       break;
-    case Family::resnet:
-      model = std::make_shared<nn::models::ResNet>(nn::models::ResNetConfig::resnet50(1000), &init);
+    case Family::resnet: {
+      nn::models::ResNetConfig config = nn::models::ResNetConfig::resnet50(1000);
+      config.channels_last = c.channels_last;
+      model = std::make_shared<nn::models::ResNet>(config, &init);
       break;
+    }
   }
   model->to(device);
   model->train();
@@ -323,12 +330,14 @@ void measure(Result& r, const Options& o, Device device) {
                "train_step_bench: %s\n"
                "usage: train_step_bench [--model NAME|all] [--batch B] [--seq T] [--steps N] [--warmup N]\n"
                "                        [--peak-tflops F] [--json FILE] [--device cuda|cpu] [--trace TOP]\n"
+               "                        [--layout nhwc|nchw]\n"
                "  NAME: gpt2 (B16 T1024), gpt2-medium (B8 T1024), vit_base_patch16_224 (B128),\n"
                "        vit_large_patch16_224 (B64), resnet50 (B128); all (the default) runs each.\n"
                "  --batch and --seq override every selected model's (--seq: GPT-2 only, <= 1024).\n"
                "  --device cpu: the same steps on the CPU backend, a smoke test at small sizes.\n"
                "  --trace TOP: after timing, one more step traced with CUPTI; prints the GPU's busy and idle\n"
-               "        time and the TOP kernels by summed duration.\n",
+               "        time and the TOP kernels by summed duration.\n"
+               "  --layout nhwc|nchw: ResNet's activation layout (default nhwc, channels_last).\n",
                problem.c_str());
   std::exit(2);
 }
@@ -382,6 +391,9 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--device") {
       if (value != "cuda" && value != "cpu") usage(fmt::format("--device is cuda or cpu, got '{}'", value));
       o.cpu = value == "cpu";
+    } else if (flag == "--layout") {
+      if (value != "nhwc" && value != "nchw") usage(fmt::format("--layout is nhwc or nchw, got '{}'", value));
+      o.channels_last = value == "nhwc";
     } else {
       usage(fmt::format("unknown option '{}'", flag));
     }
@@ -393,6 +405,7 @@ Options parse(int argc, char** argv) {
 Case make_case(const std::string& name, const Options& o) {
   Case c;
   c.name = name;
+  c.channels_last = o.channels_last;
   if (name == "gpt2" || name == "gpt2-medium") {
     c.family = Family::gpt2;
     c.batch = name == "gpt2" ? 16 : 8;

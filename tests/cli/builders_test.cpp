@@ -26,6 +26,7 @@
 #include "colossal/data/transforms.h"  // to_float_image, resize_bilinear, normalize
 #include "colossal/engine/engine.h"
 #include "colossal/nn/models/gpt2.h"
+#include "colossal/core/cuda_device.h"  // is_available
 #include "colossal/nn/models/resnet.h"
 #include "colossal/nn/models/vit.h"
 #include "colossal/ops/nn_functional.h"  // cross_entropy
@@ -127,6 +128,27 @@ options = { layers = [1, 1, 1, 1], cifar_stem = true, zero_init_residual = true,
   EXPECT_EQ(resnet->config().in_chans, 3);
   EXPECT_EQ(resnet->config().width, 8);
   EXPECT_EQ(resnet->fc()->weight().size(1), 64);  // layer4 is 8 x 8 channels wide (basic blocks)
+  // No GPU here: channels_last defaults to the CPU's NCHW.
+  EXPECT_EQ(resnet->config().channels_last, core::cuda::is_available());
+  const Tensor logits = model->forward(collate(*d.train, {0, 1}).input);
+  EXPECT_EQ(logits.shape(), (Shape{2, 5}));
+  EXPECT_TRUE(all_finite(logits));
+}
+
+TEST(BuildersModel, ResnetChannelsLastFromConfig) {
+  const TrainConfig c = parse(std::string(kSyntheticRgb) + R"(
+[model]
+name = "resnet"
+preset = "resnet18"
+options = { layers = [1, 1, 1, 1], cifar_stem = true, width = 8, channels_last = true }
+)");
+  const Datasets d = make_datasets(c);
+  core::Generator init(1), dropout(2);
+  const auto model = make_model(c, d, init, dropout);
+  const auto* resnet = dynamic_cast<nn::models::ResNet*>(model.get());
+  ASSERT_NE(resnet, nullptr);
+  EXPECT_TRUE(resnet->config().channels_last);
+  // Images still go in as [B, C, H, W]; logits come out as [B, classes].
   const Tensor logits = model->forward(collate(*d.train, {0, 1}).input);
   EXPECT_EQ(logits.shape(), (Shape{2, 5}));
   EXPECT_TRUE(all_finite(logits));

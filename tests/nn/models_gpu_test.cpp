@@ -102,6 +102,11 @@ TEST(ModelsGpu, ResNetForwardBackward) {
   };
   check_model_on_gpu("resnet18", build, loss, DType::f32, 5e-3);
   check_model_on_gpu("resnet18", build, loss, DType::bf16, 2e-2);
+  // channels_last: cuDNN's NHWC convolutions and the nhwc batch norm on the GPU against the CPU
+  // (whose nhwc ops are the nchw kernels between transposes), from the same weights.
+  config.channels_last = true;
+  check_model_on_gpu("resnet18 channels_last", build, loss, DType::f32, 5e-3);
+  check_model_on_gpu("resnet18 channels_last", build, loss, DType::bf16, 2e-2);
 }
 
 }  // namespace

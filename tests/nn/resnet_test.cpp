@@ -145,5 +145,32 @@ TEST(ResNet, BadConfigsAndInputs) {
                         "expected images [B, 3, H, W], got shape [2, 1, 32, 32]");
 }
 
+TEST(ResNet, ChannelsLastMatchesNchw) {
+  // A narrow ResNet-18 on 16x16 images: the same weights in both layouts give the same logits and
+  // parameter gradients (the nhwc ops are the nchw ones transposed on the CPU, except the global
+  // pool's summation order).
+  nn::models::ResNetConfig config = nn::models::ResNetConfig::resnet18(5);
+  config.width = 4;
+  config.cifar_stem = true;
+  core::Generator g1(3), g2(3);
+  nn::models::ResNet nchw(config, &g1);
+  config.channels_last = true;
+  nn::models::ResNet nhwc(config, &g2);
+  const Tensor images = testing::random_tensor({3, 3, 16, 16}, 61, -1.0, 1.0, DType::f32);
+  const Tensor a = nchw.forward(images), b = nhwc.forward(images);
+  EXPECT_EQ(b.shape(), (Shape{3, 5}));
+  testing::expect_close(b, a, 1e-5, 1e-5, "logits");
+  autograd::backward(ops::sum(a));
+  autograd::backward(ops::sum(b));
+  const auto pa = nchw.named_parameters(), pb = nhwc.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    ASSERT_EQ(pa[i].first, pb[i].first);
+    testing::expect_close(pb[i].second.grad(), pa[i].second.grad(), 1e-4, 1e-4, pa[i].first);
+  }
+  // Same parameter names and shapes: checkpoints move between the layouts.
+  EXPECT_EQ(nhwc.state_dict().size(), nchw.state_dict().size());
+}
+
 }  // namespace
 }  // namespace colossal

@@ -1,7 +1,9 @@
 // CUDA conv2d (cuDNN), batch_norm2d and pooling against the CPU kernels on fresh random inputs, in
 // f32, bf16 and f16 (base tolerances in tests/support/gpu_compare.h), forward and backward, with
 // odd sizes, stride/padding/dilation/group variants, training and evaluation batch norm (running
-// statistics compared too), ties and NaN in max pooling, and bad input.
+// statistics compared too), ties and NaN in max pooling, and bad input; the nhwc kernels (cuDNN's
+// NHWC convolutions, our channels-innermost batch norm and max pooling) against the CPU's nhwc ops
+// (the nchw kernels between transposes) the same way.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -33,6 +35,7 @@ struct ConvCase {
   Pair stride{1, 1}, padding{0, 0}, dilation{1, 1};
   int64_t groups = 1;
   const char* name;
+  ops::ImageLayout layout = ops::ImageLayout::nchw;  ///< x is given as [N, C, H, W] either way
 };
 
 // Tolerance scale 10 for conv2d: on top of the base tolerance (different summation orders over
@@ -43,19 +46,22 @@ struct ConvCase {
 constexpr double kConvToleranceScale = 10.0;
 
 void check_conv(const ConvCase& c) {
+  const bool nhwc = c.layout == ops::ImageLayout::nhwc;
+  const Shape x_shape = nhwc ? Shape{c.x[0], c.x[2], c.x[3], c.x[1]} : c.x;
   for (DType dtype : kDtypes) {
     expect_cuda_matches_cpu({.make_inputs =
                                  [&](DType d) {
-                                   return std::vector<Tensor>{random_input(c.x, 11, d),
+                                   return std::vector<Tensor>{random_input(x_shape, 11, d),
                                                               random_input(c.weight, 12, d, -0.5, 0.5),
                                                               c.bias ? random_input({c.weight[0]}, 13, d) : Tensor()};
                                  },
                              .fn =
                                  [&](const std::vector<Tensor>& in) {
-                                   return ops::conv2d(in[0], in[1], in[2], c.stride, c.padding, c.dilation, c.groups);
+                                   return ops::conv2d(in[0], in[1], in[2], c.stride, c.padding, c.dilation, c.groups,
+                                                      c.layout);
                                  },
                              .tolerance_scale = kConvToleranceScale},
-                            dtype, c.name);
+                            dtype, fmt::format("{}{}", c.name, nhwc ? " (nhwc)" : ""));
   }
 }
 
@@ -87,6 +93,42 @@ TEST(ConvGpu, Conv2dMatchesCpu) {
   // The filter gradient sums N * oH * oW = 6272 products in a different order than the CPU: f32
   // algorithms exclude FFT/Winograd (see conv_kernels.cu), so this is summation-order noise only.
   check_conv({.x = {8, 32, 28, 28}, .weight = {64, 32, 3, 3}, .bias = true, .padding = {1, 1}, .name = "larger 3x3"});
+}
+
+TEST(ConvGpu, Conv2dNhwcMatchesCpu) {
+  COLOSSAL_REQUIRE_GPU();
+  constexpr auto kNhwc = ops::ImageLayout::nhwc;
+  check_conv({.x = {2, 3, 11, 13}, .weight = {5, 3, 3, 3}, .bias = true, .padding = {1, 1}, .name = "3x3 same",
+              .layout = kNhwc});
+  check_conv({.x = {3, 4, 9, 10}, .weight = {6, 4, 3, 2}, .bias = false, .stride = {2, 2}, .name = "3x2 stride 2",
+              .layout = kNhwc});
+  check_conv({.x = {2, 4, 7, 9},
+              .weight = {6, 2, 3, 3},
+              .bias = true,
+              .stride = {2, 1},
+              .padding = {1, 0},
+              .groups = 2,
+              .name = "groups 2, stride 2x1, padding 1x0",
+              .layout = kNhwc});
+  check_conv({.x = {2, 3, 12, 12},
+              .weight = {4, 3, 3, 3},
+              .bias = false,
+              .padding = {2, 2},
+              .dilation = {2, 2},
+              .name = "dilation 2",
+              .layout = kNhwc});
+  // ResNet's shapes: the 7x7 stride-2 stem on 3 channels, a strided 1x1 and 3x3 on tensor-core widths.
+  check_conv({.x = {2, 3, 32, 32},
+              .weight = {16, 3, 7, 7},
+              .bias = false,
+              .stride = {2, 2},
+              .padding = {3, 3},
+              .name = "resnet stem",
+              .layout = kNhwc});
+  check_conv({.x = {4, 32, 14, 14}, .weight = {64, 32, 1, 1}, .bias = false, .stride = {2, 2}, .name = "1x1 stride 2",
+              .layout = kNhwc});
+  check_conv({.x = {8, 32, 28, 28}, .weight = {64, 32, 3, 3}, .bias = true, .padding = {1, 1}, .name = "larger 3x3",
+              .layout = kNhwc});
 }
 
 TEST(ConvGpu, Conv2dStridedInputAndSameBitsTwice) {
@@ -122,11 +164,12 @@ TEST(ConvGpu, Conv2dStridedInputAndSameBitsTwice) {
 // ---- batch_norm2d
 
 struct BatchNormCase {
-  Shape x;
+  Shape x;  ///< in the case's layout
   bool training;
   bool affine;
   double low = -1.0, high = 1.0;
   const char* name;
+  ops::ImageLayout layout = ops::ImageLayout::nchw;
 };
 
 // Tolerance scale 4 for batch norm: the CPU reduces each channel's N * H * W (up to 65536) values
@@ -135,7 +178,7 @@ struct BatchNormCase {
 constexpr double kBatchNormToleranceScale = 4.0;
 
 void check_batch_norm(const BatchNormCase& c) {
-  const int64_t channels = c.x[1];
+  const int64_t channels = c.layout == ops::ImageLayout::nhwc ? c.x[3] : c.x[1];
   for (DType dtype : kDtypes) {
     expect_cuda_matches_cpu(
         {.make_inputs =
@@ -150,10 +193,11 @@ void check_batch_norm(const BatchNormCase& c) {
          .fn =
              [&](const std::vector<Tensor>& in) {
                Tensor running_mean = in[3], running_var = in[4];
-               return ops::batch_norm2d(in[0], running_mean, running_var, in[1], in[2], c.training, 0.1, 1e-5);
+               return ops::batch_norm2d(in[0], running_mean, running_var, in[1], in[2], c.training, 0.1, 1e-5,
+                                        c.layout);
              },
          .tolerance_scale = kBatchNormToleranceScale},
-        dtype, c.name);
+        dtype, fmt::format("{}{}", c.name, c.layout == ops::ImageLayout::nhwc ? " (nhwc)" : ""));
   }
 }
 
@@ -171,6 +215,58 @@ TEST(BatchNormGpu, MatchesCpu) {
   // A mean far from zero: E[x^2] - E[x]^2 would lose most digits here; Welford/Chan does not.
   check_batch_norm(
       {.x = {4, 3, 9, 9}, .training = true, .affine = true, .low = 10.0, .high = 12.0, .name = "offset mean"});
+}
+
+TEST(BatchNormGpu, NhwcMatchesCpu) {
+  COLOSSAL_REQUIRE_GPU();
+  constexpr auto kNhwc = ops::ImageLayout::nhwc;
+  // C = 5: one channel per lane (the scalar path); C = 16 and 64: 16-byte groups of channels.
+  check_batch_norm({.x = {4, 13, 17, 5}, .training = true, .affine = true, .name = "5 channels", .layout = kNhwc});
+  check_batch_norm({.x = {8, 8, 8, 16}, .training = true, .affine = true, .name = "16 channels", .layout = kNhwc});
+  check_batch_norm({.x = {3, 5, 6, 4}, .training = true, .affine = false, .name = "no affine", .layout = kNhwc});
+  check_batch_norm({.x = {2, 7, 7, 24}, .training = false, .affine = true, .name = "eval", .layout = kNhwc});
+  check_batch_norm({.x = {2, 7, 7, 5}, .training = false, .affine = false, .name = "eval, no affine", .layout = kNhwc});
+  // Many rows (32768 per channel: hundreds of splits), and many channels over few rows (several
+  // column tiles, a partial last tile: 1000 = 125 groups of 8 in bf16 / 250 of 4 in f32).
+  check_batch_norm({.x = {8, 64, 64, 64}, .training = true, .affine = true, .name = "split rows", .layout = kNhwc});
+  check_batch_norm({.x = {4, 7, 7, 1000}, .training = true, .affine = true, .name = "wide", .layout = kNhwc});
+  check_batch_norm({.x = {4, 9, 9, 8},
+                    .training = true,
+                    .affine = true,
+                    .low = 10.0,
+                    .high = 12.0,
+                    .name = "offset mean",
+                    .layout = kNhwc});
+}
+
+TEST(BatchNormGpu, NhwcRunningStatisticsAndSameBitsTwice) {
+  COLOSSAL_REQUIRE_GPU();
+  for (DType dtype : kDtypes) {
+    const Tensor x = random_input({6, 11, 7, 24}, 46, dtype, -2.0, 3.0, false);
+    Tensor cpu_mean = random_input({24}, 47, DType::f32, -0.5, 0.5, false);
+    Tensor cpu_var = random_input({24}, 48, DType::f32, 0.5, 2.0, false);
+    Tensor gpu_mean = cpu_mean.to(gpu()), gpu_var = cpu_var.to(gpu());
+    ops::batch_norm2d(x, cpu_mean, cpu_var, Tensor(), Tensor(), true, 0.3, 1e-3, ops::ImageLayout::nhwc);
+    ops::batch_norm2d(x.to(gpu()), gpu_mean, gpu_var, Tensor(), Tensor(), true, 0.3, 1e-3, ops::ImageLayout::nhwc);
+    const std::string what = fmt::format("nhwc x {}", dtype);
+    expect_close(gpu_mean.to(core::kCpu), cpu_mean, 1e-5, 1e-5, what + " running_mean");
+    expect_close(gpu_var.to(core::kCpu), cpu_var, 1e-5, 1e-5, what + " running_var");
+  }
+  auto run = [] {
+    Tensor x = random_input({16, 32, 32, 16}, 56, DType::bf16, -1, 1, false).to(gpu());
+    Tensor w = random_input({16}, 57, DType::bf16, -1, 1, false).to(gpu());
+    x.set_requires_grad(true);
+    w.set_requires_grad(true);
+    Tensor mean = core::zeros({16}, TensorOptions(DType::f32, gpu())),
+           var = core::ones({16}, TensorOptions(DType::f32, gpu()));
+    Tensor y = ops::batch_norm2d(x, mean, var, w, Tensor(), true, 0.1, 1e-5, ops::ImageLayout::nhwc);
+    autograd::backward(y, random_input(y.shape(), 58, DType::bf16, -1, 1, false).to(gpu()));
+    return std::vector<Tensor>{y.to(core::kCpu), x.grad().to(core::kCpu), w.grad().to(core::kCpu), var.to(core::kCpu)};
+  };
+  const auto first = run(), second = run();
+  for (size_t i = 0; i < first.size(); ++i) {
+    expect_close(second[i], first[i], 0, 0, "nhwc batch_norm2d repeat " + std::to_string(i));
+  }
 }
 
 TEST(BatchNormGpu, RunningStatisticsMatchCpu) {
@@ -277,6 +373,40 @@ TEST(PoolingGpu, MaxPoolMatchesCpu) {
   check_pool("max resnet stem", {8, 16, 56, 56}, [](const Tensor& x) {
     return ops::max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
   });
+}
+
+TEST(PoolingGpu, MaxPoolNhwcMatchesCpu) {
+  COLOSSAL_REQUIRE_GPU();
+  constexpr auto kNhwc = ops::ImageLayout::nhwc;
+  check_pool("max 3x3 s2 p1 (nhwc)", {2, 11, 13, 3}, [](const Tensor& x) {
+    return ops::max_pool2d(x, {3, 3}, {2, 2}, {1, 1}, kNhwc);
+  });
+  check_pool("max 3x2 s1x2 p1x0 (nhwc)", {1, 7, 10, 4}, [](const Tensor& x) {
+    return ops::max_pool2d(x, {3, 2}, {1, 2}, {1, 0}, kNhwc);
+  });
+  check_pool(
+      "max ties (nhwc)", {2, 12, 12, 2},
+      [](const Tensor& x) {
+        return ops::max_pool2d(x, {3, 3}, {1, 1}, {1, 1}, kNhwc);
+      },
+      true);
+  check_pool("max resnet stem (nhwc)", {8, 56, 56, 16}, [](const Tensor& x) {
+    return ops::max_pool2d(x, {3, 3}, {2, 2}, {1, 1}, kNhwc);
+  });
+  // Same window order and f32 operations as the CPU: bit for bit in f32, NaN included.
+  std::vector<double> values = testing::random_tensor({1, 6, 6, 2}, 82).to_vector<double>();
+  values[14] = std::nan("");
+  values[16] = std::nan("");
+  Tensor x = core::cast_raw(core::from_vector(values, {1, 6, 6, 2}), DType::f32);
+  x.set_requires_grad(true);
+  Tensor gx = x.detach().to(gpu());
+  gx.set_requires_grad(true);
+  Tensor y = ops::max_pool2d(x, {3, 3}, {1, 1}, {1, 1}, kNhwc), gy = ops::max_pool2d(gx, {3, 3}, {1, 1}, {1, 1}, kNhwc);
+  expect_close(gy.to(core::kCpu), y, 0, 0, "nhwc max_pool2d with NaN");
+  const Tensor upstream = random_input(y.shape(), 83, DType::f32, -1, 1, false);
+  autograd::backward(y, upstream);
+  autograd::backward(gy, upstream.to(gpu()));
+  expect_close(gx.grad().to(core::kCpu), x.grad(), 0, 0, "nhwc max_pool2d gradient with NaN");
 }
 
 TEST(PoolingGpu, AvgPoolMatchesCpu) {

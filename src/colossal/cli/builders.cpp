@@ -13,7 +13,8 @@
 #include <vector>
 
 #include "colossal/config/train_config.h"
-#include "colossal/core/dtype.h"  // is_floating
+#include "colossal/core/cuda_device.h"  // is_available
+#include "colossal/core/dtype.h"        // is_floating
 #include "colossal/core/error.h"
 #include "colossal/nn/models/gpt2.h"     // GPT2, GPT2Config, lm_cross_entropy
 #include "colossal/nn/models/resnet.h"   // ResNet, ResNetConfig
@@ -157,12 +158,15 @@ std::shared_ptr<nn::Module> make_resnet(const TrainConfig& c, const Datasets& d,
   } else {
     unsupported(fmt::format("model.preset = \"{}\" is not a ResNet preset", p));
   }
-  o.reject_unknown({"num_classes", "in_chans", "cifar_stem", "zero_init_residual", "block", "layers", "width"});
+  o.reject_unknown(
+      {"num_classes", "in_chans", "cifar_stem", "zero_init_residual", "block", "layers", "width", "channels_last"});
   r.num_classes = o.get_int("num_classes", d.num_classes, 1);
   r.in_chans = o.get_int("in_chans", d.channels, 1);
   r.cifar_stem = o.get_bool("cifar_stem", r.cifar_stem);
   r.zero_init_residual = o.get_bool("zero_init_residual", r.zero_init_residual);
   r.width = o.get_int("width", r.width, 1, 1 << 16);
+  // channels_last is the fast layout on the GPU and only costs transposes on the CPU.
+  r.channels_last = o.get_bool("channels_last", c.train.device != config::DeviceKind::kCpu && core::cuda::is_available());
   const std::string block =
       o.get_string("block", r.block == nn::models::ResNetBlockKind::basic ? "basic" : "bottleneck");
   if (block == "basic") {
@@ -193,10 +197,10 @@ std::shared_ptr<nn::Module> make_resnet(const TrainConfig& c, const Datasets& d,
     throw Error(fmt::format("model.options: {}", e.what()));
   }
   auto model = std::make_shared<nn::models::ResNet>(r, &init);
-  fmt::print("model: ResNet {} blocks [{}, {}, {}, {}] width {} {} stem, classes {} ({} parameters)\n",
+  fmt::print("model: ResNet {} blocks [{}, {}, {}, {}] width {} {} stem, {}, classes {} ({} parameters)\n",
              r.block == nn::models::ResNetBlockKind::basic ? "basic" : "bottleneck", r.layers[0], r.layers[1],
-             r.layers[2], r.layers[3], r.width, r.cifar_stem ? "CIFAR 3x3" : "ImageNet 7x7", r.num_classes,
-             count_parameters(*model));
+             r.layers[2], r.layers[3], r.width, r.cifar_stem ? "CIFAR 3x3" : "ImageNet 7x7",
+             r.channels_last ? "channels_last" : "NCHW", r.num_classes, count_parameters(*model));
   return model;
 }
 

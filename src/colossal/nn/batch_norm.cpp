@@ -10,8 +10,8 @@
 namespace colossal::nn {
 
 BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, std::optional<double> momentum, bool affine,
-                         bool track_running_stats)
-    : Module("BatchNorm2d"), num_features_(num_features), eps_(eps), momentum_(momentum) {
+                         bool track_running_stats, ops::ImageLayout layout)
+    : Module("BatchNorm2d"), num_features_(num_features), eps_(eps), momentum_(momentum), layout_(layout) {
   COLOSSAL_CHECK(num_features > 0, "BatchNorm2d: num_features must be positive, got {}", num_features);
   COLOSSAL_CHECK(eps > 0.0, "BatchNorm2d: eps must be positive, got {}", eps);
   COLOSSAL_CHECK(!momentum || (*momentum >= 0.0 && *momentum <= 1.0),
@@ -34,12 +34,14 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
     if (!momentum_) momentum = 1.0 / num_batches_tracked_->item<double>();
   }
   // In evaluation without running stats the op gets none and uses the batch's own statistics.
-  return ops::batch_norm2d(x, *running_mean_, *running_var_, *weight_, *bias_, use_batch_stats, momentum, eps_);
+  return ops::batch_norm2d(x, *running_mean_, *running_var_, *weight_, *bias_, use_batch_stats, momentum, eps_,
+                           layout_);
 }
 
 std::string BatchNorm2d::extra_repr() const {
-  return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}", num_features_, eps_,
-                     momentum_ ? fmt::format("{}", *momentum_) : "None", weight_->defined(), running_mean_->defined());
+  return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}{}", num_features_, eps_,
+                     momentum_ ? fmt::format("{}", *momentum_) : "None", weight_->defined(), running_mean_->defined(),
+                     layout_ == ops::ImageLayout::nhwc ? ", layout=nhwc" : "");
 }
 
 }  // namespace colossal::nn

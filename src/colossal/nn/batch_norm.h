@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "colossal/nn/module.h"
+#include "colossal/ops/conv.h"  // ImageLayout
 
 namespace colossal::nn {
 
@@ -15,8 +16,9 @@ class BatchNorm2d : public Module {
   /// cumulative average over all batches seen (momentum 1 / num_batches_tracked), as PyTorch's
   /// momentum=None. Without track_running_stats there are no buffers and evaluation also
   /// normalises with the batch's statistics.
+  /// layout: that of x and the output (Note [image layouts] in ops/conv.h).
   BatchNorm2d(int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1, bool affine = true,
-              bool track_running_stats = true);
+              bool track_running_stats = true, ops::ImageLayout layout = ops::ImageLayout::nchw);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
@@ -26,11 +28,13 @@ class BatchNorm2d : public Module {
   const Tensor& running_var() const { return *running_var_; }
   const Tensor& num_batches_tracked() const { return *num_batches_tracked_; }
   int64_t num_features() const { return num_features_; }
+  ops::ImageLayout layout() const { return layout_; }
 
  private:
   int64_t num_features_;
   double eps_;
   std::optional<double> momentum_;
+  ops::ImageLayout layout_;
   Tensor* weight_;
   Tensor* bias_;
   Tensor* running_mean_;

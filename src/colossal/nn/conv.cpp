@@ -27,7 +27,8 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, ops::Pair kernel_size,
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
-  return ops::conv2d(x, *weight_, *bias_, options_.stride, options_.padding, options_.dilation, options_.groups);
+  return ops::conv2d(x, *weight_, *bias_, options_.stride, options_.padding, options_.dilation, options_.groups,
+                     options_.layout);
 }
 
 std::string Conv2d::extra_repr() const {
@@ -37,6 +38,7 @@ std::string Conv2d::extra_repr() const {
   if (options_.dilation != ops::Pair{1, 1}) out += fmt::format(", dilation={}", options_.dilation);
   if (options_.groups != 1) out += fmt::format(", groups={}", options_.groups);
   if (!options_.bias) out += ", bias=false";
+  if (options_.layout == ops::ImageLayout::nhwc) out += ", layout=nhwc";
   return out;
 }
 

@@ -14,6 +14,9 @@ struct Conv2dOptions {
   ops::Pair dilation{1, 1};
   int64_t groups = 1;  ///< in_channels and out_channels must both be divisible by it
   bool bias = true;
+  /// The layout of x and the output (Note [image layouts] in ops/conv.h); the weight is
+  /// [out, in / groups, kH, kW] in both.
+  ops::ImageLayout layout = ops::ImageLayout::nchw;
 };
 
 class Conv2d : public Module {
@@ -25,7 +28,7 @@ class Conv2d : public Module {
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, const Conv2dOptions& options = {},
          core::Generator* generator = nullptr)
       : Conv2d(in_channels, out_channels, ops::Pair{kernel_size, kernel_size}, options, generator) {}
-  /// x [N, in_channels, H, W] -> [N, out_channels, H', W'].
+  /// x [N, in_channels, H, W] -> [N, out_channels, H', W'] (nhwc: [N, H, W, in_channels] -> [N, H', W', out_channels]).
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 

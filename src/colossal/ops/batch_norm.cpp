@@ -10,12 +10,14 @@ namespace colossal::ops {
 
 constinit core::DispatchStub<BatchNormForwardKernel> batch_norm_forward_stub("batch_norm2d");
 constinit core::DispatchStub<BatchNormBackwardKernel> batch_norm_backward_stub("batch_norm2d_backward");
+constinit core::DispatchStub<BatchNormForwardKernel> batch_norm_nhwc_forward_stub("batch_norm2d_nhwc");
+constinit core::DispatchStub<BatchNormBackwardKernel> batch_norm_nhwc_backward_stub("batch_norm2d_nhwc_backward");
 
 namespace {
 
-void check_per_channel(const Tensor& t, const char* what, const Tensor& x, bool same_dtype) {
+void check_per_channel(const Tensor& t, const char* what, const Tensor& x, int64_t channel_dim, bool same_dtype) {
   if (!t.defined()) return;
-  const int64_t channels = x.size(1);
+  const int64_t channels = x.size(channel_dim);
   COLOSSAL_CHECK(t.dim() == 1 && t.size(0) == channels,
                  "batch_norm2d: expected {} of shape [{}] (the channels of x, shape {}), got shape {}", what, channels,
                  x.shape(), t.shape());
@@ -30,25 +32,29 @@ void check_per_channel(const Tensor& t, const char* what, const Tensor& x, bool 
 }  // namespace
 
 Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, const Tensor& weight,
-                    const Tensor& bias, bool training, double momentum, double eps) {
+                    const Tensor& bias, bool training, double momentum, double eps, ImageLayout layout) {
   if (autocast_dtype()) {
     const AutocastGuard off(std::nullopt);
     return batch_norm2d(autocast::to_f32(x), running_mean, running_var, autocast::to_f32(weight),
-                        autocast::to_f32(bias), training, momentum, eps);
+                        autocast::to_f32(bias), training, momentum, eps, layout);
   }
+  const bool nhwc = layout == ImageLayout::nhwc;
   COLOSSAL_CHECK(x.defined(), "batch_norm2d: x must be defined");
-  COLOSSAL_CHECK(x.dim() == 4, "batch_norm2d: expected x of shape [N, C, H, W], got shape {}", x.shape());
+  COLOSSAL_CHECK(x.dim() == 4, "batch_norm2d: expected x of shape {} ({} layout), got shape {}",
+                 nhwc ? "[N, H, W, C]" : "[N, C, H, W]", nhwc ? "nhwc" : "nchw", x.shape());
   COLOSSAL_CHECK(core::is_floating(x.dtype()), "batch_norm2d: expected a floating x, got {}", x.dtype());
   COLOSSAL_CHECK(eps > 0.0, "batch_norm2d: eps must be positive, got {}", eps);
   COLOSSAL_CHECK(running_mean.defined() == running_var.defined(),
                  "batch_norm2d: running_mean and running_var must both be defined or both undefined");
+  const int64_t channel_dim = nhwc ? 3 : 1;
   // Running statistics may be kept in a wider dtype than x (f32 statistics for f16 activations).
-  check_per_channel(running_mean, "running_mean", x, false);
-  check_per_channel(running_var, "running_var", x, false);
-  check_per_channel(weight, "weight", x, true);
-  check_per_channel(bias, "bias", x, true);
+  check_per_channel(running_mean, "running_mean", x, channel_dim, false);
+  check_per_channel(running_var, "running_var", x, channel_dim, false);
+  check_per_channel(weight, "weight", x, channel_dim, true);
+  check_per_channel(bias, "bias", x, channel_dim, true);
   if (training) {
-    const int64_t per_channel = x.size(0) * x.size(2) * x.size(3);
+    int64_t per_channel = 1;
+    for (int64_t d = 0; d < 4; ++d) per_channel *= d == channel_dim ? 1 : x.size(d);
     COLOSSAL_CHECK(per_channel > 1,
                    "batch_norm2d: training needs more than one value per channel to compute a variance, got x of "
                    "shape {}",
@@ -57,12 +63,18 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
   } else {
     COLOSSAL_CHECK(running_mean.defined(), "batch_norm2d: evaluation mode needs running_mean and running_var");
   }
+  if (nhwc && !batch_norm_nhwc_forward_stub.supports(x.device().type)) {
+    return to_nhwc(batch_norm2d(to_nchw(x), running_mean, running_var, weight, bias, training, momentum, eps,
+                                ImageLayout::nchw));
+  }
+  auto& forward_stub = nhwc ? batch_norm_nhwc_forward_stub : batch_norm_forward_stub;
+  auto& backward_stub = nhwc ? batch_norm_nhwc_backward_stub : batch_norm_backward_stub;
 
   const Tensor x_c = core::contiguous_raw(x);
   const Tensor weight_c = weight.defined() ? core::contiguous_raw(weight) : Tensor();
   const Tensor bias_c = bias.defined() ? core::contiguous_raw(bias) : Tensor();
   const TensorOptions stat_options(x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
-  const int64_t channels = x.size(1);
+  const int64_t channels = x.size(channel_dim);
   Tensor y = core::empty(x.shape(), TensorOptions(x.dtype(), x.device()));
   Tensor save_mean = core::empty({channels}, stat_options);
   Tensor save_invstd = core::empty({channels}, stat_options);
@@ -70,7 +82,7 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
     // The kernel updates contiguous statistics in place; non-contiguous ones get the result copied back.
     Tensor mean_c = running_mean.defined() ? core::contiguous_raw(running_mean) : Tensor();
     Tensor var_c = running_var.defined() ? core::contiguous_raw(running_var) : Tensor();
-    batch_norm_forward_stub(x.device(), y, save_mean, save_invstd, x_c, mean_c, var_c, weight_c, bias_c, training,
+    forward_stub(x.device(), y, save_mean, save_invstd, x_c, mean_c, var_c, weight_c, bias_c, training,
                             momentum, eps);
     if (training && mean_c.defined()) {
       if (!mean_c.is_same(running_mean)) running_mean.copy_(mean_c);
@@ -80,9 +92,9 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
   autograd::record("batch_norm2d", {x, weight, bias}, {y},
                    [x_saved = x_c.detach(), weight_saved = weight_c.defined() ? weight_c.detach() : Tensor(),
                     mean_saved = save_mean.detach(), invstd_saved = save_invstd.detach(),
-                    training](const std::vector<Tensor>& grads, const autograd::Node& node) {
+                    training, channel_dim, &backward_stub](const std::vector<Tensor>& grads, const autograd::Node& node) {
                      const TensorOptions options(x_saved.dtype(), x_saved.device());
-                     const int64_t channels = x_saved.size(1);
+                     const int64_t channels = x_saved.size(channel_dim);
                      Tensor grad_x = node.needs_input_grad(0) ? core::empty(x_saved.shape(), options) : Tensor();
                      Tensor grad_weight = node.needs_input_grad(1) ? core::empty({channels}, options) : Tensor();
                      Tensor grad_bias = node.needs_input_grad(2) ? core::empty({channels}, options) : Tensor();
@@ -92,7 +104,7 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
                        }
                      } else {
                        const Tensor grad_y = core::contiguous_raw(grads[0]);
-                       batch_norm_backward_stub(grad_y.device(), grad_x, grad_weight, grad_bias, grad_y, x_saved,
+                       backward_stub(grad_y.device(), grad_x, grad_weight, grad_bias, grad_y, x_saved,
                                                 weight_saved, mean_saved, invstd_saved, training);
                      }
                      return std::vector<Tensor>{grad_x, grad_weight, grad_bias};

@@ -6,19 +6,25 @@
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw
 #include "colossal/ops/conv_kernels.h"   // conv2d stubs, Conv2dGeometry
+#include "colossal/ops/elementwise.h"    // add
 #include "colossal/ops/reduction.h"      // sum
+#include "colossal/ops/shape.h"          // contiguous, permute
 
 namespace colossal::ops {
 
 constinit core::DispatchStub<Conv2dForwardKernel> conv2d_forward_stub("conv2d");
 constinit core::DispatchStub<Conv2dBackwardKernel> conv2d_backward_stub("conv2d_backward");
+constinit core::DispatchStub<Conv2dForwardKernel> conv2d_nhwc_forward_stub("conv2d_nhwc");
+constinit core::DispatchStub<Conv2dBackwardKernel> conv2d_nhwc_backward_stub("conv2d_nhwc_backward");
 
 namespace {
 
 Conv2dGeometry conv2d_geometry(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding,
-                               Pair dilation, int64_t groups) {
+                               Pair dilation, int64_t groups, ImageLayout layout) {
+  const bool nhwc = layout == ImageLayout::nhwc;
   COLOSSAL_CHECK(x.defined() && weight.defined(), "conv2d: x and weight must be defined");
-  COLOSSAL_CHECK(x.dim() == 4, "conv2d: expected x of shape [N, C, H, W], got shape {}", x.shape());
+  COLOSSAL_CHECK(x.dim() == 4, "conv2d: expected x of shape {} ({} layout), got shape {}",
+                 nhwc ? "[N, H, W, C]" : "[N, C, H, W]", nhwc ? "nhwc" : "nchw", x.shape());
   COLOSSAL_CHECK(weight.dim() == 4,
                  "conv2d: expected weight of shape [out_channels, in_channels / groups, kH, kW], got shape {}",
                  weight.shape());
@@ -33,9 +39,9 @@ Conv2dGeometry conv2d_geometry(const Tensor& x, const Tensor& weight, const Tens
 
   Conv2dGeometry g;
   g.batch = x.size(0);
-  g.in_channels = x.size(1);
-  g.in_height = x.size(2);
-  g.in_width = x.size(3);
+  g.in_channels = x.size(nhwc ? 3 : 1);
+  g.in_height = x.size(nhwc ? 1 : 2);
+  g.in_width = x.size(nhwc ? 2 : 3);
   g.out_channels = weight.size(0);
   g.kernel_height = weight.size(2);
   g.kernel_width = weight.size(3);
@@ -79,52 +85,83 @@ Conv2dGeometry conv2d_geometry(const Tensor& x, const Tensor& weight, const Tens
   return g;
 }
 
-}  // namespace
-
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
-              int64_t groups) {
-  if (const auto dtype = autocast_dtype()) {
-    const AutocastGuard off(std::nullopt);
-    return conv2d(autocast::to_lower(x, *dtype), autocast::to_lower(weight, *dtype), autocast::to_lower(bias, *dtype),
-                  stride, padding, dilation, groups);
-  }
-  const Conv2dGeometry geometry = conv2d_geometry(x, weight, bias, stride, padding, dilation, groups);
+/// Runs the forward stub into a fresh `out_shape` tensor and records the backward stub. The kernel
+/// adds `bias` (nchw) itself; nhwc passes none.
+Tensor run_conv2d(const char* name, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const Conv2dGeometry& geometry, const Shape& out_shape, core::DispatchStub<Conv2dForwardKernel>& forward,
+                  core::DispatchStub<Conv2dBackwardKernel>& backward) {
   const Tensor x_c = core::contiguous_raw(x);
   const Tensor weight_c = core::contiguous_raw(weight);
   const Tensor bias_c = bias.defined() ? core::contiguous_raw(bias) : Tensor();
-  Tensor out = core::empty({geometry.batch, geometry.out_channels, geometry.out_height, geometry.out_width},
-                           TensorOptions(x.dtype(), x.device()));
+  Tensor out = core::empty(out_shape, TensorOptions(x.dtype(), x.device()));
   if (out.numel() > 0) {
     if (x.numel() == 0) {
       // No input channels: every output is the bias alone.
       out.fill_(0.0);
       if (bias_c.defined()) out.copy_(core::expand_raw(core::view_raw(bias_c, {1, -1, 1, 1}), out.shape()));
     } else {
-      conv2d_forward_stub(x.device(), out, x_c, weight_c, bias_c, geometry);
+      forward(x.device(), out, x_c, weight_c, bias_c, geometry);
     }
   }
   autograd::record(
-      "conv2d", {x, weight, bias}, {out},
-      [x_saved = x_c.detach(), weight_saved = weight_c.detach(), geometry](const std::vector<Tensor>& grads,
-                                                                           const autograd::Node& node) {
+      name, {x, weight, bias}, {out},
+      [x_saved = x_c.detach(), weight_saved = weight_c.detach(), geometry, &backward](const std::vector<Tensor>& grads,
+                                                                                     const autograd::Node& node) {
         const TensorOptions options(x_saved.dtype(), x_saved.device());
         Tensor grad_x = node.needs_input_grad(0) ? core::empty(x_saved.shape(), options) : Tensor();
         Tensor grad_weight = node.needs_input_grad(1) ? core::empty(weight_saved.shape(), options) : Tensor();
         Tensor grad_bias = node.needs_input_grad(2) ? core::empty({geometry.out_channels}, options) : Tensor();
         const Tensor grad_out = core::contiguous_raw(grads[0]);
         if (grad_out.numel() == 0 || x_saved.numel() == 0) {
-          // Nothing reaches the weight; the bias still collects every output's gradient.
+          // Nothing reaches the weight; the bias (nchw only) still collects every output's gradient.
           for (Tensor* t : {&grad_x, &grad_weight, &grad_bias}) {
             if (t->defined()) t->fill_(0.0);
           }
           if (grad_bias.defined() && grad_out.numel() > 0) grad_bias = sum(grad_out, {0, 2, 3});
         } else {
-          conv2d_backward_stub(grad_out.device(), grad_x, grad_weight, grad_bias, grad_out, x_saved, weight_saved,
-                               geometry);
+          backward(grad_out.device(), grad_x, grad_weight, grad_bias, grad_out, x_saved, weight_saved, geometry);
         }
         return std::vector<Tensor>{grad_x, grad_weight, grad_bias};
       });
   return out;
+}
+
+}  // namespace
+
+Tensor to_nhwc(const Tensor& x) {
+  COLOSSAL_CHECK(x.defined() && x.dim() == 4, "to_nhwc: expected an image [N, C, H, W], got shape {}",
+                 x.defined() ? x.shape() : Shape{});
+  return contiguous(permute(x, {0, 2, 3, 1}));
+}
+
+Tensor to_nchw(const Tensor& x) {
+  COLOSSAL_CHECK(x.defined() && x.dim() == 4, "to_nchw: expected an image [N, H, W, C], got shape {}",
+                 x.defined() ? x.shape() : Shape{});
+  return contiguous(permute(x, {0, 3, 1, 2}));
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
+              int64_t groups, ImageLayout layout) {
+  if (const auto dtype = autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return conv2d(autocast::to_lower(x, *dtype), autocast::to_lower(weight, *dtype), autocast::to_lower(bias, *dtype),
+                  stride, padding, dilation, groups, layout);
+  }
+  const Conv2dGeometry g = conv2d_geometry(x, weight, bias, stride, padding, dilation, groups, layout);
+  if (layout == ImageLayout::nchw) {
+    return run_conv2d("conv2d", x, weight, bias, g, {g.batch, g.out_channels, g.out_height, g.out_width},
+                      conv2d_forward_stub, conv2d_backward_stub);
+  }
+  if (!conv2d_nhwc_forward_stub.supports(x.device().type)) {
+    return to_nhwc(conv2d(to_nchw(x), weight, bias, stride, padding, dilation, groups, ImageLayout::nchw));
+  }
+  // The kernel wants the filter channels-last too, [O, kH, kW, C / groups]: a recorded copy for
+  // kernels larger than 1x1 (whose permuted view is already contiguous).
+  const Tensor weight_nhwc = contiguous(permute(weight, {0, 2, 3, 1}));
+  Tensor out = run_conv2d("conv2d_nhwc", x, weight_nhwc, Tensor(), g,
+                          {g.batch, g.out_height, g.out_width, g.out_channels}, conv2d_nhwc_forward_stub,
+                          conv2d_nhwc_backward_stub);
+  return bias.defined() ? add(out, bias) : out;
 }
 
 }  // namespace colossal::ops

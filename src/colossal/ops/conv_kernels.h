@@ -1,6 +1,8 @@
 // Kernel signatures and dispatch stubs of the image ops in ops/conv.h: conv2d, batch_norm2d and the
 // pooling family, forward and backward. The CPU kernels live in ops/cpu/{conv,batch_norm,pooling}
 // _kernels.cpp; a CUDA backend (cuDNN) registers its own. Every tensor reaching a kernel is contiguous.
+// The *_nhwc stubs take images as [N, H, W, C] (Note [image layouts] in ops/conv.h); only backends
+// with channels-last kernels register them, and the ops transpose around the nchw stubs elsewhere.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,10 @@ using Conv2dBackwardKernel = void(const Tensor& grad_x, const Tensor& grad_weigh
 
 extern core::DispatchStub<Conv2dForwardKernel> conv2d_forward_stub;
 extern core::DispatchStub<Conv2dBackwardKernel> conv2d_backward_stub;
+/// The same in nhwc: x [N, H, W, C], weight [O, kH, kW, C / groups], out and grad_out [N, oH, oW, O].
+/// bias and grad_bias are always undefined (the op adds the bias itself).
+extern core::DispatchStub<Conv2dForwardKernel> conv2d_nhwc_forward_stub;
+extern core::DispatchStub<Conv2dBackwardKernel> conv2d_nhwc_backward_stub;
 
 // ---- batch_norm2d
 // x and y are [N, C, H, W]; weight and bias are [C] of x's dtype or undefined. save_mean and
@@ -54,6 +60,10 @@ using BatchNormBackwardKernel = void(const Tensor& grad_x, const Tensor& grad_we
 
 extern core::DispatchStub<BatchNormForwardKernel> batch_norm_forward_stub;
 extern core::DispatchStub<BatchNormBackwardKernel> batch_norm_backward_stub;
+/// The same with the channel innermost: x, y and their gradients are [..., C] (an nhwc image or
+/// any rows-by-channels matrix), normalised per channel over all the other dimensions.
+extern core::DispatchStub<BatchNormForwardKernel> batch_norm_nhwc_forward_stub;
+extern core::DispatchStub<BatchNormBackwardKernel> batch_norm_nhwc_backward_stub;
 
 // ---- pooling
 // Inputs are [N, C, H, W] and pool each of the N * C planes independently.
@@ -83,6 +93,10 @@ using AdaptiveAvgPool2dBackwardKernel = void(const Tensor& grad_x, const Tensor&
 
 extern core::DispatchStub<MaxPool2dForwardKernel> max_pool2d_forward_stub;
 extern core::DispatchStub<MaxPool2dBackwardKernel> max_pool2d_backward_stub;
+/// The same in nhwc: x, out, indices and the gradients are [N, H, W, C]; an index is still the
+/// maximum's h * W + w within its channel's plane.
+extern core::DispatchStub<MaxPool2dForwardKernel> max_pool2d_nhwc_forward_stub;
+extern core::DispatchStub<MaxPool2dBackwardKernel> max_pool2d_nhwc_backward_stub;
 extern core::DispatchStub<AvgPool2dForwardKernel> avg_pool2d_forward_stub;
 extern core::DispatchStub<AvgPool2dBackwardKernel> avg_pool2d_backward_stub;
 extern core::DispatchStub<AdaptiveAvgPool2dForwardKernel> adaptive_avg_pool2d_forward_stub;

@@ -1,14 +1,18 @@
 // max_pool2d, avg_pool2d and adaptive_avg_pool2d: window validation, output sizes, the device
-// kernels and their backward records.
+// kernels and their backward records. nhwc runs max_pool2d's nhwc kernels where the backend has them
+// and otherwise transposes around the nchw op (Note [image layouts] in ops/conv.h).
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw
 #include "colossal/ops/conv.h"           // pooling declarations
 #include "colossal/ops/conv_kernels.h"   // pooling stubs, Pool2dGeometry
+#include "colossal/ops/reduction.h"      // mean
 
 namespace colossal::ops {
 
 constinit core::DispatchStub<MaxPool2dForwardKernel> max_pool2d_forward_stub("max_pool2d");
 constinit core::DispatchStub<MaxPool2dBackwardKernel> max_pool2d_backward_stub("max_pool2d_backward");
+constinit core::DispatchStub<MaxPool2dForwardKernel> max_pool2d_nhwc_forward_stub("max_pool2d_nhwc");
+constinit core::DispatchStub<MaxPool2dBackwardKernel> max_pool2d_nhwc_backward_stub("max_pool2d_nhwc_backward");
 constinit core::DispatchStub<AvgPool2dForwardKernel> avg_pool2d_forward_stub("avg_pool2d");
 constinit core::DispatchStub<AvgPool2dBackwardKernel> avg_pool2d_backward_stub("avg_pool2d_backward");
 constinit core::DispatchStub<AdaptiveAvgPool2dForwardKernel> adaptive_avg_pool2d_forward_stub("adaptive_avg_pool2d");
@@ -17,15 +21,24 @@ constinit core::DispatchStub<AdaptiveAvgPool2dBackwardKernel> adaptive_avg_pool2
 
 namespace {
 
-void check_image(const Tensor& x, const char* op) {
+void check_image(const Tensor& x, const char* op, ImageLayout layout) {
+  const bool nhwc = layout == ImageLayout::nhwc;
   COLOSSAL_CHECK(x.defined(), "{}: x must be defined", op);
-  COLOSSAL_CHECK(x.dim() == 4, "{}: expected x of shape [N, C, H, W], got shape {}", op, x.shape());
+  COLOSSAL_CHECK(x.dim() == 4, "{}: expected x of shape {} ({} layout), got shape {}", op,
+                 nhwc ? "[N, H, W, C]" : "[N, C, H, W]", nhwc ? "nhwc" : "nchw", x.shape());
   COLOSSAL_CHECK(core::is_floating(x.dtype()), "{}: expected a floating x, got {}", op, x.dtype());
 }
 
+/// x's height and width dimensions in `layout`.
+Pair spatial_dims(ImageLayout layout) {
+  return layout == ImageLayout::nhwc ? Pair{1, 2} : Pair{2, 3};
+}
+
 /// Validates a pooling window against x and returns it with the default stride resolved.
-Pool2dGeometry pool_geometry(const Tensor& x, Pair kernel, Pair stride, Pair padding, const char* op) {
-  check_image(x, op);
+Pool2dGeometry pool_geometry(const Tensor& x, Pair kernel, Pair stride, Pair padding, const char* op,
+                             ImageLayout layout = ImageLayout::nchw) {
+  check_image(x, op, layout);
+  const auto [dim_h, dim_w] = spatial_dims(layout);
   COLOSSAL_CHECK(kernel[0] > 0 && kernel[1] > 0, "{}: kernel must be positive, got {}", op, kernel);
   if (stride == Pair{0, 0}) stride = kernel;
   COLOSSAL_CHECK(stride[0] > 0 && stride[1] > 0,
@@ -35,7 +48,7 @@ Pool2dGeometry pool_geometry(const Tensor& x, Pair kernel, Pair stride, Pair pad
   COLOSSAL_CHECK(padding[0] <= kernel[0] / 2 && padding[1] <= kernel[1] / 2,
                  "{}: padding {} must be at most half the kernel {} (at most [{}, {}])", op, padding, kernel,
                  kernel[0] / 2, kernel[1] / 2);
-  COLOSSAL_CHECK(x.size(2) + 2 * padding[0] >= kernel[0] && x.size(3) + 2 * padding[1] >= kernel[1],
+  COLOSSAL_CHECK(x.size(dim_h) + 2 * padding[0] >= kernel[0] && x.size(dim_w) + 2 * padding[1] >= kernel[1],
                  "{}: kernel {} is larger than the padded input (x of shape {} with padding {}); the output size "
                  "would not be positive",
                  op, kernel, x.shape(), padding);
@@ -49,9 +62,12 @@ Pool2dGeometry pool_geometry(const Tensor& x, Pair kernel, Pair stride, Pair pad
   return g;
 }
 
-Shape pool_output_shape(const Tensor& x, const Pool2dGeometry& g) {
-  return {x.size(0), x.size(1), (x.size(2) + 2 * g.pad_h - g.kernel_h) / g.stride_h + 1,
-          (x.size(3) + 2 * g.pad_w - g.kernel_w) / g.stride_w + 1};
+Shape pool_output_shape(const Tensor& x, const Pool2dGeometry& g, ImageLayout layout = ImageLayout::nchw) {
+  const auto [dim_h, dim_w] = spatial_dims(layout);
+  const int64_t out_h = (x.size(dim_h) + 2 * g.pad_h - g.kernel_h) / g.stride_h + 1;
+  const int64_t out_w = (x.size(dim_w) + 2 * g.pad_w - g.kernel_w) / g.stride_w + 1;
+  if (layout == ImageLayout::nhwc) return {x.size(0), out_h, out_w, x.size(3)};
+  return {x.size(0), x.size(1), out_h, out_w};
 }
 
 TensorOptions options_of(const Tensor& t) {
@@ -60,28 +76,38 @@ TensorOptions options_of(const Tensor& t) {
 
 }  // namespace
 
-Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
-  const Pool2dGeometry geometry = pool_geometry(x, kernel, stride, padding, "max_pool2d");
+Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, ImageLayout layout) {
+  const Pool2dGeometry geometry = pool_geometry(x, kernel, stride, padding, "max_pool2d", layout);
+  const bool nhwc = layout == ImageLayout::nhwc;
+  if (nhwc && !max_pool2d_nhwc_forward_stub.supports(x.device().type)) {
+    return to_nhwc(max_pool2d(to_nchw(x), kernel, stride, padding));
+  }
+  auto& forward_stub = nhwc ? max_pool2d_nhwc_forward_stub : max_pool2d_forward_stub;
+  auto& backward_stub = nhwc ? max_pool2d_nhwc_backward_stub : max_pool2d_backward_stub;
   const Tensor x_c = core::contiguous_raw(x);
-  Tensor out = core::empty(pool_output_shape(x, geometry), options_of(x));
+  Tensor out = core::empty(pool_output_shape(x, geometry, layout), options_of(x));
   Tensor indices = core::empty(out.shape(), TensorOptions(DType::i64, x.device()));
-  if (out.numel() > 0) max_pool2d_forward_stub(x.device(), out, indices, x_c, geometry);
+  if (out.numel() > 0) forward_stub(x.device(), out, indices, x_c, geometry);
   autograd::record("max_pool2d", {x}, {out},
-                   [indices = indices.detach(), input_shape = x.shape(), geometry](const std::vector<Tensor>& grads,
-                                                                                   const autograd::Node&) {
+                   [indices = indices.detach(), input_shape = x.shape(), geometry, &backward_stub](
+                       const std::vector<Tensor>& grads, const autograd::Node&) {
                      Tensor grad_x = core::empty(input_shape, options_of(grads[0]));
                      if (grads[0].numel() == 0) {
                        grad_x.fill_(0.0);
                      } else {
-                       max_pool2d_backward_stub(grad_x.device(), grad_x, core::contiguous_raw(grads[0]), indices,
-                                                geometry);
+                       backward_stub(grad_x.device(), grad_x, core::contiguous_raw(grads[0]), indices, geometry);
                      }
                      return std::vector<Tensor>{grad_x};
                    });
   return out;
 }
 
-Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool count_include_pad) {
+Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool count_include_pad,
+                  ImageLayout layout) {
+  if (layout == ImageLayout::nhwc) {
+    check_image(x, "avg_pool2d", layout);
+    return to_nhwc(avg_pool2d(to_nchw(x), kernel, stride, padding, count_include_pad));
+  }
   Pool2dGeometry geometry = pool_geometry(x, kernel, stride, padding, "avg_pool2d");
   geometry.count_include_pad = count_include_pad;
   const Tensor x_c = core::contiguous_raw(x);
@@ -100,8 +126,16 @@ Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool 
   return out;
 }
 
-Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
-  check_image(x, "adaptive_avg_pool2d");
+Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size, ImageLayout layout) {
+  if (layout == ImageLayout::nhwc) {
+    check_image(x, "adaptive_avg_pool2d", layout);
+    COLOSSAL_CHECK(x.size(1) > 0 && x.size(2) > 0,
+                   "adaptive_avg_pool2d: x of shape {} (nhwc) has an empty spatial size; every window would be empty",
+                   x.shape());
+    if (output_size == Pair{1, 1}) return mean(x, {1, 2}, true);  // the global pool: one reduction, no transposes
+    return to_nhwc(adaptive_avg_pool2d(to_nchw(x), output_size));
+  }
+  check_image(x, "adaptive_avg_pool2d", layout);
   COLOSSAL_CHECK(output_size[0] > 0 && output_size[1] > 0, "adaptive_avg_pool2d: output_size must be positive, got {}",
                  output_size);
   COLOSSAL_CHECK(x.size(2) > 0 && x.size(3) > 0,

@@ -30,22 +30,30 @@ ResNetConfig ResNetConfig::resnet50(int64_t num_classes) {
 
 namespace {
 
-std::shared_ptr<Conv2d> conv3x3(int64_t in, int64_t out, int64_t stride, core::Generator* generator) {
+std::shared_ptr<Conv2d> conv3x3(int64_t in, int64_t out, int64_t stride, core::Generator* generator,
+                                ops::ImageLayout layout) {
   return std::make_shared<Conv2d>(
-      in, out, 3, Conv2dOptions{.stride = {stride, stride}, .padding = {1, 1}, .bias = false}, generator);
+      in, out, 3, Conv2dOptions{.stride = {stride, stride}, .padding = {1, 1}, .bias = false, .layout = layout},
+      generator);
 }
 
-std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride, core::Generator* generator) {
-  return std::make_shared<Conv2d>(in, out, 1, Conv2dOptions{.stride = {stride, stride}, .bias = false}, generator);
+std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride, core::Generator* generator,
+                                ops::ImageLayout layout) {
+  return std::make_shared<Conv2d>(in, out, 1, Conv2dOptions{.stride = {stride, stride}, .bias = false, .layout = layout},
+                                  generator);
+}
+
+std::shared_ptr<BatchNorm2d> batch_norm(int64_t features, ops::ImageLayout layout) {
+  return std::make_shared<BatchNorm2d>(features, 1e-5, 0.1, true, true, layout);
 }
 
 /// torchvision's downsample: a strided 1x1 conv and a BatchNorm matching the branch's output, or
 /// none when the shapes already agree.
 std::shared_ptr<Sequential> make_downsample(int64_t in_planes, int64_t out_planes, int64_t stride,
-                                            core::Generator* generator) {
+                                            core::Generator* generator, ops::ImageLayout layout) {
   if (stride == 1 && in_planes == out_planes) return nullptr;
   return std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
-      conv1x1(in_planes, out_planes, stride, generator), std::make_shared<BatchNorm2d>(out_planes)});
+      conv1x1(in_planes, out_planes, stride, generator, layout), batch_norm(out_planes, layout)});
 }
 
 Tensor residual(const Tensor& branch, const std::shared_ptr<Sequential>& downsample, const Tensor& x) {
@@ -54,13 +62,14 @@ Tensor residual(const Tensor& branch, const std::shared_ptr<Sequential>& downsam
 
 }  // namespace
 
-BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator)
+BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator,
+                       ops::ImageLayout layout)
     : Module("BasicBlock") {
-  conv1_ = register_module("conv1", conv3x3(in_planes, planes, stride, generator));
-  bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
-  conv2_ = register_module("conv2", conv3x3(planes, planes, 1, generator));
-  bn2_ = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
-  downsample_ = make_downsample(in_planes, planes * kExpansion, stride, generator);
+  conv1_ = register_module("conv1", conv3x3(in_planes, planes, stride, generator, layout));
+  bn1_ = register_module("bn1", batch_norm(planes, layout));
+  conv2_ = register_module("conv2", conv3x3(planes, planes, 1, generator, layout));
+  bn2_ = register_module("bn2", batch_norm(planes, layout));
+  downsample_ = make_downsample(in_planes, planes * kExpansion, stride, generator, layout);
   if (downsample_) register_module("downsample", downsample_);
 }
 
@@ -69,15 +78,16 @@ Tensor BasicBlock::forward(const Tensor& x) {
   return residual(bn2_->forward(conv2_->forward(out)), downsample_, x);
 }
 
-Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator)
+Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator,
+                       ops::ImageLayout layout)
     : Module("Bottleneck") {
-  conv1_ = register_module("conv1", conv1x1(in_planes, planes, 1, generator));
-  bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
-  conv2_ = register_module("conv2", conv3x3(planes, planes, stride, generator));
-  bn2_ = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
-  conv3_ = register_module("conv3", conv1x1(planes, planes * kExpansion, 1, generator));
-  bn3_ = register_module("bn3", std::make_shared<BatchNorm2d>(planes * kExpansion));
-  downsample_ = make_downsample(in_planes, planes * kExpansion, stride, generator);
+  conv1_ = register_module("conv1", conv1x1(in_planes, planes, 1, generator, layout));
+  bn1_ = register_module("bn1", batch_norm(planes, layout));
+  conv2_ = register_module("conv2", conv3x3(planes, planes, stride, generator, layout));
+  bn2_ = register_module("bn2", batch_norm(planes, layout));
+  conv3_ = register_module("conv3", conv1x1(planes, planes * kExpansion, 1, generator, layout));
+  bn3_ = register_module("bn3", batch_norm(planes * kExpansion, layout));
+  downsample_ = make_downsample(in_planes, planes * kExpansion, stride, generator, layout);
   if (downsample_) register_module("downsample", downsample_);
 }
 
@@ -89,13 +99,15 @@ Tensor Bottleneck::forward(const Tensor& x) {
 
 namespace {
 
-Tensor stem(Conv2d& conv1, BatchNorm2d& bn1, bool cifar_stem, const Tensor& images) {
-  const Tensor x = ops::relu(bn1.forward(conv1.forward(images)));
-  return cifar_stem ? x : ops::max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
+/// images [B, C, H, W] -> layer1's input, in the model's layout.
+Tensor stem(Conv2d& conv1, BatchNorm2d& bn1, bool cifar_stem, ops::ImageLayout layout, const Tensor& images) {
+  const Tensor in = layout == ops::ImageLayout::nhwc ? ops::to_nhwc(images) : images;
+  const Tensor x = ops::relu(bn1.forward(conv1.forward(in)));
+  return cifar_stem ? x : ops::max_pool2d(x, {3, 3}, {2, 2}, {1, 1}, layout);
 }
 
-Tensor head(Linear& fc, const Tensor& features) {
-  return fc.forward(ops::adaptive_avg_pool2d(features, {1, 1}).flatten(1));
+Tensor head(Linear& fc, ops::ImageLayout layout, const Tensor& features) {
+  return fc.forward(ops::adaptive_avg_pool2d(features, {1, 1}, layout).flatten(1));
 }
 
 }  // namespace
@@ -104,12 +116,15 @@ ResNet::ResNet(const ResNetConfig& config, core::Generator* generator) : Module(
   config.validate();
   const bool bottleneck = config.block == ResNetBlockKind::bottleneck;
   const int64_t expansion = bottleneck ? Bottleneck::kExpansion : BasicBlock::kExpansion;
+  const ops::ImageLayout layout = config.layout();
   conv1_ = register_module(
-      "conv1", config.cifar_stem ? conv3x3(config.in_chans, config.width, 1, generator)
-                                 : std::make_shared<Conv2d>(
-                                       config.in_chans, config.width, 7,
-                                       Conv2dOptions{.stride = {2, 2}, .padding = {3, 3}, .bias = false}, generator));
-  bn1_ = register_module("bn1", std::make_shared<BatchNorm2d>(config.width));
+      "conv1",
+      config.cifar_stem
+          ? conv3x3(config.in_chans, config.width, 1, generator, layout)
+          : std::make_shared<Conv2d>(config.in_chans, config.width, 7,
+                                     Conv2dOptions{.stride = {2, 2}, .padding = {3, 3}, .bias = false, .layout = layout},
+                                     generator));
+  bn1_ = register_module("bn1", batch_norm(config.width, layout));
   int64_t in_planes = config.width;
   for (size_t s = 0; s < 4; ++s) {
     const int64_t planes = config.width << s;
@@ -117,9 +132,9 @@ ResNet::ResNet(const ResNetConfig& config, core::Generator* generator) : Module(
     for (int64_t b = 0; b < config.layers[s]; ++b) {
       const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
       if (bottleneck) {
-        stage->push_back(std::make_shared<Bottleneck>(in_planes, planes, stride, generator));
+        stage->push_back(std::make_shared<Bottleneck>(in_planes, planes, stride, generator, layout));
       } else {
-        stage->push_back(std::make_shared<BasicBlock>(in_planes, planes, stride, generator));
+        stage->push_back(std::make_shared<BasicBlock>(in_planes, planes, stride, generator, layout));
       }
       in_planes = planes * expansion;
     }
@@ -142,17 +157,16 @@ ResNet::ResNet(const ResNetConfig& config, core::Generator* generator) : Module(
 Tensor ResNet::forward(const Tensor& images) {
   COLOSSAL_CHECK(images.dim() == 4 && images.size(1) == config_.in_chans,
                  "ResNet: expected images [B, {}, H, W], got shape {}", config_.in_chans, images.shape());
-  Tensor x = stem(*conv1_, *bn1_, config_.cifar_stem, images);
+  Tensor x = stem(*conv1_, *bn1_, config_.cifar_stem, config_.layout(), images);
   for (const auto& stage : stages_) x = stage->forward(x);
-  return head(*fc_, x);
+  return head(*fc_, config_.layout(), x);
 }
 
 std::vector<std::shared_ptr<Module>> ResNet::layers() {
   std::vector<std::shared_ptr<Module>> pieces;
   auto stem_view = std::make_shared<LayerView>(
-      "ResNetStem", [conv1 = conv1_, bn1 = bn1_, cifar = config_.cifar_stem](LayerView&, const Tensor& images) {
-        return stem(*conv1, *bn1, cifar, images);
-      });
+      "ResNetStem", [conv1 = conv1_, bn1 = bn1_, cifar = config_.cifar_stem, layout = config_.layout()](
+                        LayerView&, const Tensor& images) { return stem(*conv1, *bn1, cifar, layout, images); });
   stem_view->share_module("conv1", conv1_);
   stem_view->share_module("bn1", bn1_);
   pieces.push_back(stem_view);
@@ -166,7 +180,8 @@ std::vector<std::shared_ptr<Module>> ResNet::layers() {
     }
   }
   auto head_view = std::make_shared<LayerView>(
-      "ResNetHead", [fc = fc_](LayerView&, const Tensor& features) { return head(*fc, features); });
+      "ResNetHead",
+      [fc = fc_, layout = config_.layout()](LayerView&, const Tensor& features) { return head(*fc, layout, features); });
   head_view->share_module("fc", fc_);
   pieces.push_back(head_view);
   return pieces;

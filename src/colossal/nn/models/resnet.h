@@ -37,7 +37,13 @@ struct ResNetConfig {
   /// Channels of conv1 and layer1; layer2..4 double it each (torchvision: 64). Smaller widths give
   /// the narrow ResNets that train quickly on small images.
   int64_t width = 64;
+  /// Run the convolutions, BatchNorms and the max pool on [N, H, W, C] activations (the model still
+  /// takes [B, C, H, W] images and returns [B, classes]; parameters and checkpoints are unchanged):
+  /// PyTorch's channels_last memory format, the fast layout on the GPU (Note [image layouts] in
+  /// ops/conv.h). On the CPU it only adds transposes.
+  bool channels_last = false;
 
+  ops::ImageLayout layout() const { return channels_last ? ops::ImageLayout::nhwc : ops::ImageLayout::nchw; }
   void validate() const;
 
   static ResNetConfig resnet18(int64_t num_classes = 1000);
@@ -50,7 +56,8 @@ class BasicBlock : public Module {
  public:
   static constexpr int64_t kExpansion = 1;
   /// downsample (conv 1x1 with stride, then BatchNorm) is added when the stride or the width changes.
-  BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator);
+  BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator,
+             ops::ImageLayout layout = ops::ImageLayout::nchw);
   Tensor forward(const Tensor& x) override;
   /// The branch's last BatchNorm (zero_init_residual sets its gamma to 0).
   const std::shared_ptr<BatchNorm2d>& last_bn() const { return bn2_; }
@@ -68,7 +75,8 @@ class BasicBlock : public Module {
 class Bottleneck : public Module {
  public:
   static constexpr int64_t kExpansion = 4;
-  Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator);
+  Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator,
+             ops::ImageLayout layout = ops::ImageLayout::nchw);
   Tensor forward(const Tensor& x) override;
   const std::shared_ptr<BatchNorm2d>& last_bn() const { return bn3_; }
 

@@ -8,6 +8,10 @@
 // a read of (x, dy) and a write of dx: 5 passes. Both are bandwidth-bound.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <initializer_list>
+#include <utility>
+
 #include "colossal/core/cuda/launch.cuh"      // check_on_device, grid_for, stream_of
 #include "colossal/ops/conv_kernels.h"        // batch_norm stubs
 #include "colossal/ops/cuda/per_channel.cuh"  // channel reductions and maps
@@ -426,8 +430,362 @@ void batch_norm_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, c
   });
 }
 
+// ---- channels innermost (nhwc)
+// Note [batch norm over rows of channels]
+// An nhwc image is a [rows, C] matrix (rows = N * H * W) normalised per column. A block is tx lanes
+// across 16-byte groups of channels by ty = 256 / tx rows; each lane walks its rows of one split
+// with a per-channel Welford update (one reciprocal per row for all the group's channels), lanes of
+// a column are combined in a fixed tree, and each split's result lands in the same
+// partials[c * splits + s] the nchw finish kernels read. The maps keep their channels' coefficients
+// in registers and stream rows. Same passes over memory as nchw, every access a whole row segment.
+
+constexpr int kRowsThreads = 256;
+constexpr int kRowsUnroll = 4;
+
+/// How a kernel over a [rows, channels] tensor runs: `vec` channels per lane (16 bytes of T or 1),
+/// `tx` lanes across the groups of a column tile, `ty` rows per block, `splits` blocks down the rows
+/// each covering `chunk` rows.
+struct RowsPlan {
+  int vec = 1, tx = 1, ty = kRowsThreads;
+  int64_t rows = 0, groups = 0;  ///< groups = channels / vec
+  int splits = 1;
+  int64_t chunk = 0;
+  dim3 grid;
+};
+
+template <class T>
+RowsPlan plan_rows(int64_t rows, int64_t channels, std::initializer_list<const void*> pointers, int64_t max_splits) {
+  constexpr int kVec = 16 / sizeof(T);
+  RowsPlan plan;
+  bool vectorizable = kVec > 1 && channels % kVec == 0;
+  for (const void* p : pointers) vectorizable = vectorizable && core::cuda_detail::aligned16(p);
+  plan.vec = vectorizable ? kVec : 1;
+  plan.rows = rows;
+  plan.groups = channels / plan.vec;
+  while (plan.tx < 32 && plan.tx < plan.groups) plan.tx *= 2;
+  plan.ty = kRowsThreads / plan.tx;
+  const int64_t tiles = (plan.groups + plan.tx - 1) / plan.tx;
+  // About 1024 blocks (several per SM), each row lane walking at least 8 rows.
+  const int64_t wanted = (1024 + tiles - 1) / tiles;
+  const int64_t splits = std::clamp<int64_t>(wanted, 1, std::max<int64_t>(1, std::min(max_splits, rows / (plan.ty * 8))));
+  plan.chunk = std::max<int64_t>(1, (rows + splits - 1) / splits);
+  plan.splits = static_cast<int>(std::max<int64_t>(1, (rows + plan.chunk - 1) / plan.chunk));
+  plan.grid = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(plan.splits));
+  return plan;
+}
+
+/// The lane's place in a RowsPlan's block: its group of channels and its first row.
+struct RowsLane {
+  int64_t group, row, end;
+  int ty;
+  bool active;
+
+  __device__ RowsLane(const RowsPlan& plan) {
+    const int lane = threadIdx.x % plan.tx;
+    ty = plan.ty;
+    group = blockIdx.x * int64_t{plan.tx} + lane;
+    row = blockIdx.y * plan.chunk + threadIdx.x / plan.tx;
+    end = min(plan.rows, (blockIdx.y + int64_t{1}) * plan.chunk);
+    active = group < plan.groups;
+  }
+};
+
+/// Combines the block's per-lane states of each channel down the row lanes in a fixed tree and
+/// writes partials[c * splits + split]. `shared` holds kRowsThreads * kVec states.
+template <class State, int kVec, class Combine>
+__device__ void combine_rows_and_store(State (&state)[kVec], State* shared, const RowsPlan& plan, const RowsLane& at,
+                                       Combine combine, State* partials) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) shared[threadIdx.x * kVec + k] = state[k];
+  __syncthreads();
+  const int row_lane = threadIdx.x / plan.tx;
+  for (int width = plan.ty / 2; width > 0; width /= 2) {
+    if (row_lane < width) {
+      const int other = threadIdx.x + width * plan.tx;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        shared[threadIdx.x * kVec + k] = combine(shared[threadIdx.x * kVec + k], shared[other * kVec + k]);
+      }
+    }
+    __syncthreads();
+  }
+  if (row_lane == 0 && at.active) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      partials[(at.group * kVec + k) * plan.splits + blockIdx.y] = shared[threadIdx.x * kVec + k];
+    }
+  }
+}
+
+template <class T, int kVec>
+__global__ void __launch_bounds__(kRowsThreads) nhwc_moments_kernel(const T* x, RowsPlan plan,
+                                                                    Moments<acc_t<T>>* partials) {
+  using A = acc_t<T>;
+  __shared__ Moments<A> shared[kRowsThreads * kVec];
+  const RowsLane at(plan);
+  Moments<A> state[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) state[k] = {A(0), A(0), A(0)};
+  if (at.active) {
+    A count = A(0);
+    for (int64_t r = at.row; r < at.end; r += int64_t{at.ty} * kRowsUnroll) {
+      cuda::Group<T, kVec> loaded[kRowsUnroll];
+#pragma unroll
+      for (int u = 0; u < kRowsUnroll; ++u) {
+        const int64_t row = r + int64_t{u} * at.ty;
+        if (row < at.end) loaded[u] = load_group<kVec>(x + (row * plan.groups + at.group) * kVec);
+      }
+#pragma unroll
+      for (int u = 0; u < kRowsUnroll; ++u) {
+        if (r + int64_t{u} * at.ty >= at.end) break;
+        count += A(1);
+        const A inv = A(1) / count;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const A v = static_cast<A>(loaded[u].v[k]);
+          const A delta = v - state[k].mean;
+          state[k].mean += delta * inv;
+          state[k].m2 += delta * (v - state[k].mean);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) state[k].count = count;
+  }
+  combine_rows_and_store<Moments<A>, kVec>(state, shared, plan, at, combine_moments<A>, partials);
+}
+
+template <class T, int kVec>
+__global__ void __launch_bounds__(kRowsThreads) nhwc_grad_sums_kernel(const T* dy, const T* x, const stat_t<T>* mean,
+                                                                      RowsPlan plan, GradSums<acc_t<T>>* partials) {
+  using A = acc_t<T>;
+  __shared__ GradSums<A> shared[kRowsThreads * kVec];
+  const RowsLane at(plan);
+  GradSums<A> state[kVec];
+  A m[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    state[k] = {A(0), A(0)};
+    m[k] = at.active ? static_cast<A>(mean[at.group * kVec + k]) : A(0);
+  }
+  if (at.active) {
+    for (int64_t r = at.row; r < at.end; r += int64_t{at.ty} * kRowsUnroll) {
+      cuda::Group<T, kVec> g[kRowsUnroll], v[kRowsUnroll];
+#pragma unroll
+      for (int u = 0; u < kRowsUnroll; ++u) {
+        const int64_t row = r + int64_t{u} * at.ty;
+        if (row < at.end) {
+          const int64_t element = (row * plan.groups + at.group) * kVec;
+          g[u] = load_group<kVec>(dy + element);
+          v[u] = load_group<kVec>(x + element);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kRowsUnroll; ++u) {
+        if (r + int64_t{u} * at.ty >= at.end) break;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const A d = static_cast<A>(g[u].v[k]);
+          state[k].dy += d;
+          state[k].dy_xmu += d * (static_cast<A>(v[u].v[k]) - m[k]);
+        }
+      }
+    }
+  }
+  combine_rows_and_store<GradSums<A>, kVec>(
+      state, shared, plan, at,
+      [](const GradSums<A>& a, const GradSums<A>& b) { return GradSums<A>{a.dy + b.dy, a.dy_xmu + b.dy_xmu}; },
+      partials);
+}
+
+/// y = x * scale + shift, each lane holding its channels' Affine in registers.
+template <class T, int kVec>
+__global__ void __launch_bounds__(kRowsThreads) nhwc_normalize_kernel(T* y, const T* x,
+                                                                      const Affine<acc_t<T>>* affine, RowsPlan plan) {
+  using A = acc_t<T>;
+  const RowsLane at(plan);
+  if (!at.active) return;
+  Affine<A> a[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) a[k] = affine[at.group * kVec + k];
+  for (int64_t r = at.row; r < at.end; r += at.ty) {
+    const int64_t element = (r * plan.groups + at.group) * kVec;
+    const auto in = load_group<kVec>(x + element);
+    cuda::Group<T, kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) out.v[k] = store_as<T>(static_cast<A>(in.v[k]) * a[k].scale + a[k].shift);
+    store_group<kVec>(y + element, out);
+  }
+}
+
+/// dx from the per-channel GradCoefficients (training: x is read too).
+template <class T, int kVec, bool kTraining>
+__global__ void __launch_bounds__(kRowsThreads) nhwc_grad_input_kernel(T* dx, const T* dy, const T* x,
+                                                                       const GradCoefficients<acc_t<T>>* coefficients,
+                                                                       RowsPlan plan) {
+  using A = acc_t<T>;
+  const RowsLane at(plan);
+  if (!at.active) return;
+  GradCoefficients<A> c[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) c[k] = coefficients[at.group * kVec + k];
+  for (int64_t r = at.row; r < at.end; r += at.ty) {
+    const int64_t element = (r * plan.groups + at.group) * kVec;
+    const auto g = load_group<kVec>(dy + element);
+    cuda::Group<T, kVec> out;
+    if constexpr (kTraining) {
+      const auto v = load_group<kVec>(x + element);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        out.v[k] = store_as<T>(c[k].scale * static_cast<A>(g.v[k]) - c[k].offset -
+                               (static_cast<A>(v.v[k]) - c[k].mean) * c[k].slope);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) out.v[k] = store_as<T>(c[k].scale * static_cast<A>(g.v[k]));
+    }
+    store_group<kVec>(dx + element, out);
+  }
+}
+
+/// Launches kernel<kVec> for the plan's vector width: 16 bytes of T or one element.
+template <class T, class Launch>
+void with_vec(const RowsPlan& plan, const Launch& launch) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (plan.vec == kVec && kVec > 1) {
+    launch.template operator()<kVec>();
+  } else {
+    launch.template operator()<1>();
+  }
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
+/// The partial reductions use up to this many splits (the finish kernels combine them serially).
+constexpr int64_t kMaxRowSplits = 512;
+
+template <class T>
+void nhwc_forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
+                        const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                        const Tensor& bias, bool training, double momentum, double eps) {
+  using A = acc_t<T>;
+  using S = stat_t<T>;
+  const int64_t channels = x.size(-1);
+  const int64_t rows = x.numel() / channels;
+  const cudaStream_t stream = core::cuda_detail::stream_of(x);
+  const Device device = x.device();
+  const RowsPlan plan = plan_rows<T>(rows, channels, {x.raw_data(), y.raw_data()}, kMaxRowSplits);
+
+  Tensor partials;
+  if (training) {
+    partials = scratch(channels * plan.splits * static_cast<int64_t>(sizeof(Moments<A>)), device);
+    auto* partial_data = static_cast<Moments<A>*>(partials.raw_data());
+    with_vec<T>(plan, [&]<int kVec>() {
+      nhwc_moments_kernel<T, kVec><<<plan.grid, kRowsThreads, 0, stream>>>(x.data<T>(), plan, partial_data);
+    });
+  }
+  Tensor affine = scratch(channels * static_cast<int64_t>(sizeof(Affine<A>)), device);
+  auto* affine_data = static_cast<Affine<A>*>(affine.raw_data());
+  finish_forward_kernel<T><<<core::cuda_detail::grid_for(channels), core::cuda_detail::kThreads, 0, stream>>>(
+      partials.defined() ? static_cast<const Moments<A>*>(partials.raw_data()) : nullptr, plan.splits, channels, rows,
+      training, momentum, eps, running_stat(running_mean), running_stat(running_var),
+      weight.defined() ? weight.data<T>() : nullptr, bias.defined() ? bias.data<T>() : nullptr, save_mean.data<S>(),
+      save_invstd.data<S>(), affine_data);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+  // The map needs no splits: every block streams its rows, as many blocks as rows allow.
+  const RowsPlan map = plan_rows<T>(rows, channels, {x.raw_data(), y.raw_data()}, 65535);
+  with_vec<T>(map, [&]<int kVec>() {
+    nhwc_normalize_kernel<T, kVec><<<map.grid, kRowsThreads, 0, stream>>>(y.data<T>(), x.data<T>(), affine_data, map);
+  });
+}
+
+template <class T>
+void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                         const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                         const Tensor& save_invstd, bool training) {
+  using A = acc_t<T>;
+  using S = stat_t<T>;
+  const int64_t channels = x.size(-1);
+  const int64_t rows = x.numel() / channels;
+  const cudaStream_t stream = core::cuda_detail::stream_of(x);
+  const Device device = x.device();
+  const bool need_sums = grad_weight.defined() || grad_bias.defined() || (training && grad_x.defined());
+  if (!need_sums && !grad_x.defined()) return;
+  const void* dx_data = grad_x.defined() ? grad_x.raw_data() : nullptr;
+  const RowsPlan plan = plan_rows<T>(rows, channels, {grad_y.raw_data(), x.raw_data(), dx_data}, kMaxRowSplits);
+
+  Tensor partials;
+  if (need_sums) {
+    partials = scratch(channels * plan.splits * static_cast<int64_t>(sizeof(GradSums<A>)), device);
+    auto* partial_data = static_cast<GradSums<A>*>(partials.raw_data());
+    with_vec<T>(plan, [&]<int kVec>() {
+      nhwc_grad_sums_kernel<T, kVec><<<plan.grid, kRowsThreads, 0, stream>>>(grad_y.data<T>(), x.data<T>(),
+                                                                              save_mean.data<S>(), plan, partial_data);
+    });
+  }
+  Tensor coefficients;
+  if (grad_x.defined()) coefficients = scratch(channels * static_cast<int64_t>(sizeof(GradCoefficients<A>)), device);
+  auto* coefficient_data =
+      coefficients.defined() ? static_cast<GradCoefficients<A>*>(coefficients.raw_data()) : nullptr;
+  finish_backward_kernel<T><<<core::cuda_detail::grid_for(channels), core::cuda_detail::kThreads, 0, stream>>>(
+      partials.defined() ? static_cast<const GradSums<A>*>(partials.raw_data()) : nullptr, plan.splits, channels, rows,
+      training, weight.defined() ? weight.data<T>() : nullptr, save_mean.data<S>(), save_invstd.data<S>(),
+      grad_weight.defined() ? grad_weight.data<T>() : nullptr, grad_bias.defined() ? grad_bias.data<T>() : nullptr,
+      coefficient_data);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+
+  if (!grad_x.defined()) return;
+  const RowsPlan map = plan_rows<T>(rows, channels, {grad_y.raw_data(), x.raw_data(), dx_data}, 65535);
+  with_vec<T>(map, [&]<int kVec>() {
+    if (training) {
+      nhwc_grad_input_kernel<T, kVec, true><<<map.grid, kRowsThreads, 0, stream>>>(
+          grad_x.data<T>(), grad_y.data<T>(), x.data<T>(), coefficient_data, map);
+    } else {
+      nhwc_grad_input_kernel<T, kVec, false><<<map.grid, kRowsThreads, 0, stream>>>(
+          grad_x.data<T>(), grad_y.data<T>(), x.data<T>(), coefficient_data, map);
+    }
+  });
+}
+
+/// Every defined tensor on x's device, else an error naming the op and the tensor's role.
+void check_all_on_device(const Device device, const char* op,
+                         std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
+  for (auto [t, role] : tensors) {
+    if (t->defined()) core::cuda_detail::check_on_device(*t, device, op, role);
+  }
+}
+
+void batch_norm_nhwc_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
+                                  const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                                  double eps) {
+  check_all_on_device(x.device(), "batch_norm2d (nhwc)",
+                      {{&y, "y"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"},
+                       {&running_mean, "running_mean"}, {&running_var, "running_var"}, {&weight, "weight"},
+                       {&bias, "bias"}});
+  core::cuda::DeviceGuard guard(x.device());
+  core::dispatch_floating(x.dtype(), "batch_norm2d (nhwc)", [&]<class T>() {
+    nhwc_forward_typed<T>(y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum,
+                          eps);
+  });
+}
+
+void batch_norm_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                                   const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                                   const Tensor& save_mean, const Tensor& save_invstd, bool training) {
+  check_all_on_device(x.device(), "batch_norm2d_backward (nhwc)",
+                      {{&grad_x, "grad_x"}, {&grad_weight, "grad_weight"}, {&grad_bias, "grad_bias"},
+                       {&grad_y, "grad_y"}, {&weight, "weight"}, {&save_mean, "save_mean"},
+                       {&save_invstd, "save_invstd"}});
+  core::cuda::DeviceGuard guard(x.device());
+  core::dispatch_floating(x.dtype(), "batch_norm2d_backward (nhwc)", [&]<class T>() {
+    nhwc_backward_typed<T>(grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
+  });
+}
+
 COLOSSAL_REGISTER_KERNEL(batch_norm_forward_stub, core::DeviceType::cuda, batch_norm_forward_cuda);
 COLOSSAL_REGISTER_KERNEL(batch_norm_backward_stub, core::DeviceType::cuda, batch_norm_backward_cuda);
+COLOSSAL_REGISTER_KERNEL(batch_norm_nhwc_forward_stub, core::DeviceType::cuda, batch_norm_nhwc_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(batch_norm_nhwc_backward_stub, core::DeviceType::cuda, batch_norm_nhwc_backward_cuda);
 
 }  // namespace
 }  // namespace colossal::ops

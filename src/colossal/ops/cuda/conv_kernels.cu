@@ -1,5 +1,5 @@
 // CUDA conv2d through cuDNN's convolution API (the legacy one: deprecated in cuDNN 9 but complete
-// for NCHW with groups, strides, padding and dilation). Forward, backward-data and backward-filter
+// for NCHW and NHWC with groups, strides, padding and dilation). Forward, backward-data and backward-filter
 // algorithms come from cuDNN's heuristics once per shape and are cached; workspaces come from the
 // caching allocator. The bias add and the bias gradient are our kernels (per_channel.cuh).
 #include <cuda_runtime.h>
@@ -64,22 +64,24 @@ struct Blend {
   const void* for_dtype(DType dtype) const { return dtype == DType::f64 ? static_cast<const void*>(&d) : &f; }
 };
 
-/// The cuDNN descriptors of one convolution over `batch` images.
+/// The cuDNN descriptors of one convolution over `batch` images; `nhwc` describes x and y as
+/// [N, H, W, C] and the filter as [O, kH, kW, C / groups] (cuDNN still takes the sizes in NCHW order).
 class ConvDescriptors {
  public:
-  ConvDescriptors(const Conv2dGeometry& g, int64_t batch, DType dtype) {
+  ConvDescriptors(const Conv2dGeometry& g, int64_t batch, DType dtype, bool nhwc) {
     const cudnnDataType_t data = cudnn_dtype(dtype);
+    const cudnnTensorFormat_t format = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     COLOSSAL_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
     COLOSSAL_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
     COLOSSAL_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
     COLOSSAL_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
-    COLOSSAL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, data, to_int(batch, "batch"),
+    COLOSSAL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, format, data, to_int(batch, "batch"),
                                                     to_int(g.in_channels, "in_channels"), to_int(g.in_height, "height"),
                                                     to_int(g.in_width, "width")));
     COLOSSAL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-        y, CUDNN_TENSOR_NCHW, data, to_int(batch, "batch"), to_int(g.out_channels, "out_channels"),
+        y, format, data, to_int(batch, "batch"), to_int(g.out_channels, "out_channels"),
         to_int(g.out_height, "out_height"), to_int(g.out_width, "out_width")));
-    COLOSSAL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, CUDNN_TENSOR_NCHW, to_int(g.out_channels, "out_channels"),
+    COLOSSAL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, format, to_int(g.out_channels, "out_channels"),
                                                     to_int(g.in_channels / g.groups, "in_channels / groups"),
                                                     to_int(g.kernel_height, "kernel_height"),
                                                     to_int(g.kernel_width, "kernel_width")));
@@ -118,12 +120,12 @@ struct ConvKey {
   auto operator<=>(const ConvKey&) const = default;
 };
 
-ConvKey conv_key(ConvPass pass, Device device, DType dtype, const Conv2dGeometry& g, int64_t batch) {
+ConvKey conv_key(ConvPass pass, Device device, DType dtype, const Conv2dGeometry& g, int64_t batch, bool nhwc) {
   return {pass,
           device.index,
           dtype,
           {batch, g.in_channels, g.in_height, g.in_width, g.out_channels, g.kernel_height, g.kernel_width, g.stride_h,
-           g.stride_w, g.pad_h, g.pad_w, g.dilation_h, g.dilation_w, g.groups, 0, 0}};
+           g.stride_w, g.pad_h, g.pad_w, g.dilation_h, g.dilation_w, g.groups, nhwc ? 1 : 0, 0}};
 }
 
 struct AlgorithmChoice {
@@ -220,9 +222,9 @@ Tensor workspace(size_t bytes, Device device) {
 /// one is cached.
 template <class Pass, class Run>
 void run_with_algorithm(cudnnHandle_t handle, const ConvDescriptors& d, const Conv2dGeometry& g, int64_t images,
-                        DType dtype, Device device, const Run& run) {
+                        bool nhwc, DType dtype, Device device, const Run& run) {
   using Algorithm = typename Pass::Algorithm;
-  const ConvKey key = conv_key(Pass::kPass, device, dtype, g, images);
+  const ConvKey key = conv_key(Pass::kPass, device, dtype, g, images, nhwc);
   if (const std::optional<AlgorithmChoice> cached = algorithm_cache().find(key)) {
     COLOSSAL_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, cached->math));
     const Tensor space = workspace(cached->workspace_bytes, device);
@@ -273,10 +275,10 @@ void run_with_algorithm(cudnnHandle_t handle, const ConvDescriptors& d, const Co
   }
   COLOSSAL_FAIL(
       "conv2d (CUDA): cuDNN offered no usable {} algorithm for batch {}, {} -> {} channels, {}x{} input, {}x{} "
-      "kernel, stride {}x{}, padding {}x{}, dilation {}x{}, groups {} in {} ({} candidates tried)",
+      "kernel, stride {}x{}, padding {}x{}, dilation {}x{}, groups {} in {} {} ({} candidates tried)",
       Pass::kName, key.sizes[0], key.sizes[1], key.sizes[4], key.sizes[2], key.sizes[3], key.sizes[5], key.sizes[6],
-      key.sizes[7], key.sizes[8], key.sizes[9], key.sizes[10], key.sizes[11], key.sizes[12], key.sizes[13], key.dtype,
-      candidates.size());
+      key.sizes[7], key.sizes[8], key.sizes[9], key.sizes[10], key.sizes[11], key.sizes[12], key.sizes[13],
+      nhwc ? "nhwc" : "nchw", key.dtype, candidates.size());
 }
 
 /// Images per cuDNN call: the legacy API indexes tensors with 32 bits, so batches whose x or out
@@ -364,8 +366,8 @@ void bias_grad_typed(const Tensor& grad_bias, const Tensor& grad_out, cudaStream
 
 // ---- the kernels
 
-void conv2d_forward_cuda(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                         const Conv2dGeometry& g) {
+void conv2d_forward_in(bool nhwc, const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Conv2dGeometry& g) {
   using core::cuda_detail::check_on_device;
   const Device device = x.device();
   check_on_device(out, device, "conv2d", "out");
@@ -382,10 +384,10 @@ void conv2d_forward_cuda(const Tensor& out, const Tensor& x, const Tensor& weigh
     const int64_t out_image = g.out_channels * g.out_height * g.out_width * static_cast<int64_t>(x.element_size());
     for (int64_t n0 = 0; n0 < g.batch; n0 += chunk) {
       const int64_t images = std::min(chunk, g.batch - n0);
-      const ConvDescriptors d(g, images, dtype);
+      const ConvDescriptors d(g, images, dtype, nhwc);
       const char* x_data = static_cast<const char*>(x.raw_data()) + n0 * x_image;
       char* out_data = static_cast<char*>(out.raw_data()) + n0 * out_image;
-      run_with_algorithm<ForwardPass>(handle.get(), d, g, images, dtype, device,
+      run_with_algorithm<ForwardPass>(handle.get(), d, g, images, nhwc, dtype, device,
                                       [&](cudnnConvolutionFwdAlgo_t algorithm, void* space, size_t bytes) {
                                         return cudnnConvolutionForward(handle.get(), one.for_dtype(dtype), d.x, x_data,
                                                                        d.w, weight.raw_data(), d.conv, algorithm, space,
@@ -394,14 +396,15 @@ void conv2d_forward_cuda(const Tensor& out, const Tensor& x, const Tensor& weigh
     }
   }
   if (!bias.defined()) return;
+  COLOSSAL_CHECK(!nhwc, "conv2d (CUDA): the nhwc kernel adds no bias; ops::conv2d adds it");
   core::dispatch_floating(dtype, "conv2d bias", [&]<class T>() {
     cuda::launch_channel_map<T>(cuda::channel_shape(out), {out.raw_data()}, AddBias<T>{out.data<T>(), bias.data<T>()},
                                 stream);
   });
 }
 
-void conv2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                          const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Conv2dGeometry& g) {
+void conv2d_backward_in(bool nhwc, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                        const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Conv2dGeometry& g) {
   using core::cuda_detail::check_on_device;
   const Device device = x.device();
   for (auto [t, role] :
@@ -413,6 +416,7 @@ void conv2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const
   core::cuda::DeviceGuard guard(device);
   const cudaStream_t stream = core::cuda_detail::stream_of(x);
   if (grad_bias.defined()) {
+    COLOSSAL_CHECK(!nhwc, "conv2d_backward (CUDA): the nhwc kernel computes no bias gradient");
     core::dispatch_floating(dtype, "conv2d bias gradient",
                             [&]<class T>() { bias_grad_typed<T>(grad_bias, grad_out, stream); });
   }
@@ -425,12 +429,12 @@ void conv2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const
   const int64_t out_image = g.out_channels * g.out_height * g.out_width * static_cast<int64_t>(x.element_size());
   for (int64_t n0 = 0; n0 < g.batch; n0 += chunk) {
     const int64_t images = std::min(chunk, g.batch - n0);
-    const ConvDescriptors d(g, images, dtype);
+    const ConvDescriptors d(g, images, dtype, nhwc);
     const char* x_data = static_cast<const char*>(x.raw_data()) + n0 * x_image;
     const char* dy_data = static_cast<const char*>(grad_out.raw_data()) + n0 * out_image;
     if (grad_x.defined()) {
       char* dx_data = static_cast<char*>(grad_x.raw_data()) + n0 * x_image;
-      run_with_algorithm<BackwardDataPass>(handle.get(), d, g, images, dtype, device,
+      run_with_algorithm<BackwardDataPass>(handle.get(), d, g, images, nhwc, dtype, device,
                                            [&](cudnnConvolutionBwdDataAlgo_t algorithm, void* space, size_t bytes) {
                                              return cudnnConvolutionBackwardData(handle.get(), one.for_dtype(dtype),
                                                                                  d.w, weight.raw_data(), d.y, dy_data,
@@ -441,7 +445,7 @@ void conv2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const
     if (grad_weight.defined()) {
       // Later chunks add to the first chunk's filter gradient.
       const Blend& beta = n0 == 0 ? zero : one;
-      run_with_algorithm<BackwardFilterPass>(handle.get(), d, g, images, dtype, device,
+      run_with_algorithm<BackwardFilterPass>(handle.get(), d, g, images, nhwc, dtype, device,
                                              [&](cudnnConvolutionBwdFilterAlgo_t algorithm, void* space, size_t bytes) {
                                                return cudnnConvolutionBackwardFilter(
                                                    handle.get(), one.for_dtype(dtype), d.x, x_data, d.y, dy_data,
@@ -452,8 +456,27 @@ void conv2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const
   }
 }
 
+void conv2d_forward_cuda(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                         const Conv2dGeometry& g) {
+  conv2d_forward_in(false, out, x, weight, bias, g);
+}
+void conv2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                          const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Conv2dGeometry& g) {
+  conv2d_backward_in(false, grad_x, grad_weight, grad_bias, grad_out, x, weight, g);
+}
+void conv2d_nhwc_forward_cuda(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                              const Conv2dGeometry& g) {
+  conv2d_forward_in(true, out, x, weight, bias, g);
+}
+void conv2d_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                               const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Conv2dGeometry& g) {
+  conv2d_backward_in(true, grad_x, grad_weight, grad_bias, grad_out, x, weight, g);
+}
+
 COLOSSAL_REGISTER_KERNEL(conv2d_forward_stub, core::DeviceType::cuda, conv2d_forward_cuda);
 COLOSSAL_REGISTER_KERNEL(conv2d_backward_stub, core::DeviceType::cuda, conv2d_backward_cuda);
+COLOSSAL_REGISTER_KERNEL(conv2d_nhwc_forward_stub, core::DeviceType::cuda, conv2d_nhwc_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(conv2d_nhwc_backward_stub, core::DeviceType::cuda, conv2d_nhwc_backward_cuda);
 
 }  // namespace
 }  // namespace colossal::ops

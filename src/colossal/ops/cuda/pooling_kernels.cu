@@ -1,4 +1,5 @@
-// CUDA max, average and adaptive average pooling over NCHW planes, forward and backward: our own
+// CUDA max, average and adaptive average pooling over NCHW planes (max pooling also over NHWC
+// images), forward and backward: our own
 // kernels, with the CPU kernels' exact semantics (cuDNN's max pooling returns no argmax, and its
 // tie and NaN rules are not ours). Forward: one thread per output reading its window. Backward:
 // one thread per input element gathering from the windows that contain it, in the order the CPU
@@ -200,6 +201,121 @@ void max_pool2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_out, cons
   });
 }
 
+// ---- max_pool2d, nhwc
+// One thread per output (forward) or input (backward) element as above, with the channel innermost
+// so that a warp reads 32 neighbouring channels of one pixel; the same windows, tie and NaN rules,
+// and indices h * W + w within each channel's plane.
+
+/// [N, H, W, C] input and [N, oH, oW, C] output sizes.
+template <class Index>
+struct NhwcSizes {
+  Index batch, height, width, channels, out_height, out_width;
+};
+
+template <class Index>
+NhwcSizes<Index> nhwc_sizes(const Tensor& in, const Tensor& out) {
+  return {static_cast<Index>(in.size(0)), static_cast<Index>(in.size(1)),  static_cast<Index>(in.size(2)),
+          static_cast<Index>(in.size(3)), static_cast<Index>(out.size(1)), static_cast<Index>(out.size(2))};
+}
+
+/// As dispatch_index_width, for the non-adaptive nhwc kernels (indices are element counts only).
+template <class F>
+void dispatch_nhwc_index_width(const Tensor& in, const Tensor& out, F&& f) {
+  constexpr int64_t kMax32 = int64_t{1} << 30;
+  if (in.numel() < kMax32 && out.numel() < kMax32) {
+    f.template operator()<int32_t>();
+  } else {
+    f.template operator()<int64_t>();
+  }
+}
+
+template <class T, class Index>
+__global__ void max_pool_nhwc_forward_kernel(T* out, int64_t* indices, const T* x, NhwcSizes<Index> p,
+                                             Geometry<Index> g) {
+  using A = acc_t<T>;
+  const Index total = p.batch * p.out_height * p.out_width * p.channels;
+  for (Index o = blockIdx.x * Index(blockDim.x) + threadIdx.x; o < total; o += Index(gridDim.x) * blockDim.x) {
+    const Index c = o % p.channels;
+    const Index pixel = o / p.channels;
+    const Index ow = pixel % p.out_width;
+    const Index oh = (pixel / p.out_width) % p.out_height;
+    const Index n = pixel / (p.out_width * p.out_height);
+    const T* src = x + int64_t{n} * p.height * p.width * p.channels + c;
+    const Window<Index> wh = window(oh, g.stride_h, g.pad_h, g.kernel_h, p.height);
+    const Window<Index> ww = window(ow, g.stride_w, g.pad_w, g.kernel_w, p.width);
+    Index best_index = wh.start * p.width + ww.start;
+    A best = static_cast<A>(src[int64_t{best_index} * p.channels]);
+    for (Index h = wh.start; h < wh.end; ++h) {
+      for (Index w = ww.start; w < ww.end; ++w) {
+        const A v = static_cast<A>(src[(int64_t{h} * p.width + w) * p.channels]);
+        if (v > best || v != v) {
+          best = v;
+          best_index = h * p.width + w;
+        }
+      }
+    }
+    out[o] = store_as<T>(best);
+    indices[o] = best_index;
+  }
+}
+
+void max_pool2d_nhwc_forward_cuda(const Tensor& out, const Tensor& indices, const Tensor& x,
+                                  const Pool2dGeometry& geometry) {
+  check_on_device(out, x.device(), "max_pool2d (nhwc)", "out");
+  check_on_device(indices, x.device(), "max_pool2d (nhwc)", "indices");
+  core::cuda::DeviceGuard guard(x.device());
+  core::dispatch_floating(x.dtype(), "max_pool2d (nhwc)", [&]<class T>() {
+    dispatch_nhwc_index_width(x, out, [&]<class Index>() {
+      max_pool_nhwc_forward_kernel<T, Index><<<grid_for(out.numel()), kThreads, 0, stream_of(x)>>>(
+          out.data<T>(), indices.data<int64_t>(), x.data<T>(), nhwc_sizes<Index>(x, out),
+          device_geometry<Index>(geometry));
+      COLOSSAL_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+template <class T, class Index>
+__global__ void max_pool_nhwc_backward_kernel(T* grad_x, const T* grad_out, const int64_t* indices, NhwcSizes<Index> p,
+                                              Geometry<Index> g) {
+  using A = acc_t<T>;
+  const Index total = p.batch * p.height * p.width * p.channels;
+  for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < total; i += Index(gridDim.x) * blockDim.x) {
+    const Index c = i % p.channels;
+    const Index pixel = i / p.channels;
+    const Index w = pixel % p.width;
+    const Index h = (pixel / p.width) % p.height;
+    const Index n = pixel / (p.width * p.height);
+    const int64_t position = h * p.width + w;
+    Index oh_first, oh_last, ow_first, ow_last;
+    covering_outputs(h, g.stride_h, g.pad_h, g.kernel_h, p.out_height, oh_first, oh_last);
+    covering_outputs(w, g.stride_w, g.pad_w, g.kernel_w, p.out_width, ow_first, ow_last);
+    const int64_t base = int64_t{n} * p.out_height * p.out_width;
+    A total_grad = A(0);
+    for (Index oh = oh_first; oh <= oh_last; ++oh) {
+      for (Index ow = ow_first; ow <= ow_last; ++ow) {
+        const int64_t o = (base + int64_t{oh} * p.out_width + ow) * p.channels + c;
+        if (indices[o] == position) total_grad += static_cast<A>(grad_out[o]);
+      }
+    }
+    grad_x[i] = store_as<T>(total_grad);
+  }
+}
+
+void max_pool2d_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices,
+                                   const Pool2dGeometry& geometry) {
+  check_on_device(grad_out, grad_x.device(), "max_pool2d_backward (nhwc)", "grad_out");
+  check_on_device(indices, grad_x.device(), "max_pool2d_backward (nhwc)", "indices");
+  core::cuda::DeviceGuard guard(grad_x.device());
+  core::dispatch_floating(grad_x.dtype(), "max_pool2d_backward (nhwc)", [&]<class T>() {
+    dispatch_nhwc_index_width(grad_x, grad_out, [&]<class Index>() {
+      max_pool_nhwc_backward_kernel<T, Index><<<grid_for(grad_x.numel()), kThreads, 0, stream_of(grad_x)>>>(
+          grad_x.data<T>(), grad_out.data<T>(), indices.data<int64_t>(), nhwc_sizes<Index>(grad_x, grad_out),
+          device_geometry<Index>(geometry));
+      COLOSSAL_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
 // ---- avg_pool2d
 
 template <class Index>
@@ -346,6 +462,8 @@ void adaptive_avg_pool2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_
 
 COLOSSAL_REGISTER_KERNEL(max_pool2d_forward_stub, core::DeviceType::cuda, max_pool2d_forward_cuda);
 COLOSSAL_REGISTER_KERNEL(max_pool2d_backward_stub, core::DeviceType::cuda, max_pool2d_backward_cuda);
+COLOSSAL_REGISTER_KERNEL(max_pool2d_nhwc_forward_stub, core::DeviceType::cuda, max_pool2d_nhwc_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(max_pool2d_nhwc_backward_stub, core::DeviceType::cuda, max_pool2d_nhwc_backward_cuda);
 COLOSSAL_REGISTER_KERNEL(avg_pool2d_forward_stub, core::DeviceType::cuda, avg_pool2d_forward_cuda);
 COLOSSAL_REGISTER_KERNEL(avg_pool2d_backward_stub, core::DeviceType::cuda, avg_pool2d_backward_cuda);
 COLOSSAL_REGISTER_KERNEL(adaptive_avg_pool2d_forward_stub, core::DeviceType::cuda, adaptive_avg_pool2d_forward_cuda);
