@@ -92,6 +92,18 @@ def torch_rows():
         out.backward(grad)
 
     rows["attention fwd+bwd causal bf16 B8 H12 T1024 D64"] = time_ms(attention)
+    mlp_x = torch.rand(16384, 768, device=dev, dtype=bf16, requires_grad=True)
+    w1 = torch.empty(768, 3072, device=dev, dtype=bf16).uniform_(-0.05, 0.05).requires_grad_()
+    b1 = torch.empty(3072, device=dev, dtype=bf16).uniform_(-0.5, 0.5).requires_grad_()
+    w2 = torch.empty(3072, 768, device=dev, dtype=bf16).uniform_(-0.03, 0.03).requires_grad_()
+    b2 = torch.empty(768, device=dev, dtype=bf16).uniform_(-0.5, 0.5).requires_grad_()
+    mlp_grad = torch.rand(16384, 768, device=dev, dtype=bf16)
+
+    def mlp():  # GPT-2's MLP as Hugging Face runs it: Conv1D weights [in, out], tanh GELU
+        hidden = F.gelu(torch.addmm(b1, mlp_x, w1), approximate="tanh")
+        torch.addmm(b2, hidden, w2).backward(mlp_grad)
+
+    rows["gpt2 mlp fwd+bwd bf16 16384x768x3072 gelu_mlp"] = time_ms(mlp)
     return rows
 
 

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "colossal/ops.h"
-#include "colossal/optim/adam.h"  // AdamW
+#include "colossal/ops/linalg_kernels.h"  // batched_gemm_stub, fused_gemm_stub (epilogue rows)
+#include "colossal/optim/adam.h"          // AdamW
 
 using namespace colossal;
 
@@ -162,6 +164,61 @@ int main(int argc, char** argv) {
     Tensor targets = core::randint(0, 50257, {8192}, TensorOptions(DType::i64, gpu));
     rows.push_back(measure("cross_entropy fwd bf16 8192x50304", static_cast<double>(logits.nbytes()), 0,
                            [&] { ops::cross_entropy(logits, targets); }));
+  }
+  // ---- GPT-2's MLP at 16384 tokens (768 -> 3072 -> 768, bf16, weights [in, out] as Conv1D holds
+  // them): forward + backward, as linear_gelu then linear, and as gelu_mlp, whose backward applies
+  // the GELU gradient in the epilogue of the dh GEMM (Note [Fused GELU backward] in ops/linalg.cpp).
+  // Six GEMMs of 2 x 16384 x 768 x 3072 FLOPs each.
+  {
+    autograd::EnableGradGuard grad;
+    const int64_t hidden = 4 * width;
+    Tensor mlp_x = random_gpu({rows_n, width}, DType::bf16, 24).set_requires_grad(true);
+    Tensor w1 = random_gpu({width, hidden}, DType::bf16, 25, -0.05, 0.05).set_requires_grad(true);
+    Tensor b1 = random_gpu({hidden}, DType::bf16, 26, -0.5, 0.5).set_requires_grad(true);
+    Tensor w2 = random_gpu({hidden, width}, DType::bf16, 27, -0.03, 0.03).set_requires_grad(true);
+    Tensor b2 = random_gpu({width}, DType::bf16, 28, -0.5, 0.5).set_requires_grad(true);
+    Tensor grad_out = random_gpu({rows_n, width}, DType::bf16, 29);
+    const double flops = 12.0 * rows_n * width * hidden;
+    rows.push_back(measure("gpt2 mlp fwd+bwd bf16 16384x768x3072 composed", 0, flops, [&] {
+      Tensor y = ops::linear(ops::linear_gelu(mlp_x, w1.t(), b1), w2.t(), b2);
+      autograd::backward(y, grad_out);
+    }));
+    rows.push_back(measure("gpt2 mlp fwd+bwd bf16 16384x768x3072 gelu_mlp", 0, flops, [&] {
+      Tensor y = ops::gelu_mlp(mlp_x, w1.t(), b1, w2.t(), b2);
+      autograd::backward(y, grad_out);
+    }));
+  }
+  {
+    // The GEMM of that backward that yields the hidden gradient, dy [16384, 768] @ W2 with W2 the
+    // transposed view of c_proj's [3072, 768] weight: plain, with the GELU gradient epilogue, and
+    // with the one that also reduces the bias gradient (the record behind gelu_mlp's choice of the
+    // former plus the separate sum of the last row; see the Note).
+    const int64_t hidden = 4 * width;
+    Tensor dy = random_gpu({rows_n, width}, DType::bf16, 30);
+    Tensor proj = random_gpu({hidden, width}, DType::bf16, 31, -0.03, 0.03);
+    Tensor pre = random_gpu({rows_n, hidden}, DType::bf16, 32, -3, 3);
+    Tensor dh = core::empty({rows_n, hidden}, TensorOptions(DType::bf16, gpu));
+    Tensor db = core::empty({hidden}, TensorOptions(DType::bf16, gpu));
+    const double flops = 2.0 * rows_n * width * hidden;
+    // A declined epilogue (the stub returns false) must show as a missing row, not as a fast one.
+    const auto fused_or_throw = [&](const Tensor& out, const Tensor& a, const Tensor& b,
+                                    const ops::GemmEpilogue& epilogue) {
+      if (!ops::fused_gemm_stub(gpu, out, a, b, epilogue)) throw std::runtime_error("epilogue declined");
+    };
+    rows.push_back(measure("gemm bf16 gpt2 dh 16384x768x3072", 0, flops,
+                           [&] { ops::batched_gemm_stub(gpu, dh, dy, proj.t(), 0.0); }));
+    rows.push_back(measure("gemm bf16 gpt2 dh 16384x768x3072 +dgelu", 0, flops, [&] {
+      fused_or_throw(dh, dy, proj.t(), ops::GemmEpilogue{.gelu_grad_pre_activation = pre});
+    }));
+    rows.push_back(measure("gemm bf16 gpt2 dh 16384x768x3072 +dgelu+bgrad", 0, flops, [&] {
+      fused_or_throw(dh, dy, proj.t(), ops::GemmEpilogue{.gelu_grad_pre_activation = pre, .bias_grad = db});
+    }));
+    Tensor proj_out_in = random_gpu({width, hidden}, DType::bf16, 33, -0.03, 0.03);  // nn::Linear's layout
+    rows.push_back(measure("gemm bf16 dh [out,in] weight +dgelu+bgrad", 0, flops, [&] {
+      fused_or_throw(dh, dy, proj_out_in, ops::GemmEpilogue{.gelu_grad_pre_activation = pre, .bias_grad = db});
+    }));
+    rows.push_back(
+        measure("sum bf16 16384x3072 over rows", static_cast<double>(dh.nbytes()), 0, [&] { ops::sum(dh, {0}); }));
   }
   // ---- attention (B8, H12, T1024, D64, causal, bf16): forward + backward
   {

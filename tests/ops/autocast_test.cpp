@@ -38,6 +38,7 @@ TEST(Autocast, MatrixProductsComputeInTheGuardsDtype) {
       EXPECT_EQ(matmul(x, w.transpose(0, 1)).dtype(), dtype);
       EXPECT_EQ(bmm(x.reshape({1, 4, 8}), w.transpose(0, 1).reshape({1, 8, 6})).dtype(), dtype);
       EXPECT_EQ(linear_gelu(x, w, b).dtype(), dtype);
+      EXPECT_EQ(gelu_mlp(x, w, b, w.transpose(0, 1), random({8}, 8)).dtype(), dtype);
       const Tensor image = random({1, 2, 5, 5}, 4), kernel = random({3, 2, 3, 3}, 5);
       EXPECT_EQ(conv2d(image, kernel).dtype(), dtype);
       const Tensor q = random({1, 2, 4, 8}, 6);

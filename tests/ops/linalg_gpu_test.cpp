@@ -1,7 +1,8 @@
 // cuBLASLt GEMMs (ops/cuda/linalg_kernels.cpp) against the OpenBLAS CPU kernel on fresh random
 // inputs: matmul in every operand-rank case (broadcast batches, transposed, offset and strided
-// views, vectors), bmm, linear with and without bias, linear_gelu, forward and backward, in f64,
-// f32 (TF32 and full f32), bf16 and f16, at odd sizes and at GPT-2 sizes with a small batch.
+// views, vectors), bmm, linear with and without bias, linear_gelu, gelu_mlp (whose backward fuses
+// the GELU gradient into a GEMM), forward and backward, in f64, f32 (TF32 and full f32), bf16 and
+// f16, at odd sizes and at GPT-2 sizes with a small batch.
 //
 // Tolerances. The second operand of every product (the "weight") is drawn in [-s, s] with
 // s = sqrt(3 / K), as initialised layers are, so each output is a sum of K products whose total has
@@ -29,6 +30,7 @@
 //   millions of elements, so 4 ulps of the rms (2^-5 bf16, 2^-7 f16).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -307,6 +309,70 @@ TEST(LinalgGpu, LinearGeluOddSizes) {
   check_all_precisions(linear_case({129}, 65, true, true), "linear_gelu [129] -> 65 with bias");
 }
 
+/// gelu_mlp on x [..., in] with GPT-2's layout: weights stored [in, hidden] and [hidden, out]
+/// (passed transposed, as Conv1D does) and both biases.
+GemmCase gelu_mlp_case(const Shape& x_shape, int64_t hidden, int64_t out_features) {
+  const int64_t in_features = x_shape.back();
+  const double s1 = weight_scale(in_features), s2 = weight_scale(hidden);
+  return {.make_inputs =
+              [=](DType d) {
+                return std::vector<Tensor>{
+                    random_input(x_shape, 60, d), random_input({in_features, hidden}, 61, d, -s1, s1),
+                    random_input({hidden}, 62, d, -0.5, 0.5), random_input({hidden, out_features}, 63, d, -s2, s2),
+                    random_input({out_features}, 64, d, -0.5, 0.5)};
+              },
+          .fn = [](const std::vector<Tensor>& in) { return ops::gelu_mlp(in[0], in[1].t(), in[2], in[3].t(), in[4]); },
+          .gelu_epilogue = true};
+}
+
+/// Runs the case at one precision and returns how many of its backward passes fused the GELU
+/// gradient into the GEMM (ops::fused_gelu_backward_count).
+int64_t fused_backward_passes(const GemmCase& test_case, const Precision& precision, const std::string& name) {
+  const int64_t before = ops::fused_gelu_backward_count();
+  expect_cuda_matches_cpu(test_case, precision, name);
+  const int64_t fused = ops::fused_gelu_backward_count() - before;
+  std::printf("[ info ] %s (%s): GELU backward %s\n", name.c_str(), precision.name, fused > 0 ? "fused" : "composed");
+  return fused;
+}
+
+// Tolerances: those of linear_gelu (see the top of the file), and they still hold for the fused
+// backward. Its GELU gradient multiplies the f32 product before the one rounding to bf16/f16,
+// where the composite rounds the product first and the gradient again: one ulp of difference
+// more on a sizeable share of the hidden gradient's entries, which the sums over the rows (the
+// first weight's and bias's gradients) turn into a random walk well inside 4 ulps of their rms.
+// In TF32 the two chained products (dh = dy W2, then dW1 = x^T dh') carry about 2^-10 relative
+// each (bias plus walk), ~3 * 2^-10 in all, inside the 2^-8 allowed.
+TEST(LinalgGpu, GeluMlpGpt2Like) {
+  COLOSSAL_REQUIRE_GPU();
+  // 256 rows, 64 -> 256 -> 64: every size a multiple of 8, as GPT-2's (768 -> 3072 -> 768).
+  const GemmCase mlp = gelu_mlp_case({4, 64, 64}, 256, 64);
+  for (const Precision& p : kPrecisions) {
+    const int64_t fused = fused_backward_passes(mlp, p, "gelu_mlp [4, 64, 64] -> 256 -> 64");
+    if (p.dtype == DType::bf16 || p.dtype == DType::f16) {
+      EXPECT_EQ(fused, 1) << p.name << ": cuBLASLt refused CUBLASLT_EPILOGUE_DGELU at aligned sizes";
+    }
+    if (p.dtype == DType::f64) {
+      EXPECT_EQ(fused, 0) << "f64 must take the composite (the reference dtype)";
+    }
+  }
+}
+
+TEST(LinalgGpu, GeluMlpOddSizes) {
+  COLOSSAL_REQUIRE_GPU();
+  // 65 hidden features: the pre-activation is kept with rows padded to 72, and the hidden gradient
+  // [37, 65] has an odd leading dimension; cuBLASLt may or may not have kernels for it, and either
+  // path must give the CPU's values. f64 always composes.
+  const GemmCase mlp = gelu_mlp_case({37, 33}, 65, 29);
+  for (const Precision& p : kPrecisions) {
+    const int64_t fused = fused_backward_passes(mlp, p, "gelu_mlp [37, 33] -> 65 -> 29");
+    if (p.dtype == DType::f64) {
+      EXPECT_EQ(fused, 0) << "f64 must take the composite";
+    }
+  }
+  // A single row through an unbatched x: the fused bias gradient sums one row.
+  check_all_precisions(gelu_mlp_case({64}, 128, 32), "gelu_mlp [64] -> 128 -> 32");
+}
+
 TEST(LinalgGpu, Gpt2Sizes) {
   COLOSSAL_REQUIRE_GPU();
   // GPT-2 small at batch 2 x 64 tokens: attention qkv, MLP up (fused GELU) and down, attention
@@ -376,12 +442,39 @@ void check_fused(DType dtype, int64_t rows, int64_t in_features, int64_t out_fea
     expect_gemm_close(grad_weight, ops::matmul(grad.t(), x), tol, what + " weight gradient");
     expect_gemm_close(grad_bias, ops::sum(grad, {0}), tol, what + " bias gradient");
   }
-  std::printf("[ info ] %s: bias %s, bias+gelu %s, bias gradient %s\n", what.c_str(), bias_fused ? "fused" : "composed",
-              gelu_fused ? "fused" : "composed", bgrad_fused ? "fused" : "composed");
+  // The gradient of the pre-activation through a next layer whose weight is w^T [in, out]:
+  // (dy [rows, in] @ w^T) * gelu'(pre), with and without its column sums (the bias gradient), as
+  // gelu_mlp's backward asks for it. The reference differentiates GELU on the CPU at the GPU's own
+  // pre-activation, so that only the epilogue is compared.
+  bool dgelu_fused = false, dgelu_bgrad_fused = false;
+  if (gelu_fused) {
+    const Tensor dy = random_input({rows, in_features}, 35, dtype, -1, 1, false);
+    Tensor pre_leaf = pre.to(core::kCpu);
+    pre_leaf.set_requires_grad(true);
+    autograd::backward(ops::gelu(pre_leaf, ops::GeluApproximation::tanh), ops::matmul(dy, w.t()));
+    const Tensor grad_pre_cpu = pre_leaf.grad();
+    Tensor grad_pre = core::empty({rows, out_features}, TensorOptions(dtype, gpu));
+    Tensor grad_pre_bias = core::empty({out_features}, TensorOptions(dtype, gpu));
+    const Tensor dyg = dy.to(gpu);
+    dgelu_bgrad_fused = ops::fused_gemm_stub(
+        gpu, grad_pre, dyg, wg.t(), ops::GemmEpilogue{.gelu_grad_pre_activation = pre, .bias_grad = grad_pre_bias});
+    if (dgelu_bgrad_fused) {
+      expect_gemm_close(grad_pre, grad_pre_cpu, tol, what + " GELU gradient (with bias gradient)");
+      expect_gemm_close(grad_pre_bias, ops::sum(grad_pre_cpu, {0}), tol, what + " GELU bias gradient");
+    }
+    dgelu_fused = ops::fused_gemm_stub(gpu, grad_pre, dyg, wg.t(), ops::GemmEpilogue{.gelu_grad_pre_activation = pre});
+    if (dgelu_fused) expect_gemm_close(grad_pre, grad_pre_cpu, tol, what + " GELU gradient");
+  }
+  std::printf("[ info ] %s: bias %s, bias+gelu %s, bias gradient %s, gelu gradient %s, gelu+bias gradient %s\n",
+              what.c_str(), bias_fused ? "fused" : "composed", gelu_fused ? "fused" : "composed",
+              bgrad_fused ? "fused" : "composed", dgelu_fused ? "fused" : "composed",
+              dgelu_bgrad_fused ? "fused" : "composed");
   if (must_fuse) {
     EXPECT_TRUE(bias_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_BIAS";
     EXPECT_TRUE(gelu_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_GELU_AUX_BIAS";
     EXPECT_TRUE(bgrad_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_BGRADB";
+    EXPECT_TRUE(dgelu_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_DGELU";
+    EXPECT_TRUE(dgelu_bgrad_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_DGELU_BGRAD";
   }
 }
 
@@ -395,6 +488,37 @@ TEST(LinalgGpu, FusedEpilogues) {
   // own buffers first (bias gradient and pre-activation written while timing), then run for real.
   check_fused(DType::bf16, 1024, 768, 3072, true);
   check_fused(DType::f64, 37, 129, 65, false);
+}
+
+TEST(LinalgGpu, FusedGeluGradientDeclinesOtherLayouts) {
+  COLOSSAL_REQUIRE_GPU();
+  // The backward epilogue reads the pre-activation in the layout the forward's epilogue writes (row
+  // stride a multiple of 8). Given another, or f64, the kernel must decline and write nothing, so
+  // that gelu_mlp composes; sentinels in the outputs show that nothing was written.
+  const Device gpu = core::cuda_device(0);
+  const int64_t rows = 64, k = 64, hidden = 64;
+  for (DType dtype : {DType::bf16, DType::f32, DType::f64}) {
+    SCOPED_TRACE(core::dtype_name(dtype));
+    const Tensor dy = random_input({rows, k}, 70, dtype, -1, 1, false).to(gpu);
+    const Tensor w = random_input({k, hidden}, 71, dtype, -0.2, 0.2, false).to(gpu);
+    // Row stride 68: a multiple of 4 but not of 8.
+    const Tensor padded = random_input({rows, 68}, 72, dtype, -2, 2, false).to(gpu);
+    const Tensor aligned = random_input({rows, hidden}, 73, dtype, -2, 2, false).to(gpu);
+    for (const Tensor& pre : {padded.narrow(1, 0, hidden), aligned}) {
+      if (dtype != DType::f64 && pre.is_same(aligned)) continue;  // a layout cuBLASLt may take
+      Tensor grad_pre = core::full({rows, hidden}, 7.0, TensorOptions(dtype, gpu));
+      Tensor grad_bias = core::full({hidden}, 7.0, TensorOptions(dtype, gpu));
+      EXPECT_FALSE(ops::fused_gemm_stub(gpu, grad_pre, dy, w,
+                                        ops::GemmEpilogue{.gelu_grad_pre_activation = pre, .bias_grad = grad_bias}))
+          << "pre-activation strides " << fmt::format("{}", pre.strides());
+      const auto untouched = [](const Tensor& t) {
+        const std::vector<double> values = t.to(core::kCpu).to_vector<double>();
+        return std::all_of(values.begin(), values.end(), [](double v) { return v == 7.0; });
+      };
+      EXPECT_TRUE(untouched(grad_pre)) << "wrote the output";
+      EXPECT_TRUE(untouched(grad_bias)) << "wrote the bias gradient";
+    }
+  }
 }
 
 // ---- modes, streams and bad input

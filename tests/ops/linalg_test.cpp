@@ -1,9 +1,11 @@
-// matmul, bmm, linear and linear_gelu: gradient checks for every operand-rank case, values derived by hand,
-// transposed and strided operands, f32/f64 and half-precision agreement, and bad input.
+// matmul, bmm, linear, linear_gelu and gelu_mlp: gradient checks for every operand-rank case, values
+// derived by hand, transposed and strided operands, f32/f64 and half-precision agreement, gelu_mlp
+// against its composition, and bad input.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "colossal/ops/linalg_kernels.h"  // fused_gelu_backward_count
 #include "gradcheck.h"
 
 namespace colossal {
@@ -85,6 +87,76 @@ TEST(GradCheck, linear_gelu) {
                          return std::vector<Tensor>{random_leaf({4}, 15), random_leaf({3, 4}, 16)};
                        },
                    .fn = [](const std::vector<Tensor>& in) { return ops::linear_gelu(in[0], in[1]); }});
+}
+
+TEST(GradCheck, gelu_mlp) {
+  // Pre-activations of [-1, 1) inputs over 4 features stay within [-5, 5] (see linear_gelu above).
+  check_gradients(
+      {.make_inputs =
+           [] {
+             return std::vector<Tensor>{random_leaf({2, 3, 4}, 17), random_leaf({6, 4}, 18), random_leaf({6}, 19),
+                                        random_leaf({5, 6}, 20), random_leaf({5}, 21)};
+           },
+       .fn = [](const std::vector<Tensor>& in) { return ops::gelu_mlp(in[0], in[1], in[2], in[3], in[4]); }});
+  // GPT-2's layout: weights stored [in, out] and passed transposed; no biases.
+  check_gradients(
+      {.make_inputs =
+           [] {
+             return std::vector<Tensor>{random_leaf({3, 4}, 22), random_leaf({4, 6}, 23), random_leaf({6, 5}, 24)};
+           },
+       .fn =
+           [](const std::vector<Tensor>& in) {
+             return ops::gelu_mlp(in[0], in[1].t(), Tensor(), in[2].t(), Tensor());
+           }});
+}
+
+/// The inputs of gelu_mlp in `dtype`, weights [in, out] as GPT-2's Conv1D holds them (passed
+/// transposed), with requires_grad set on those whose mask bit is set.
+std::vector<Tensor> mlp_inputs(DType dtype, const std::vector<bool>& requires_grad) {
+  std::vector<Tensor> in{random_tensor({2, 3, 8}, 90, -1, 1, dtype), random_tensor({8, 12}, 91, -0.6, 0.6, dtype),
+                         random_tensor({12}, 92, -0.5, 0.5, dtype), random_tensor({12, 8}, 93, -0.5, 0.5, dtype),
+                         random_tensor({8}, 94, -0.5, 0.5, dtype)};
+  for (size_t i = 0; i < in.size(); ++i) in[i].set_requires_grad(requires_grad[i]);
+  return in;
+}
+
+TEST(GeluMlp, EqualsLinearGeluThenLinear) {
+  // On the CPU gelu_mlp runs the kernels of linear_gelu and linear in their order, forward and
+  // backward, so everything is bit-for-bit equal (tolerance 0), whichever inputs need a gradient.
+  const std::vector<std::vector<bool>> masks = {{true, true, true, true, true},
+                                                {true, false, false, false, false},
+                                                {false, true, true, false, false},
+                                                {false, false, false, true, true},
+                                                {false, false, true, true, false}};
+  for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+    for (const std::vector<bool>& mask : masks) {
+      const std::string what = fmt::format("{} mask {}{}{}{}{}", core::dtype_name(dtype), int{mask[0]}, int{mask[1]},
+                                           int{mask[2]}, int{mask[3]}, int{mask[4]});
+      SCOPED_TRACE(what);
+      std::vector<Tensor> fused = mlp_inputs(dtype, mask), composed = mlp_inputs(dtype, mask);
+      Tensor y = ops::gelu_mlp(fused[0], fused[1].t(), fused[2], fused[3].t(), fused[4]);
+      Tensor reference =
+          ops::linear(ops::linear_gelu(composed[0], composed[1].t(), composed[2]), composed[3].t(), composed[4]);
+      ASSERT_EQ(y.shape(), (Shape{2, 3, 8}));
+      expect_close(y, reference, 0, 0, what + " forward");
+      const Tensor upstream = random_tensor(y.shape(), 95, -1, 1, dtype);
+      autograd::backward(y, upstream);
+      autograd::backward(reference, upstream);
+      for (size_t i = 0; i < fused.size(); ++i) {
+        ASSERT_EQ(fused[i].grad().defined(), mask[i]) << what << " input " << i;
+        if (mask[i]) expect_close(fused[i].grad(), composed[i].grad(), 0, 0, what + fmt::format(" gradient {}", i));
+      }
+    }
+  }
+  EXPECT_EQ(ops::fused_gelu_backward_count(), 0) << "the CPU has no fused GELU backward";
+}
+
+TEST(GeluMlp, NoGradientNoGraph) {
+  Tensor x = random_tensor({4, 8}, 96, -1, 1, DType::f32);
+  Tensor w1 = random_tensor({12, 8}, 97, -1, 1, DType::f32), w2 = random_tensor({8, 12}, 98, -1, 1, DType::f32);
+  Tensor y = ops::gelu_mlp(x, w1, Tensor(), w2, Tensor());
+  EXPECT_FALSE(y.requires_grad());
+  expect_close(y, ops::linear(ops::linear_gelu(x, w1), w2), 0, 0, "gelu_mlp without biases");
 }
 
 TEST(Linear, GeluMatchesLinearThenGelu) {
@@ -251,6 +323,12 @@ TEST(Matmul, BadInput) {
   EXPECT_ERROR_CONTAINS(ops::linear(core::ones({2, 5}, DType::i32), core::ones({4, 5}, DType::i32)), "i32");
   EXPECT_ERROR_CONTAINS(ops::linear_gelu(core::ones({2, 3}), core::ones({4, 5})), "linear_gelu");
   EXPECT_ERROR_CONTAINS(ops::linear_gelu(core::ones({2, 5}), core::ones({4, 5}), core::ones({3})), "bias");
+  const Tensor x = core::ones({2, 5}), w1 = core::ones({4, 5}), b1 = core::ones({4});
+  EXPECT_ERROR_CONTAINS(ops::gelu_mlp(x, core::ones({4, 6}), b1, core::ones({3, 4}), Tensor()), "[4, 6]");
+  EXPECT_ERROR_CONTAINS(ops::gelu_mlp(x, w1, b1, core::ones({3, 5}), Tensor()),
+                        "proj_weight must be [out_features, 4]");
+  EXPECT_ERROR_CONTAINS(ops::gelu_mlp(x, w1, b1, core::ones({3, 4}), core::ones({4})), "proj_bias must be [3]");
+  EXPECT_ERROR_CONTAINS(ops::gelu_mlp(x, w1, b1, core::ones({3, 4}, DType::f64), Tensor()), "f64");
 }
 
 }  // namespace

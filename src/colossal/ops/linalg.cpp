@@ -1,5 +1,5 @@
-// matmul, bmm, linear and linear_gelu: their shape rules and backward formulas, computed by the
-// batched GEMM stub and, where the backend fuses them, the GEMM-with-epilogue stub
+// matmul, bmm, linear, linear_gelu and gelu_mlp: their shape rules and backward formulas, computed
+// by the batched GEMM stub and, where the backend fuses them, the GEMM-with-epilogue stub
 // (ops/linalg_kernels.h). Backward: dA = dC B^T and dB = A^T dC, summed over the batch dimensions
 // an operand was broadcast along.
 #include "colossal/ops/linalg.h"
@@ -210,21 +210,31 @@ Tensor linear_output(const Tensor& out_mat, const Tensor& x) {
   return out.is_same(out_mat) ? out.detach() : out;
 }
 
-/// Gradients of x, weight and bias of y = x_mat @ weight^T + bias from grad = dy [rows, out]; the
-/// weight and bias gradients come from one GEMM where the backend fuses the bias reduction.
+/// Which of a linear layer's x, weight and bias need a gradient.
+struct LinearNeeds {
+  bool x = false, weight = false, bias = false;
+};
+
+/// The needs of a node whose inputs first..first+2 are a linear layer's x, weight and bias.
+LinearNeeds linear_needs(const Node& node, size_t first) {
+  return {node.needs_input_grad(first), node.needs_input_grad(first + 1), node.needs_input_grad(first + 2)};
+}
+
+/// Gradients of x, weight and bias of y = x_mat @ weight^T + bias from grad = dy [rows, out] (those
+/// not needed stay undefined); the weight and bias gradients come from one GEMM where the backend
+/// fuses the bias reduction.
 std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, const Tensor& weight, const Shape& x_shape,
-                                    const Node& node) {
+                                    const LinearNeeds& needs) {
   Tensor grad_x, grad_weight, grad_bias;
-  if (node.needs_input_grad(0)) grad_x = reshape_raw(gemm(grad, weight), x_shape);
+  if (needs.x) grad_x = reshape_raw(gemm(grad, weight), x_shape);
   const Tensor grad_t = transpose_last(grad);
   // A weight that is the transpose of a contiguous [in, out] tensor (nn::Conv1D's view of its
   // parameter) gets its gradient as x^T dy, contiguous in the parameter's own layout: transposed
   // back on its way to the parameter, it needs no copy. The bias gradient is then its own sum.
   const bool transposed_weight =
       weight.dim() == 2 && weight.size(0) > 1 && weight.stride(0) == 1 && weight.stride(1) == weight.size(0);
-  if (node.needs_input_grad(1) && transposed_weight) grad_weight = transpose_last(gemm(transpose_last(x_mat), grad));
-  if (node.needs_input_grad(1) && node.needs_input_grad(2) && !grad_weight.defined() &&
-      fused_gemm_stub.supports(grad.device().type)) {
+  if (needs.weight && transposed_weight) grad_weight = transpose_last(gemm(transpose_last(x_mat), grad));
+  if (needs.weight && needs.bias && !grad_weight.defined() && fused_gemm_stub.supports(grad.device().type)) {
     Tensor fused_weight = core::empty(weight.shape(), TensorOptions(grad.dtype(), grad.device()));
     Tensor fused_bias = core::empty({weight.size(0)}, TensorOptions(grad.dtype(), grad.device()));
     if (try_fused_gemm(fused_weight, grad_t, x_mat, {.bias_grad = fused_bias})) {
@@ -232,8 +242,8 @@ std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, con
       grad_bias = fused_bias;
     }
   }
-  if (node.needs_input_grad(1) && !grad_weight.defined()) grad_weight = gemm(grad_t, x_mat);
-  if (node.needs_input_grad(2) && !grad_bias.defined()) grad_bias = sum(grad, {0});
+  if (needs.weight && !grad_weight.defined()) grad_weight = gemm(grad_t, x_mat);
+  if (needs.bias && !grad_bias.defined()) grad_bias = sum(grad, {0});
   return {grad_x, grad_weight, grad_bias};
 }
 
@@ -252,10 +262,40 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                    [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows](
                        const std::vector<Tensor>& grads, const Node& node) {
                      const Tensor grad = reshape_raw(grads[0], {rows, weight.size(0)});
-                     return linear_backward(grad, x_mat, weight, x_shape, node);
+                     return linear_backward(grad, x_mat, weight, x_shape, linear_needs(node, 0));
                    });
   return out;
 }
+
+namespace {
+
+/// gelu(x_mat [rows, in] @ weight^T + bias), not recorded. When keep_pre_activation, *pre_activation
+/// receives the pre-activation (on the fused path a view whose row stride may be padded past out);
+/// the composite computes it anyway.
+Tensor linear_gelu_forward(const Tensor& x_mat, const Tensor& weight, const Tensor& bias, bool keep_pre_activation,
+                           Tensor* pre_activation) {
+  Tensor out_mat = core::empty({x_mat.size(0), weight.size(0)}, TensorOptions(x_mat.dtype(), x_mat.device()));
+  const GemmEpilogue epilogue{
+      .bias = bias, .gelu_tanh = true, .pre_activation = keep_pre_activation ? pre_activation : nullptr};
+  if (!try_fused_gemm(out_mat, x_mat, transpose_last(weight), epilogue)) {
+    *pre_activation = linear_forward(x_mat, weight, bias);
+    if (out_mat.numel() > 0) {
+      unary_stub(x_mat.device(), UnaryOp::gelu_tanh, out_mat, *pre_activation, 0.0, 0.0);
+    }
+  }
+  return out_mat;
+}
+
+/// The gradient of gelu's input from grad = d gelu(pre_activation) [rows, hidden], not recorded.
+Tensor gelu_tanh_backward(const Tensor& grad, const Tensor& pre_activation, const Tensor& activation) {
+  Tensor grad_pre = core::empty(grad.shape(), TensorOptions(grad.dtype(), grad.device()));
+  if (grad_pre.numel() > 0) {
+    unary_backward_stub(grad.device(), UnaryOp::gelu_tanh, grad_pre, grad, pre_activation, activation, 0.0, 0.0);
+  }
+  return grad_pre;
+}
+
+}  // namespace
 
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (const auto dtype = autocast_dtype()) {
@@ -267,28 +307,105 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor x_mat = flatten_to_matrix(x);
   const int64_t rows = x_mat.size(0);
   // The pre-activation is only kept when a backward will need it.
-  const bool keep_pre_activation = autograd::any_requires_grad({x, weight, bias});
-  Tensor out_mat = core::empty({rows, weight.size(0)}, TensorOptions(x.dtype(), x.device()));
   Tensor pre_activation;
-  const GemmEpilogue epilogue{
-      .bias = bias, .gelu_tanh = true, .pre_activation = keep_pre_activation ? &pre_activation : nullptr};
-  if (!try_fused_gemm(out_mat, x_mat, transpose_last(weight), epilogue)) {
-    pre_activation = linear_forward(x_mat, weight, bias);
-    if (out_mat.numel() > 0) unary_stub(x.device(), UnaryOp::gelu_tanh, out_mat, pre_activation, 0.0, 0.0);
-  }
+  const Tensor out_mat =
+      linear_gelu_forward(x_mat, weight, bias, autograd::any_requires_grad({x, weight, bias}), &pre_activation);
   Tensor out = linear_output(out_mat, x);
   autograd::record("linear_gelu", {x, weight, bias}, {out},
                    [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows,
                     pre_activation = pre_activation.defined() ? pre_activation.detach() : Tensor(),
                     activation = out_mat.detach()](const std::vector<Tensor>& grads, const Node& node) {
                      const Tensor grad = reshape_raw(grads[0], {rows, weight.size(0)});
-                     Tensor grad_pre = core::empty(grad.shape(), TensorOptions(grad.dtype(), grad.device()));
-                     if (grad_pre.numel() > 0) {
-                       unary_backward_stub(grad.device(), UnaryOp::gelu_tanh, grad_pre, grad, pre_activation,
-                                           activation, 0.0, 0.0);
-                     }
-                     return linear_backward(grad_pre, x_mat, weight, x_shape, node);
+                     const Tensor grad_pre = gelu_tanh_backward(grad, pre_activation, activation);
+                     return linear_backward(grad_pre, x_mat, weight, x_shape, linear_needs(node, 0));
                    });
+  return out;
+}
+
+namespace {
+
+/// Backward of gelu_mlp's hidden layer from grad = dy [rows, out] of the projection with weight
+/// proj_weight [out, hidden]: the gradients of x, fc_weight and fc_bias. See Note [Fused GELU
+/// backward].
+std::vector<Tensor> gelu_mlp_hidden_backward(const Tensor& grad, const Tensor& proj_weight, const Tensor& x_mat,
+                                             const Tensor& fc_weight, const Tensor& pre_activation,
+                                             const Tensor& activation, const Shape& x_shape, LinearNeeds needs) {
+  Tensor grad_pre;
+  if (fused_gemm_stub.supports(grad.device().type)) {
+    Tensor fused = core::empty({grad.size(0), fc_weight.size(0)}, TensorOptions(grad.dtype(), grad.device()));
+    if (try_fused_gemm(fused, grad, proj_weight, {.gelu_grad_pre_activation = pre_activation})) {
+      fused_gelu_backward_counter.fetch_add(1, std::memory_order_relaxed);
+      grad_pre = fused;
+    }
+  }
+  // Else linear's backward for the projection's input, then linear_gelu's: the two ops' kernels.
+  if (!grad_pre.defined()) grad_pre = gelu_tanh_backward(gemm(grad, proj_weight), pre_activation, activation);
+  return linear_backward(grad_pre, x_mat, fc_weight, x_shape, needs);
+}
+
+}  // namespace
+
+// Note [Fused GELU backward]
+// Run as linear_gelu then linear, an MLP's backward writes the gradient of the activation
+// (dh = dy W2, [rows, hidden]), then reads it back with the pre-activation in an elementwise kernel
+// that writes the gradient of the pre-activation: for GPT-2 small at 16 x 1024 tokens, three passes
+// over 100 MB per layer besides the GEMMs. cuBLASLt's CUBLASLT_EPILOGUE_DGELU does that in the
+// epilogue of the dh GEMM: it multiplies the product by GELU's derivative at the auxiliary input,
+// the pre-activation in the layout that CUBLASLT_EPILOGUE_GELU_AUX_BIAS wrote in the forward
+// (leading dimension a multiple of 8). One autograd node holds both layers so that the backward
+// sees dy, W2 and the pre-activation together; it saves what the two ops' nodes would, and never
+// holds dh and the pre-activation's gradient at once.
+// The first bias's gradient is left to linear's backward (a sum over the rows, or the BGRADB
+// epilogue of the weight gradient's GEMM) rather than taken from CUBLASLT_EPILOGUE_DGELU_BGRAD,
+// which computes it in the same call (fused_gemm_stub offers it, and the GPU tests check it): on an
+// H100 with cuBLAS 13.0, bench/kernels/gpu_kernels_bench timed the bf16 dh GEMM of GPT-2
+// (16384 x 768 x 3072) at 0.103 ms plain, 0.156 ms with DGELU and 0.474 ms with DGELU_BGRAD, while
+// the separate sum over the rows took 0.046 ms. Re-measure with a new cuBLAS before switching.
+// Where the backend has no such kernel (the CPU, f64, a pre-activation without the padded layout,
+// a case cuBLASLt declines) the two ops' backward kernels run in their order, so the values are
+// theirs.
+
+Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
+                const Tensor& proj_bias) {
+  if (const auto dtype = autocast_dtype()) {
+    const AutocastGuard off(std::nullopt);
+    return gelu_mlp(autocast::to_lower(x, *dtype), autocast::to_lower(fc_weight, *dtype),
+                    autocast::to_lower(fc_bias, *dtype), autocast::to_lower(proj_weight, *dtype),
+                    autocast::to_lower(proj_bias, *dtype));
+  }
+  check_linear("gelu_mlp", x, fc_weight, fc_bias);
+  check_floating_pair("gelu_mlp", x, "input", proj_weight, "proj_weight");
+  COLOSSAL_CHECK(proj_weight.dim() == 2 && proj_weight.size(1) == fc_weight.size(0),
+                 "gelu_mlp: proj_weight must be [out_features, {}] to follow weight {}, got shape {}",
+                 fc_weight.size(0), fc_weight.shape(), proj_weight.shape());
+  if (proj_bias.defined()) {
+    check_floating_pair("gelu_mlp", x, "input", proj_bias, "proj_bias");
+    COLOSSAL_CHECK(proj_bias.dim() == 1 && proj_bias.size(0) == proj_weight.size(0),
+                   "gelu_mlp: proj_bias must be [{}] to match proj_weight {}, got shape {}", proj_weight.size(0),
+                   proj_weight.shape(), proj_bias.shape());
+  }
+  const Tensor x_mat = flatten_to_matrix(x);
+  const int64_t rows = x_mat.size(0);
+  const bool needs_backward = autograd::any_requires_grad({x, fc_weight, fc_bias, proj_weight, proj_bias});
+  Tensor pre_activation;
+  const Tensor activation = linear_gelu_forward(x_mat, fc_weight, fc_bias, needs_backward, &pre_activation);
+  Tensor out = linear_output(linear_forward(activation, proj_weight, proj_bias), x);
+  autograd::record(
+      "gelu_mlp", {x, fc_weight, fc_bias, proj_weight, proj_bias}, {out},
+      [x_shape = x.shape(), x_mat = x_mat.detach(), fc_weight = fc_weight.detach(), proj_weight = proj_weight.detach(),
+       rows, pre_activation = pre_activation.defined() ? pre_activation.detach() : Tensor(),
+       activation = activation.detach()](const std::vector<Tensor>& grads, const Node& node) {
+        const Tensor grad = reshape_raw(grads[0], {rows, proj_weight.size(0)});
+        const LinearNeeds fc_needs = linear_needs(node, 0);
+        const LinearNeeds proj_needs{.weight = node.needs_input_grad(3), .bias = node.needs_input_grad(4)};
+        const std::vector<Tensor> proj_grads = linear_backward(grad, activation, proj_weight, {}, proj_needs);
+        std::vector<Tensor> fc_grads(3);
+        if (fc_needs.x || fc_needs.weight || fc_needs.bias) {
+          fc_grads = gelu_mlp_hidden_backward(grad, proj_weight, x_mat, fc_weight, pre_activation, activation, x_shape,
+                                              fc_needs);
+        }
+        return std::vector<Tensor>{fc_grads[0], fc_grads[1], fc_grads[2], proj_grads[1], proj_grads[2]};
+      });
   return out;
 }
 

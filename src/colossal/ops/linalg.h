@@ -16,6 +16,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 /// gelu(linear(x, weight, bias)) with the tanh approximation (GPT-2's MLP). On the GPU one cuBLASLt
 /// GEMM whose epilogue adds the bias, applies GELU and keeps the pre-activation for backward.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+/// linear(linear_gelu(x, fc_weight, fc_bias), proj_weight, proj_bias): a transformer's MLP with
+/// weights [hidden, in] and [out, hidden] (transposed views of [in, out] tensors, as GPT-2's Conv1D
+/// holds them, are read in place) and optional biases. One autograd node, saving what the two ops
+/// would (x, the pre-activation, the activation, the weights). On the GPU its backward applies the
+/// GELU derivative in the epilogue of the cuBLASLt GEMM that computes the hidden gradient; elsewhere
+/// (the CPU, f64) it runs the two ops' backward kernels, giving the same values.
+Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
+                const Tensor& proj_bias);
 
 /// How f32 matrix products on the GPU may trade precision for speed, as
 /// torch.set_float32_matmul_precision. The CPU always computes f32 products in f32.

@@ -1,6 +1,7 @@
-// Kernel signatures and dispatch stubs of the matrix products behind matmul, bmm, linear and
-// linear_gelu (and their backward). The CPU kernel is OpenBLAS (ops/cpu/linalg_kernels.cpp); the
-// CUDA backend registers cuBLASLt (ops/cuda/linalg_kernels.cpp), which also fuses epilogues.
+// Kernel signatures and dispatch stubs of the matrix products behind matmul, bmm, linear,
+// linear_gelu and gelu_mlp (and their backward). The CPU kernel is OpenBLAS
+// (ops/cpu/linalg_kernels.cpp); the CUDA backend registers cuBLASLt (ops/cuda/linalg_kernels.cpp),
+// which also fuses epilogues.
 #pragma once
 
 #include <atomic>
@@ -20,7 +21,8 @@ using BatchedGemmKernel = void(const Tensor& out, const Tensor& a, const Tensor&
 extern core::DispatchStub<BatchedGemmKernel> batched_gemm_stub;
 
 /// What a fused GEMM does to the product before storing it (cuBLASLt epilogues). Either the
-/// forward part (bias, gelu_tanh, pre_activation) or bias_grad, not both.
+/// forward part (bias, gelu_tanh, pre_activation) or the backward part (gelu_grad_pre_activation,
+/// bias_grad), not both.
 struct GemmEpilogue {
   /// [N], contiguous: added to every row of the product when defined.
   Tensor bias;
@@ -29,8 +31,16 @@ struct GemmEpilogue {
   /// With gelu_tanh: when not null, receives the pre-activation a @ b + bias, [M, N], freshly
   /// allocated by the kernel (its row stride may be padded past N).
   Tensor* pre_activation = nullptr;
-  /// [M], contiguous: receives the row sums of a, sum_k a[m, k], when defined. With a = grad^T
-  /// and b = input this is the weight gradient of linear together with its bias gradient.
+  /// Backward of linear_gelu through the next layer, when defined: the pre-activation [M, N] that
+  /// the forward's epilogue kept (pre_activation above), whose row stride must be a multiple of 8
+  /// with unit column stride. The product is multiplied elementwise by the tanh-GELU derivative at
+  /// it: out = (a @ b) * gelu_tanh'(gelu_grad_pre_activation). With a = grad of the next layer's
+  /// output and b = its weight this is the gradient of the pre-activation.
+  Tensor gelu_grad_pre_activation;
+  /// Contiguous, receives a bias gradient when defined. Without gelu_grad_pre_activation: [M], the
+  /// row sums of a, sum_k a[m, k]; with a = grad^T and b = input this is the weight gradient of
+  /// linear together with its bias gradient. With gelu_grad_pre_activation: [N], the column sums
+  /// of out, sum_m out[m, n], the gradient of linear_gelu's bias.
   Tensor bias_grad;
 };
 
@@ -48,6 +58,14 @@ extern core::DispatchStub<FusedGemmKernel> fused_gemm_stub;
 inline std::atomic<int64_t> gemm_autotune_counter{0};
 inline int64_t gemm_autotune_count() {
   return gemm_autotune_counter.load(std::memory_order_relaxed);
+}
+
+/// Backward passes of gelu_mlp (ops/linalg.h) in this process whose GELU gradient ran inside the
+/// GEMM, through gelu_grad_pre_activation: a test hook showing that the fused path is taken where
+/// expected. Stays 0 without a backend that fuses it.
+inline std::atomic<int64_t> fused_gelu_backward_counter{0};
+inline int64_t fused_gelu_backward_count() {
+  return fused_gelu_backward_counter.load(std::memory_order_relaxed);
 }
 
 }  // namespace colossal::ops

@@ -9,7 +9,7 @@
 #include "colossal/nn/attention.h"       // multihead_attention
 #include "colossal/nn/init.h"            // normal_
 #include "colossal/ops/elementwise.h"    // add
-#include "colossal/ops/linalg.h"         // linear, linear_gelu
+#include "colossal/ops/linalg.h"         // linear, gelu_mlp
 #include "colossal/ops/nn_functional.h"  // cross_entropy
 
 namespace colossal::nn::models {
@@ -146,10 +146,11 @@ GPT2MLP::GPT2MLP(const GPT2Config& config, core::Generator* generator, core::Gen
 }
 
 Tensor GPT2MLP::forward(const Tensor& x) {
-  // Conv1D's weight is [in, out]; linear_gelu takes [out, in], and reads the transposed view as a
-  // transpose flag rather than a copy.
-  const Tensor hidden = ops::linear_gelu(x, c_fc_->weight().t(), c_fc_->bias());
-  return dropout_->forward(c_proj_->forward(hidden));
+  // Conv1D's weight is [in, out]; gelu_mlp takes [out, in], and reads the transposed views as
+  // transpose flags rather than copies. One op, so that its backward can fuse the GELU gradient into
+  // a GEMM (see Note [Fused GELU backward] in ops/linalg.cpp).
+  const Tensor out = ops::gelu_mlp(x, c_fc_->weight().t(), c_fc_->bias(), c_proj_->weight().t(), c_proj_->bias());
+  return dropout_->forward(out);
 }
 
 GPT2Block::GPT2Block(const GPT2Config& config, core::Generator* generator, core::Generator* dropout_generator)

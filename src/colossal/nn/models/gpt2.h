@@ -75,8 +75,8 @@ class GPT2Attention : public Module {
   std::shared_ptr<Dropout> resid_dropout_;
 };
 
-/// HF's GPT2MLP: c_fc (n_embd -> 4 n_embd) -> gelu_new -> c_proj -> dropout; the first two run as
-/// one ops::linear_gelu (one GEMM with a fused epilogue on the GPU).
+/// HF's GPT2MLP: c_fc (n_embd -> 4 n_embd) -> gelu_new -> c_proj -> dropout; the first three run as
+/// one ops::gelu_mlp (on the GPU, GEMMs whose epilogues apply GELU forward and its gradient).
 class GPT2MLP : public Module {
  public:
   GPT2MLP(const GPT2Config& config, core::Generator* generator, core::Generator* dropout_generator);

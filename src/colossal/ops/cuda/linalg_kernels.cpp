@@ -1,5 +1,6 @@
 // CUDA matrix products through cuBLASLt: the batched GEMM and the GEMM with fused epilogues (bias,
-// bias + tanh-GELU keeping the pre-activation, bias gradient) of ops/linalg_kernels.h. Host code
+// bias + tanh-GELU keeping the pre-activation, bias gradient, GELU gradient with or without the bias
+// gradient) of ops/linalg_kernels.h. Host code
 // only: one cuBLASLt handle per device, a workspace per stream, and per problem the fastest of the
 // heuristic's candidates, timed once and cached. See Note [Row-major GEMM on column-major cuBLASLt]
 // and Note [GEMM autotuning].
@@ -45,7 +46,10 @@ namespace {
 // transposed view) enters with the transpose flag and leading dimension = its column stride.
 // linear's x @ W^T thus becomes the "TN" GEMM cuBLASLt is fastest at. Epilogues follow the swap:
 // the bias over out's columns is a bias over the rows of cuBLAS's D (CUBLASLT_EPILOGUE_BIAS), and
-// the row sums of our a are the bias gradient of cuBLAS's B (CUBLASLT_EPILOGUE_BGRADB).
+// the row sums of our a are the bias gradient of cuBLAS's B (CUBLASLT_EPILOGUE_BGRADB), and the
+// column sums of our out are the row sums of D (CUBLASLT_EPILOGUE_DGELU_BGRAD). The GELU epilogues'
+// auxiliary matrix (the pre-activation) has D's layout, so our row-major [M, N] with a row stride
+// that is a multiple of 8, written by GELU_AUX_BIAS and read back unchanged by DGELU_BGRAD.
 // This is the swap PyTorch makes too. The layouts keep cuBLASLt's default CUBLASLT_ORDER_COL (its
 // ROW order runs slower kernels), contiguous operands keep their packed leading dimensions, and the
 // preference states each pointer's real alignment (256 bytes for fresh allocations) so that no
@@ -59,8 +63,10 @@ namespace {
 // overhead dominates), up to kAutotuneCandidates of the heuristic's answers are run on the call's
 // own operands on the current stream, 1 warm-up and kAutotuneRuns timed runs each between CUDA
 // events, and the one with the smallest median time is cached. The output is scratch while timing
-// (with beta = 0: every algorithm overwrites it, and the epilogues' bias gradient and
-// pre-activation too); a call that accumulates (beta != 0) is timed into a temporary output.
+// (with beta = 0: every algorithm overwrites it, and the epilogues' bias gradient and the forward's
+// pre-activation too; DGELU only reads its pre-activation); a call that accumulates (beta != 0) is
+// timed into a temporary output. The epilogue is part of the key, so DGELU_BGRAD is tuned apart
+// from the plain GEMM of the same shape.
 // Costs: one host synchronization and a few milliseconds per new problem, once per process.
 // - COLOSSAL_GEMM_AUTOTUNE=0 in the environment turns it off: the heuristic's first pick, no sync.
 // - A stream being captured into a CUDA graph cannot be synchronized: captured calls take the
@@ -245,7 +251,7 @@ struct GemmProblem {
   double beta = 0.0;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   void* bias = nullptr;  // bias (read) or bias gradient (written)
-  void* aux = nullptr;   // GELU pre-activation (written)
+  void* aux = nullptr;   // GELU pre-activation (written by GELU_AUX*, read by DGELU*)
   int64_t aux_ld = 0;
 };
 
@@ -642,18 +648,35 @@ void batched_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in
 bool fused_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmEpilogue& epilogue) {
   check_operands("linear", out, {{"a", &a_in}, {"b", &b_in}});
   const bool forward = epilogue.bias.defined() || epilogue.gelu_tanh;
-  if (forward && epilogue.bias_grad.defined()) return false;  // no cuBLASLt epilogue does both
-  if (!forward && !epilogue.bias_grad.defined()) return false;
+  const bool gelu_backward = epilogue.gelu_grad_pre_activation.defined();
+  if (forward && (epilogue.bias_grad.defined() || gelu_backward)) return false;  // no cuBLASLt epilogue does both
+  if (!forward && !gelu_backward && !epilogue.bias_grad.defined()) return false;
   if (out.dim() != 2 || a_in.dim() != 2 || b_in.dim() != 2 || !out.is_contiguous()) return false;
   // f64 is the dtype of reference comparisons, and cuBLASLt does not document how its GELU is
   // computed; the composite's f64 tanh-GELU is exact to rounding.
-  if (epilogue.gelu_tanh && out.dtype() == DType::f64) return false;
+  if ((epilogue.gelu_tanh || gelu_backward) && out.dtype() == DType::f64) return false;
   const int64_t m = out.size(0), n = out.size(1), k = a_in.size(1);
   if (m == 0 || n == 0 || k == 0) return false;  // nothing worth fusing; the composite handles it
   if (epilogue.bias.defined()) check_operands("linear", out, {{"bias", &epilogue.bias}});
-  if (epilogue.bias_grad.defined()) check_operands("linear", out, {{"bias gradient", &epilogue.bias_grad}});
+  if (epilogue.bias_grad.defined()) {
+    check_operands("linear", out, {{"bias gradient", &epilogue.bias_grad}});
+    // BGRADB reduces a's rows, DGELU_BGRAD the output's columns (see GemmEpilogue::bias_grad).
+    const int64_t expected = gelu_backward ? n : m;
+    COLOSSAL_CHECK(epilogue.bias_grad.numel() == expected,
+                   "linear (cuBLASLt): the bias gradient {} must have {} elements for the output {}",
+                   epilogue.bias_grad.shape(), expected, out.shape());
+  }
   // The epilogues read and write the bias vector with unit stride.
   if (epilogue.bias_grad.defined() && !epilogue.bias_grad.is_contiguous()) return false;
+  if (gelu_backward) {
+    const Tensor& aux = epilogue.gelu_grad_pre_activation;
+    check_operands("linear", out, {{"GELU pre-activation", &aux}});
+    COLOSSAL_CHECK(aux.dim() == 2 && aux.size(0) == m && aux.size(1) == n,
+                   "linear (cuBLASLt): the GELU pre-activation {} must match the output {}", aux.shape(), out.shape());
+    // cuBLASLt reads it as a column-major [n, m] with a leading dimension divisible by 8: the layout
+    // the forward's CUBLASLT_EPILOGUE_GELU_AUX_BIAS wrote. Anything else goes to the composite.
+    if (aux.stride(1) != 1 || aux.stride(0) % 8 != 0 || aux.stride(0) < n) return false;
+  }
 
   core::cuda::DeviceGuard guard(out.device());
   const Tensor a = describable(a_in) ? a_in : core::contiguous_raw(a_in);
@@ -674,7 +697,14 @@ bool fused_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, 
   p.ldd = n;
 
   Tensor aux;  // the pre-activation's storage, [M, round_up(N, 8)]
-  if (!forward) {
+  if (gelu_backward) {
+    // D [n, m] column-major is our out^T, so D's rows are our columns: the bias gradient of
+    // DGELU_BGRAD (one per row of D, summed along D's columns) is the sum over our rows.
+    p.epilogue = epilogue.bias_grad.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+    if (epilogue.bias_grad.defined()) p.bias = epilogue.bias_grad.raw_data();
+    p.aux = epilogue.gelu_grad_pre_activation.raw_data();  // read, not written, by the D* epilogues
+    p.aux_ld = epilogue.gelu_grad_pre_activation.stride(0);
+  } else if (!forward) {
     p.epilogue = CUBLASLT_EPILOGUE_BGRADB;
     p.bias = epilogue.bias_grad.raw_data();
   } else if (!epilogue.gelu_tanh) {
