@@ -27,6 +27,7 @@
 #include "colossal/ops/nn_functional.h"              // cross_entropy
 #include "colossal/optim/adam.h"                     // AdamW
 #if COLOSSAL_BENCH_CUPTI
+#include "host_profile.h"  // HostProfiler
 #include "kernel_trace.h"  // KernelTrace, summarize
 #endif
 
@@ -67,6 +68,8 @@ struct Options {
   /// ResNet's activations in channels_last (nhwc), as the PyTorch reference runs it; --layout nchw
   /// measures the other layout.
   bool channels_last = true;
+  /// Sample the host's stacks during the timed steps into this file (empty: no profile).
+  std::string host_profile;
 };
 
 struct Result {
@@ -287,7 +290,15 @@ void measure(Result& r, const Options& o, Device device) {
   core::cuda::Event start(true), stop(true);
   const auto wall_start = std::chrono::steady_clock::now();
   start.record(stream);
-  for (int i = 0; i < o.steps; ++i) loss = engine->step(input, target);
+  {
+    std::unique_ptr<bench::HostProfiler> profiler;
+    if (!o.host_profile.empty()) profiler = std::make_unique<bench::HostProfiler>();
+    for (int i = 0; i < o.steps; ++i) loss = engine->step(input, target);
+    if (profiler) {
+      profiler->stop();
+      std::fprintf(stderr, "host profile: %d samples in %s\n", profiler->write(o.host_profile), o.host_profile.c_str());
+    }
+  }
   stop.record(stream);
   const auto enqueued = std::chrono::steady_clock::now();
   stop.synchronize();
@@ -330,14 +341,16 @@ void measure(Result& r, const Options& o, Device device) {
                "train_step_bench: %s\n"
                "usage: train_step_bench [--model NAME|all] [--batch B] [--seq T] [--steps N] [--warmup N]\n"
                "                        [--peak-tflops F] [--json FILE] [--device cuda|cpu] [--trace TOP]\n"
-               "                        [--layout nhwc|nchw]\n"
+               "                        [--layout nhwc|nchw] [--host-profile FILE]\n"
                "  NAME: gpt2 (B16 T1024), gpt2-medium (B8 T1024), vit_base_patch16_224 (B128),\n"
                "        vit_large_patch16_224 (B64), resnet50 (B128); all (the default) runs each.\n"
                "  --batch and --seq override every selected model's (--seq: GPT-2 only, <= 1024).\n"
                "  --device cpu: the same steps on the CPU backend, a smoke test at small sizes.\n"
                "  --trace TOP: after timing, one more step traced with CUPTI; prints the GPU's busy and idle\n"
                "        time and the TOP kernels by summed duration.\n"
-               "  --layout nhwc|nchw: ResNet's activation layout (default nhwc, channels_last).\n",
+               "  --layout nhwc|nchw: ResNet's activation layout (default nhwc, channels_last).\n"
+               "  --host-profile FILE: sample the host's stacks during the timed steps (SIGPROF) into FILE,\n"
+               "        one line of module+offset frames per sample (tools/host-profile-report symbolises it).\n",
                problem.c_str());
   std::exit(2);
 }
@@ -391,6 +404,8 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--device") {
       if (value != "cuda" && value != "cpu") usage(fmt::format("--device is cuda or cpu, got '{}'", value));
       o.cpu = value == "cpu";
+    } else if (flag == "--host-profile") {
+      o.host_profile = value;
     } else if (flag == "--layout") {
       if (value != "nhwc" && value != "nchw") usage(fmt::format("--layout is nhwc or nchw, got '{}'", value));
       o.channels_last = value == "nhwc";

@@ -127,6 +127,8 @@ TEST(ConvGpu, Conv2dNhwcMatchesCpu) {
               .layout = kNhwc});
   check_conv({.x = {4, 32, 14, 14}, .weight = {64, 32, 1, 1}, .bias = false, .stride = {2, 2}, .name = "1x1 stride 2",
               .layout = kNhwc});
+  // Pointwise: ops::linear (cuBLASLt) rather than cuDNN.
+  check_conv({.x = {4, 32, 14, 14}, .weight = {64, 32, 1, 1}, .bias = true, .name = "1x1 pointwise", .layout = kNhwc});
   check_conv({.x = {8, 32, 28, 28}, .weight = {64, 32, 3, 3}, .bias = true, .padding = {1, 1}, .name = "larger 3x3",
               .layout = kNhwc});
 }

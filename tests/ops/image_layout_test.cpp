@@ -31,6 +31,18 @@ TEST(GradCheck, conv2d_nhwc) {
                        }});
 }
 
+TEST(GradCheck, conv2d_nhwc_pointwise) {
+  check_gradients({.make_inputs =
+                       [] {
+                         return std::vector<Tensor>{random_leaf({2, 3, 4, 5}, 11), random_leaf({6, 5, 1, 1}, 12),
+                                                    random_leaf({6}, 13)};
+                       },
+                   .fn =
+                       [](const std::vector<Tensor>& in) {
+                         return ops::conv2d(in[0], in[1], in[2], {1, 1}, {0, 0}, {1, 1}, 1, kNhwc);
+                       }});
+}
+
 TEST(GradCheck, batch_norm2d_nhwc) {
   check_gradients({.make_inputs =
                        [] {
@@ -99,6 +111,12 @@ TEST(ImageLayout, NhwcIsTheTransposedNchw) {
   expect_layouts_agree("conv2d", {2, 4, 7, 6}, {w, b}, [&](const Tensor& x, ImageLayout layout) {
     return ops::conv2d(x, w, b, {2, 1}, {1, 1}, {1, 1}, 2, layout);
   });
+  // A pointwise conv runs as a matrix product in nhwc: the same products summed in another order.
+  Tensor w1 = random_tensor({5, 4, 1, 1}, 35, -1.0, 1.0, DType::f32);
+  expect_layouts_agree(
+      "pointwise conv2d", {2, 4, 3, 5}, {w1},
+      [&](const Tensor& x, ImageLayout layout) { return ops::conv2d(x, w1, Tensor(), {1, 1}, {0, 0}, {1, 1}, 1, layout); },
+      1e-6);
   Tensor gamma = random_tensor({4}, 33, 0.5, 1.5, DType::f32);
   Tensor beta = random_tensor({4}, 34, -1.0, 1.0, DType::f32);
   expect_layouts_agree("batch_norm2d", {3, 4, 5, 6}, {gamma, beta}, [&](const Tensor& x, ImageLayout layout) {

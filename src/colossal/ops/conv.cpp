@@ -7,8 +7,9 @@
 #include "colossal/core/view.h"          // contiguous_raw
 #include "colossal/ops/conv_kernels.h"   // conv2d stubs, Conv2dGeometry
 #include "colossal/ops/elementwise.h"    // add
+#include "colossal/ops/linalg.h"         // linear
 #include "colossal/ops/reduction.h"      // sum
-#include "colossal/ops/shape.h"          // contiguous, permute
+#include "colossal/ops/shape.h"          // contiguous, permute, reshape
 
 namespace colossal::ops {
 
@@ -151,6 +152,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair st
   if (layout == ImageLayout::nchw) {
     return run_conv2d("conv2d", x, weight, bias, g, {g.batch, g.out_channels, g.out_height, g.out_width},
                       conv2d_forward_stub, conv2d_backward_stub);
+  }
+  if (g.kernel_height == 1 && g.kernel_width == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 &&
+      g.pad_w == 0 && groups == 1) {
+    // A pointwise convolution over nhwc pixels is a matrix product, [N * H * W, C] x [O, C]^T: one
+    // cuBLASLt GEMM (bias in its epilogue), whose host cost is a fraction of a cuDNN call's.
+    return linear(x, reshape(weight, {g.out_channels, g.in_channels}), bias);
   }
   if (!conv2d_nhwc_forward_stub.supports(x.device().type)) {
     return to_nhwc(conv2d(to_nchw(x), weight, bias, stride, padding, dilation, groups, ImageLayout::nchw));

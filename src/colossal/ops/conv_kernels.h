@@ -93,8 +93,9 @@ using AdaptiveAvgPool2dBackwardKernel = void(const Tensor& grad_x, const Tensor&
 
 extern core::DispatchStub<MaxPool2dForwardKernel> max_pool2d_forward_stub;
 extern core::DispatchStub<MaxPool2dBackwardKernel> max_pool2d_backward_stub;
-/// The same in nhwc: x, out, indices and the gradients are [N, H, W, C]; an index is still the
-/// maximum's h * W + w within its channel's plane.
+/// The same in nhwc: x, out, indices and the gradients are [N, H, W, C]; indices are u8, the
+/// maximum's offset dh * kW + dw inside its window (which starts at oh * stride - pad, ow * stride
+/// - pad), so windows hold at most 256 positions (the op transposes around the nchw kernels beyond).
 extern core::DispatchStub<MaxPool2dForwardKernel> max_pool2d_nhwc_forward_stub;
 extern core::DispatchStub<MaxPool2dBackwardKernel> max_pool2d_nhwc_backward_stub;
 extern core::DispatchStub<AvgPool2dForwardKernel> avg_pool2d_forward_stub;

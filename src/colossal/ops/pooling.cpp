@@ -79,14 +79,15 @@ TensorOptions options_of(const Tensor& t) {
 Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, ImageLayout layout) {
   const Pool2dGeometry geometry = pool_geometry(x, kernel, stride, padding, "max_pool2d", layout);
   const bool nhwc = layout == ImageLayout::nhwc;
-  if (nhwc && !max_pool2d_nhwc_forward_stub.supports(x.device().type)) {
+  // The nhwc kernels keep each maximum's offset in its window as a byte.
+  if (nhwc && (!max_pool2d_nhwc_forward_stub.supports(x.device().type) || kernel[0] * kernel[1] > 256)) {
     return to_nhwc(max_pool2d(to_nchw(x), kernel, stride, padding));
   }
   auto& forward_stub = nhwc ? max_pool2d_nhwc_forward_stub : max_pool2d_forward_stub;
   auto& backward_stub = nhwc ? max_pool2d_nhwc_backward_stub : max_pool2d_backward_stub;
   const Tensor x_c = core::contiguous_raw(x);
   Tensor out = core::empty(pool_output_shape(x, geometry, layout), options_of(x));
-  Tensor indices = core::empty(out.shape(), TensorOptions(DType::i64, x.device()));
+  Tensor indices = core::empty(out.shape(), TensorOptions(nhwc ? DType::u8 : DType::i64, x.device()));
   if (out.numel() > 0) forward_stub(x.device(), out, indices, x_c, geometry);
   autograd::record("max_pool2d", {x}, {out},
                    [indices = indices.detach(), input_shape = x.shape(), geometry, &backward_stub](

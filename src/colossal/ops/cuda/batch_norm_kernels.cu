@@ -439,6 +439,55 @@ void batch_norm_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, c
 // partials[c * splits + s] the nchw finish kernels read. The maps keep their channels' coefficients
 // in registers and stream rows. Same passes over memory as nchw, every access a whole row segment.
 
+/// combined[c] <- channel c's `splits` partial states combined in a fixed order: thread t folds
+/// splits t, t + 128, ... in turn, then a fixed tree over the threads. One block per channel, so
+/// hundreds of splits cost a few microseconds where the finish kernels' one thread per channel
+/// would fold them serially.
+constexpr int kCombineThreads = 128;
+
+template <class State, class Combine>
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_splits_kernel(const State* partials, int splits, State identity, Combine combine, State* combined) {
+  __shared__ State shared[kCombineThreads];
+  const State* channel = partials + blockIdx.x * int64_t{splits};
+  State acc = identity;
+  for (int s = threadIdx.x; s < splits; s += kCombineThreads) acc = combine(acc, channel[s]);
+  shared[threadIdx.x] = acc;
+  __syncthreads();
+  for (int width = kCombineThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) shared[threadIdx.x] = combine(shared[threadIdx.x], shared[threadIdx.x + width]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) combined[blockIdx.x] = shared[0];
+}
+
+template <class A>
+struct CombineMoments {
+  __device__ Moments<A> operator()(const Moments<A>& a, const Moments<A>& b) const { return combine_moments(a, b); }
+};
+
+template <class A>
+struct AddGradSums {
+  __device__ GradSums<A> operator()(const GradSums<A>& a, const GradSums<A>& b) const {
+    return {a.dy + b.dy, a.dy_xmu + b.dy_xmu};
+  }
+};
+
+/// The channels' partials folded to one state each (in `scratch_out`, allocated here) when a plan
+/// has several splits; the finish kernels then read one split per channel.
+template <class State, class Combine>
+const State* fold_splits(const State* partials, int& splits, int64_t channels, State identity, Combine combine,
+                         Tensor& scratch_out, Device device, cudaStream_t stream) {
+  if (splits == 1) return partials;
+  scratch_out = scratch(channels * static_cast<int64_t>(sizeof(State)), device);
+  auto* combined = static_cast<State*>(scratch_out.raw_data());
+  combine_splits_kernel<State, Combine>
+      <<<static_cast<unsigned>(channels), kCombineThreads, 0, stream>>>(partials, splits, identity, combine, combined);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+  splits = 1;
+  return combined;
+}
+
 constexpr int kRowsThreads = 256;
 constexpr int kRowsUnroll = 4;
 
@@ -552,7 +601,7 @@ __global__ void __launch_bounds__(kRowsThreads) nhwc_moments_kernel(const T* x, 
 #pragma unroll
     for (int k = 0; k < kVec; ++k) state[k].count = count;
   }
-  combine_rows_and_store<Moments<A>, kVec>(state, shared, plan, at, combine_moments<A>, partials);
+  combine_rows_and_store<Moments<A>, kVec>(state, shared, plan, at, CombineMoments<A>{}, partials);
 }
 
 template <class T, int kVec>
@@ -592,10 +641,7 @@ __global__ void __launch_bounds__(kRowsThreads) nhwc_grad_sums_kernel(const T* d
       }
     }
   }
-  combine_rows_and_store<GradSums<A>, kVec>(
-      state, shared, plan, at,
-      [](const GradSums<A>& a, const GradSums<A>& b) { return GradSums<A>{a.dy + b.dy, a.dy_xmu + b.dy_xmu}; },
-      partials);
+  combine_rows_and_store<GradSums<A>, kVec>(state, shared, plan, at, AddGradSums<A>{}, partials);
 }
 
 /// y = x * scale + shift, each lane holding its channels' Affine in registers.
@@ -675,18 +721,22 @@ void nhwc_forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& 
   const Device device = x.device();
   const RowsPlan plan = plan_rows<T>(rows, channels, {x.raw_data(), y.raw_data()}, kMaxRowSplits);
 
-  Tensor partials;
+  Tensor partials, folded;
+  const Moments<A>* moments = nullptr;
+  int splits = plan.splits;
   if (training) {
     partials = scratch(channels * plan.splits * static_cast<int64_t>(sizeof(Moments<A>)), device);
     auto* partial_data = static_cast<Moments<A>*>(partials.raw_data());
     with_vec<T>(plan, [&]<int kVec>() {
       nhwc_moments_kernel<T, kVec><<<plan.grid, kRowsThreads, 0, stream>>>(x.data<T>(), plan, partial_data);
     });
+    moments = fold_splits(static_cast<const Moments<A>*>(partial_data), splits, channels, Moments<A>{A(0), A(0), A(0)},
+                          CombineMoments<A>{}, folded, device, stream);
   }
   Tensor affine = scratch(channels * static_cast<int64_t>(sizeof(Affine<A>)), device);
   auto* affine_data = static_cast<Affine<A>*>(affine.raw_data());
   finish_forward_kernel<T><<<core::cuda_detail::grid_for(channels), core::cuda_detail::kThreads, 0, stream>>>(
-      partials.defined() ? static_cast<const Moments<A>*>(partials.raw_data()) : nullptr, plan.splits, channels, rows,
+      moments, splits, channels, rows,
       training, momentum, eps, running_stat(running_mean), running_stat(running_var),
       weight.defined() ? weight.data<T>() : nullptr, bias.defined() ? bias.data<T>() : nullptr, save_mean.data<S>(),
       save_invstd.data<S>(), affine_data);
@@ -713,7 +763,9 @@ void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
   const void* dx_data = grad_x.defined() ? grad_x.raw_data() : nullptr;
   const RowsPlan plan = plan_rows<T>(rows, channels, {grad_y.raw_data(), x.raw_data(), dx_data}, kMaxRowSplits);
 
-  Tensor partials;
+  Tensor partials, folded;
+  const GradSums<A>* sums = nullptr;
+  int splits = plan.splits;
   if (need_sums) {
     partials = scratch(channels * plan.splits * static_cast<int64_t>(sizeof(GradSums<A>)), device);
     auto* partial_data = static_cast<GradSums<A>*>(partials.raw_data());
@@ -721,13 +773,15 @@ void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
       nhwc_grad_sums_kernel<T, kVec><<<plan.grid, kRowsThreads, 0, stream>>>(grad_y.data<T>(), x.data<T>(),
                                                                               save_mean.data<S>(), plan, partial_data);
     });
+    sums = fold_splits(static_cast<const GradSums<A>*>(partial_data), splits, channels, GradSums<A>{A(0), A(0)},
+                       AddGradSums<A>{}, folded, device, stream);
   }
   Tensor coefficients;
   if (grad_x.defined()) coefficients = scratch(channels * static_cast<int64_t>(sizeof(GradCoefficients<A>)), device);
   auto* coefficient_data =
       coefficients.defined() ? static_cast<GradCoefficients<A>*>(coefficients.raw_data()) : nullptr;
   finish_backward_kernel<T><<<core::cuda_detail::grid_for(channels), core::cuda_detail::kThreads, 0, stream>>>(
-      partials.defined() ? static_cast<const GradSums<A>*>(partials.raw_data()) : nullptr, plan.splits, channels, rows,
+      sums, splits, channels, rows,
       training, weight.defined() ? weight.data<T>() : nullptr, save_mean.data<S>(), save_invstd.data<S>(),
       grad_weight.defined() ? grad_weight.data<T>() : nullptr, grad_bias.defined() ? grad_bias.data<T>() : nullptr,
       coefficient_data);

@@ -8,6 +8,9 @@
 // about (kernel / stride)^2 times, mostly from cache.
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <initializer_list>
+
 #include "colossal/core/cuda/launch.cuh"  // check_on_device, grid_for, stream_of
 #include "colossal/ops/conv_kernels.h"    // pooling stubs, Pool2dGeometry
 
@@ -202,20 +205,22 @@ void max_pool2d_backward_cuda(const Tensor& grad_x, const Tensor& grad_out, cons
 }
 
 // ---- max_pool2d, nhwc
-// One thread per output (forward) or input (backward) element as above, with the channel innermost
-// so that a warp reads 32 neighbouring channels of one pixel; the same windows, tie and NaN rules,
-// and indices h * W + w within each channel's plane.
+// One thread per output (forward) or input (backward) pixel and group of channels: 16 bytes of
+// channels where C allows, one channel otherwise, so the window arithmetic is done once per group
+// and every load is a whole vector. The argmax is kept as a byte per output, the maximum's offset
+// dh * kW + dw inside its (unclipped) window, an eighth of an i64 position's traffic; the backward
+// gathers from the windows covering each input in the CPU's scatter order. Ties and NaN as above.
 
-/// [N, H, W, C] input and [N, oH, oW, C] output sizes.
+/// [N, H, W, groups of kVec channels] input and [N, oH, oW, groups] output sizes.
 template <class Index>
 struct NhwcSizes {
-  Index batch, height, width, channels, out_height, out_width;
+  Index batch, height, width, groups, out_height, out_width;
 };
 
 template <class Index>
-NhwcSizes<Index> nhwc_sizes(const Tensor& in, const Tensor& out) {
-  return {static_cast<Index>(in.size(0)), static_cast<Index>(in.size(1)),  static_cast<Index>(in.size(2)),
-          static_cast<Index>(in.size(3)), static_cast<Index>(out.size(1)), static_cast<Index>(out.size(2))};
+NhwcSizes<Index> nhwc_sizes(const Tensor& in, const Tensor& out, int vec) {
+  return {static_cast<Index>(in.size(0)),  static_cast<Index>(in.size(1)),  static_cast<Index>(in.size(2)),
+          static_cast<Index>(in.size(3) / vec), static_cast<Index>(out.size(1)), static_cast<Index>(out.size(2))};
 }
 
 /// As dispatch_index_width, for the non-adaptive nhwc kernels (indices are element counts only).
@@ -229,76 +234,136 @@ void dispatch_nhwc_index_width(const Tensor& in, const Tensor& out, F&& f) {
   }
 }
 
-template <class T, class Index>
-__global__ void max_pool_nhwc_forward_kernel(T* out, int64_t* indices, const T* x, NhwcSizes<Index> p,
+/// kVec window offsets, moved as one integer of kVec bytes.
+template <int kVec>
+struct Offsets {
+  uint8_t v[kVec];
+};
+
+template <class T, int kVec, class Index>
+__global__ void max_pool_nhwc_forward_kernel(T* out, uint8_t* offsets, const T* x, NhwcSizes<Index> p,
                                              Geometry<Index> g) {
   using A = acc_t<T>;
-  const Index total = p.batch * p.out_height * p.out_width * p.channels;
+  using Group = core::cuda_detail::Vec<T, kVec>;
+  const Index total = p.batch * p.out_height * p.out_width * p.groups;
   for (Index o = blockIdx.x * Index(blockDim.x) + threadIdx.x; o < total; o += Index(gridDim.x) * blockDim.x) {
-    const Index c = o % p.channels;
-    const Index pixel = o / p.channels;
+    const Index group = o % p.groups;
+    const Index pixel = o / p.groups;
     const Index ow = pixel % p.out_width;
     const Index oh = (pixel / p.out_width) % p.out_height;
     const Index n = pixel / (p.out_width * p.out_height);
-    const T* src = x + int64_t{n} * p.height * p.width * p.channels + c;
+    const T* src = x + (int64_t{n} * p.height * p.width * p.groups + group) * kVec;
+    const Index h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
     const Window<Index> wh = window(oh, g.stride_h, g.pad_h, g.kernel_h, p.height);
     const Window<Index> ww = window(ow, g.stride_w, g.pad_w, g.kernel_w, p.width);
-    Index best_index = wh.start * p.width + ww.start;
-    A best = static_cast<A>(src[int64_t{best_index} * p.channels]);
+    A best[kVec];
+    Offsets<kVec> where;
+    {
+      const Group first = *reinterpret_cast<const Group*>(src + (int64_t{wh.start} * p.width + ww.start) * p.groups * kVec);
+      const auto offset = static_cast<uint8_t>((wh.start - h0) * g.kernel_w + (ww.start - w0));
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        best[k] = static_cast<A>(first.v[k]);
+        where.v[k] = offset;
+      }
+    }
     for (Index h = wh.start; h < wh.end; ++h) {
       for (Index w = ww.start; w < ww.end; ++w) {
-        const A v = static_cast<A>(src[(int64_t{h} * p.width + w) * p.channels]);
-        if (v > best || v != v) {
-          best = v;
-          best_index = h * p.width + w;
+        const Group v = *reinterpret_cast<const Group*>(src + (int64_t{h} * p.width + w) * p.groups * kVec);
+        const auto offset = static_cast<uint8_t>((h - h0) * g.kernel_w + (w - w0));
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const A value = static_cast<A>(v.v[k]);
+          if (value > best[k] || value != value) {
+            best[k] = value;
+            where.v[k] = offset;
+          }
         }
       }
     }
-    out[o] = store_as<T>(best);
-    indices[o] = best_index;
+    Group result;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) result.v[k] = store_as<T>(best[k]);
+    *reinterpret_cast<Group*>(out + int64_t{o} * kVec) = result;
+    *reinterpret_cast<Offsets<kVec>*>(offsets + int64_t{o} * kVec) = where;
   }
+}
+
+template <class T, int kVec, class Index>
+__global__ void max_pool_nhwc_backward_kernel(T* grad_x, const T* grad_out, const uint8_t* offsets,
+                                              NhwcSizes<Index> p, Geometry<Index> g) {
+  using A = acc_t<T>;
+  using Group = core::cuda_detail::Vec<T, kVec>;
+  const Index total = p.batch * p.height * p.width * p.groups;
+  for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < total; i += Index(gridDim.x) * blockDim.x) {
+    const Index group = i % p.groups;
+    const Index pixel = i / p.groups;
+    const Index w = pixel % p.width;
+    const Index h = (pixel / p.width) % p.height;
+    const Index n = pixel / (p.width * p.height);
+    Index oh_first, oh_last, ow_first, ow_last;
+    covering_outputs(h, g.stride_h, g.pad_h, g.kernel_h, p.out_height, oh_first, oh_last);
+    covering_outputs(w, g.stride_w, g.pad_w, g.kernel_w, p.out_width, ow_first, ow_last);
+    const int64_t base = int64_t{n} * p.out_height * p.out_width;
+    A total_grad[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) total_grad[k] = A(0);
+    for (Index oh = oh_first; oh <= oh_last; ++oh) {
+      for (Index ow = ow_first; ow <= ow_last; ++ow) {
+        const auto mine = static_cast<uint8_t>((h - (oh * g.stride_h - g.pad_h)) * g.kernel_w +
+                                               (w - (ow * g.stride_w - g.pad_w)));
+        const int64_t o = ((base + int64_t{oh} * p.out_width + ow) * p.groups + group) * kVec;
+        const Offsets<kVec> where = *reinterpret_cast<const Offsets<kVec>*>(offsets + o);
+        bool any = false;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) any = any || where.v[k] == mine;
+        if (!any) continue;
+        const Group grad = *reinterpret_cast<const Group*>(grad_out + o);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          if (where.v[k] == mine) total_grad[k] += static_cast<A>(grad.v[k]);
+        }
+      }
+    }
+    Group result;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) result.v[k] = store_as<T>(total_grad[k]);
+    *reinterpret_cast<Group*>(grad_x + int64_t{i} * kVec) = result;
+  }
+}
+
+/// 16 bytes of T per thread when C holds whole groups and every pointer is aligned for its vector.
+template <class T>
+int nhwc_vec(const Tensor& image, std::initializer_list<const void*> values, const void* offsets) {
+  constexpr int kVec = 16 / sizeof(T);
+  bool ok = kVec > 1 && image.size(3) % kVec == 0 && reinterpret_cast<uintptr_t>(offsets) % kVec == 0;
+  for (const void* p : values) ok = ok && core::cuda_detail::aligned16(p);
+  return ok ? kVec : 1;
 }
 
 void max_pool2d_nhwc_forward_cuda(const Tensor& out, const Tensor& indices, const Tensor& x,
                                   const Pool2dGeometry& geometry) {
   check_on_device(out, x.device(), "max_pool2d (nhwc)", "out");
   check_on_device(indices, x.device(), "max_pool2d (nhwc)", "indices");
+  COLOSSAL_CHECK(indices.dtype() == DType::u8 && geometry.kernel_h * geometry.kernel_w <= 256,
+                 "max_pool2d (nhwc, CUDA): expects u8 window offsets and windows of at most 256 positions");
   core::cuda::DeviceGuard guard(x.device());
   core::dispatch_floating(x.dtype(), "max_pool2d (nhwc)", [&]<class T>() {
+    const int vec = nhwc_vec<T>(x, {x.raw_data(), out.raw_data()}, indices.raw_data());
     dispatch_nhwc_index_width(x, out, [&]<class Index>() {
-      max_pool_nhwc_forward_kernel<T, Index><<<grid_for(out.numel()), kThreads, 0, stream_of(x)>>>(
-          out.data<T>(), indices.data<int64_t>(), x.data<T>(), nhwc_sizes<Index>(x, out),
-          device_geometry<Index>(geometry));
+      auto launch = [&]<int kVec>() {
+        max_pool_nhwc_forward_kernel<T, kVec, Index><<<grid_for(out.numel() / kVec), kThreads, 0, stream_of(x)>>>(
+            out.data<T>(), indices.data<uint8_t>(), x.data<T>(), nhwc_sizes<Index>(x, out, kVec),
+            device_geometry<Index>(geometry));
+      };
+      if (vec > 1) {
+        launch.template operator()<16 / sizeof(T)>();
+      } else {
+        launch.template operator()<1>();
+      }
       COLOSSAL_CUDA_CHECK_LAUNCH();
     });
   });
-}
-
-template <class T, class Index>
-__global__ void max_pool_nhwc_backward_kernel(T* grad_x, const T* grad_out, const int64_t* indices, NhwcSizes<Index> p,
-                                              Geometry<Index> g) {
-  using A = acc_t<T>;
-  const Index total = p.batch * p.height * p.width * p.channels;
-  for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < total; i += Index(gridDim.x) * blockDim.x) {
-    const Index c = i % p.channels;
-    const Index pixel = i / p.channels;
-    const Index w = pixel % p.width;
-    const Index h = (pixel / p.width) % p.height;
-    const Index n = pixel / (p.width * p.height);
-    const int64_t position = h * p.width + w;
-    Index oh_first, oh_last, ow_first, ow_last;
-    covering_outputs(h, g.stride_h, g.pad_h, g.kernel_h, p.out_height, oh_first, oh_last);
-    covering_outputs(w, g.stride_w, g.pad_w, g.kernel_w, p.out_width, ow_first, ow_last);
-    const int64_t base = int64_t{n} * p.out_height * p.out_width;
-    A total_grad = A(0);
-    for (Index oh = oh_first; oh <= oh_last; ++oh) {
-      for (Index ow = ow_first; ow <= ow_last; ++ow) {
-        const int64_t o = (base + int64_t{oh} * p.out_width + ow) * p.channels + c;
-        if (indices[o] == position) total_grad += static_cast<A>(grad_out[o]);
-      }
-    }
-    grad_x[i] = store_as<T>(total_grad);
-  }
 }
 
 void max_pool2d_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices,
@@ -307,10 +372,19 @@ void max_pool2d_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_out,
   check_on_device(indices, grad_x.device(), "max_pool2d_backward (nhwc)", "indices");
   core::cuda::DeviceGuard guard(grad_x.device());
   core::dispatch_floating(grad_x.dtype(), "max_pool2d_backward (nhwc)", [&]<class T>() {
+    const int vec = nhwc_vec<T>(grad_x, {grad_x.raw_data(), grad_out.raw_data()}, indices.raw_data());
     dispatch_nhwc_index_width(grad_x, grad_out, [&]<class Index>() {
-      max_pool_nhwc_backward_kernel<T, Index><<<grid_for(grad_x.numel()), kThreads, 0, stream_of(grad_x)>>>(
-          grad_x.data<T>(), grad_out.data<T>(), indices.data<int64_t>(), nhwc_sizes<Index>(grad_x, grad_out),
-          device_geometry<Index>(geometry));
+      auto launch = [&]<int kVec>() {
+        max_pool_nhwc_backward_kernel<T, kVec, Index>
+            <<<grid_for(grad_x.numel() / kVec), kThreads, 0, stream_of(grad_x)>>>(
+                grad_x.data<T>(), grad_out.data<T>(), indices.data<uint8_t>(), nhwc_sizes<Index>(grad_x, grad_out, kVec),
+                device_geometry<Index>(geometry));
+      };
+      if (vec > 1) {
+        launch.template operator()<16 / sizeof(T)>();
+      } else {
+        launch.template operator()<1>();
+      }
       COLOSSAL_CUDA_CHECK_LAUNCH();
     });
   });

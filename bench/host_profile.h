@@ -1,0 +1,30 @@
+// A sampling profiler of the host side of a training step: SIGPROF every `interval_us` of the
+// process's CPU time, each sample the interrupted thread's return addresses as (module, offset)
+// pairs, written to a file for offline symbolisation (tools/host-profile-report resolves them
+// against unstripped libraries with addr2line). For finding where enqueueing a step spends its
+// time when the GPU waits on the host; no perf or gdb is needed on the GPU machine.
+#pragma once
+
+#include <string>
+
+namespace colossal::bench {
+
+class HostProfiler {
+ public:
+  /// Starts sampling; one profiler at a time.
+  explicit HostProfiler(int interval_us = 200);
+  /// Stops sampling (also on destruction).
+  void stop();
+  ~HostProfiler();
+  /// One line per sample: space-separated "module+0xoffset" frames, innermost first. Returns the
+  /// number of samples written.
+  int write(const std::string& path) const;
+
+  HostProfiler(const HostProfiler&) = delete;
+  HostProfiler& operator=(const HostProfiler&) = delete;
+
+ private:
+  bool running_ = false;
+};
+
+}  // namespace colossal::bench
