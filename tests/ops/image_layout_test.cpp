@@ -31,6 +31,15 @@ TEST(GradCheck, conv2d_nhwc) {
                        }});
 }
 
+TEST(ImageLayout, PointwiseNhwcConvInBf16IsALinear) {
+  // bf16 pointwise nhwc convs run as ops::linear: the same values as the nchw conv to bf16 rounding.
+  const Tensor x = random_tensor({2, 6, 3, 4}, 14, -1.0, 1.0, DType::bf16);
+  const Tensor w = random_tensor({5, 6, 1, 1}, 15, -1.0, 1.0, DType::bf16);
+  const Tensor b = random_tensor({5}, 16, -1.0, 1.0, DType::bf16);
+  const Tensor nhwc = ops::conv2d(ops::to_nhwc(x), w, b, {1, 1}, {0, 0}, {1, 1}, 1, kNhwc);
+  expect_close(nhwc.to(DType::f32), ops::to_nhwc(ops::conv2d(x, w, b)).to(DType::f32), 2e-2, 2e-2, "bf16 pointwise");
+}
+
 TEST(GradCheck, conv2d_nhwc_pointwise) {
   check_gradients({.make_inputs =
                        [] {

@@ -153,10 +153,13 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair st
     return run_conv2d("conv2d", x, weight, bias, g, {g.batch, g.out_channels, g.out_height, g.out_width},
                       conv2d_forward_stub, conv2d_backward_stub);
   }
-  if (g.kernel_height == 1 && g.kernel_width == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 &&
-      g.pad_w == 0 && groups == 1) {
+  const bool half_precision = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
+  if (half_precision && g.kernel_height == 1 && g.kernel_width == 1 && g.stride_h == 1 && g.stride_w == 1 &&
+      g.pad_h == 0 && g.pad_w == 0 && groups == 1) {
     // A pointwise convolution over nhwc pixels is a matrix product, [N * H * W, C] x [O, C]^T: one
-    // cuBLASLt GEMM (bias in its epilogue), whose host cost is a fraction of a cuDNN call's.
+    // cuBLASLt GEMM (bias in its epilogue), whose host cost is a fraction of a cuDNN call's. f16 and
+    // bf16 only: both compute on tensor cores with f32 sums, where an f32 matmul may use TF32 but
+    // an f32 convolution is strict f32 (Note [conv2d math on the GPU]).
     return linear(x, reshape(weight, {g.out_channels, g.in_channels}), bias);
   }
   if (!conv2d_nhwc_forward_stub.supports(x.device().type)) {

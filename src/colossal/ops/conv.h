@@ -23,8 +23,8 @@ enum class ImageLayout {
 // transpose of its input, output and gradients inside cuDNN) and a per-channel reduction over
 // [N * H * W, C] reads whole rows of channels. The CPU computes nhwc by transposing to nchw and back
 // (recorded, so gradients flow), as does any op a backend has no nhwc kernel for; the results are
-// the nchw op's, transposed. A pointwise conv2d (1x1, stride 1, no padding, one group) in nhwc is
-// ops::linear over the pixels on every device.
+// the nchw op's, transposed. A pointwise conv2d (1x1, stride 1, no padding, one group) in f16 or
+// bf16 and nhwc is ops::linear over the pixels on every device.
 
 /// x [N, C, H, W] (nhwc: [N, H, W, C]), weight [O, C / groups, kH, kW], bias [O] or undefined.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), Pair stride = {1, 1},
