@@ -341,6 +341,25 @@ __global__ void finish_backward_kernel(const GradSums<acc_t<T>>* partials, int s
   }
 }
 
+/// dx of kVec elements at `element` from their channels' coefficients (coefficient(i) for element
+/// i of the group): x is read only in training, where the statistics depend on it.
+template <class T, bool kTraining, int kVec, class Coefficient>
+__device__ __forceinline__ void write_grad_input(T* dx, const T* dy, const T* x, int64_t element,
+                                                 const Coefficient& coefficient) {
+  using A = acc_t<T>;
+  const auto g = load_group<kVec>(dy + element);
+  cuda::Group<T, kVec> v{};
+  if constexpr (kTraining) v = load_group<kVec>(x + element);
+  cuda::Group<T, kVec> out;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    const GradCoefficients<A>& k = coefficient(i);
+    const A scaled = k.scale * static_cast<A>(g.v[i]);
+    out.v[i] = store_as<T>(kTraining ? scaled - k.offset - (static_cast<A>(v.v[i]) - k.mean) * k.slope : scaled);
+  }
+  store_group<kVec>(dx + element, out);
+}
+
 template <class T, bool kTraining>
 struct GradInput {
   using A = acc_t<T>;
@@ -352,20 +371,7 @@ struct GradInput {
   template <int kVec>
   __device__ void apply(int64_t element, int64_t c) const {
     const GradCoefficients<A> k = coefficients[c];
-    const auto g = load_group<kVec>(dy + element);
-    cuda::Group<T, kVec> out;
-    if constexpr (kTraining) {
-      const auto v = load_group<kVec>(x + element);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        out.v[i] =
-            store_as<T>(k.scale * static_cast<A>(g.v[i]) - k.offset - (static_cast<A>(v.v[i]) - k.mean) * k.slope);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) out.v[i] = store_as<T>(k.scale * static_cast<A>(g.v[i]));
-    }
-    store_group<kVec>(dx + element, out);
+    write_grad_input<T, kTraining, kVec>(dx, dy, x, element, [&](int) -> const GradCoefficients<A>& { return k; });
   }
 };
 
@@ -644,24 +650,31 @@ __global__ void __launch_bounds__(kRowsThreads) nhwc_grad_sums_kernel(const T* d
   combine_rows_and_store<GradSums<A>, kVec>(state, shared, plan, at, AddGradSums<A>{}, partials);
 }
 
-/// y = x * scale + shift, each lane holding its channels' Affine in registers.
+/// Streams the lane's rows of a [rows, C] tensor with its kVec channels' coefficients (Affine or
+/// GradCoefficients) in registers: apply(element, coefficients) maps the group of row r that starts
+/// at `element`.
+template <int kVec, class Coefficient, class Apply>
+__device__ __forceinline__ void stream_rows(const RowsPlan& plan, const Coefficient* coefficients, const Apply& apply) {
+  const RowsLane at(plan);
+  if (!at.active) return;
+  Coefficient c[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) c[k] = coefficients[at.group * kVec + k];
+  for (int64_t r = at.row; r < at.end; r += at.ty) apply((r * plan.groups + at.group) * kVec, c);
+}
+
+/// y = x * scale + shift.
 template <class T, int kVec>
 __global__ void __launch_bounds__(kRowsThreads) nhwc_normalize_kernel(T* y, const T* x,
                                                                       const Affine<acc_t<T>>* affine, RowsPlan plan) {
   using A = acc_t<T>;
-  const RowsLane at(plan);
-  if (!at.active) return;
-  Affine<A> a[kVec];
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) a[k] = affine[at.group * kVec + k];
-  for (int64_t r = at.row; r < at.end; r += at.ty) {
-    const int64_t element = (r * plan.groups + at.group) * kVec;
+  stream_rows<kVec>(plan, affine, [&](int64_t element, const Affine<A>(&a)[kVec]) {
     const auto in = load_group<kVec>(x + element);
     cuda::Group<T, kVec> out;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) out.v[k] = store_as<T>(static_cast<A>(in.v[k]) * a[k].scale + a[k].shift);
     store_group<kVec>(y + element, out);
-  }
+  });
 }
 
 /// dx from the per-channel GradCoefficients (training: x is read too).
@@ -670,28 +683,9 @@ __global__ void __launch_bounds__(kRowsThreads) nhwc_grad_input_kernel(T* dx, co
                                                                        const GradCoefficients<acc_t<T>>* coefficients,
                                                                        RowsPlan plan) {
   using A = acc_t<T>;
-  const RowsLane at(plan);
-  if (!at.active) return;
-  GradCoefficients<A> c[kVec];
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) c[k] = coefficients[at.group * kVec + k];
-  for (int64_t r = at.row; r < at.end; r += at.ty) {
-    const int64_t element = (r * plan.groups + at.group) * kVec;
-    const auto g = load_group<kVec>(dy + element);
-    cuda::Group<T, kVec> out;
-    if constexpr (kTraining) {
-      const auto v = load_group<kVec>(x + element);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        out.v[k] = store_as<T>(c[k].scale * static_cast<A>(g.v[k]) - c[k].offset -
-                               (static_cast<A>(v.v[k]) - c[k].mean) * c[k].slope);
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) out.v[k] = store_as<T>(c[k].scale * static_cast<A>(g.v[k]));
-    }
-    store_group<kVec>(dx + element, out);
-  }
+  stream_rows<kVec>(plan, coefficients, [&](int64_t element, const GradCoefficients<A>(&c)[kVec]) {
+    write_grad_input<T, kTraining, kVec>(dx, dy, x, element, [&](int i) -> const GradCoefficients<A>& { return c[i]; });
+  });
 }
 
 /// Launches kernel<kVec> for the plan's vector width: 16 bytes of T or one element.
@@ -706,8 +700,23 @@ void with_vec(const RowsPlan& plan, const Launch& launch) {
   COLOSSAL_CUDA_CHECK_LAUNCH();
 }
 
-/// The partial reductions use up to this many splits (the finish kernels combine them serially).
+/// The partial reductions use up to this many splits.
 constexpr int64_t kMaxRowSplits = 512;
+
+/// One State per channel of a [rows, channels] reduction: `kernel.template operator()<kVec>(partials)`
+/// launches the per-split reduction over plan.grid into channels * plan.splits States, which
+/// fold_splits then combines. The buffers live in `partials` and `folded` (the caller keeps them
+/// until the kernels that read them are queued); `splits` is what the finish kernels should read.
+template <class T, class State, class Combine, class Kernel>
+const State* reduce_rows(const RowsPlan& plan, int64_t channels, State identity, Combine combine, const Kernel& kernel,
+                         Tensor& partials, Tensor& folded, int& splits, Device device, cudaStream_t stream) {
+  partials = scratch(channels * plan.splits * static_cast<int64_t>(sizeof(State)), device);
+  auto* partial_data = static_cast<State*>(partials.raw_data());
+  with_vec<T>(plan, [&]<int kVec>() { kernel.template operator()<kVec>(partial_data); });
+  splits = plan.splits;
+  return fold_splits(static_cast<const State*>(partial_data), splits, channels, identity, combine, folded, device,
+                     stream);
+}
 
 template <class T>
 void nhwc_forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
@@ -725,13 +734,12 @@ void nhwc_forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& 
   const Moments<A>* moments = nullptr;
   int splits = plan.splits;
   if (training) {
-    partials = scratch(channels * plan.splits * static_cast<int64_t>(sizeof(Moments<A>)), device);
-    auto* partial_data = static_cast<Moments<A>*>(partials.raw_data());
-    with_vec<T>(plan, [&]<int kVec>() {
-      nhwc_moments_kernel<T, kVec><<<plan.grid, kRowsThreads, 0, stream>>>(x.data<T>(), plan, partial_data);
-    });
-    moments = fold_splits(static_cast<const Moments<A>*>(partial_data), splits, channels, Moments<A>{A(0), A(0), A(0)},
-                          CombineMoments<A>{}, folded, device, stream);
+    moments = reduce_rows<T>(
+        plan, channels, Moments<A>{A(0), A(0), A(0)}, CombineMoments<A>{},
+        [&]<int kVec>(Moments<A>* out) {
+          nhwc_moments_kernel<T, kVec><<<plan.grid, kRowsThreads, 0, stream>>>(x.data<T>(), plan, out);
+        },
+        partials, folded, splits, device, stream);
   }
   Tensor affine = scratch(channels * static_cast<int64_t>(sizeof(Affine<A>)), device);
   auto* affine_data = static_cast<Affine<A>*>(affine.raw_data());
@@ -767,14 +775,13 @@ void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
   const GradSums<A>* sums = nullptr;
   int splits = plan.splits;
   if (need_sums) {
-    partials = scratch(channels * plan.splits * static_cast<int64_t>(sizeof(GradSums<A>)), device);
-    auto* partial_data = static_cast<GradSums<A>*>(partials.raw_data());
-    with_vec<T>(plan, [&]<int kVec>() {
-      nhwc_grad_sums_kernel<T, kVec><<<plan.grid, kRowsThreads, 0, stream>>>(grad_y.data<T>(), x.data<T>(),
-                                                                              save_mean.data<S>(), plan, partial_data);
-    });
-    sums = fold_splits(static_cast<const GradSums<A>*>(partial_data), splits, channels, GradSums<A>{A(0), A(0)},
-                       AddGradSums<A>{}, folded, device, stream);
+    sums = reduce_rows<T>(
+        plan, channels, GradSums<A>{A(0), A(0)}, AddGradSums<A>{},
+        [&]<int kVec>(GradSums<A>* out) {
+          nhwc_grad_sums_kernel<T, kVec>
+              <<<plan.grid, kRowsThreads, 0, stream>>>(grad_y.data<T>(), x.data<T>(), save_mean.data<S>(), plan, out);
+        },
+        partials, folded, splits, device, stream);
   }
   Tensor coefficients;
   if (grad_x.defined()) coefficients = scratch(channels * static_cast<int64_t>(sizeof(GradCoefficients<A>)), device);

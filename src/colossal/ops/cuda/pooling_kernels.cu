@@ -234,6 +234,18 @@ void dispatch_nhwc_index_width(const Tensor& in, const Tensor& out, F&& f) {
   }
 }
 
+/// Element i of an [N, height, width, groups] tensor as its image, row, column and channel group.
+template <class Index>
+struct NhwcPosition {
+  Index n, h, w, group;
+};
+
+template <class Index>
+__device__ __forceinline__ NhwcPosition<Index> nhwc_position(Index i, Index height, Index width, Index groups) {
+  const Index pixel = i / groups;
+  return {pixel / (width * height), (pixel / width) % height, pixel % width, i % groups};
+}
+
 /// kVec window offsets, moved as one integer of kVec bytes.
 template <int kVec>
 struct Offsets {
@@ -247,11 +259,7 @@ __global__ void max_pool_nhwc_forward_kernel(T* out, uint8_t* offsets, const T* 
   using Group = core::cuda_detail::Vec<T, kVec>;
   const Index total = p.batch * p.out_height * p.out_width * p.groups;
   for (Index o = blockIdx.x * Index(blockDim.x) + threadIdx.x; o < total; o += Index(gridDim.x) * blockDim.x) {
-    const Index group = o % p.groups;
-    const Index pixel = o / p.groups;
-    const Index ow = pixel % p.out_width;
-    const Index oh = (pixel / p.out_width) % p.out_height;
-    const Index n = pixel / (p.out_width * p.out_height);
+    const auto [n, oh, ow, group] = nhwc_position(o, p.out_height, p.out_width, p.groups);
     const T* src = x + (int64_t{n} * p.height * p.width * p.groups + group) * kVec;
     const Index h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
     const Window<Index> wh = window(oh, g.stride_h, g.pad_h, g.kernel_h, p.height);
@@ -296,11 +304,7 @@ __global__ void max_pool_nhwc_backward_kernel(T* grad_x, const T* grad_out, cons
   using Group = core::cuda_detail::Vec<T, kVec>;
   const Index total = p.batch * p.height * p.width * p.groups;
   for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < total; i += Index(gridDim.x) * blockDim.x) {
-    const Index group = i % p.groups;
-    const Index pixel = i / p.groups;
-    const Index w = pixel % p.width;
-    const Index h = (pixel / p.width) % p.height;
-    const Index n = pixel / (p.width * p.height);
+    const auto [n, h, w, group] = nhwc_position(i, p.height, p.width, p.groups);
     Index oh_first, oh_last, ow_first, ow_last;
     covering_outputs(h, g.stride_h, g.pad_h, g.kernel_h, p.out_height, oh_first, oh_last);
     covering_outputs(w, g.stride_w, g.pad_w, g.kernel_w, p.out_width, ow_first, ow_last);
@@ -341,6 +345,17 @@ int nhwc_vec(const Tensor& image, std::initializer_list<const void*> values, con
   return ok ? kVec : 1;
 }
 
+/// Calls launch.template operator()<kVec>() with kVec = 16 bytes of T when `vec` > 1, else 1.
+template <class T, class Launch>
+void launch_with_vec(int vec, const Launch& launch) {
+  if (vec > 1) {
+    launch.template operator()<16 / sizeof(T)>();
+  } else {
+    launch.template operator()<1>();
+  }
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
 void max_pool2d_nhwc_forward_cuda(const Tensor& out, const Tensor& indices, const Tensor& x,
                                   const Pool2dGeometry& geometry) {
   check_on_device(out, x.device(), "max_pool2d (nhwc)", "out");
@@ -351,17 +366,11 @@ void max_pool2d_nhwc_forward_cuda(const Tensor& out, const Tensor& indices, cons
   core::dispatch_floating(x.dtype(), "max_pool2d (nhwc)", [&]<class T>() {
     const int vec = nhwc_vec<T>(x, {x.raw_data(), out.raw_data()}, indices.raw_data());
     dispatch_nhwc_index_width(x, out, [&]<class Index>() {
-      auto launch = [&]<int kVec>() {
+      launch_with_vec<T>(vec, [&]<int kVec>() {
         max_pool_nhwc_forward_kernel<T, kVec, Index><<<grid_for(out.numel() / kVec), kThreads, 0, stream_of(x)>>>(
             out.data<T>(), indices.data<uint8_t>(), x.data<T>(), nhwc_sizes<Index>(x, out, kVec),
             device_geometry<Index>(geometry));
-      };
-      if (vec > 1) {
-        launch.template operator()<16 / sizeof(T)>();
-      } else {
-        launch.template operator()<1>();
-      }
-      COLOSSAL_CUDA_CHECK_LAUNCH();
+      });
     });
   });
 }
@@ -374,18 +383,12 @@ void max_pool2d_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_out,
   core::dispatch_floating(grad_x.dtype(), "max_pool2d_backward (nhwc)", [&]<class T>() {
     const int vec = nhwc_vec<T>(grad_x, {grad_x.raw_data(), grad_out.raw_data()}, indices.raw_data());
     dispatch_nhwc_index_width(grad_x, grad_out, [&]<class Index>() {
-      auto launch = [&]<int kVec>() {
+      launch_with_vec<T>(vec, [&]<int kVec>() {
         max_pool_nhwc_backward_kernel<T, kVec, Index>
             <<<grid_for(grad_x.numel() / kVec), kThreads, 0, stream_of(grad_x)>>>(
                 grad_x.data<T>(), grad_out.data<T>(), indices.data<uint8_t>(), nhwc_sizes<Index>(grad_x, grad_out, kVec),
                 device_geometry<Index>(geometry));
-      };
-      if (vec > 1) {
-        launch.template operator()<16 / sizeof(T)>();
-      } else {
-        launch.template operator()<1>();
-      }
-      COLOSSAL_CUDA_CHECK_LAUNCH();
+      });
     });
   });
 }
