@@ -48,8 +48,8 @@ struct Case {
   std::string name;
   Family family = Family::gpt2;
   int64_t batch = 0;
-  int64_t seq = 0;           ///< tokens per sequence (GPT-2)
-  int64_t image_size = 224;  ///< square images (ViT, ResNet)
+  int64_t seq = 0;            ///< tokens per sequence (GPT-2)
+  int64_t image_size = 224;   ///< square images (ViT, ResNet)
   bool channels_last = true;  ///< ResNet's activation layout
 };
 

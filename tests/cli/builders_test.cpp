@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "colossal/config/train_config.h"
+#include "colossal/core/cuda_device.h"  // is_available
 #include "colossal/core/error.h"
 #include "colossal/core/random.h"  // Generator, randn
 #include "colossal/data/batch.h"   // stack_collate
@@ -26,7 +27,6 @@
 #include "colossal/data/transforms.h"  // to_float_image, resize_bilinear, normalize
 #include "colossal/engine/engine.h"
 #include "colossal/nn/models/gpt2.h"
-#include "colossal/core/cuda_device.h"  // is_available
 #include "colossal/nn/models/resnet.h"
 #include "colossal/nn/models/vit.h"
 #include "colossal/ops/nn_functional.h"  // cross_entropy

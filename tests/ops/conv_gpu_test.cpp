@@ -49,19 +49,18 @@ void check_conv(const ConvCase& c) {
   const bool nhwc = c.layout == ops::ImageLayout::nhwc;
   const Shape x_shape = nhwc ? Shape{c.x[0], c.x[2], c.x[3], c.x[1]} : c.x;
   for (DType dtype : kDtypes) {
-    expect_cuda_matches_cpu({.make_inputs =
-                                 [&](DType d) {
-                                   return std::vector<Tensor>{random_input(x_shape, 11, d),
-                                                              random_input(c.weight, 12, d, -0.5, 0.5),
-                                                              c.bias ? random_input({c.weight[0]}, 13, d) : Tensor()};
-                                 },
-                             .fn =
-                                 [&](const std::vector<Tensor>& in) {
-                                   return ops::conv2d(in[0], in[1], in[2], c.stride, c.padding, c.dilation, c.groups,
-                                                      c.layout);
-                                 },
-                             .tolerance_scale = kConvToleranceScale},
-                            dtype, fmt::format("{}{}", c.name, nhwc ? " (nhwc)" : ""));
+    expect_cuda_matches_cpu(
+        {.make_inputs =
+             [&](DType d) {
+               return std::vector<Tensor>{random_input(x_shape, 11, d), random_input(c.weight, 12, d, -0.5, 0.5),
+                                          c.bias ? random_input({c.weight[0]}, 13, d) : Tensor()};
+             },
+         .fn =
+             [&](const std::vector<Tensor>& in) {
+               return ops::conv2d(in[0], in[1], in[2], c.stride, c.padding, c.dilation, c.groups, c.layout);
+             },
+         .tolerance_scale = kConvToleranceScale},
+        dtype, fmt::format("{}{}", c.name, nhwc ? " (nhwc)" : ""));
   }
 }
 
@@ -98,9 +97,17 @@ TEST(ConvGpu, Conv2dMatchesCpu) {
 TEST(ConvGpu, Conv2dNhwcMatchesCpu) {
   COLOSSAL_REQUIRE_GPU();
   constexpr auto kNhwc = ops::ImageLayout::nhwc;
-  check_conv({.x = {2, 3, 11, 13}, .weight = {5, 3, 3, 3}, .bias = true, .padding = {1, 1}, .name = "3x3 same",
+  check_conv({.x = {2, 3, 11, 13},
+              .weight = {5, 3, 3, 3},
+              .bias = true,
+              .padding = {1, 1},
+              .name = "3x3 same",
               .layout = kNhwc});
-  check_conv({.x = {3, 4, 9, 10}, .weight = {6, 4, 3, 2}, .bias = false, .stride = {2, 2}, .name = "3x2 stride 2",
+  check_conv({.x = {3, 4, 9, 10},
+              .weight = {6, 4, 3, 2},
+              .bias = false,
+              .stride = {2, 2},
+              .name = "3x2 stride 2",
               .layout = kNhwc});
   check_conv({.x = {2, 4, 7, 9},
               .weight = {6, 2, 3, 3},
@@ -125,11 +132,19 @@ TEST(ConvGpu, Conv2dNhwcMatchesCpu) {
               .padding = {3, 3},
               .name = "resnet stem",
               .layout = kNhwc});
-  check_conv({.x = {4, 32, 14, 14}, .weight = {64, 32, 1, 1}, .bias = false, .stride = {2, 2}, .name = "1x1 stride 2",
+  check_conv({.x = {4, 32, 14, 14},
+              .weight = {64, 32, 1, 1},
+              .bias = false,
+              .stride = {2, 2},
+              .name = "1x1 stride 2",
               .layout = kNhwc});
   // Pointwise: ops::linear (cuBLASLt) rather than cuDNN.
   check_conv({.x = {4, 32, 14, 14}, .weight = {64, 32, 1, 1}, .bias = true, .name = "1x1 pointwise", .layout = kNhwc});
-  check_conv({.x = {8, 32, 28, 28}, .weight = {64, 32, 3, 3}, .bias = true, .padding = {1, 1}, .name = "larger 3x3",
+  check_conv({.x = {8, 32, 28, 28},
+              .weight = {64, 32, 3, 3},
+              .bias = true,
+              .padding = {1, 1},
+              .name = "larger 3x3",
               .layout = kNhwc});
 }
 
@@ -182,24 +197,24 @@ constexpr double kBatchNormToleranceScale = 4.0;
 void check_batch_norm(const BatchNormCase& c) {
   const int64_t channels = c.layout == ops::ImageLayout::nhwc ? c.x[3] : c.x[1];
   for (DType dtype : kDtypes) {
-    expect_cuda_matches_cpu(
-        {.make_inputs =
-             [&](DType d) {
-               // Running statistics in f32 whatever x's dtype (the usual mixed-precision layout).
-               return std::vector<Tensor>{random_input(c.x, 31, d, c.low, c.high),
-                                          c.affine ? random_input({channels}, 32, d, 0.5, 1.5) : Tensor(),
-                                          c.affine ? random_input({channels}, 33, d) : Tensor(),
-                                          random_input({channels}, 34, DType::f32, -0.5, 0.5, false),
-                                          random_input({channels}, 35, DType::f32, 0.5, 2.0, false)};
-             },
-         .fn =
-             [&](const std::vector<Tensor>& in) {
-               Tensor running_mean = in[3], running_var = in[4];
-               return ops::batch_norm2d(in[0], running_mean, running_var, in[1], in[2], c.training, 0.1, 1e-5,
-                                        c.layout);
-             },
-         .tolerance_scale = kBatchNormToleranceScale},
-        dtype, fmt::format("{}{}", c.name, c.layout == ops::ImageLayout::nhwc ? " (nhwc)" : ""));
+    expect_cuda_matches_cpu({.make_inputs =
+                                 [&](DType d) {
+                                   // Running statistics in f32 whatever x's dtype (the usual mixed-precision layout).
+                                   return std::vector<Tensor>{
+                                       random_input(c.x, 31, d, c.low, c.high),
+                                       c.affine ? random_input({channels}, 32, d, 0.5, 1.5) : Tensor(),
+                                       c.affine ? random_input({channels}, 33, d) : Tensor(),
+                                       random_input({channels}, 34, DType::f32, -0.5, 0.5, false),
+                                       random_input({channels}, 35, DType::f32, 0.5, 2.0, false)};
+                                 },
+                             .fn =
+                                 [&](const std::vector<Tensor>& in) {
+                                   Tensor running_mean = in[3], running_var = in[4];
+                                   return ops::batch_norm2d(in[0], running_mean, running_var, in[1], in[2], c.training,
+                                                            0.1, 1e-5, c.layout);
+                                 },
+                             .tolerance_scale = kBatchNormToleranceScale},
+                            dtype, fmt::format("{}{}", c.name, c.layout == ops::ImageLayout::nhwc ? " (nhwc)" : ""));
   }
 }
 

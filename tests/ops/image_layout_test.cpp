@@ -66,22 +66,38 @@ TEST(GradCheck, batch_norm2d_nhwc) {
 }
 
 TEST(GradCheck, pooling_nhwc) {
-  check_gradients({.make_inputs = [] { return std::vector<Tensor>{random_leaf({2, 7, 6, 3}, 7)}; },
-                   .fn = [](const std::vector<Tensor>& in) {
-                     return ops::max_pool2d(in[0], {3, 3}, {2, 2}, {1, 1}, kNhwc);
-                   }});
-  check_gradients({.make_inputs = [] { return std::vector<Tensor>{random_leaf({2, 7, 6, 3}, 8)}; },
-                   .fn = [](const std::vector<Tensor>& in) {
-                     return ops::avg_pool2d(in[0], {3, 2}, {2, 1}, {1, 1}, false, kNhwc);
-                   }});
-  check_gradients({.make_inputs = [] { return std::vector<Tensor>{random_leaf({2, 5, 4, 3}, 9)}; },
-                   .fn = [](const std::vector<Tensor>& in) {
-                     return ops::adaptive_avg_pool2d(in[0], {1, 1}, kNhwc);
-                   }});
-  check_gradients({.make_inputs = [] { return std::vector<Tensor>{random_leaf({2, 5, 4, 3}, 10)}; },
-                   .fn = [](const std::vector<Tensor>& in) {
-                     return ops::adaptive_avg_pool2d(in[0], {2, 3}, kNhwc);
-                   }});
+  check_gradients({.make_inputs =
+                       [] {
+                         return std::vector<Tensor>{random_leaf({2, 7, 6, 3}, 7)};
+                       },
+                   .fn =
+                       [](const std::vector<Tensor>& in) {
+                         return ops::max_pool2d(in[0], {3, 3}, {2, 2}, {1, 1}, kNhwc);
+                       }});
+  check_gradients({.make_inputs =
+                       [] {
+                         return std::vector<Tensor>{random_leaf({2, 7, 6, 3}, 8)};
+                       },
+                   .fn =
+                       [](const std::vector<Tensor>& in) {
+                         return ops::avg_pool2d(in[0], {3, 2}, {2, 1}, {1, 1}, false, kNhwc);
+                       }});
+  check_gradients({.make_inputs =
+                       [] {
+                         return std::vector<Tensor>{random_leaf({2, 5, 4, 3}, 9)};
+                       },
+                   .fn =
+                       [](const std::vector<Tensor>& in) {
+                         return ops::adaptive_avg_pool2d(in[0], {1, 1}, kNhwc);
+                       }});
+  check_gradients({.make_inputs =
+                       [] {
+                         return std::vector<Tensor>{random_leaf({2, 5, 4, 3}, 10)};
+                       },
+                   .fn =
+                       [](const std::vector<Tensor>& in) {
+                         return ops::adaptive_avg_pool2d(in[0], {2, 3}, kNhwc);
+                       }});
 }
 
 /// Runs `op` on an nchw f32 x and on its nhwc copy, backpropagates the same (transposed) upstream
@@ -124,7 +140,9 @@ TEST(ImageLayout, NhwcIsTheTransposedNchw) {
   Tensor w1 = random_tensor({5, 4, 1, 1}, 35, -1.0, 1.0, DType::f32);
   expect_layouts_agree(
       "pointwise conv2d", {2, 4, 3, 5}, {w1},
-      [&](const Tensor& x, ImageLayout layout) { return ops::conv2d(x, w1, Tensor(), {1, 1}, {0, 0}, {1, 1}, 1, layout); },
+      [&](const Tensor& x, ImageLayout layout) {
+        return ops::conv2d(x, w1, Tensor(), {1, 1}, {0, 0}, {1, 1}, 1, layout);
+      },
       1e-6);
   Tensor gamma = random_tensor({4}, 33, 0.5, 1.5, DType::f32);
   Tensor beta = random_tensor({4}, 34, -1.0, 1.0, DType::f32);
@@ -139,7 +157,10 @@ TEST(ImageLayout, NhwcIsTheTransposedNchw) {
   // another order, so equal to f32 rounding.
   expect_layouts_agree(
       "adaptive_avg_pool2d", {2, 3, 7, 7}, {},
-      [](const Tensor& x, ImageLayout layout) { return ops::adaptive_avg_pool2d(x, {1, 1}, layout); }, 1e-6);
+      [](const Tensor& x, ImageLayout layout) {
+        return ops::adaptive_avg_pool2d(x, {1, 1}, layout);
+      },
+      1e-6);
 }
 
 TEST(ImageLayout, ToNhwcAndBack) {
@@ -158,9 +179,8 @@ TEST(ImageLayout, BadInputsNameTheLayout) {
                                     {0, 0}, {1, 1}, 1, kNhwc),
                         "[N, H, W, C] (nhwc layout)");
   // weight [6, 2, 3, 3] wants 2 input channels; nhwc x has 4 in its last dimension.
-  EXPECT_ERROR_CONTAINS(
-      ops::conv2d(x, random_tensor({6, 2, 3, 3}, 54), Tensor(), {1, 1}, {0, 0}, {1, 1}, 1, kNhwc),
-      "expects 2 input channels, but x of shape [2, 5, 5, 4] has 4");
+  EXPECT_ERROR_CONTAINS(ops::conv2d(x, random_tensor({6, 2, 3, 3}, 54), Tensor(), {1, 1}, {0, 0}, {1, 1}, 1, kNhwc),
+                        "expects 2 input channels, but x of shape [2, 5, 5, 4] has 4");
   Tensor mean = core::zeros({5}, DType::f64), var = core::ones({5}, DType::f64);
   EXPECT_ERROR_CONTAINS(ops::batch_norm2d(x, mean, var, Tensor(), Tensor(), true, 0.1, 1e-5, kNhwc),
                         "running_mean of shape [4]");

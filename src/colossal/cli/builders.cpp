@@ -166,7 +166,8 @@ std::shared_ptr<nn::Module> make_resnet(const TrainConfig& c, const Datasets& d,
   r.zero_init_residual = o.get_bool("zero_init_residual", r.zero_init_residual);
   r.width = o.get_int("width", r.width, 1, 1 << 16);
   // channels_last is the fast layout on the GPU and only costs transposes on the CPU.
-  r.channels_last = o.get_bool("channels_last", c.train.device != config::DeviceKind::kCpu && core::cuda::is_available());
+  r.channels_last =
+      o.get_bool("channels_last", c.train.device != config::DeviceKind::kCpu && core::cuda::is_available());
   const std::string block =
       o.get_string("block", r.block == nn::models::ResNetBlockKind::basic ? "basic" : "bottleneck");
   if (block == "basic") {

@@ -64,8 +64,8 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
     COLOSSAL_CHECK(running_mean.defined(), "batch_norm2d: evaluation mode needs running_mean and running_var");
   }
   if (nhwc && !batch_norm_nhwc_forward_stub.supports(x.device().type)) {
-    return to_nhwc(batch_norm2d(to_nchw(x), running_mean, running_var, weight, bias, training, momentum, eps,
-                                ImageLayout::nchw));
+    return to_nhwc(
+        batch_norm2d(to_nchw(x), running_mean, running_var, weight, bias, training, momentum, eps, ImageLayout::nchw));
   }
   auto& forward_stub = nhwc ? batch_norm_nhwc_forward_stub : batch_norm_forward_stub;
   auto& backward_stub = nhwc ? batch_norm_nhwc_backward_stub : batch_norm_backward_stub;
@@ -82,8 +82,7 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
     // The kernel updates contiguous statistics in place; non-contiguous ones get the result copied back.
     Tensor mean_c = running_mean.defined() ? core::contiguous_raw(running_mean) : Tensor();
     Tensor var_c = running_var.defined() ? core::contiguous_raw(running_var) : Tensor();
-    forward_stub(x.device(), y, save_mean, save_invstd, x_c, mean_c, var_c, weight_c, bias_c, training,
-                            momentum, eps);
+    forward_stub(x.device(), y, save_mean, save_invstd, x_c, mean_c, var_c, weight_c, bias_c, training, momentum, eps);
     if (training && mean_c.defined()) {
       if (!mean_c.is_same(running_mean)) running_mean.copy_(mean_c);
       if (!var_c.is_same(running_var)) running_var.copy_(var_c);
@@ -91,8 +90,8 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
   }
   autograd::record("batch_norm2d", {x, weight, bias}, {y},
                    [x_saved = x_c.detach(), weight_saved = weight_c.defined() ? weight_c.detach() : Tensor(),
-                    mean_saved = save_mean.detach(), invstd_saved = save_invstd.detach(),
-                    training, channel_dim, &backward_stub](const std::vector<Tensor>& grads, const autograd::Node& node) {
+                    mean_saved = save_mean.detach(), invstd_saved = save_invstd.detach(), training, channel_dim,
+                    &backward_stub](const std::vector<Tensor>& grads, const autograd::Node& node) {
                      const TensorOptions options(x_saved.dtype(), x_saved.device());
                      const int64_t channels = x_saved.size(channel_dim);
                      Tensor grad_x = node.needs_input_grad(0) ? core::empty(x_saved.shape(), options) : Tensor();
@@ -104,8 +103,8 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
                        }
                      } else {
                        const Tensor grad_y = core::contiguous_raw(grads[0]);
-                       backward_stub(grad_y.device(), grad_x, grad_weight, grad_bias, grad_y, x_saved,
-                                                weight_saved, mean_saved, invstd_saved, training);
+                       backward_stub(grad_y.device(), grad_x, grad_weight, grad_bias, grad_y, x_saved, weight_saved,
+                                     mean_saved, invstd_saved, training);
                      }
                      return std::vector<Tensor>{grad_x, grad_weight, grad_bias};
                    });

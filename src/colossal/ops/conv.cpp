@@ -89,7 +89,8 @@ Conv2dGeometry conv2d_geometry(const Tensor& x, const Tensor& weight, const Tens
 /// Runs the forward stub into a fresh `out_shape` tensor and records the backward stub. The kernel
 /// adds `bias` (nchw) itself; nhwc passes none.
 Tensor run_conv2d(const char* name, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                  const Conv2dGeometry& geometry, const Shape& out_shape, core::DispatchStub<Conv2dForwardKernel>& forward,
+                  const Conv2dGeometry& geometry, const Shape& out_shape,
+                  core::DispatchStub<Conv2dForwardKernel>& forward,
                   core::DispatchStub<Conv2dBackwardKernel>& backward) {
   const Tensor x_c = core::contiguous_raw(x);
   const Tensor weight_c = core::contiguous_raw(weight);
@@ -107,7 +108,7 @@ Tensor run_conv2d(const char* name, const Tensor& x, const Tensor& weight, const
   autograd::record(
       name, {x, weight, bias}, {out},
       [x_saved = x_c.detach(), weight_saved = weight_c.detach(), geometry, &backward](const std::vector<Tensor>& grads,
-                                                                                     const autograd::Node& node) {
+                                                                                      const autograd::Node& node) {
         const TensorOptions options(x_saved.dtype(), x_saved.device());
         Tensor grad_x = node.needs_input_grad(0) ? core::empty(x_saved.shape(), options) : Tensor();
         Tensor grad_weight = node.needs_input_grad(1) ? core::empty(weight_saved.shape(), options) : Tensor();
@@ -168,9 +169,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair st
   // The kernel wants the filter channels-last too, [O, kH, kW, C / groups]: a recorded copy for
   // kernels larger than 1x1 (whose permuted view is already contiguous).
   const Tensor weight_nhwc = contiguous(permute(weight, {0, 2, 3, 1}));
-  Tensor out = run_conv2d("conv2d_nhwc", x, weight_nhwc, Tensor(), g,
-                          {g.batch, g.out_height, g.out_width, g.out_channels}, conv2d_nhwc_forward_stub,
-                          conv2d_nhwc_backward_stub);
+  Tensor out =
+      run_conv2d("conv2d_nhwc", x, weight_nhwc, Tensor(), g, {g.batch, g.out_height, g.out_width, g.out_channels},
+                 conv2d_nhwc_forward_stub, conv2d_nhwc_backward_stub);
   return bias.defined() ? add(out, bias) : out;
 }
 

@@ -103,8 +103,7 @@ Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Image
   return out;
 }
 
-Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool count_include_pad,
-                  ImageLayout layout) {
+Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool count_include_pad, ImageLayout layout) {
   if (layout == ImageLayout::nhwc) {
     check_image(x, "avg_pool2d", layout);
     return to_nhwc(avg_pool2d(to_nchw(x), kernel, stride, padding, count_include_pad));

@@ -39,8 +39,8 @@ std::shared_ptr<Conv2d> conv3x3(int64_t in, int64_t out, int64_t stride, core::G
 
 std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride, core::Generator* generator,
                                 ops::ImageLayout layout) {
-  return std::make_shared<Conv2d>(in, out, 1, Conv2dOptions{.stride = {stride, stride}, .bias = false, .layout = layout},
-                                  generator);
+  return std::make_shared<Conv2d>(
+      in, out, 1, Conv2dOptions{.stride = {stride, stride}, .bias = false, .layout = layout}, generator);
 }
 
 std::shared_ptr<BatchNorm2d> batch_norm(int64_t features, ops::ImageLayout layout) {
@@ -121,9 +121,9 @@ ResNet::ResNet(const ResNetConfig& config, core::Generator* generator) : Module(
       "conv1",
       config.cifar_stem
           ? conv3x3(config.in_chans, config.width, 1, generator, layout)
-          : std::make_shared<Conv2d>(config.in_chans, config.width, 7,
-                                     Conv2dOptions{.stride = {2, 2}, .padding = {3, 3}, .bias = false, .layout = layout},
-                                     generator));
+          : std::make_shared<Conv2d>(
+                config.in_chans, config.width, 7,
+                Conv2dOptions{.stride = {2, 2}, .padding = {3, 3}, .bias = false, .layout = layout}, generator));
   bn1_ = register_module("bn1", batch_norm(config.width, layout));
   int64_t in_planes = config.width;
   for (size_t s = 0; s < 4; ++s) {
@@ -180,8 +180,9 @@ std::vector<std::shared_ptr<Module>> ResNet::layers() {
     }
   }
   auto head_view = std::make_shared<LayerView>(
-      "ResNetHead",
-      [fc = fc_, layout = config_.layout()](LayerView&, const Tensor& features) { return head(*fc, layout, features); });
+      "ResNetHead", [fc = fc_, layout = config_.layout()](LayerView&, const Tensor& features) {
+        return head(*fc, layout, features);
+      });
   head_view->share_module("fc", fc_);
   pieces.push_back(head_view);
   return pieces;

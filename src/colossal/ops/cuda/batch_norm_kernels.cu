@@ -522,7 +522,8 @@ RowsPlan plan_rows(int64_t rows, int64_t channels, std::initializer_list<const v
   const int64_t tiles = (plan.groups + plan.tx - 1) / plan.tx;
   // About 1024 blocks (several per SM), each row lane walking at least 8 rows.
   const int64_t wanted = (1024 + tiles - 1) / tiles;
-  const int64_t splits = std::clamp<int64_t>(wanted, 1, std::max<int64_t>(1, std::min(max_splits, rows / (plan.ty * 8))));
+  const int64_t splits =
+      std::clamp<int64_t>(wanted, 1, std::max<int64_t>(1, std::min(max_splits, rows / (plan.ty * 8))));
   plan.chunk = std::max<int64_t>(1, (rows + splits - 1) / splits);
   plan.splits = static_cast<int>(std::max<int64_t>(1, (rows + plan.chunk - 1) / plan.chunk));
   plan.grid = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(plan.splits));
@@ -573,8 +574,8 @@ __device__ void combine_rows_and_store(State (&state)[kVec], State* shared, cons
 }
 
 template <class T, int kVec>
-__global__ void __launch_bounds__(kRowsThreads) nhwc_moments_kernel(const T* x, RowsPlan plan,
-                                                                    Moments<acc_t<T>>* partials) {
+__global__ void __launch_bounds__(kRowsThreads)
+    nhwc_moments_kernel(const T* x, RowsPlan plan, Moments<acc_t<T>>* partials) {
   using A = acc_t<T>;
   __shared__ Moments<A> shared[kRowsThreads * kVec];
   const RowsLane at(plan);
@@ -611,8 +612,8 @@ __global__ void __launch_bounds__(kRowsThreads) nhwc_moments_kernel(const T* x, 
 }
 
 template <class T, int kVec>
-__global__ void __launch_bounds__(kRowsThreads) nhwc_grad_sums_kernel(const T* dy, const T* x, const stat_t<T>* mean,
-                                                                      RowsPlan plan, GradSums<acc_t<T>>* partials) {
+__global__ void __launch_bounds__(kRowsThreads)
+    nhwc_grad_sums_kernel(const T* dy, const T* x, const stat_t<T>* mean, RowsPlan plan, GradSums<acc_t<T>>* partials) {
   using A = acc_t<T>;
   __shared__ GradSums<A> shared[kRowsThreads * kVec];
   const RowsLane at(plan);
@@ -665,8 +666,8 @@ __device__ __forceinline__ void stream_rows(const RowsPlan& plan, const Coeffici
 
 /// y = x * scale + shift.
 template <class T, int kVec>
-__global__ void __launch_bounds__(kRowsThreads) nhwc_normalize_kernel(T* y, const T* x,
-                                                                      const Affine<acc_t<T>>* affine, RowsPlan plan) {
+__global__ void __launch_bounds__(kRowsThreads)
+    nhwc_normalize_kernel(T* y, const T* x, const Affine<acc_t<T>>* affine, RowsPlan plan) {
   using A = acc_t<T>;
   stream_rows<kVec>(plan, affine, [&](int64_t element, const Affine<A>(&a)[kVec]) {
     const auto in = load_group<kVec>(x + element);
@@ -679,9 +680,9 @@ __global__ void __launch_bounds__(kRowsThreads) nhwc_normalize_kernel(T* y, cons
 
 /// dx from the per-channel GradCoefficients (training: x is read too).
 template <class T, int kVec, bool kTraining>
-__global__ void __launch_bounds__(kRowsThreads) nhwc_grad_input_kernel(T* dx, const T* dy, const T* x,
-                                                                       const GradCoefficients<acc_t<T>>* coefficients,
-                                                                       RowsPlan plan) {
+__global__ void __launch_bounds__(kRowsThreads)
+    nhwc_grad_input_kernel(T* dx, const T* dy, const T* x, const GradCoefficients<acc_t<T>>* coefficients,
+                           RowsPlan plan) {
   using A = acc_t<T>;
   stream_rows<kVec>(plan, coefficients, [&](int64_t element, const GradCoefficients<A>(&c)[kVec]) {
     write_grad_input<T, kTraining, kVec>(dx, dy, x, element, [&](int i) -> const GradCoefficients<A>& { return c[i]; });
@@ -720,8 +721,8 @@ const State* reduce_rows(const RowsPlan& plan, int64_t channels, State identity,
 
 template <class T>
 void nhwc_forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
-                        const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                        const Tensor& bias, bool training, double momentum, double eps) {
+                        const Tensor& running_mean, const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                        bool training, double momentum, double eps) {
   using A = acc_t<T>;
   using S = stat_t<T>;
   const int64_t channels = x.size(-1);
@@ -744,8 +745,7 @@ void nhwc_forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& 
   Tensor affine = scratch(channels * static_cast<int64_t>(sizeof(Affine<A>)), device);
   auto* affine_data = static_cast<Affine<A>*>(affine.raw_data());
   finish_forward_kernel<T><<<core::cuda_detail::grid_for(channels), core::cuda_detail::kThreads, 0, stream>>>(
-      moments, splits, channels, rows,
-      training, momentum, eps, running_stat(running_mean), running_stat(running_var),
+      moments, splits, channels, rows, training, momentum, eps, running_stat(running_mean), running_stat(running_var),
       weight.defined() ? weight.data<T>() : nullptr, bias.defined() ? bias.data<T>() : nullptr, save_mean.data<S>(),
       save_invstd.data<S>(), affine_data);
   COLOSSAL_CUDA_CHECK_LAUNCH();
@@ -757,9 +757,9 @@ void nhwc_forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& 
 }
 
 template <class T>
-void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                         const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                         const Tensor& save_invstd, bool training) {
+void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
+                         const Tensor& x, const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd,
+                         bool training) {
   using A = acc_t<T>;
   using S = stat_t<T>;
   const int64_t channels = x.size(-1);
@@ -788,21 +788,20 @@ void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
   auto* coefficient_data =
       coefficients.defined() ? static_cast<GradCoefficients<A>*>(coefficients.raw_data()) : nullptr;
   finish_backward_kernel<T><<<core::cuda_detail::grid_for(channels), core::cuda_detail::kThreads, 0, stream>>>(
-      sums, splits, channels, rows,
-      training, weight.defined() ? weight.data<T>() : nullptr, save_mean.data<S>(), save_invstd.data<S>(),
-      grad_weight.defined() ? grad_weight.data<T>() : nullptr, grad_bias.defined() ? grad_bias.data<T>() : nullptr,
-      coefficient_data);
+      sums, splits, channels, rows, training, weight.defined() ? weight.data<T>() : nullptr, save_mean.data<S>(),
+      save_invstd.data<S>(), grad_weight.defined() ? grad_weight.data<T>() : nullptr,
+      grad_bias.defined() ? grad_bias.data<T>() : nullptr, coefficient_data);
   COLOSSAL_CUDA_CHECK_LAUNCH();
 
   if (!grad_x.defined()) return;
   const RowsPlan map = plan_rows<T>(rows, channels, {grad_y.raw_data(), x.raw_data(), dx_data}, 65535);
   with_vec<T>(map, [&]<int kVec>() {
     if (training) {
-      nhwc_grad_input_kernel<T, kVec, true><<<map.grid, kRowsThreads, 0, stream>>>(
-          grad_x.data<T>(), grad_y.data<T>(), x.data<T>(), coefficient_data, map);
+      nhwc_grad_input_kernel<T, kVec, true><<<map.grid, kRowsThreads, 0, stream>>>(grad_x.data<T>(), grad_y.data<T>(),
+                                                                                   x.data<T>(), coefficient_data, map);
     } else {
-      nhwc_grad_input_kernel<T, kVec, false><<<map.grid, kRowsThreads, 0, stream>>>(
-          grad_x.data<T>(), grad_y.data<T>(), x.data<T>(), coefficient_data, map);
+      nhwc_grad_input_kernel<T, kVec, false><<<map.grid, kRowsThreads, 0, stream>>>(grad_x.data<T>(), grad_y.data<T>(),
+                                                                                    x.data<T>(), coefficient_data, map);
     }
   });
 }
@@ -815,13 +814,16 @@ void check_all_on_device(const Device device, const char* op,
   }
 }
 
-void batch_norm_nhwc_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
-                                  const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
-                                  double eps) {
+void batch_norm_nhwc_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
+                                  const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                                  const Tensor& bias, bool training, double momentum, double eps) {
   check_all_on_device(x.device(), "batch_norm2d (nhwc)",
-                      {{&y, "y"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"},
-                       {&running_mean, "running_mean"}, {&running_var, "running_var"}, {&weight, "weight"},
+                      {{&y, "y"},
+                       {&save_mean, "save_mean"},
+                       {&save_invstd, "save_invstd"},
+                       {&running_mean, "running_mean"},
+                       {&running_var, "running_var"},
+                       {&weight, "weight"},
                        {&bias, "bias"}});
   core::cuda::DeviceGuard guard(x.device());
   core::dispatch_floating(x.dtype(), "batch_norm2d (nhwc)", [&]<class T>() {
@@ -831,11 +833,15 @@ void batch_norm_nhwc_forward_cuda(const Tensor& y, const Tensor& save_mean, cons
 }
 
 void batch_norm_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                                   const Tensor& grad_y, const Tensor& x, const Tensor& weight,
-                                   const Tensor& save_mean, const Tensor& save_invstd, bool training) {
+                                   const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                                   const Tensor& save_invstd, bool training) {
   check_all_on_device(x.device(), "batch_norm2d_backward (nhwc)",
-                      {{&grad_x, "grad_x"}, {&grad_weight, "grad_weight"}, {&grad_bias, "grad_bias"},
-                       {&grad_y, "grad_y"}, {&weight, "weight"}, {&save_mean, "save_mean"},
+                      {{&grad_x, "grad_x"},
+                       {&grad_weight, "grad_weight"},
+                       {&grad_bias, "grad_bias"},
+                       {&grad_y, "grad_y"},
+                       {&weight, "weight"},
+                       {&save_mean, "save_mean"},
                        {&save_invstd, "save_invstd"}});
   core::cuda::DeviceGuard guard(x.device());
   core::dispatch_floating(x.dtype(), "batch_norm2d_backward (nhwc)", [&]<class T>() {

@@ -78,9 +78,9 @@ class ConvDescriptors {
     COLOSSAL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, format, data, to_int(batch, "batch"),
                                                     to_int(g.in_channels, "in_channels"), to_int(g.in_height, "height"),
                                                     to_int(g.in_width, "width")));
-    COLOSSAL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-        y, format, data, to_int(batch, "batch"), to_int(g.out_channels, "out_channels"),
-        to_int(g.out_height, "out_height"), to_int(g.out_width, "out_width")));
+    COLOSSAL_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(y, format, data, to_int(batch, "batch"), to_int(g.out_channels, "out_channels"),
+                                   to_int(g.out_height, "out_height"), to_int(g.out_width, "out_width")));
     COLOSSAL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, format, to_int(g.out_channels, "out_channels"),
                                                     to_int(g.in_channels / g.groups, "in_channels / groups"),
                                                     to_int(g.kernel_height, "kernel_height"),

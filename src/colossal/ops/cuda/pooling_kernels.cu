@@ -219,7 +219,7 @@ struct NhwcSizes {
 
 template <class Index>
 NhwcSizes<Index> nhwc_sizes(const Tensor& in, const Tensor& out, int vec) {
-  return {static_cast<Index>(in.size(0)),  static_cast<Index>(in.size(1)),  static_cast<Index>(in.size(2)),
+  return {static_cast<Index>(in.size(0)),       static_cast<Index>(in.size(1)),  static_cast<Index>(in.size(2)),
           static_cast<Index>(in.size(3) / vec), static_cast<Index>(out.size(1)), static_cast<Index>(out.size(2))};
 }
 
@@ -267,7 +267,8 @@ __global__ void max_pool_nhwc_forward_kernel(T* out, uint8_t* offsets, const T* 
     A best[kVec];
     Offsets<kVec> where;
     {
-      const Group first = *reinterpret_cast<const Group*>(src + (int64_t{wh.start} * p.width + ww.start) * p.groups * kVec);
+      const Group first =
+          *reinterpret_cast<const Group*>(src + (int64_t{wh.start} * p.width + ww.start) * p.groups * kVec);
       const auto offset = static_cast<uint8_t>((wh.start - h0) * g.kernel_w + (ww.start - w0));
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
@@ -298,8 +299,8 @@ __global__ void max_pool_nhwc_forward_kernel(T* out, uint8_t* offsets, const T* 
 }
 
 template <class T, int kVec, class Index>
-__global__ void max_pool_nhwc_backward_kernel(T* grad_x, const T* grad_out, const uint8_t* offsets,
-                                              NhwcSizes<Index> p, Geometry<Index> g) {
+__global__ void max_pool_nhwc_backward_kernel(T* grad_x, const T* grad_out, const uint8_t* offsets, NhwcSizes<Index> p,
+                                              Geometry<Index> g) {
   using A = acc_t<T>;
   using Group = core::cuda_detail::Vec<T, kVec>;
   const Index total = p.batch * p.height * p.width * p.groups;
@@ -314,8 +315,8 @@ __global__ void max_pool_nhwc_backward_kernel(T* grad_x, const T* grad_out, cons
     for (int k = 0; k < kVec; ++k) total_grad[k] = A(0);
     for (Index oh = oh_first; oh <= oh_last; ++oh) {
       for (Index ow = ow_first; ow <= ow_last; ++ow) {
-        const auto mine = static_cast<uint8_t>((h - (oh * g.stride_h - g.pad_h)) * g.kernel_w +
-                                               (w - (ow * g.stride_w - g.pad_w)));
+        const auto mine =
+            static_cast<uint8_t>((h - (oh * g.stride_h - g.pad_h)) * g.kernel_w + (w - (ow * g.stride_w - g.pad_w)));
         const int64_t o = ((base + int64_t{oh} * p.out_width + ow) * p.groups + group) * kVec;
         const Offsets<kVec> where = *reinterpret_cast<const Offsets<kVec>*>(offsets + o);
         bool any = false;
@@ -386,8 +387,8 @@ void max_pool2d_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_out,
       launch_with_vec<T>(vec, [&]<int kVec>() {
         max_pool_nhwc_backward_kernel<T, kVec, Index>
             <<<grid_for(grad_x.numel() / kVec), kThreads, 0, stream_of(grad_x)>>>(
-                grad_x.data<T>(), grad_out.data<T>(), indices.data<uint8_t>(), nhwc_sizes<Index>(grad_x, grad_out, kVec),
-                device_geometry<Index>(geometry));
+                grad_x.data<T>(), grad_out.data<T>(), indices.data<uint8_t>(),
+                nhwc_sizes<Index>(grad_x, grad_out, kVec), device_geometry<Index>(geometry));
       });
     });
   });
