@@ -111,9 +111,12 @@ int64_t divisor(const Window& wh, const Window& ww, bool count_include_pad) {
   return count_include_pad ? wh.padded_size * ww.padded_size : (wh.end - wh.start) * (ww.end - ww.start);
 }
 
-void avg_pool2d_forward_cpu(const Tensor& out, const Tensor& x, const Pool2dGeometry& g) {
+/// Average pooling over the windows `windows(oh, ow)` returns as {wh, ww, divisor}: the forward of
+/// avg_pool2d and adaptive_avg_pool2d, which differ only there.
+template <class Windows>
+void average_pool_forward(const Tensor& out, const Tensor& x, const char* name, const Windows& windows) {
   const Planes p(x, out);
-  core::dispatch_floating(x.dtype(), "avg_pool2d", [&]<class T>() {
+  core::dispatch_floating(x.dtype(), name, [&]<class T>() {
     using A = core::acc_t<T>;
     const T* in = x.data<T>();
     T* dst = out.data<T>();
@@ -121,102 +124,85 @@ void avg_pool2d_forward_cpu(const Tensor& out, const Tensor& x, const Pool2dGeom
       for (int64_t plane = begin; plane < end; ++plane) {
         const T* src = in + plane * p.area();
         for (int64_t oh = 0; oh < p.out_height; ++oh) {
-          const Window wh = window(oh, g.stride_h, g.pad_h, g.kernel_h, p.height);
           for (int64_t ow = 0; ow < p.out_width; ++ow) {
-            const Window ww = window(ow, g.stride_w, g.pad_w, g.kernel_w, p.width);
+            const auto [wh, ww, count] = windows(p, oh, ow);
             A total = A(0);
             for (int64_t h = wh.start; h < wh.end; ++h) {
               for (int64_t w = ww.start; w < ww.end; ++w) total += static_cast<A>(src[h * p.width + w]);
             }
-            dst[plane * p.out_area() + oh * p.out_width + ow] =
-                static_cast<T>(total / static_cast<A>(divisor(wh, ww, g.count_include_pad)));
+            dst[plane * p.out_area() + oh * p.out_width + ow] = static_cast<T>(total / static_cast<A>(count));
           }
         }
       }
     });
   });
+}
+
+/// The adjoint of average_pool_forward: each output's gradient, divided by its window's divisor,
+/// added to the window's inputs (one plane per task, summed in A and rounded once).
+template <class Windows>
+void average_pool_backward(const Tensor& grad_x, const Tensor& grad_out, const char* name, const Windows& windows) {
+  const Planes p(grad_x, grad_out);
+  core::dispatch_floating(grad_x.dtype(), name, [&]<class T>() {
+    using A = core::acc_t<T>;
+    const T* dy = grad_out.data<T>();
+    T* dx = grad_x.data<T>();
+    core::parallel_for(0, p.count, p.grain(), [&](int64_t begin, int64_t end) {
+      std::vector<A> acc(static_cast<size_t>(p.area()));
+      for (int64_t plane = begin; plane < end; ++plane) {
+        std::fill(acc.begin(), acc.end(), A(0));
+        for (int64_t oh = 0; oh < p.out_height; ++oh) {
+          for (int64_t ow = 0; ow < p.out_width; ++ow) {
+            const auto [wh, ww, count] = windows(p, oh, ow);
+            const A share = static_cast<A>(dy[plane * p.out_area() + oh * p.out_width + ow]) / static_cast<A>(count);
+            for (int64_t h = wh.start; h < wh.end; ++h) {
+              for (int64_t w = ww.start; w < ww.end; ++w) acc[h * p.width + w] += share;
+            }
+          }
+        }
+        T* plane_dx = dx + plane * p.area();
+        for (int64_t i = 0; i < p.area(); ++i) plane_dx[i] = static_cast<T>(acc[i]);
+      }
+    });
+  });
+}
+
+/// An output's window along each axis and the number its average divides by.
+struct AverageWindow {
+  Window wh, ww;
+  int64_t divisor;
+};
+
+/// avg_pool2d's windows: strided, padded, divided by the padded or the real size.
+auto fixed_windows(const Pool2dGeometry& g) {
+  return [g](const Planes& p, int64_t oh, int64_t ow) {
+    const Window wh = window(oh, g.stride_h, g.pad_h, g.kernel_h, p.height);
+    const Window ww = window(ow, g.stride_w, g.pad_w, g.kernel_w, p.width);
+    return AverageWindow{wh, ww, divisor(wh, ww, g.count_include_pad)};
+  };
+}
+
+/// adaptive_avg_pool2d's windows, divided by their size.
+AverageWindow adaptive_windows(const Planes& p, int64_t oh, int64_t ow) {
+  const Window wh = adaptive_window(oh, p.out_height, p.height);
+  const Window ww = adaptive_window(ow, p.out_width, p.width);
+  return {wh, ww, wh.padded_size * ww.padded_size};
+}
+
+void avg_pool2d_forward_cpu(const Tensor& out, const Tensor& x, const Pool2dGeometry& g) {
+  average_pool_forward(out, x, "avg_pool2d", fixed_windows(g));
 }
 
 void avg_pool2d_backward_cpu(const Tensor& grad_x, const Tensor& grad_out, const Pool2dGeometry& g) {
-  const Planes p(grad_x, grad_out);
-  core::dispatch_floating(grad_x.dtype(), "avg_pool2d_backward", [&]<class T>() {
-    using A = core::acc_t<T>;
-    const T* dy = grad_out.data<T>();
-    T* dx = grad_x.data<T>();
-    core::parallel_for(0, p.count, p.grain(), [&](int64_t begin, int64_t end) {
-      std::vector<A> acc(static_cast<size_t>(p.area()));
-      for (int64_t plane = begin; plane < end; ++plane) {
-        std::fill(acc.begin(), acc.end(), A(0));
-        for (int64_t oh = 0; oh < p.out_height; ++oh) {
-          const Window wh = window(oh, g.stride_h, g.pad_h, g.kernel_h, p.height);
-          for (int64_t ow = 0; ow < p.out_width; ++ow) {
-            const Window ww = window(ow, g.stride_w, g.pad_w, g.kernel_w, p.width);
-            const A share = static_cast<A>(dy[plane * p.out_area() + oh * p.out_width + ow]) /
-                            static_cast<A>(divisor(wh, ww, g.count_include_pad));
-            for (int64_t h = wh.start; h < wh.end; ++h) {
-              for (int64_t w = ww.start; w < ww.end; ++w) acc[h * p.width + w] += share;
-            }
-          }
-        }
-        T* plane_dx = dx + plane * p.area();
-        for (int64_t i = 0; i < p.area(); ++i) plane_dx[i] = static_cast<T>(acc[i]);
-      }
-    });
-  });
+  average_pool_backward(grad_x, grad_out, "avg_pool2d_backward", fixed_windows(g));
 }
 
 void adaptive_avg_pool2d_forward_cpu(const Tensor& out, const Tensor& x) {
-  const Planes p(x, out);
-  core::dispatch_floating(x.dtype(), "adaptive_avg_pool2d", [&]<class T>() {
-    using A = core::acc_t<T>;
-    const T* in = x.data<T>();
-    T* dst = out.data<T>();
-    core::parallel_for(0, p.count, p.grain(), [&](int64_t begin, int64_t end) {
-      for (int64_t plane = begin; plane < end; ++plane) {
-        const T* src = in + plane * p.area();
-        for (int64_t oh = 0; oh < p.out_height; ++oh) {
-          const Window wh = adaptive_window(oh, p.out_height, p.height);
-          for (int64_t ow = 0; ow < p.out_width; ++ow) {
-            const Window ww = adaptive_window(ow, p.out_width, p.width);
-            A total = A(0);
-            for (int64_t h = wh.start; h < wh.end; ++h) {
-              for (int64_t w = ww.start; w < ww.end; ++w) total += static_cast<A>(src[h * p.width + w]);
-            }
-            dst[plane * p.out_area() + oh * p.out_width + ow] =
-                static_cast<T>(total / static_cast<A>(wh.padded_size * ww.padded_size));
-          }
-        }
-      }
-    });
-  });
+  average_pool_forward(out, x, "adaptive_avg_pool2d", adaptive_windows);
 }
 
 void adaptive_avg_pool2d_backward_cpu(const Tensor& grad_x, const Tensor& grad_out) {
-  const Planes p(grad_x, grad_out);
-  core::dispatch_floating(grad_x.dtype(), "adaptive_avg_pool2d_backward", [&]<class T>() {
-    using A = core::acc_t<T>;
-    const T* dy = grad_out.data<T>();
-    T* dx = grad_x.data<T>();
-    core::parallel_for(0, p.count, p.grain(), [&](int64_t begin, int64_t end) {
-      std::vector<A> acc(static_cast<size_t>(p.area()));
-      for (int64_t plane = begin; plane < end; ++plane) {
-        std::fill(acc.begin(), acc.end(), A(0));
-        for (int64_t oh = 0; oh < p.out_height; ++oh) {
-          const Window wh = adaptive_window(oh, p.out_height, p.height);
-          for (int64_t ow = 0; ow < p.out_width; ++ow) {
-            const Window ww = adaptive_window(ow, p.out_width, p.width);
-            const A share = static_cast<A>(dy[plane * p.out_area() + oh * p.out_width + ow]) /
-                            static_cast<A>(wh.padded_size * ww.padded_size);
-            for (int64_t h = wh.start; h < wh.end; ++h) {
-              for (int64_t w = ww.start; w < ww.end; ++w) acc[h * p.width + w] += share;
-            }
-          }
-        }
-        T* plane_dx = dx + plane * p.area();
-        for (int64_t i = 0; i < p.area(); ++i) plane_dx[i] = static_cast<T>(acc[i]);
-      }
-    });
-  });
+  average_pool_backward(grad_x, grad_out, "adaptive_avg_pool2d_backward", adaptive_windows);
 }
 
 }  // namespace
