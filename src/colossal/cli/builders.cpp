@@ -13,8 +13,9 @@
 #include <vector>
 
 #include "colossal/config/train_config.h"
-#include "colossal/core/cuda_device.h"  // is_available
-#include "colossal/core/dtype.h"        // is_floating
+#include "colossal/core/build_config.h"  // COLOSSAL_WITH_CUDA
+#include "colossal/core/cuda_device.h"   // is_available
+#include "colossal/core/dtype.h"         // is_floating
 #include "colossal/core/error.h"
 #include "colossal/nn/models/gpt2.h"     // GPT2, GPT2Config, lm_cross_entropy
 #include "colossal/nn/models/resnet.h"   // ResNet, ResNetConfig
@@ -32,6 +33,22 @@ using config::TrainConfig;
 
 [[noreturn]] void unsupported(const std::string& what) {
   throw Error(fmt::format("train --config: {}", what));
+}
+
+Device pick_device(const TrainConfig& c) {
+  switch (c.train.device) {
+    case config::DeviceKind::kCpu:
+      return Device{};
+    case config::DeviceKind::kCuda:
+      if (!core::cuda::is_available()) {
+        unsupported(fmt::format("train.device = \"cuda\" but {}; use \"cpu\" or \"auto\"",
+                                COLOSSAL_WITH_CUDA ? "no GPU is visible" : "this build has no CUDA"));
+      }
+      return Device{core::DeviceType::cuda, 0};
+    case config::DeviceKind::kAuto:
+      break;
+  }
+  return core::cuda::is_available() ? Device{core::DeviceType::cuda, 0} : Device{};
 }
 
 std::vector<int64_t> TruncatedSampler::indices() const {
@@ -166,8 +183,7 @@ std::shared_ptr<nn::Module> make_resnet(const TrainConfig& c, const Datasets& d,
   r.zero_init_residual = o.get_bool("zero_init_residual", r.zero_init_residual);
   r.width = o.get_int("width", r.width, 1, 1 << 16);
   // channels_last is the fast layout on the GPU and only costs transposes on the CPU.
-  r.channels_last =
-      o.get_bool("channels_last", c.train.device != config::DeviceKind::kCpu && core::cuda::is_available());
+  r.channels_last = o.get_bool("channels_last", pick_device(c).is_cuda());
   const std::string block =
       o.get_string("block", r.block == nn::models::ResNetBlockKind::basic ? "basic" : "bottleneck");
   if (block == "basic") {

@@ -27,6 +27,10 @@ namespace colossal::cli {
 /// Throws colossal::Error("train --config: <what>").
 [[noreturn]] void unsupported(const std::string& what);
 
+/// train.device resolved: "auto" is the first GPU when one is usable, else the CPU; "cuda" without
+/// a usable GPU is unsupported().
+Device pick_device(const config::TrainConfig& c);
+
 /// The first `limit` indices of another sampler's order (train.max_steps within one epoch).
 class TruncatedSampler final : public data::Sampler {
  public:

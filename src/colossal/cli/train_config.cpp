@@ -64,23 +64,6 @@ std::optional<amp::AmpOptions> make_amp_options(const TrainConfig& c) {
   return o;
 }
 
-/// train.device resolved: "auto" is the first GPU when one is usable, else the CPU.
-Device pick_device(const TrainConfig& c) {
-  switch (c.train.device) {
-    case config::DeviceKind::kCpu:
-      return Device{};
-    case config::DeviceKind::kCuda:
-      if (!core::cuda::is_available()) {
-        unsupported(fmt::format("train.device = \"cuda\" but {}; use \"cpu\" or \"auto\"",
-                                COLOSSAL_WITH_CUDA ? "no GPU is visible" : "this build has no CUDA"));
-      }
-      return Device{core::DeviceType::cuda, 0};
-    case config::DeviceKind::kAuto:
-      break;
-  }
-  return core::cuda::is_available() ? Device{core::DeviceType::cuda, 0} : Device{};
-}
-
 /// The data-parallel world of this run: the processes the launcher started (comm/bootstrap.h), which
 /// must be parallel.data of them when that is set. Null for a single process.
 std::shared_ptr<comm::ProcessGroup> make_data_parallel_group(const TrainConfig& c) {
