@@ -242,22 +242,6 @@ void forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& save_
                               stream);
 }
 
-void batch_norm_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
-                             const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                             const Tensor& bias, bool training, double momentum, double eps) {
-  using core::cuda_detail::check_on_device;
-  const Device device = x.device();
-  for (auto [t, role] : {std::pair{&y, "y"}, std::pair{&save_mean, "save_mean"}, std::pair{&save_invstd, "save_invstd"},
-                         std::pair{&running_mean, "running_mean"}, std::pair{&running_var, "running_var"},
-                         std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
-    if (t->defined()) check_on_device(*t, device, "batch_norm2d", role);
-  }
-  core::cuda::DeviceGuard guard(device);
-  core::dispatch_floating(x.dtype(), "batch_norm2d", [&]<class T>() {
-    forward_typed<T>(y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
-  });
-}
-
 // ---- backward
 
 template <class A>
@@ -418,22 +402,6 @@ void backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const Tenso
                                 GradInput<T, false>{grad_x.data<T>(), grad_y.data<T>(), x.data<T>(), coefficient_data},
                                 stream);
   }
-}
-
-void batch_norm_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                              const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                              const Tensor& save_invstd, bool training) {
-  using core::cuda_detail::check_on_device;
-  const Device device = x.device();
-  for (auto [t, role] : {std::pair{&grad_x, "grad_x"}, std::pair{&grad_weight, "grad_weight"},
-                         std::pair{&grad_bias, "grad_bias"}, std::pair{&grad_y, "grad_y"}, std::pair{&weight, "weight"},
-                         std::pair{&save_mean, "save_mean"}, std::pair{&save_invstd, "save_invstd"}}) {
-    if (t->defined()) check_on_device(*t, device, "batch_norm2d_backward", role);
-  }
-  core::cuda::DeviceGuard guard(device);
-  core::dispatch_floating(x.dtype(), "batch_norm2d_backward", [&]<class T>() {
-    backward_typed<T>(grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
-  });
 }
 
 // ---- channels innermost (nhwc)
@@ -806,6 +774,8 @@ void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
   });
 }
 
+// ---- the registered kernels
+
 /// Every defined tensor on x's device, else an error naming the op and the tensor's role.
 void check_all_on_device(const Device device, const char* op,
                          std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
@@ -814,10 +784,11 @@ void check_all_on_device(const Device device, const char* op,
   }
 }
 
-void batch_norm_nhwc_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
-                                  const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                                  const Tensor& bias, bool training, double momentum, double eps) {
-  check_all_on_device(x.device(), "batch_norm2d (nhwc)",
+void forward_in(bool nhwc, const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
+                const Tensor& running_mean, const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                bool training, double momentum, double eps) {
+  const char* op = nhwc ? "batch_norm2d (nhwc)" : "batch_norm2d";
+  check_all_on_device(x.device(), op,
                       {{&y, "y"},
                        {&save_mean, "save_mean"},
                        {&save_invstd, "save_invstd"},
@@ -826,16 +797,17 @@ void batch_norm_nhwc_forward_cuda(const Tensor& y, const Tensor& save_mean, cons
                        {&weight, "weight"},
                        {&bias, "bias"}});
   core::cuda::DeviceGuard guard(x.device());
-  core::dispatch_floating(x.dtype(), "batch_norm2d (nhwc)", [&]<class T>() {
-    nhwc_forward_typed<T>(y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum,
-                          eps);
+  core::dispatch_floating(x.dtype(), op, [&]<class T>() {
+    const auto typed = nhwc ? nhwc_forward_typed<T> : forward_typed<T>;
+    typed(y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
   });
 }
 
-void batch_norm_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                                   const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                                   const Tensor& save_invstd, bool training) {
-  check_all_on_device(x.device(), "batch_norm2d_backward (nhwc)",
+void backward_in(bool nhwc, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                 const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                 const Tensor& save_invstd, bool training) {
+  const char* op = nhwc ? "batch_norm2d_backward (nhwc)" : "batch_norm2d_backward";
+  check_all_on_device(x.device(), op,
                       {{&grad_x, "grad_x"},
                        {&grad_weight, "grad_weight"},
                        {&grad_bias, "grad_bias"},
@@ -844,9 +816,31 @@ void batch_norm_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_weig
                        {&save_mean, "save_mean"},
                        {&save_invstd, "save_invstd"}});
   core::cuda::DeviceGuard guard(x.device());
-  core::dispatch_floating(x.dtype(), "batch_norm2d_backward (nhwc)", [&]<class T>() {
-    nhwc_backward_typed<T>(grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
+  core::dispatch_floating(x.dtype(), op, [&]<class T>() {
+    const auto typed = nhwc ? nhwc_backward_typed<T> : backward_typed<T>;
+    typed(grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
   });
+}
+
+void batch_norm_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
+                             const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                             const Tensor& bias, bool training, double momentum, double eps) {
+  forward_in(false, y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
+}
+void batch_norm_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                              const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                              const Tensor& save_invstd, bool training) {
+  backward_in(false, grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
+}
+void batch_norm_nhwc_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
+                                  const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                                  const Tensor& bias, bool training, double momentum, double eps) {
+  forward_in(true, y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
+}
+void batch_norm_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                                   const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                                   const Tensor& save_invstd, bool training) {
+  backward_in(true, grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
 }
 
 COLOSSAL_REGISTER_KERNEL(batch_norm_forward_stub, core::DeviceType::cuda, batch_norm_forward_cuda);
