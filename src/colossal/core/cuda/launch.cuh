@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "colossal/core/cuda/cuda_check.h"
 #include "colossal/core/cuda_device.h"
@@ -239,6 +241,15 @@ void launch_map(const Tensor& out, const std::array<const Tensor*, K>& inputs, F
 inline void check_on_device(const Tensor& t, Device device, const char* op, const char* role) {
   COLOSSAL_CHECK(t.device() == device, "{}: {} is on {} but the op runs on {}; move it with .to()", op, role,
                  t.device(), device);
+}
+
+/// check_on_device for each of a kernel's (tensor, role) pairs that is defined (optional operands
+/// may be undefined).
+inline void check_defined_on_device(Device device, const char* op,
+                                    std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
+  for (const auto& [t, role] : tensors) {
+    if (t->defined()) check_on_device(*t, device, op, role);
+  }
 }
 
 }  // namespace colossal::core::cuda_detail

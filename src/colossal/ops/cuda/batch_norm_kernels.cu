@@ -337,7 +337,7 @@ __device__ __forceinline__ void write_grad_input(T* dx, const T* dy, const T* x,
   cuda::Group<T, kVec> out;
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
-    const GradCoefficients<A>& k = coefficient(i);
+    const GradCoefficients<A> k = coefficient(i);
     const A scaled = k.scale * static_cast<A>(g.v[i]);
     out.v[i] = store_as<T>(kTraining ? scaled - k.offset - (static_cast<A>(v.v[i]) - k.mean) * k.slope : scaled);
   }
@@ -355,7 +355,7 @@ struct GradInput {
   template <int kVec>
   __device__ void apply(int64_t element, int64_t c) const {
     const GradCoefficients<A> k = coefficients[c];
-    write_grad_input<T, kTraining, kVec>(dx, dy, x, element, [&](int) -> const GradCoefficients<A>& { return k; });
+    write_grad_input<T, kTraining, kVec>(dx, dy, x, element, [&](int) { return k; });
   }
 };
 
@@ -653,7 +653,7 @@ __global__ void __launch_bounds__(kRowsThreads)
                            RowsPlan plan) {
   using A = acc_t<T>;
   stream_rows<kVec>(plan, coefficients, [&](int64_t element, const GradCoefficients<A>(&c)[kVec]) {
-    write_grad_input<T, kTraining, kVec>(dx, dy, x, element, [&](int i) -> const GradCoefficients<A>& { return c[i]; });
+    write_grad_input<T, kTraining, kVec>(dx, dy, x, element, [&](int i) { return c[i]; });
   });
 }
 
@@ -776,77 +776,52 @@ void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
 
 // ---- the registered kernels
 
-/// Every defined tensor on x's device, else an error naming the op and the tensor's role.
-void check_all_on_device(const Device device, const char* op,
-                         std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
-  for (auto [t, role] : tensors) {
-    if (t->defined()) core::cuda_detail::check_on_device(*t, device, op, role);
-  }
-}
-
-void forward_in(bool nhwc, const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
-                const Tensor& running_mean, const Tensor& running_var, const Tensor& weight, const Tensor& bias,
-                bool training, double momentum, double eps) {
-  const char* op = nhwc ? "batch_norm2d (nhwc)" : "batch_norm2d";
-  check_all_on_device(x.device(), op,
-                      {{&y, "y"},
-                       {&save_mean, "save_mean"},
-                       {&save_invstd, "save_invstd"},
-                       {&running_mean, "running_mean"},
-                       {&running_var, "running_var"},
-                       {&weight, "weight"},
-                       {&bias, "bias"}});
+/// The registered forward kernel of either layout: devices checked, dtype dispatched.
+template <bool kNhwc>
+void forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
+                  const Tensor& running_mean, const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                  bool training, double momentum, double eps) {
+  const char* op = kNhwc ? "batch_norm2d (nhwc)" : "batch_norm2d";
+  core::cuda_detail::check_defined_on_device(x.device(), op,
+                                             {{&y, "y"},
+                                              {&save_mean, "save_mean"},
+                                              {&save_invstd, "save_invstd"},
+                                              {&running_mean, "running_mean"},
+                                              {&running_var, "running_var"},
+                                              {&weight, "weight"},
+                                              {&bias, "bias"}});
   core::cuda::DeviceGuard guard(x.device());
   core::dispatch_floating(x.dtype(), op, [&]<class T>() {
-    const auto typed = nhwc ? nhwc_forward_typed<T> : forward_typed<T>;
+    const auto typed = kNhwc ? nhwc_forward_typed<T> : forward_typed<T>;
     typed(y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
   });
 }
 
-void backward_in(bool nhwc, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                 const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                 const Tensor& save_invstd, bool training) {
-  const char* op = nhwc ? "batch_norm2d_backward (nhwc)" : "batch_norm2d_backward";
-  check_all_on_device(x.device(), op,
-                      {{&grad_x, "grad_x"},
-                       {&grad_weight, "grad_weight"},
-                       {&grad_bias, "grad_bias"},
-                       {&grad_y, "grad_y"},
-                       {&weight, "weight"},
-                       {&save_mean, "save_mean"},
-                       {&save_invstd, "save_invstd"}});
+/// The registered backward kernel of either layout.
+template <bool kNhwc>
+void backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
+                   const Tensor& x, const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd,
+                   bool training) {
+  const char* op = kNhwc ? "batch_norm2d_backward (nhwc)" : "batch_norm2d_backward";
+  core::cuda_detail::check_defined_on_device(x.device(), op,
+                                             {{&grad_x, "grad_x"},
+                                              {&grad_weight, "grad_weight"},
+                                              {&grad_bias, "grad_bias"},
+                                              {&grad_y, "grad_y"},
+                                              {&weight, "weight"},
+                                              {&save_mean, "save_mean"},
+                                              {&save_invstd, "save_invstd"}});
   core::cuda::DeviceGuard guard(x.device());
   core::dispatch_floating(x.dtype(), op, [&]<class T>() {
-    const auto typed = nhwc ? nhwc_backward_typed<T> : backward_typed<T>;
+    const auto typed = kNhwc ? nhwc_backward_typed<T> : backward_typed<T>;
     typed(grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
   });
 }
 
-void batch_norm_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
-                             const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                             const Tensor& bias, bool training, double momentum, double eps) {
-  forward_in(false, y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
-}
-void batch_norm_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                              const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                              const Tensor& save_invstd, bool training) {
-  backward_in(false, grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
-}
-void batch_norm_nhwc_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
-                                  const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                                  const Tensor& bias, bool training, double momentum, double eps) {
-  forward_in(true, y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
-}
-void batch_norm_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                                   const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                                   const Tensor& save_invstd, bool training) {
-  backward_in(true, grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
-}
-
-COLOSSAL_REGISTER_KERNEL(batch_norm_forward_stub, core::DeviceType::cuda, batch_norm_forward_cuda);
-COLOSSAL_REGISTER_KERNEL(batch_norm_backward_stub, core::DeviceType::cuda, batch_norm_backward_cuda);
-COLOSSAL_REGISTER_KERNEL(batch_norm_nhwc_forward_stub, core::DeviceType::cuda, batch_norm_nhwc_forward_cuda);
-COLOSSAL_REGISTER_KERNEL(batch_norm_nhwc_backward_stub, core::DeviceType::cuda, batch_norm_nhwc_backward_cuda);
+COLOSSAL_REGISTER_KERNEL(batch_norm_forward_stub, core::DeviceType::cuda, forward_cuda<false>);
+COLOSSAL_REGISTER_KERNEL(batch_norm_backward_stub, core::DeviceType::cuda, backward_cuda<false>);
+COLOSSAL_REGISTER_KERNEL(batch_norm_nhwc_forward_stub, core::DeviceType::cuda, forward_cuda<true>);
+COLOSSAL_REGISTER_KERNEL(batch_norm_nhwc_backward_stub, core::DeviceType::cuda, backward_cuda<true>);
 
 }  // namespace
 }  // namespace colossal::ops

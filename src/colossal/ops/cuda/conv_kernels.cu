@@ -405,13 +405,13 @@ void conv2d_forward_in(bool nhwc, const Tensor& out, const Tensor& x, const Tens
 
 void conv2d_backward_in(bool nhwc, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                         const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Conv2dGeometry& g) {
-  using core::cuda_detail::check_on_device;
   const Device device = x.device();
-  for (auto [t, role] :
-       {std::pair{&grad_x, "grad_x"}, std::pair{&grad_weight, "grad_weight"}, std::pair{&grad_bias, "grad_bias"},
-        std::pair{&grad_out, "grad_out"}, std::pair{&weight, "weight"}}) {
-    if (t->defined()) check_on_device(*t, device, "conv2d_backward", role);
-  }
+  core::cuda_detail::check_defined_on_device(device, "conv2d_backward",
+                                             {{&grad_x, "grad_x"},
+                                              {&grad_weight, "grad_weight"},
+                                              {&grad_bias, "grad_bias"},
+                                              {&grad_out, "grad_out"},
+                                              {&weight, "weight"}});
   const DType dtype = x.dtype();
   core::cuda::DeviceGuard guard(device);
   const cudaStream_t stream = core::cuda_detail::stream_of(x);
