@@ -63,6 +63,12 @@ def torch_rows():
         rows["layer_norm fwd bf16 65536x1024"] = time_ms(lambda: F.layer_norm(big_x, (1024,), big_w, big_b))
         wide = torch.rand(16384, 3072, device=dev, dtype=bf16)
         rows["gelu fwd bf16 16384x3072"] = time_ms(lambda: F.gelu(wide, approximate="tanh"))
+        vit = torch.rand(128 * 197, 3072, device=dev, dtype=bf16) * 8 - 4
+        vit_grad = torch.rand(128 * 197, 3072, device=dev, dtype=bf16) * 2 - 1
+        rows["gelu erf fwd bf16 25216x3072"] = time_ms(lambda: F.gelu(vit))
+        rows["gelu erf bwd bf16 25216x3072"] = time_ms(
+            lambda: torch.ops.aten.gelu_backward(vit_grad, vit, approximate="none"))
+        del vit, vit_grad
         rows["dropout fwd bf16 16384x3072"] = time_ms(lambda: F.dropout(wide, 0.1, True))
         scores = torch.rand(8 * 12 * 1024, 1024, device=dev, dtype=bf16)
         rows["softmax fwd bf16 98304x1024"] = time_ms(lambda: torch.softmax(scores, -1))

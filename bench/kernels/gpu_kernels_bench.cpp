@@ -5,7 +5,7 @@
 // back-to-back calls (what a caller gets, host work between launches included), and, where CUPTI is
 // built in, `kernel ms`, the summed durations of the GPU work the calls launched (what the kernels
 // themselves take); the % ceiling columns are given for both, the kernel one against the copy's
-// own kernel time.
+// own kernel time. --breakdown prints, per row, the kernels its calls launched.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "colossal/ops.h"
-#include "colossal/ops/linalg_kernels.h"  // batched_gemm_stub, fused_gemm_stub (epilogue rows)
+#include "colossal/ops/elementwise_kernels.h"  // unary_backward_stub (the GELU derivative row)
+#include "colossal/ops/linalg_kernels.h"       // batched_gemm_stub, fused_gemm_stub (epilogue rows)
 #include "colossal/optim/adam.h"          // AdamW
 #if COLOSSAL_BENCH_CUPTI
 #include "../kernel_trace.h"  // KernelTrace
@@ -63,16 +64,22 @@ Tensor random_gpu(const Shape& shape, DType dtype, uint64_t seed, double low = -
   return t.to(dtype);
 }
 
+/// --breakdown: print, for each row, the kernels its calls launched (name, count, share of the time).
+bool g_breakdown = false;
+
 /// The GPU time per call of `calls` calls: the summed durations of every kernel, copy and memset
 /// they launched (CUPTI activity records), so launch gaps between them do not count.
-double kernel_ms([[maybe_unused]] const std::function<void()>& fn, [[maybe_unused]] int calls = 10) {
+double kernel_ms([[maybe_unused]] const std::string& name, [[maybe_unused]] const std::function<void()>& fn,
+                 [[maybe_unused]] int calls = 10) {
 #if COLOSSAL_BENCH_CUPTI
   core::cuda::synchronize(core::cuda_device(0));
   bench::KernelTrace trace;
   trace.start();
   for (int c = 0; c < calls; ++c) fn();
+  const std::vector<bench::TraceRecord> records = trace.stop();
   double total_ns = 0;
-  for (const bench::TraceRecord& r : trace.stop()) total_ns += double(r.end_ns - r.start_ns);
+  for (const bench::TraceRecord& r : records) total_ns += double(r.end_ns - r.start_ns);
+  if (g_breakdown) std::printf("-- %s (%d calls)\n%s\n", name.c_str(), calls, bench::summarize(records, 8).c_str());
   return total_ns * 1e-6 / calls;
 #else
   return 0;
@@ -89,7 +96,7 @@ Row measure(const std::string& name, double bytes, double flops, const std::func
     return row;
   }
   try {
-    row.kernel_ms = kernel_ms(fn);
+    row.kernel_ms = kernel_ms(name, fn);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: no kernel time (%s)\n", name.c_str(), e.what());
   }
@@ -102,6 +109,7 @@ int main(int argc, char** argv) {
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (std::string(argv[i]) == "--breakdown") g_breakdown = true;
   }
   if (!core::cuda::is_available()) {
     std::printf("gpu_kernels_bench: no CUDA GPU, nothing to measure\n");
@@ -154,6 +162,17 @@ int main(int argc, char** argv) {
   Tensor wide = random_gpu({rows_n, 4 * width}, DType::bf16, 9);
   rows.push_back(measure("gelu fwd bf16 16384x3072", 2.0 * wide.nbytes(), 0,
                          [&] { ops::gelu(wide, ops::GeluApproximation::tanh); }));
+  {
+    // Exact (erf) GELU at ViT-B/16's MLP width (B128 x 197 tokens): forward, and the derivative
+    // kernel alone (reads the upstream gradient and x, writes dx).
+    Tensor vit = random_gpu({128 * 197, 3072}, DType::bf16, 24, -4, 4);
+    Tensor vit_grad = random_gpu({128 * 197, 3072}, DType::bf16, 25);
+    Tensor vit_dx = core::empty_like(vit);
+    rows.push_back(measure("gelu erf fwd bf16 25216x3072", 2.0 * vit.nbytes(), 0, [&] { ops::gelu(vit); }));
+    rows.push_back(measure("gelu erf bwd bf16 25216x3072", 3.0 * vit.nbytes(), 0, [&] {
+      ops::unary_backward_stub(gpu, ops::UnaryOp::gelu, vit_dx, vit_grad, vit, Tensor(), 0.0, 0.0);
+    }));
+  }
   rows.push_back(
       measure("dropout fwd bf16 16384x3072", 2.0 * wide.nbytes(), 0, [&] { ops::dropout(wide, 0.1, true); }));
   Tensor scores = random_gpu({8 * 12 * 1024, 1024}, DType::bf16, 10);

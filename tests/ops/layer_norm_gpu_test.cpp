@@ -16,7 +16,7 @@ using testing::random_input;
 
 constexpr DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
 
-enum class Affine { both, weight_only, none };
+enum class Affine { both, weight_only, bias_only, none };
 
 /// Inputs: x [rows, cols] and (per `affine`) weight and bias [cols]; weight around 1 like a
 /// trained one, so that no gradient is a near-cancellation of O(1) terms.
@@ -27,8 +27,12 @@ void check(int64_t rows, int64_t cols, Affine affine = Affine::both, double scal
         {.make_inputs =
              [=](DType d) {
                return std::vector<Tensor>{random_input({rows, cols}, 21, d, -2, 2),
-                                          affine != Affine::none ? random_input({cols}, 22, d, 0.5, 1.5) : Tensor(),
-                                          affine == Affine::both ? random_input({cols}, 23, d, -0.5, 0.5) : Tensor()};
+                                          affine == Affine::both || affine == Affine::weight_only
+                                              ? random_input({cols}, 22, d, 0.5, 1.5)
+                                              : Tensor(),
+                                          affine == Affine::both || affine == Affine::bias_only
+                                              ? random_input({cols}, 23, d, -0.5, 0.5)
+                                              : Tensor()};
              },
          .fn = [=](const std::vector<Tensor>& in) { return ops::layer_norm(in[0], {cols}, in[1], in[2]); },
          .tolerance_scale = scale},
@@ -61,7 +65,9 @@ TEST(LayerNormGpu, AffineVariants) {
   COLOSSAL_REQUIRE_GPU();
   check(16, 768, Affine::none);
   check(16, 768, Affine::weight_only, 2.0);
+  check(16, 768, Affine::bias_only, 2.0);
   check(16, 129, Affine::none);
+  check(16, 129, Affine::bias_only, 2.0);
 }
 
 TEST(LayerNormGpu, ManyRows) {

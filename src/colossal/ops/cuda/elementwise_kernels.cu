@@ -95,6 +95,55 @@ __device__ __forceinline__ A gelu_tanh_of(A v) {
   }
 }
 
+/// Exact (erf) GELU for bf16/f16 results. The library's erf is a branchy polynomial with enough
+/// instructions to make the GELU maps compute-bound on an H100 (forward 150 us against 107 us of
+/// memory traffic at ViT-B's 128 x 197 x 3072). Here the normal tail P(N(0,1) > |x|) = erfc(z) / 2,
+/// z = |x| / sqrt(2), comes from the Chebyshev-fitted erfc(z) = t exp(-z^2 + P9(t)), t = 1 / (1 + z/2)
+/// (Press et al., Numerical Recipes 6.2; fractional error below 1.2e-7 for every z >= 0, checked
+/// against the double erfc), with one fast reciprocal and one exp2, no branch: relative error near
+/// 1e-6 with the hardware approximations, far below bf16's 2^-9 and f16's 2^-12. For x < 0 the CDF
+/// is that tail itself, not 1 + erf(z), so it does not cancel. f32 and f64 keep the library's erf.
+__device__ __forceinline__ float normal_tail_fast(float x) {
+  const float z = fabsf(x) * static_cast<float>(kInvSqrt2);
+  const float t = __fdividef(1.0f, fmaf(0.5f, z, 1.0f));
+  float p = 0.17087277f;
+  p = fmaf(p, t, -0.82215223f);
+  p = fmaf(p, t, 1.48851587f);
+  p = fmaf(p, t, -1.13520398f);
+  p = fmaf(p, t, 0.27886807f);
+  p = fmaf(p, t, -0.18628806f);
+  p = fmaf(p, t, 0.09678418f);
+  p = fmaf(p, t, 0.37409196f);
+  p = fmaf(p, t, 1.00002368f);
+  return 0.5f * t * __expf(fmaf(-z, z, fmaf(p, t, -1.26551223f)));
+}
+__device__ __forceinline__ float normal_cdf_fast(float x) {
+  const float tail = normal_tail_fast(x);
+  return x >= 0.0f ? 1.0f - tail : tail;
+}
+
+template <class T, class A>
+__device__ __forceinline__ A gelu_erf_of(A v) {
+  if constexpr (std::is_same_v<T, core::Half> || std::is_same_v<T, core::BFloat16>) {
+    return static_cast<A>(static_cast<float>(v) * normal_cdf_fast(static_cast<float>(v)));
+  } else {
+    return A(0.5) * v * (A(1) + erf(v * A(kInvSqrt2)));
+  }
+}
+
+template <class T, class A>
+__device__ __forceinline__ A gelu_erf_grad_of(A g, A v) {
+  if constexpr (std::is_same_v<T, core::Half> || std::is_same_v<T, core::BFloat16>) {
+    const float x = static_cast<float>(v);
+    const float pdf = static_cast<float>(kInvSqrt2Pi) * __expf(-0.5f * x * x);
+    return static_cast<A>(static_cast<float>(g) * fmaf(x, pdf, normal_cdf_fast(x)));
+  } else {
+    const A cdf = A(0.5) * (A(1) + erf(v * A(kInvSqrt2)));
+    const A pdf = A(kInvSqrt2Pi) * exp(A(-0.5) * v * v);
+    return g * (cdf + v * pdf);
+  }
+}
+
 template <class T>
 void unary_typed(UnaryOp op, const Tensor& out, const Tensor& x, double p0, double p1) {
   using A = acc_t<T>;
@@ -104,7 +153,13 @@ void unary_typed(UnaryOp op, const Tensor& out, const Tensor& x, double p0, doub
     case UnaryOp::neg:
       return run([] __device__(A v) { return out_cast<T>(-v); });
     case UnaryOp::abs:
-      return run([] __device__(A v) { return out_cast<T>(v < A(0) ? -v : v); });
+      return run([] __device__(A v) {
+        if constexpr (std::is_unsigned_v<A>) {
+          return out_cast<T>(v);
+        } else {
+          return out_cast<T>(v < A(0) ? -v : v);
+        }
+      });
     case UnaryOp::relu:
       return run([] __device__(A v) { return out_cast<T>(v > A(0) ? v : A(0)); });
     case UnaryOp::clamp:
@@ -131,7 +186,7 @@ void unary_typed(UnaryOp op, const Tensor& out, const Tensor& x, double p0, doub
       case UnaryOp::silu:
         return run([] __device__(A v) { return out_cast<T>(v / (A(1) + exp(-v))); });
       case UnaryOp::gelu:
-        return run([] __device__(A v) { return out_cast<T>(A(0.5) * v * (A(1) + erf(v * A(kInvSqrt2)))); });
+        return run([] __device__(A v) { return out_cast<T>(gelu_erf_of<T>(v)); });
       case UnaryOp::gelu_tanh:
         return run([] __device__(A v) {
           return out_cast<T>(A(0.5) * v *
@@ -187,11 +242,7 @@ void unary_backward_typed(UnaryOp op, const Tensor& grad_x, const Tensor& grad_y
         return out_cast<T>(g * s * (A(1) + xv * (A(1) - s)));
       });
     case UnaryOp::gelu:
-      return with_x([] __device__(A g, A xv) {
-        const A cdf = A(0.5) * (A(1) + erf(xv * A(kInvSqrt2)));
-        const A pdf = A(kInvSqrt2Pi) * exp(A(-0.5) * xv * xv);
-        return out_cast<T>(g * (cdf + xv * pdf));
-      });
+      return with_x([] __device__(A g, A xv) { return out_cast<T>(gelu_erf_grad_of<T>(g, xv)); });
     case UnaryOp::gelu_tanh:
       return with_x([] __device__(A g, A xv) {
         const A inner = A(kSqrt2OverPi) * (xv + A(kGeluTanhCubic) * xv * xv * xv);

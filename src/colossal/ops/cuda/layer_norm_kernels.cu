@@ -18,6 +18,8 @@ namespace {
 
 using core::acc_t;
 using cuda::rows::ceil_div;
+using cuda::rows::element_acc;
+using cuda::rows::set_pair;
 using cuda::rows::from_acc;
 using cuda::rows::kBlockTeam;
 using cuda::rows::kWarp;
@@ -43,13 +45,15 @@ constexpr int kStreamBlock = 512;
 
 /// One row per team (a warp, or the block for rows of more than 32 * kChunks vectors), no loop: x
 /// streams through once (evict-first), y is written evict-first, and weight and bias stay in L1.
-/// Plain as it is, a lab copy of it moved bytes as fast as a device copy: at 65536 x 1024 bf16 on
-/// an H100, 92.6 us a call against cudaMemcpy's 92.1 us for the same 2 x 128 MiB (20 calls back to
-/// back). Tried and slower there, in the same run: persistent warps that load their next row before
-/// reducing the current one (104.2 us: fewer resident warps keep fewer rows in flight than this
-/// grid does), and persistent warps fed by the bulk copy engine, 2 to 8 rows deep in shared
-/// memory (100.7 to 115.2 us).
-template <class T, int kVec, int kTeam>
+/// Whether there is a weight and a bias is a template argument, so the per-element work is the
+/// formula's and nothing else (as runtime null checks it cost a select per element, and the kernel
+/// took 63 registers and 111 us at 65536 x 1024 bf16 on an H100 against cudaMemcpy's 92 us; a lab
+/// copy of the same loop with both fixed ran at 92.5 us). Tried and slower there, in the same run:
+/// persistent warps that load their next row before reducing the current one (104 us: fewer
+/// resident warps keep fewer rows in flight than this grid does), persistent warps fed by the bulk
+/// copy engine 2 to 8 rows deep in shared memory (101 to 115 us), and more blocks per SM forced
+/// through __launch_bounds__ (spills: 114 to 211 us).
+template <class T, int kVec, int kTeam, bool kWeight, bool kBias>
 __global__ void __launch_bounds__(kBlock, 1)
     layer_norm_forward_registers(T* __restrict__ y, acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out,
                                  const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
@@ -60,17 +64,17 @@ __global__ void __launch_bounds__(kBlock, 1)
   const int rank = cuda::rows::team_rank<kTeam>(), size = cuda::rows::team_size<kTeam>();
   const int64_t row = blockIdx.x * int64_t{cuda::rows::teams_per_block<kTeam>()} + cuda::rows::team_index<kTeam>();
   if (row >= rows) return;  // only warp teams overshoot, and they never synchronise the block
-  const int64_t vectors = cols / kVec;
+  const int vectors = static_cast<int>(cols / kVec);  // the register kernels take rows of at most kBlock * kChunks
   const T* xr = x + row * cols;
   Vec<T, kVec> data[kChunks];
   A sum = 0;
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
-    const int64_t v = int64_t{k} * size + rank;
+    const int v = k * size + rank;
     if (v < vectors) {
       data[k] = cuda::rows::load_vec_streaming<kVec>(xr + v * kVec);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) sum += to_acc(data[k].v[j]);
+      for (int j = 0; j < kVec; ++j) sum += element_acc(data[k], j);
     }
   }
   const A mean = cuda::rows::team_sum<kTeam>(sum, scratch) / static_cast<A>(cols);
@@ -78,10 +82,10 @@ __global__ void __launch_bounds__(kBlock, 1)
   A squares = 0;
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
-    if (int64_t{k} * size + rank < vectors) {
+    if (k * size + rank < vectors) {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const A d = to_acc(data[k].v[j]) - mean;
+        const A d = element_acc(data[k], j) - mean;
         squares += d * d;
       }
     }
@@ -95,18 +99,20 @@ __global__ void __launch_bounds__(kBlock, 1)
   T* yr = y + row * cols;
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
-    const int64_t v = int64_t{k} * size + rank;
+    const int v = k * size + rank;
     if (v < vectors) {
       Vec<T, kVec> w, b, out;
-      if (weight) w = cuda::rows::load_vec_readonly<kVec>(weight + v * kVec);  // L1 hits after the first rows
-      if (bias) b = cuda::rows::load_vec_readonly<kVec>(bias + v * kVec);
+      if constexpr (kWeight) w = cuda::rows::load_vec_readonly<kVec>(weight + v * kVec);  // L1 hits after the first rows
+      if constexpr (kBias) b = cuda::rows::load_vec_readonly<kVec>(bias + v * kVec);
+      A values[kVec];
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        A value = (to_acc(data[k].v[j]) - mean) * rstd;
-        if (weight) value *= to_acc(w.v[j]);
-        if (bias) value += to_acc(b.v[j]);
-        out.v[j] = from_acc<T>(value);
+        values[j] = (element_acc(data[k], j) - mean) * rstd;
+        if constexpr (kWeight) values[j] *= element_acc(w, j);
+        if constexpr (kBias) values[j] += element_acc(b, j);
       }
+#pragma unroll
+      for (int j = 0; j < kVec; j += 2) set_pair(out, j, values[j], values[j + 1 < kVec ? j + 1 : j]);
       cuda::rows::store_vec_streaming<kVec>(yr + v * kVec, out);
     }
   }
@@ -400,16 +406,24 @@ void forward_rows(const Tensor& y, const Tensor& mean, const Tensor& rstd, const
   const int64_t rows = x.size(0), cols = x.size(1);
   const int64_t vectors = cols / kVec;
   constexpr int64_t kChunks = kForwardChunks<kVec>;
-  auto args = [&](auto kernel, unsigned grid, int block) {
-    kernel<<<grid, block, 0, stream>>>(y.data<T>(), mean.data<A>(), rstd.data<A>(), x.data<T>(),
-                                       optional_data<T>(weight), optional_data<T>(bias), rows, cols,
-                                       static_cast<A>(eps));
+  // The register kernel for a team size and whether there is a weight and a bias.
+  auto registers = [&]<int kTeam>(unsigned grid, int block) {
+    auto launch = [&]<bool kWeight, bool kBias>() {
+      layer_norm_forward_registers<T, kVec, kTeam, kWeight, kBias><<<grid, block, 0, stream>>>(
+          y.data<T>(), mean.data<A>(), rstd.data<A>(), x.data<T>(), optional_data<T>(weight), optional_data<T>(bias),
+          rows, cols, static_cast<A>(eps));
+    };
+    if (weight.defined()) {
+      bias.defined() ? launch.template operator()<true, true>() : launch.template operator()<true, false>();
+    } else {
+      bias.defined() ? launch.template operator()<false, true>() : launch.template operator()<false, false>();
+    }
   };
   if (vectors <= kWarp * kChunks) {
-    args(layer_norm_forward_registers<T, kVec, kWarp>, static_cast<unsigned>(ceil_div(rows, kBlock / kWarp)), kBlock);
+    registers.template operator()<kWarp>(static_cast<unsigned>(ceil_div(rows, kBlock / kWarp)), kBlock);
   } else if (vectors <= kBlock * kChunks) {
-    args(layer_norm_forward_registers<T, kVec, kBlockTeam>, static_cast<unsigned>(rows),
-         cuda::rows::pow2_team(ceil_div(vectors, kChunks), 64, kBlock));
+    registers.template operator()<kBlockTeam>(static_cast<unsigned>(rows),
+                                              cuda::rows::pow2_team(ceil_div(vectors, kChunks), 64, kBlock));
   } else {
     layer_norm_forward_stream<T, kVec><<<static_cast<unsigned>(rows), kStreamBlock, 0, stream>>>(
         y.data<T>(), mean.data<A>(), rstd.data<A>(), x.data<T>(), optional_data<T>(weight), optional_data<T>(bias),

@@ -60,6 +60,36 @@ __device__ __forceinline__ T from_acc(A v) {
   return out;
 }
 
+/// Element j of a vector as the accumulation type. For bf16 the pair holding it is read as one
+/// 32-bit word and the element moved into a float's high half by one shift or mask, where to_acc on
+/// the 16-bit element would first widen it (a row kernel does this for every element, often twice).
+template <class T, int kVec>
+__device__ __forceinline__ acc_t<T> element_acc(const Vec<T, kVec>& v, int j) {
+  if constexpr (std::is_same_v<T, core::BFloat16> && kVec % 2 == 0) {
+    uint32_t word;
+    memcpy(&word, &v.v[j & ~1], sizeof word);
+    return __uint_as_float((j & 1) ? (word & 0xffff0000u) : (word << 16));
+  } else {
+    return to_acc(v.v[j]);
+  }
+}
+
+/// Elements j and j + 1 (j even) of a vector from two accumulators, rounded to nearest even as
+/// from_acc does, by one paired conversion for the 16-bit types.
+template <class T, int kVec, class A>
+__device__ __forceinline__ void set_pair(Vec<T, kVec>& v, int j, A lo, A hi) {
+  if constexpr (std::is_same_v<T, core::BFloat16> && kVec % 2 == 0) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(static_cast<float>(lo), static_cast<float>(hi));
+    memcpy(&v.v[j], &pair, sizeof pair);
+  } else if constexpr (std::is_same_v<T, core::Half> && kVec % 2 == 0) {
+    const __half2 pair = __floats2half2_rn(static_cast<float>(lo), static_cast<float>(hi));
+    memcpy(&v.v[j], &pair, sizeof pair);
+  } else {
+    v.v[j] = from_acc<T>(lo);
+    if (j + 1 < kVec) v.v[j + 1] = from_acc<T>(hi);
+  }
+}
+
 /// exp for softmax-like kernels: the hardware ex2.approx path (relative error ~2^-21 for the
 /// arguments softmax sees) when the result is rounded to bf16/f16 anyway, the accurate exp for f32
 /// and f64 outputs (compared against the CPU at 1e-5).
