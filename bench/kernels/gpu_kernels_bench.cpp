@@ -16,7 +16,7 @@
 #include "colossal/ops.h"
 #include "colossal/ops/elementwise_kernels.h"  // unary_backward_stub (the GELU derivative row)
 #include "colossal/ops/linalg_kernels.h"       // batched_gemm_stub, fused_gemm_stub (epilogue rows)
-#include "colossal/optim/adam.h"          // AdamW
+#include "colossal/optim/adam.h"               // AdamW
 #if COLOSSAL_BENCH_CUPTI
 #include "../kernel_trace.h"  // KernelTrace
 #endif

@@ -3,7 +3,7 @@
 // not, Tq != Tk both ways, lengths that are not multiples of any tile, head dimensions 64 and 128
 // (the flash kernels), 40 and 33 (padded to 64; 33 also packed), 160 and 256 (the simple
 // kernels), value_dim != head_dim, broadcast heads, a transposed [B, T, H, D] query, a misaligned
-// view, and bad input.
+// view, and bad input; then the problems cuDNN's fused engine takes, through it (CudnnFusedEngine).
 //
 // Tolerances (tests/support/gpu_compare.h gives the per-dtype base):
 // - f32 and f64 run the simple kernels, which compute as the CPU does in the same precision, in
@@ -20,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "colossal/ops/cuda/attention_cudnn.h"  // the engine switch and its call counter
 #include "gpu_compare.h"
 
 namespace colossal {
@@ -58,6 +59,72 @@ void check(const AttentionCase& c, const std::vector<DType>& dtypes = kDtypes, d
              },
          .tolerance_scale = tolerance_scale(dtype) * extra_scale},
         dtype, what);
+  }
+}
+
+// Every test but CudnnFusedEngine runs our own kernels: cuDNN's engine would take most of these
+// problems (attention_cudnn.h) and leave the flash kernels untested.
+class OwnKernelsOnly : public ::testing::Environment {
+ public:
+  void SetUp() override { ops::cuda::set_cudnn_attention_enabled(false); }
+};
+[[maybe_unused]] const auto* const kOwnKernelsOnly = ::testing::AddGlobalTestEnvironment(new OwnKernelsOnly);
+
+/// cuDNN's fused engine for one test's scope.
+struct CudnnAttentionScope {
+  CudnnAttentionScope() { ops::cuda::set_cudnn_attention_enabled(true); }
+  ~CudnnAttentionScope() { ops::cuda::set_cudnn_attention_enabled(false); }
+};
+
+TEST(AttentionGpu, CudnnFusedEngine) {
+  COLOSSAL_REQUIRE_GPU();
+  // The same checks against the CPU through cuDNN's engine, which rounds P and dS to the dtype
+  // before the second products as the flash kernels do (the same tolerances). Each check runs one
+  // forward and one backward per dtype on the GPU, and all of them must have gone to cuDNN.
+  CudnnAttentionScope scope;
+  const std::vector<DType> half_types = {DType::bf16, DType::f16};
+  auto expect_cudnn_calls = [&](const AttentionCase& c, int64_t calls, double extra_scale = 1.0) {
+    const int64_t before = ops::cuda::cudnn_attention_counter.load();
+    check(c, half_types, extra_scale);
+    EXPECT_EQ(ops::cuda::cudnn_attention_counter.load() - before, calls)
+        << fmt::format("q {} k {} v {} causal {}", c.q, c.k, c.v, c.causal);
+  };
+  for (bool causal : {false, true}) {
+    expect_cudnn_calls({{2, 3, 128, 64}, {2, 3, 128, 64}, {2, 3, 128, 64}, causal}, 4);
+    expect_cudnn_calls({{2, 2, 197, 64}, {2, 2, 197, 64}, {2, 2, 197, 64}, causal}, 4);  // ViT's 197 tokens
+    expect_cudnn_calls({{1, 2, 130, 128}, {1, 2, 130, 128}, {1, 2, 130, 128}, causal, 0.2}, 4);
+    expect_cudnn_calls({{1, 2, 77, 40}, {1, 2, 77, 40}, {1, 2, 77, 40}, causal}, 4);
+  }
+  expect_cudnn_calls({{1, 2, 1024, 64}, {1, 2, 1024, 64}, {1, 2, 1024, 64}, true}, 4, 2.0);
+  // What the engine does not take runs on our kernels: Tq != Tk, value_dim != head_dim, odd head
+  // dimensions, stride-0 (broadcast) heads, f32.
+  expect_cudnn_calls({{1, 2, 64, 64}, {1, 2, 200, 64}, {1, 2, 200, 64}, true}, 0);
+  expect_cudnn_calls({{2, 2, 77, 64}, {2, 2, 77, 64}, {2, 2, 77, 32}, false}, 0);
+  expect_cudnn_calls({{2, 2, 77, 33}, {2, 2, 77, 33}, {2, 2, 77, 33}, false}, 0);
+  expect_cudnn_calls({{2, 4, 77, 64}, {2, 1, 77, 64}, {2, 1, 77, 64}, true}, 0);
+  const int64_t before_f32 = ops::cuda::cudnn_attention_counter.load();
+  check({{2, 3, 77, 64}, {2, 3, 77, 64}, {2, 3, 77, 64}, true}, {DType::f32});
+  EXPECT_EQ(ops::cuda::cudnn_attention_counter.load(), before_f32);
+  // q, k and v as a [B, T, H, D] projection gives them, transposed: read in place.
+  for (DType dtype : half_types) {
+    for (bool causal : {false, true}) {
+      const int64_t before = ops::cuda::cudnn_attention_counter.load();
+      expect_cuda_matches_cpu({.make_inputs =
+                                   [](DType d) {
+                                     return std::vector<Tensor>{random_input({2, 97, 3, 64}, 4, d, -1.5, 1.5),
+                                                                random_input({2, 97, 3, 64}, 5, d, -1.5, 1.5),
+                                                                random_input({2, 97, 3, 64}, 6, d)};
+                                   },
+                               .fn =
+                                   [=](const std::vector<Tensor>& in) {
+                                     return ops::scaled_dot_product_attention(
+                                         in[0].transpose(1, 2), in[1].transpose(1, 2), in[2].transpose(1, 2),
+                                         {.causal = causal, .scale = 0.3});
+                                   },
+                               .tolerance_scale = tolerance_scale(dtype)},
+                              dtype, "cuDNN attention on transposed inputs");
+      EXPECT_EQ(ops::cuda::cudnn_attention_counter.load() - before, 2);
+    }
   }
 }
 

@@ -73,7 +73,8 @@ TEST(ElementwiseGpu, GeluErfMatchesDoubleToOneUlp) {
   std::vector<float> grid(kPoints);
   for (int i = 0; i < kPoints; ++i) grid[i] = static_cast<float>(-12.0 + 24.0 * i / (kPoints - 1));
   const double inv_sqrt2 = 0.70710678118654752440, inv_sqrt2pi = 0.39894228040143267794;
-  for (const auto& [dtype, ulp, tiny] : {std::tuple{DType::bf16, 0x1p-7, 1e-37}, {DType::f16, 0x1p-10, 0x1p-24}}) {
+  const std::tuple<DType, double, double> dtypes[] = {{DType::bf16, 0x1p-7, 1e-37}, {DType::f16, 0x1p-10, 0x1p-24}};
+  for (const auto& [dtype, ulp, tiny] : dtypes) {
     Tensor x = core::from_vector(grid, {kPoints}).to(dtype);  // the grid as the dtype holds it
     Tensor xs = x.to(DType::f64);
     Tensor gx = x.to(core::cuda_device(0)).set_requires_grad(true);

@@ -26,13 +26,12 @@ void check(int64_t rows, int64_t cols, Affine affine = Affine::both, double scal
     expect_cuda_matches_cpu(
         {.make_inputs =
              [=](DType d) {
-               return std::vector<Tensor>{random_input({rows, cols}, 21, d, -2, 2),
-                                          affine == Affine::both || affine == Affine::weight_only
-                                              ? random_input({cols}, 22, d, 0.5, 1.5)
-                                              : Tensor(),
-                                          affine == Affine::both || affine == Affine::bias_only
-                                              ? random_input({cols}, 23, d, -0.5, 0.5)
-                                              : Tensor()};
+               return std::vector<Tensor>{
+                   random_input({rows, cols}, 21, d, -2, 2),
+                   affine == Affine::both || affine == Affine::weight_only ? random_input({cols}, 22, d, 0.5, 1.5)
+                                                                           : Tensor(),
+                   affine == Affine::both || affine == Affine::bias_only ? random_input({cols}, 23, d, -0.5, 0.5)
+                                                                         : Tensor()};
              },
          .fn = [=](const std::vector<Tensor>& in) { return ops::layer_norm(in[0], {cols}, in[1], in[2]); },
          .tolerance_scale = scale},

@@ -1,7 +1,10 @@
 // CUDA scaled dot-product attention, forward and backward, under the contract of ops/nn_kernels.h.
-// bf16/f16 with head dimensions up to 128 run the FlashAttention-2 kernels of attention_flash.cuh
-// on the tensor cores (padded to 64 or 128); f32, f64 and wider heads run the simple kernels of
-// attention_simple.cuh. Both save only each row's logsumexp; the backward recomputes P from it.
+// bf16/f16 problems that cuDNN's fused attention engine takes run there (attention_cudnn.h: [B, H,
+// T, D] with Tq == Tk; PyTorch's kernels, 1.6x our forward and 1.3x our backward on an H100). Other
+// bf16/f16 problems with head dimensions up to 128 run the FlashAttention-2 kernels of
+// attention_flash.cuh on the tensor cores (padded to 64 or 128); f32, f64 and wider heads run the
+// simple kernels of attention_simple.cuh. All save only each row's logsumexp (natural log, so the
+// forward of one and the backward of another agree); the backward recomputes P from it.
 //
 // Note [dQ through atomics]
 // The flash backward gives each CTA a block of keys, so dK and dV stay in its registers, while
@@ -17,8 +20,9 @@
 #include <optional>
 #include <vector>
 
-#include "colossal/core/cuda/launch.cuh"  // stream_of, check_on_device, Vec, aligned16
-#include "colossal/core/view.h"           // contiguous_raw
+#include "colossal/core/cuda/launch.cuh"        // stream_of, check_on_device, Vec, aligned16
+#include "colossal/core/view.h"                 // contiguous_raw
+#include "colossal/ops/cuda/attention_cudnn.h"  // cuDNN's fused engine, tried first
 #include "colossal/ops/cuda/attention_flash.cuh"
 #include "colossal/ops/cuda/attention_simple.cuh"
 #include "colossal/ops/nn_kernels.h"
@@ -265,6 +269,7 @@ void attention_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& 
   const AttentionShape s = shape_of(q, k, v);
   check_supported(s, q, v);
   if (s.batch == 0 || s.tq == 0 || s.value_dim == 0) return;
+  if (cuda::cudnn_attention_forward(out, lse, q, k, v, params)) return;
   core::cuda::DeviceGuard guard(device);
   cudaStream_t stream = core::cuda_detail::stream_of(q);
   core::dispatch_floating(q.dtype(), kOp, [&]<class T>() {
@@ -524,6 +529,7 @@ void attention_backward_cuda(const Tensor& grad_q, const Tensor& grad_k, const T
     for (const Tensor* g : {&grad_q, &grad_k, &grad_v}) zero_(*g, stream);
     return;
   }
+  if (cuda::cudnn_attention_backward(grad_q, grad_k, grad_v, grad_out, q, k, v, out, lse, params)) return;
   core::dispatch_floating(q.dtype(), op, [&]<class T>() {
     using A = acc_t<T>;
     const bool flash = use_flash<T>(s);

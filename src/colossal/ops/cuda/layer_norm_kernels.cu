@@ -19,11 +19,11 @@ namespace {
 using core::acc_t;
 using cuda::rows::ceil_div;
 using cuda::rows::element_acc;
-using cuda::rows::set_pair;
 using cuda::rows::from_acc;
 using cuda::rows::kBlockTeam;
 using cuda::rows::kWarp;
 using cuda::rows::load_vec;
+using cuda::rows::set_pair;
 using cuda::rows::store_vec;
 using cuda::rows::TeamScratch;
 using cuda::rows::to_acc;
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kBlock, 1)
   __shared__ TeamScratch<A> scratch;
   const int rank = cuda::rows::team_rank<kTeam>(), size = cuda::rows::team_size<kTeam>();
   const int64_t row = blockIdx.x * int64_t{cuda::rows::teams_per_block<kTeam>()} + cuda::rows::team_index<kTeam>();
-  if (row >= rows) return;  // only warp teams overshoot, and they never synchronise the block
+  if (row >= rows) return;                            // only warp teams overshoot, and they never synchronise the block
   const int vectors = static_cast<int>(cols / kVec);  // the register kernels take rows of at most kBlock * kChunks
   const T* xr = x + row * cols;
   Vec<T, kVec> data[kChunks];
@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(kBlock, 1)
     const int v = k * size + rank;
     if (v < vectors) {
       Vec<T, kVec> w, b, out;
-      if constexpr (kWeight) w = cuda::rows::load_vec_readonly<kVec>(weight + v * kVec);  // L1 hits after the first rows
+      if constexpr (kWeight)
+        w = cuda::rows::load_vec_readonly<kVec>(weight + v * kVec);  // L1 hits after the first rows
       if constexpr (kBias) b = cuda::rows::load_vec_readonly<kVec>(bias + v * kVec);
       A values[kVec];
 #pragma unroll
