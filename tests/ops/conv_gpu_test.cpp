@@ -3,13 +3,15 @@
 // odd sizes, stride/padding/dilation/group variants, training and evaluation batch norm (running
 // statistics compared too), ties and NaN in max pooling, and bad input; the nhwc kernels (cuDNN's
 // NHWC convolutions, our channels-innermost batch norm and max pooling) against the CPU's nhwc ops
-// (the nchw kernels between transposes) the same way.
+// (the nchw kernels between transposes) the same way; bf16/f16 convolutions through cuDNN's graph
+// API (the default) and again through its legacy API.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "colossal/core/view.h"         // to_device_raw, cast_raw
-#include "colossal/ops/conv_kernels.h"  // stubs, for kernel-level bad input
+#include "colossal/core/view.h"            // to_device_raw, cast_raw
+#include "colossal/ops/conv_kernels.h"     // stubs, for kernel-level bad input
+#include "colossal/ops/cuda/conv_cudnn.h"  // the graph-API switch and counter
 #include "gpu_compare.h"
 
 namespace colossal {
@@ -64,8 +66,7 @@ void check_conv(const ConvCase& c) {
   }
 }
 
-TEST(ConvGpu, Conv2dMatchesCpu) {
-  COLOSSAL_REQUIRE_GPU();
+void check_nchw_cases() {
   check_conv({.x = {2, 3, 11, 13}, .weight = {5, 3, 3, 3}, .bias = true, .padding = {1, 1}, .name = "3x3 same"});
   check_conv({.x = {3, 4, 9, 10}, .weight = {6, 4, 3, 2}, .bias = false, .stride = {2, 2}, .name = "3x2 stride 2"});
   check_conv({.x = {2, 3, 12, 12},
@@ -94,8 +95,7 @@ TEST(ConvGpu, Conv2dMatchesCpu) {
   check_conv({.x = {8, 32, 28, 28}, .weight = {64, 32, 3, 3}, .bias = true, .padding = {1, 1}, .name = "larger 3x3"});
 }
 
-TEST(ConvGpu, Conv2dNhwcMatchesCpu) {
-  COLOSSAL_REQUIRE_GPU();
+void check_nhwc_cases() {
   constexpr auto kNhwc = ops::ImageLayout::nhwc;
   check_conv({.x = {2, 3, 11, 13},
               .weight = {5, 3, 3, 3},
@@ -146,6 +146,55 @@ TEST(ConvGpu, Conv2dNhwcMatchesCpu) {
               .padding = {1, 1},
               .name = "larger 3x3",
               .layout = kNhwc});
+}
+
+/// bf16/f16 convolutions through cuDNN's graph API (the default) or its legacy API, for a scope.
+struct ConvGraphScope {
+  explicit ConvGraphScope(bool enabled) { ops::cuda::set_conv_graph_enabled(enabled); }
+  ~ConvGraphScope() { ops::cuda::set_conv_graph_enabled(true); }
+};
+
+TEST(ConvGpu, Conv2dMatchesCpu) {
+  COLOSSAL_REQUIRE_GPU();
+  const int64_t before = ops::cuda::conv_graph_counter.load();
+  check_nchw_cases();
+  // bf16 and f16 went through the graph API: forward, backward data and backward filter each.
+  EXPECT_GT(ops::cuda::conv_graph_counter.load() - before, 0);
+}
+
+TEST(ConvGpu, Conv2dNhwcMatchesCpu) {
+  COLOSSAL_REQUIRE_GPU();
+  const int64_t before = ops::cuda::conv_graph_counter.load();
+  check_nhwc_cases();
+  EXPECT_GT(ops::cuda::conv_graph_counter.load() - before, 0);
+}
+
+TEST(ConvGpu, Conv2dGraphApiTakesTensorCoreShapes) {
+  COLOSSAL_REQUIRE_GPU();
+  // A ResNet-like 3x3 on tensor-core widths, both layouts: three passes per 16-bit dtype, all
+  // through the graph API (f32 stays on the legacy API).
+  for (const ops::ImageLayout layout : {ops::ImageLayout::nchw, ops::ImageLayout::nhwc}) {
+    const int64_t before = ops::cuda::conv_graph_counter.load();
+    check_conv({.x = {8, 32, 28, 28},
+                .weight = {64, 32, 3, 3},
+                .bias = false,
+                .stride = {2, 2},
+                .padding = {1, 1},
+                .name = "3x3 stride 2 through the graph API",
+                .layout = layout});
+    EXPECT_EQ(ops::cuda::conv_graph_counter.load() - before, 6);
+  }
+}
+
+TEST(ConvGpu, Conv2dLegacyApiMatchesCpu) {
+  COLOSSAL_REQUIRE_GPU();
+  // The legacy API still serves f32/f64, split batches and whatever the graph API declines: every
+  // case again with the graph API off, bf16 and f16 included.
+  const ConvGraphScope legacy(false);
+  const int64_t before = ops::cuda::conv_graph_counter.load();
+  check_nchw_cases();
+  check_nhwc_cases();
+  EXPECT_EQ(ops::cuda::conv_graph_counter.load(), before);
 }
 
 TEST(ConvGpu, Conv2dStridedInputAndSameBitsTwice) {

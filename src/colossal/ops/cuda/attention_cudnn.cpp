@@ -26,20 +26,21 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "colossal/core/cuda_device.h"  // DeviceGuard, properties
 #include "colossal/core/tensor.h"
-#include "colossal/ops/cuda/cudnn_handle.h"
+#include "colossal/ops/cuda/cudnn_graph.h"   // GraphBuilder, Plan, execute
+#include "colossal/ops/cuda/cudnn_handle.h"  // CudnnHandle
 
 namespace colossal::ops::cuda {
 namespace {
 
-using Dims = std::array<int64_t, 4>;
+using graph::Dims;
+using graph::GraphBuilder;
+using graph::Plan;
 
 std::atomic<int>& enabled_flag() {
   static std::atomic<int> flag{[] {
@@ -49,7 +50,7 @@ std::atomic<int>& enabled_flag() {
   return flag;
 }
 
-// Unique ids of the tensors the variant pack binds; virtual tensors count up from kFirstVirtual.
+// Unique ids of the tensors the variant pack binds (virtual ones count up from 1000, GraphBuilder::scratch).
 enum Uid : int64_t {
   kQ = 1,
   kK,
@@ -65,7 +66,6 @@ enum Uid : int64_t {
   kGradV,
   kRowSum,
   kGradQAccum,
-  kFirstVirtual = 100
 };
 
 /// The problem as cuDNN sees it: [B, H, T, D] operands with their own strides.
@@ -112,188 +112,6 @@ bool forward_problem(const Tensor& out, const Tensor& lse, const Tensor& q, cons
   p.causal = params.causal;
   return true;
 }
-
-/// Owns backend descriptors and destroys them in reverse order of creation.
-class Descriptors {
- public:
-  Descriptors() = default;
-  Descriptors(const Descriptors&) = delete;
-  Descriptors& operator=(const Descriptors&) = delete;
-  ~Descriptors() {
-    for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) cudnnBackendDestroyDescriptor(*it);
-  }
-
-  cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type) {
-    cudnnBackendDescriptor_t d = nullptr;
-    check(cudnnBackendCreateDescriptor(type, &d), "create a descriptor");
-    owned_.push_back(d);
-    return d;
-  }
-
-  /// Throws (to the plan builder, which then declines the problem) on a failed call.
-  static void check(cudnnStatus_t status, const char* what) {
-    if (status != CUDNN_STATUS_SUCCESS) {
-      COLOSSAL_FAIL("cuDNN attention graph: {} failed: {} ({})", what, cudnnGetErrorString(status), cudnn_last_error());
-    }
-  }
-
- private:
-  std::vector<cudnnBackendDescriptor_t> owned_;
-};
-
-void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
-         const void* value) {
-  Descriptors::check(cudnnBackendSetAttribute(d, name, type, count, value), "set an attribute");
-}
-void set_descriptor(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t value) {
-  set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value);
-}
-void finalize(cudnnBackendDescriptor_t d, const char* what) {
-  Descriptors::check(cudnnBackendFinalize(d), what);
-}
-
-/// A built graph's execution plan, with every descriptor it refers to.
-struct Plan {
-  Descriptors descriptors;
-  cudnnBackendDescriptor_t plan = nullptr;
-  int64_t workspace_bytes = 0;
-};
-
-/// Builds one operation graph op by op (see the Note for the graphs).
-class GraphBuilder {
- public:
-  GraphBuilder(cudnnHandle_t handle, Descriptors& descriptors) : handle_(handle), d_(descriptors) {}
-
-  cudnnBackendDescriptor_t tensor(int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type,
-                                  bool is_virtual = false, bool by_value = false) {
-    cudnnBackendDescriptor_t t = d_.make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    const int64_t alignment = 16;
-    set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-    set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
-    set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
-    set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
-    set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
-    set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
-    if (by_value) set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
-    finalize(t, "a tensor");
-    return t;
-  }
-  cudnnBackendDescriptor_t scratch(const Dims& dims, const Dims& strides, cudnnDataType_t type) {
-    return tensor(next_virtual_++, dims, strides, type, true);
-  }
-  cudnnBackendDescriptor_t scalar(int64_t uid) {
-    return tensor(uid, {1, 1, 1, 1}, {1, 1, 1, 1}, CUDNN_DATA_FLOAT, false, true);
-  }
-
-  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
-                 cudnnBackendDescriptor_t y, cudnnBackendDescriptor_t t = nullptr,
-                 cudnnDataType_t precision = CUDNN_DATA_FLOAT, int64_t axis = -1) {
-    cudnnBackendDescriptor_t pw = d_.make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-    set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision);
-    if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
-    finalize(pw, "a pointwise descriptor");
-    cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
-    if (b != nullptr) set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
-    if (t != nullptr) set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-    finalize(op, "a pointwise op");
-    ops_.push_back(op);
-  }
-
-  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
-    cudnnBackendDescriptor_t mm = d_.make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
-    const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
-    set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
-    finalize(mm, "a matmul descriptor");
-    cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
-    finalize(op, "a matmul op");
-    ops_.push_back(op);
-  }
-
-  void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-    cudnnBackendDescriptor_t rd = d_.make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-    const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
-    set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
-    set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
-    finalize(rd, "a reduction descriptor");
-    cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd);
-    finalize(op, "a reduction op");
-    ops_.push_back(op);
-  }
-
-  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-    cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
-    set_descriptor(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
-    finalize(op, "a reshape op");
-    ops_.push_back(op);
-  }
-
-  /// The operation graph, heuristics (mode A), and the first engine configuration whose plan finalizes.
-  void build(Plan& plan) {
-    cudnnBackendDescriptor_t graph = d_.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops_.size()),
-        ops_.data());
-    set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
-    finalize(graph, "the operation graph");
-    cudnnBackendDescriptor_t heuristics = d_.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    set_descriptor(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
-    set(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    finalize(heuristics, "the engine heuristics");
-    int64_t count = 0;
-    Descriptors::check(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
-                       "count the engine configurations");
-    COLOSSAL_CHECK(count > 0, "cuDNN attention graph: no engine supports it");
-    std::vector<cudnnBackendDescriptor_t> configs(static_cast<size_t>(count));
-    for (auto& c : configs) c = d_.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-    Descriptors::check(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count, configs.data()),
-                       "read the engine configurations");
-    std::string declined;
-    for (int64_t i = 0; i < count; ++i) {
-      cudnnBackendDescriptor_t candidate = nullptr;
-      Descriptors::check(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &candidate),
-                         "create an execution plan");
-      cudnnStatus_t status =
-          cudnnBackendSetAttribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
-      if (status == CUDNN_STATUS_SUCCESS) {
-        status = cudnnBackendSetAttribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &configs[static_cast<size_t>(i)]);
-      }
-      if (status == CUDNN_STATUS_SUCCESS) status = cudnnBackendFinalize(candidate);
-      if (status != CUDNN_STATUS_SUCCESS) {
-        declined += fmt::format(" [{}: {}]", i, cudnnGetErrorString(status));
-        cudnnBackendDestroyDescriptor(candidate);
-        continue;
-      }
-      plan.plan = candidate;
-      break;
-    }
-    COLOSSAL_CHECK(plan.plan != nullptr, "cuDNN attention graph: no engine configuration finalized:{}", declined);
-    // The plan joins the descriptors it was built from, after them: destroyed first.
-    Descriptors::check(cudnnBackendGetAttribute(plan.plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
-                                                1, &count, &plan.workspace_bytes),
-                       "read the workspace size");
-  }
-
- private:
-  cudnnHandle_t handle_;
-  Descriptors& d_;
-  std::vector<cudnnBackendDescriptor_t> ops_;
-  int64_t next_virtual_ = kFirstVirtual;
-};
 
 Dims transposed(const Dims& strides) {
   return {strides[0], strides[1], strides[3], strides[2]};
@@ -411,48 +229,12 @@ void build_backward(GraphBuilder& g, const Problem& p) {
 }
 
 /// The cached plan for a problem, built on first use; nullptr when cuDNN declines it (remembered).
+/// The cached plan for a problem, built on first use; nullptr when cuDNN declines it (an older
+/// cuDNN, a GPU before sm80, a layout the engine does not take), and our kernels run it.
 std::shared_ptr<const Plan> plan_for(const Problem& p, bool backward, core::Device device, cudnnHandle_t handle) {
-  static std::mutex mutex;
-  static std::map<std::vector<int64_t>, std::shared_ptr<const Plan>> cache;
-  const std::vector<int64_t> key = p.key(backward, device.index);
-  std::lock_guard lock(mutex);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  auto plan = std::make_shared<Plan>();
-  try {
-    GraphBuilder g(handle, plan->descriptors);
-    backward ? build_backward(g, p) : build_forward(g, p);
-    g.build(*plan);
-  } catch (const std::exception&) {
-    // Declined (an older cuDNN, a GPU before sm80, a layout the engine does not take): our kernels run it.
-    plan.reset();
-  }
-  cache.emplace(key, plan);
-  return plan;
-}
-
-/// Binds the operands to the plan's uids and runs it on the handle's (the current) stream.
-void execute(const Plan& plan, cudnnHandle_t handle, const std::vector<std::pair<int64_t, void*>>& bindings,
-             const Tensor& workspace) {
-  std::vector<int64_t> uids;
-  std::vector<void*> pointers;
-  for (const auto& [uid, pointer] : bindings) {
-    uids.push_back(uid);
-    pointers.push_back(pointer);
-  }
-  Descriptors pack_owner;
-  cudnnBackendDescriptor_t pack = pack_owner.make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  void* workspace_pointer = workspace.defined() ? workspace.raw_data() : nullptr;
-  set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()), uids.data());
-  set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(pointers.size()),
-      pointers.data());
-  set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace_pointer);
-  finalize(pack, "the variant pack");
-  COLOSSAL_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan, pack));
-}
-
-Tensor workspace_for(const Plan& plan, core::Device device) {
-  if (plan.workspace_bytes == 0) return Tensor();
-  return core::empty({plan.workspace_bytes}, TensorOptions(DType::u8, device));
+  static graph::PlanCache<std::vector<int64_t>> cache;
+  return cache.get(p.key(backward, device.index), handle,
+                   [&](GraphBuilder& g) { backward ? build_backward(g, p) : build_forward(g, p); });
 }
 
 }  // namespace
@@ -477,8 +259,8 @@ bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   std::vector<std::pair<int64_t, void*>> bindings = {{kQ, q.raw_data()},   {kK, k.raw_data()},       {kV, v.raw_data()},
                                                      {kO, out.raw_data()}, {kStats, lse.raw_data()}, {kScale, &scale}};
   if (p.causal) bindings.emplace_back(kNegInf, &neg_inf);
-  const Tensor workspace = workspace_for(*plan, device);
-  execute(*plan, handle.get(), bindings, workspace);
+  const Tensor workspace = graph::workspace_for(*plan, device);
+  graph::execute(*plan, handle.get(), bindings, workspace);
   cudnn_attention_counter.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -518,8 +300,8 @@ bool cudnn_attention_backward(const Tensor& grad_q, const Tensor& grad_k, const 
                                                      {kRowSum, row_sum.raw_data()},
                                                      {kGradQAccum, grad_q_accum.raw_data()}};
   if (p.causal) bindings.emplace_back(kNegInf, &neg_inf);
-  const Tensor workspace = workspace_for(*plan, device);
-  execute(*plan, handle.get(), bindings, workspace);
+  const Tensor workspace = graph::workspace_for(*plan, device);
+  graph::execute(*plan, handle.get(), bindings, workspace);
   cudnn_attention_counter.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

@@ -1,0 +1,148 @@
+// cuDNN's backend (graph) API for the CUDA kernels that build operation graphs: attention
+// (attention_cudnn.cpp) and convolutions (conv_kernels.cu). A graph is described op by op, finalized
+// once into an execution plan (heuristics mode A, the first engine configuration that finalizes and
+// passes a filter), and each call binds its pointers in a variant pack and executes: ~10 us of host
+// time, where a legacy convolution call goes through the same machinery on every call (~140 us on
+// an H100 host for a 3x3 convolution). Internal: includes cudnn.h.
+#pragma once
+
+#include <cudnn.h>
+
+#include <array>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "colossal/core/tensor.h"
+
+namespace colossal::ops::cuda::graph {
+
+using Dims = std::array<int64_t, 4>;
+
+/// Owns backend descriptors and destroys them in reverse order of creation.
+class Descriptors {
+ public:
+  Descriptors() = default;
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+  ~Descriptors();
+
+  cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type);
+  void adopt(cudnnBackendDescriptor_t d) { owned_.push_back(d); }
+
+ private:
+  std::vector<cudnnBackendDescriptor_t> owned_;
+};
+
+/// Throws an Error naming `what`, cuDNN's status and its last error message unless `status` is success.
+void check(cudnnStatus_t status, const char* what);
+
+void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
+         const void* value);
+void set_descriptor(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t value);
+void finalize(cudnnBackendDescriptor_t d, const char* what);
+
+/// A finalized execution plan and every descriptor it refers to.
+struct Plan {
+  Descriptors descriptors;
+  cudnnBackendDescriptor_t plan = nullptr;
+  int64_t workspace_bytes = 0;
+};
+
+/// Which engine configurations a plan may take. Deterministic ones are preferred when asked: a
+/// nondeterministic configuration is taken only when no deterministic one finalizes.
+struct EngineFilter {
+  bool prefer_deterministic = false;
+  int64_t max_workspace_bytes = std::numeric_limits<int64_t>::max();
+};
+
+/// Convolution geometry for the convolution descriptor (2-D, cross-correlation).
+struct ConvolutionSpec {
+  std::array<int64_t, 2> padding, stride, dilation;
+};
+
+/// Builds one operation graph op by op; build() turns it into a plan. Tensors are 4-D.
+class GraphBuilder {
+ public:
+  GraphBuilder(cudnnHandle_t handle, Descriptors& descriptors) : handle_(handle), d_(descriptors) {}
+
+  /// A tensor bound by `uid` at execution (or a virtual one, never stored), 16-byte aligned.
+  cudnnBackendDescriptor_t tensor(int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type,
+                                  bool is_virtual = false, bool by_value = false);
+  /// A virtual tensor with the next free uid (counting up from 1000).
+  cudnnBackendDescriptor_t scratch(const Dims& dims, const Dims& strides, cudnnDataType_t type);
+  /// A host f32 scalar passed by value.
+  cudnnBackendDescriptor_t scalar(int64_t uid);
+
+  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                 cudnnBackendDescriptor_t y, cudnnBackendDescriptor_t t = nullptr,
+                 cudnnDataType_t precision = CUDNN_DATA_FLOAT, int64_t axis = -1);
+  /// c = a b, batched over the leading two dimensions, accumulating in f32.
+  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c);
+  void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y);
+  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y);
+
+  /// The three convolution passes (f32 compute, alpha 1, beta 0): y = conv(x, w), dx from dy and w,
+  /// dw from x and dy.
+  void convolution_forward(const ConvolutionSpec& spec, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t w,
+                           cudnnBackendDescriptor_t y);
+  void convolution_backward_data(const ConvolutionSpec& spec, cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t dy,
+                                 cudnnBackendDescriptor_t dx);
+  void convolution_backward_filter(const ConvolutionSpec& spec, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t dy,
+                                   cudnnBackendDescriptor_t dw);
+
+  /// The operation graph, engine heuristics (mode A) and the first configuration that passes
+  /// `filter` and finalizes; throws when none does.
+  void build(Plan& plan, const EngineFilter& filter = {});
+
+ private:
+  cudnnBackendDescriptor_t convolution(const ConvolutionSpec& spec);
+
+  cudnnHandle_t handle_;
+  Descriptors& d_;
+  std::vector<cudnnBackendDescriptor_t> ops_;
+  int64_t next_virtual_ = 1000;
+};
+
+/// Plans by key, each built on first use by `describe(GraphBuilder&)` then GraphBuilder::build. A
+/// key whose graph cuDNN declines (any error while building: an older cuDNN, an older GPU, a layout
+/// no engine takes) is remembered as nullptr, so the caller falls back without asking again.
+template <class Key>
+class PlanCache {
+ public:
+  template <class Describe>
+  std::shared_ptr<const Plan> get(const Key& key, cudnnHandle_t handle, const Describe& describe,
+                                  const EngineFilter& filter = {}) {
+    std::lock_guard lock(mutex_);
+    if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    auto plan = std::make_shared<Plan>();
+    try {
+      GraphBuilder g(handle, plan->descriptors);
+      describe(g);
+      g.build(*plan, filter);
+    } catch (const std::exception&) {
+      plan.reset();
+    }
+    plans_.emplace(key, plan);
+    return plan;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<Key, std::shared_ptr<const Plan>> plans_;
+};
+
+/// Binds (uid, pointer) pairs and the workspace, and runs the plan on the handle's stream. The
+/// bindings must name exactly the graph's non-virtual tensors.
+void execute(const Plan& plan, cudnnHandle_t handle, const std::vector<std::pair<int64_t, void*>>& bindings,
+             const Tensor& workspace);
+
+/// The plan's workspace from the caching allocator (undefined when it needs none).
+Tensor workspace_for(const Plan& plan, core::Device device);
+
+}  // namespace colossal::ops::cuda::graph
