@@ -1,5 +1,5 @@
 // batch_norm2d: gradient checks in training and evaluation (with and without affine parameters),
-// hand-derived outputs and running-statistic updates, reduced precision, and bad input.
+// hand-derived outputs and running-statistic updates, reduced precision, bad input; batch_norm_relu2d.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -80,6 +80,31 @@ TEST(BatchNorm2d, EvalUsesRunningStats) {
   expect_values(y, {0, 0.5, 8, 10}, 1e-10);
   expect_values(running_mean, {1, -1});
   expect_values(running_var, {4, 0.25});
+}
+
+TEST(BatchNorm2d, ReluIsBatchNormThenRelu) {
+  // batch_norm_relu2d on the CPU (no fused kernels) is relu(batch_norm2d(...)), in both layouts:
+  // the same values and running statistics; and its gradient is checked by finite differences.
+  for (const ops::ImageLayout layout : {ops::ImageLayout::nchw, ops::ImageLayout::nhwc}) {
+    // [2, 3, 3, 3]: three channels in either layout.
+    const Tensor x = random_leaf({2, 3, 3, 3}, 11), weight = random_leaf({3}, 12), bias = random_leaf({3}, 13);
+    Tensor mean_a = core::zeros({3}, DType::f64), var_a = core::ones({3}, DType::f64);
+    Tensor mean_b = core::zeros({3}, DType::f64), var_b = core::ones({3}, DType::f64);
+    const Tensor fused = ops::batch_norm_relu2d(x, mean_a, var_a, weight, bias, true, 0.1, 1e-5, layout);
+    const Tensor composed = ops::relu(ops::batch_norm2d(x, mean_b, var_b, weight, bias, true, 0.1, 1e-5, layout));
+    expect_close(fused, composed, 0, 0, "batch_norm_relu2d");
+    expect_close(mean_a, mean_b, 0, 0, "running mean");
+  }
+  check_gradients(
+      {.make_inputs =
+           [] {
+             return std::vector<Tensor>{random_leaf({2, 3, 2, 2}, 21), random_leaf({3}, 22), random_leaf({3}, 23)};
+           },
+       .fn =
+           [](const std::vector<Tensor>& in) {
+             Tensor running_mean, running_var;
+             return ops::batch_norm_relu2d(in[0], running_mean, running_var, in[1], in[2], true, 0.1, 1e-3);
+           }});
 }
 
 TEST(BatchNorm2d, TrainingGradientHandDerived) {

@@ -3,15 +3,13 @@
 // odd sizes, stride/padding/dilation/group variants, training and evaluation batch norm (running
 // statistics compared too), ties and NaN in max pooling, and bad input; the nhwc kernels (cuDNN's
 // NHWC convolutions, our channels-innermost batch norm and max pooling) against the CPU's nhwc ops
-// (the nchw kernels between transposes) the same way; bf16/f16 convolutions through cuDNN's graph
-// API (the default) and again through its legacy API.
+// (the nchw kernels between transposes) the same way, and batch norm with a fused relu.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "colossal/core/view.h"            // to_device_raw, cast_raw
-#include "colossal/ops/conv_kernels.h"     // stubs, for kernel-level bad input
-#include "colossal/ops/cuda/conv_cudnn.h"  // the graph-API switch and counter
+#include "colossal/core/view.h"         // to_device_raw, cast_raw
+#include "colossal/ops/conv_kernels.h"  // stubs, for kernel-level bad input
 #include "gpu_compare.h"
 
 namespace colossal {
@@ -148,53 +146,14 @@ void check_nhwc_cases() {
               .layout = kNhwc});
 }
 
-/// bf16/f16 convolutions through cuDNN's graph API (the default) or its legacy API, for a scope.
-struct ConvGraphScope {
-  explicit ConvGraphScope(bool enabled) { ops::cuda::set_conv_graph_enabled(enabled); }
-  ~ConvGraphScope() { ops::cuda::set_conv_graph_enabled(true); }
-};
-
 TEST(ConvGpu, Conv2dMatchesCpu) {
   COLOSSAL_REQUIRE_GPU();
-  const int64_t before = ops::cuda::conv_graph_counter.load();
   check_nchw_cases();
-  // bf16 and f16 went through the graph API: forward, backward data and backward filter each.
-  EXPECT_GT(ops::cuda::conv_graph_counter.load() - before, 0);
 }
 
 TEST(ConvGpu, Conv2dNhwcMatchesCpu) {
   COLOSSAL_REQUIRE_GPU();
-  const int64_t before = ops::cuda::conv_graph_counter.load();
   check_nhwc_cases();
-  EXPECT_GT(ops::cuda::conv_graph_counter.load() - before, 0);
-}
-
-TEST(ConvGpu, Conv2dGraphApiTakesTensorCoreShapes) {
-  COLOSSAL_REQUIRE_GPU();
-  // A ResNet-like 3x3 on tensor-core widths, both layouts: three passes per 16-bit dtype, all
-  // through the graph API (f32 stays on the legacy API).
-  for (const ops::ImageLayout layout : {ops::ImageLayout::nchw, ops::ImageLayout::nhwc}) {
-    const int64_t before = ops::cuda::conv_graph_counter.load();
-    check_conv({.x = {8, 32, 28, 28},
-                .weight = {64, 32, 3, 3},
-                .bias = false,
-                .stride = {2, 2},
-                .padding = {1, 1},
-                .name = "3x3 stride 2 through the graph API",
-                .layout = layout});
-    EXPECT_EQ(ops::cuda::conv_graph_counter.load() - before, 6);
-  }
-}
-
-TEST(ConvGpu, Conv2dLegacyApiMatchesCpu) {
-  COLOSSAL_REQUIRE_GPU();
-  // The legacy API still serves f32/f64, split batches and whatever the graph API declines: every
-  // case again with the graph API off, bf16 and f16 included.
-  const ConvGraphScope legacy(false);
-  const int64_t before = ops::cuda::conv_graph_counter.load();
-  check_nchw_cases();
-  check_nhwc_cases();
-  EXPECT_EQ(ops::cuda::conv_graph_counter.load(), before);
 }
 
 TEST(ConvGpu, Conv2dStridedInputAndSameBitsTwice) {
@@ -236,6 +195,7 @@ struct BatchNormCase {
   double low = -1.0, high = 1.0;
   const char* name;
   ops::ImageLayout layout = ops::ImageLayout::nchw;
+  bool relu = false;  ///< ops::batch_norm_relu2d
 };
 
 // Tolerance scale 4 for batch norm: the CPU reduces each channel's N * H * W (up to 65536) values
@@ -246,24 +206,26 @@ constexpr double kBatchNormToleranceScale = 4.0;
 void check_batch_norm(const BatchNormCase& c) {
   const int64_t channels = c.layout == ops::ImageLayout::nhwc ? c.x[3] : c.x[1];
   for (DType dtype : kDtypes) {
-    expect_cuda_matches_cpu({.make_inputs =
-                                 [&](DType d) {
-                                   // Running statistics in f32 whatever x's dtype (the usual mixed-precision layout).
-                                   return std::vector<Tensor>{
-                                       random_input(c.x, 31, d, c.low, c.high),
-                                       c.affine ? random_input({channels}, 32, d, 0.5, 1.5) : Tensor(),
-                                       c.affine ? random_input({channels}, 33, d) : Tensor(),
-                                       random_input({channels}, 34, DType::f32, -0.5, 0.5, false),
-                                       random_input({channels}, 35, DType::f32, 0.5, 2.0, false)};
-                                 },
-                             .fn =
-                                 [&](const std::vector<Tensor>& in) {
-                                   Tensor running_mean = in[3], running_var = in[4];
-                                   return ops::batch_norm2d(in[0], running_mean, running_var, in[1], in[2], c.training,
-                                                            0.1, 1e-5, c.layout);
-                                 },
-                             .tolerance_scale = kBatchNormToleranceScale},
-                            dtype, fmt::format("{}{}", c.name, c.layout == ops::ImageLayout::nhwc ? " (nhwc)" : ""));
+    expect_cuda_matches_cpu(
+        {.make_inputs =
+             [&](DType d) {
+               // Running statistics in f32 whatever x's dtype (the usual mixed-precision layout).
+               return std::vector<Tensor>{random_input(c.x, 31, d, c.low, c.high),
+                                          c.affine ? random_input({channels}, 32, d, 0.5, 1.5) : Tensor(),
+                                          c.affine ? random_input({channels}, 33, d) : Tensor(),
+                                          random_input({channels}, 34, DType::f32, -0.5, 0.5, false),
+                                          random_input({channels}, 35, DType::f32, 0.5, 2.0, false)};
+             },
+         .fn =
+             [&](const std::vector<Tensor>& in) {
+               Tensor running_mean = in[3], running_var = in[4];
+               auto op = c.relu ? ops::batch_norm_relu2d : ops::batch_norm2d;
+               return op(in[0], running_mean, running_var, in[1], in[2], c.training, 0.1, 1e-5, c.layout);
+             },
+         .tolerance_scale = kBatchNormToleranceScale},
+        dtype,
+        fmt::format("{}{}{}", c.relu ? "relu(batch norm) " : "", c.name,
+                    c.layout == ops::ImageLayout::nhwc ? " (nhwc)" : ""));
   }
 }
 
@@ -303,6 +265,33 @@ TEST(BatchNormGpu, NhwcMatchesCpu) {
                     .high = 12.0,
                     .name = "offset mean",
                     .layout = kNhwc});
+}
+
+TEST(BatchNormGpu, ReluFusedMatchesCpu) {
+  COLOSSAL_REQUIRE_GPU();
+  // nhwc runs the fused kernels (the relu's gradient mask recomputed from x and the statistics),
+  // nchw runs batch_norm2d then relu; the CPU runs the two ops in turn either way. Inputs around
+  // the mean make half of the outputs clip.
+  constexpr auto kNhwc = ops::ImageLayout::nhwc;
+  for (const bool training : {true, false}) {
+    for (const bool affine : {true, false}) {
+      check_batch_norm({.x = {4, 13, 17, 5},
+                        .training = training,
+                        .affine = affine,
+                        .name = "5 channels",
+                        .layout = kNhwc,
+                        .relu = true});
+      check_batch_norm({.x = {8, 8, 8, 64},
+                        .training = training,
+                        .affine = affine,
+                        .name = "64 channels",
+                        .layout = kNhwc,
+                        .relu = true});
+    }
+  }
+  check_batch_norm(
+      {.x = {8, 64, 64, 64}, .training = true, .affine = true, .name = "split rows", .layout = kNhwc, .relu = true});
+  check_batch_norm({.x = {4, 6, 9, 9}, .training = true, .affine = true, .name = "nchw", .relu = true});
 }
 
 TEST(BatchNormGpu, NhwcRunningStatisticsAndSameBitsTwice) {

@@ -25,6 +25,14 @@ BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, std::optional<double>
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
+  return normalize(x, false);
+}
+
+Tensor BatchNorm2d::forward_relu(const Tensor& x) {
+  return normalize(x, true);
+}
+
+Tensor BatchNorm2d::normalize(const Tensor& x, bool relu) {
   const bool tracking = running_mean_->defined();
   const bool use_batch_stats = is_training() || !tracking;
   double momentum = momentum_.value_or(0.0);
@@ -34,8 +42,8 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
     if (!momentum_) momentum = 1.0 / num_batches_tracked_->item<double>();
   }
   // In evaluation without running stats the op gets none and uses the batch's own statistics.
-  return ops::batch_norm2d(x, *running_mean_, *running_var_, *weight_, *bias_, use_batch_stats, momentum, eps_,
-                           layout_);
+  auto op = relu ? ops::batch_norm_relu2d : ops::batch_norm2d;
+  return op(x, *running_mean_, *running_var_, *weight_, *bias_, use_batch_stats, momentum, eps_, layout_);
 }
 
 std::string BatchNorm2d::extra_repr() const {

@@ -20,6 +20,8 @@ class BatchNorm2d : public Module {
   BatchNorm2d(int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1, bool affine = true,
               bool track_running_stats = true, ops::ImageLayout layout = ops::ImageLayout::nchw);
   Tensor forward(const Tensor& x) override;
+  /// relu(forward(x)) through ops::batch_norm_relu2d (one fused pass each way on CUDA in nhwc).
+  Tensor forward_relu(const Tensor& x);
   std::string extra_repr() const override;
 
   const Tensor& weight() const { return *weight_; }
@@ -31,6 +33,8 @@ class BatchNorm2d : public Module {
   ops::ImageLayout layout() const { return layout_; }
 
  private:
+  Tensor normalize(const Tensor& x, bool relu);
+
   int64_t num_features_;
   double eps_;
   std::optional<double> momentum_;

@@ -1,10 +1,11 @@
-// batch_norm2d: validates shapes and dtypes, runs the fused forward kernel (which also updates the
-// running statistics in training) and records the fused backward kernel.
+// batch_norm2d and batch_norm_relu2d: validate shapes and dtypes, run the fused forward kernel
+// (which also updates the running statistics in training) and record the fused backward kernel.
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw
 #include "colossal/ops/autocast.h"
 #include "colossal/ops/conv.h"          // batch_norm2d
 #include "colossal/ops/conv_kernels.h"  // batch_norm stubs
+#include "colossal/ops/elementwise.h"   // relu (batch_norm_relu2d without fused kernels)
 
 namespace colossal::ops {
 
@@ -12,6 +13,9 @@ constinit core::DispatchStub<BatchNormForwardKernel> batch_norm_forward_stub("ba
 constinit core::DispatchStub<BatchNormBackwardKernel> batch_norm_backward_stub("batch_norm2d_backward");
 constinit core::DispatchStub<BatchNormForwardKernel> batch_norm_nhwc_forward_stub("batch_norm2d_nhwc");
 constinit core::DispatchStub<BatchNormBackwardKernel> batch_norm_nhwc_backward_stub("batch_norm2d_nhwc_backward");
+constinit core::DispatchStub<BatchNormForwardKernel> batch_norm_relu_nhwc_forward_stub("batch_norm_relu2d_nhwc");
+constinit core::DispatchStub<BatchNormReluBackwardKernel> batch_norm_relu_nhwc_backward_stub(
+    "batch_norm_relu2d_nhwc_backward");
 
 namespace {
 
@@ -29,14 +33,12 @@ void check_per_channel(const Tensor& t, const char* what, const Tensor& x, int64
   }
 }
 
-}  // namespace
-
-Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, const Tensor& weight,
-                    const Tensor& bias, bool training, double momentum, double eps, ImageLayout layout) {
+Tensor batch_norm_impl(const Tensor& x, Tensor& running_mean, Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, double momentum, double eps, ImageLayout layout, bool relu) {
   if (autocast_dtype()) {
     const AutocastGuard off(std::nullopt);
-    return batch_norm2d(autocast::to_f32(x), running_mean, running_var, autocast::to_f32(weight),
-                        autocast::to_f32(bias), training, momentum, eps, layout);
+    return batch_norm_impl(autocast::to_f32(x), running_mean, running_var, autocast::to_f32(weight),
+                           autocast::to_f32(bias), training, momentum, eps, layout, relu);
   }
   const bool nhwc = layout == ImageLayout::nhwc;
   COLOSSAL_CHECK(x.defined(), "batch_norm2d: x must be defined");
@@ -64,11 +66,16 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
     COLOSSAL_CHECK(running_mean.defined(), "batch_norm2d: evaluation mode needs running_mean and running_var");
   }
   if (nhwc && !batch_norm_nhwc_forward_stub.supports(x.device().type)) {
-    return to_nhwc(
-        batch_norm2d(to_nchw(x), running_mean, running_var, weight, bias, training, momentum, eps, ImageLayout::nchw));
+    return to_nhwc(batch_norm_impl(to_nchw(x), running_mean, running_var, weight, bias, training, momentum, eps,
+                                   ImageLayout::nchw, relu));
   }
-  auto& forward_stub = nhwc ? batch_norm_nhwc_forward_stub : batch_norm_forward_stub;
-  auto& backward_stub = nhwc ? batch_norm_nhwc_backward_stub : batch_norm_backward_stub;
+  if (relu && !(nhwc && batch_norm_relu_nhwc_forward_stub.supports(x.device().type))) {
+    return ops::relu(
+        batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, layout, false));
+  }
+  auto& forward_stub = relu   ? batch_norm_relu_nhwc_forward_stub
+                       : nhwc ? batch_norm_nhwc_forward_stub
+                              : batch_norm_forward_stub;
 
   const Tensor x_c = core::contiguous_raw(x);
   const Tensor weight_c = weight.defined() ? core::contiguous_raw(weight) : Tensor();
@@ -88,10 +95,11 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
       if (!var_c.is_same(running_var)) running_var.copy_(var_c);
     }
   }
-  autograd::record("batch_norm2d", {x, weight, bias}, {y},
+  autograd::record(relu ? "batch_norm_relu2d" : "batch_norm2d", {x, weight, bias}, {y},
                    [x_saved = x_c.detach(), weight_saved = weight_c.defined() ? weight_c.detach() : Tensor(),
-                    mean_saved = save_mean.detach(), invstd_saved = save_invstd.detach(), training, channel_dim,
-                    &backward_stub](const std::vector<Tensor>& grads, const autograd::Node& node) {
+                    bias_saved = relu && bias_c.defined() ? bias_c.detach() : Tensor(), mean_saved = save_mean.detach(),
+                    invstd_saved = save_invstd.detach(), training, channel_dim, nhwc,
+                    relu](const std::vector<Tensor>& grads, const autograd::Node& node) {
                      const TensorOptions options(x_saved.dtype(), x_saved.device());
                      const int64_t channels = x_saved.size(channel_dim);
                      Tensor grad_x = node.needs_input_grad(0) ? core::empty(x_saved.shape(), options) : Tensor();
@@ -103,12 +111,31 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
                        }
                      } else {
                        const Tensor grad_y = core::contiguous_raw(grads[0]);
-                       backward_stub(grad_y.device(), grad_x, grad_weight, grad_bias, grad_y, x_saved, weight_saved,
-                                     mean_saved, invstd_saved, training);
+                       if (relu) {
+                         batch_norm_relu_nhwc_backward_stub(grad_y.device(), grad_x, grad_weight, grad_bias, grad_y,
+                                                            x_saved, weight_saved, bias_saved, mean_saved, invstd_saved,
+                                                            training);
+                       } else {
+                         auto& backward_stub = nhwc ? batch_norm_nhwc_backward_stub : batch_norm_backward_stub;
+                         backward_stub(grad_y.device(), grad_x, grad_weight, grad_bias, grad_y, x_saved, weight_saved,
+                                       mean_saved, invstd_saved, training);
+                       }
                      }
                      return std::vector<Tensor>{grad_x, grad_weight, grad_bias};
                    });
   return y;
+}
+
+}  // namespace
+
+Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, const Tensor& weight,
+                    const Tensor& bias, bool training, double momentum, double eps, ImageLayout layout) {
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, layout, false);
+}
+
+Tensor batch_norm_relu2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, const Tensor& weight,
+                         const Tensor& bias, bool training, double momentum, double eps, ImageLayout layout) {
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, layout, true);
 }
 
 }  // namespace colossal::ops

@@ -38,6 +38,12 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
                     const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5,
                     ImageLayout layout = ImageLayout::nchw);
 
+/// relu(batch_norm2d(...)), as ResNet applies it: one pass each way where the backend has the fused
+/// kernels (CUDA, nhwc), the two ops in turn elsewhere; the same results either way.
+Tensor batch_norm_relu2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, const Tensor& weight,
+                         const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5,
+                         ImageLayout layout = ImageLayout::nchw);
+
 /// Max pooling; the gradient goes to the (first) maximum of each window. Padding is -inf.
 Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0},
                   ImageLayout layout = ImageLayout::nchw);

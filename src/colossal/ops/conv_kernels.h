@@ -64,6 +64,15 @@ extern core::DispatchStub<BatchNormBackwardKernel> batch_norm_backward_stub;
 /// any rows-by-channels matrix), normalised per channel over all the other dimensions.
 extern core::DispatchStub<BatchNormForwardKernel> batch_norm_nhwc_forward_stub;
 extern core::DispatchStub<BatchNormBackwardKernel> batch_norm_nhwc_backward_stub;
+/// relu(batch_norm2d(x)) in one pass each way, channel innermost: the forward writes the relu's
+/// output; the backward takes the gradient of that output and recomputes the relu's mask from x,
+/// the statistics and the parameters (hence the bias), so the output need not be kept.
+using BatchNormReluBackwardKernel = void(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                                         const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                                         const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd,
+                                         bool training);
+extern core::DispatchStub<BatchNormForwardKernel> batch_norm_relu_nhwc_forward_stub;
+extern core::DispatchStub<BatchNormReluBackwardKernel> batch_norm_relu_nhwc_backward_stub;
 
 // ---- pooling
 // Inputs are [N, C, H, W] and pool each of the N * C planes independently.

@@ -74,7 +74,7 @@ BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, core::
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {
-  const Tensor out = ops::relu(bn1_->forward(conv1_->forward(x)));
+  const Tensor out = bn1_->forward_relu(conv1_->forward(x));
   return residual(bn2_->forward(conv2_->forward(out)), downsample_, x);
 }
 
@@ -92,8 +92,8 @@ Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::
 }
 
 Tensor Bottleneck::forward(const Tensor& x) {
-  Tensor out = ops::relu(bn1_->forward(conv1_->forward(x)));
-  out = ops::relu(bn2_->forward(conv2_->forward(out)));
+  Tensor out = bn1_->forward_relu(conv1_->forward(x));
+  out = bn2_->forward_relu(conv2_->forward(out));
   return residual(bn3_->forward(conv3_->forward(out)), downsample_, x);
 }
 
@@ -102,7 +102,7 @@ namespace {
 /// images [B, C, H, W] -> layer1's input, in the model's layout.
 Tensor stem(Conv2d& conv1, BatchNorm2d& bn1, bool cifar_stem, ops::ImageLayout layout, const Tensor& images) {
   const Tensor in = layout == ops::ImageLayout::nhwc ? ops::to_nhwc(images) : images;
-  const Tensor x = ops::relu(bn1.forward(conv1.forward(in)));
+  const Tensor x = bn1.forward_relu(conv1.forward(in));
   return cifar_stem ? x : ops::max_pool2d(x, {3, 3}, {2, 2}, {1, 1}, layout);
 }
 

@@ -152,6 +152,19 @@ RunningStat running_stat(const Tensor& t) {
   return {t.raw_data(), t.dtype()};
 }
 
+/// The folded affine map y = x * scale + shift of channel c from the saved statistics (as rounded
+/// to stat_t) and the parameters, in f64: the forward's normalisation and, recomputed from the same
+/// values to the same bits, the pre-activation whose sign masks a fused relu's gradient.
+template <class T>
+__device__ __forceinline__ Affine<acc_t<T>> affine_of(const T* weight, const T* bias, stat_t<T> saved_mean,
+                                                      stat_t<T> saved_invstd, int64_t c) {
+  using A = acc_t<T>;
+  const double mean = static_cast<double>(saved_mean), invstd = static_cast<double>(saved_invstd);
+  const double gamma = weight != nullptr ? to_double(weight[c]) : 1.0;
+  const double beta = bias != nullptr ? to_double(bias[c]) : 0.0;
+  return {static_cast<A>(gamma * invstd), static_cast<A>(beta - mean * gamma * invstd)};
+}
+
 /// Per channel: the batch statistics (training, from `partials`) or the running ones (evaluation),
 /// save_mean / save_invstd, the running-statistics update and the folded affine map. One thread per
 /// channel; the splits are combined in order, in f64 as the CPU kernel computes.
@@ -182,11 +195,10 @@ __global__ void finish_forward_kernel(const Moments<acc_t<T>>* partials, int spl
       mean = running_mean.load(c);
       invstd = 1.0 / sqrt(running_var.load(c) + eps);
     }
-    save_mean[c] = static_cast<stat_t<T>>(mean);
-    save_invstd[c] = static_cast<stat_t<T>>(invstd);
-    const double gamma = weight != nullptr ? to_double(weight[c]) : 1.0;
-    const double beta = bias != nullptr ? to_double(bias[c]) : 0.0;
-    affine[c] = {static_cast<A>(gamma * invstd), static_cast<A>(beta - mean * gamma * invstd)};
+    const auto saved_mean = static_cast<stat_t<T>>(mean), saved_invstd = static_cast<stat_t<T>>(invstd);
+    save_mean[c] = saved_mean;
+    save_invstd[c] = saved_invstd;
+    affine[c] = affine_of(weight, bias, saved_mean, saved_invstd, c);
   }
 }
 
@@ -579,18 +591,23 @@ __global__ void __launch_bounds__(kRowsThreads)
   combine_rows_and_store<Moments<A>, kVec>(state, shared, plan, at, CombineMoments<A>{}, partials);
 }
 
-template <class T, int kVec>
+/// With kRelu, dy is that of relu(batch_norm(x)): it is dropped where the pre-activation
+/// x * scale + shift (relu_affine) is not positive.
+template <class T, int kVec, bool kRelu>
 __global__ void __launch_bounds__(kRowsThreads)
-    nhwc_grad_sums_kernel(const T* dy, const T* x, const stat_t<T>* mean, RowsPlan plan, GradSums<acc_t<T>>* partials) {
+    nhwc_grad_sums_kernel(const T* dy, const T* x, const stat_t<T>* mean, const Affine<acc_t<T>>* relu_affine,
+                          RowsPlan plan, GradSums<acc_t<T>>* partials) {
   using A = acc_t<T>;
   __shared__ GradSums<A> shared[kRowsThreads * kVec];
   const RowsLane at(plan);
   GradSums<A> state[kVec];
   A m[kVec];
+  Affine<A> a[kVec];
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     state[k] = {A(0), A(0)};
     m[k] = at.active ? static_cast<A>(mean[at.group * kVec + k]) : A(0);
+    if constexpr (kRelu) a[k] = at.active ? relu_affine[at.group * kVec + k] : Affine<A>{A(0), A(0)};
   }
   if (at.active) {
     for (int64_t r = at.row; r < at.end; r += int64_t{at.ty} * kRowsUnroll) {
@@ -609,9 +626,11 @@ __global__ void __launch_bounds__(kRowsThreads)
         if (r + int64_t{u} * at.ty >= at.end) break;
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
-          const A d = static_cast<A>(g[u].v[k]);
+          const A xv = static_cast<A>(v[u].v[k]);
+          A d = static_cast<A>(g[u].v[k]);
+          if constexpr (kRelu) d = xv * a[k].scale + a[k].shift > A(0) ? d : A(0);
           state[k].dy += d;
-          state[k].dy_xmu += d * (static_cast<A>(v[u].v[k]) - m[k]);
+          state[k].dy_xmu += d * (xv - m[k]);
         }
       }
     }
@@ -632,8 +651,8 @@ __device__ __forceinline__ void stream_rows(const RowsPlan& plan, const Coeffici
   for (int64_t r = at.row; r < at.end; r += at.ty) apply((r * plan.groups + at.group) * kVec, c);
 }
 
-/// y = x * scale + shift.
-template <class T, int kVec>
+/// y = x * scale + shift, or relu of it (as ops::relu: v > 0 ? v : 0).
+template <class T, int kVec, bool kRelu>
 __global__ void __launch_bounds__(kRowsThreads)
     nhwc_normalize_kernel(T* y, const T* x, const Affine<acc_t<T>>* affine, RowsPlan plan) {
   using A = acc_t<T>;
@@ -641,7 +660,10 @@ __global__ void __launch_bounds__(kRowsThreads)
     const auto in = load_group<kVec>(x + element);
     cuda::Group<T, kVec> out;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) out.v[k] = store_as<T>(static_cast<A>(in.v[k]) * a[k].scale + a[k].shift);
+    for (int k = 0; k < kVec; ++k) {
+      const A v = static_cast<A>(in.v[k]) * a[k].scale + a[k].shift;
+      out.v[k] = store_as<T>(kRelu ? (v > A(0) ? v : A(0)) : v);
+    }
     store_group<kVec>(y + element, out);
   });
 }
@@ -655,6 +677,46 @@ __global__ void __launch_bounds__(kRowsThreads)
   stream_rows<kVec>(plan, coefficients, [&](int64_t element, const GradCoefficients<A>(&c)[kVec]) {
     write_grad_input<T, kTraining, kVec>(dx, dy, x, element, [&](int i) { return c[i]; });
   });
+}
+
+/// dx of relu(batch_norm(x)) (training or not): the dy of positions whose pre-activation is not
+/// positive is dropped first; the mean terms still reach them in training.
+template <class T, int kVec, bool kTraining>
+__global__ void __launch_bounds__(kRowsThreads)
+    nhwc_grad_input_relu_kernel(T* dx, const T* dy, const T* x, const GradCoefficients<acc_t<T>>* coefficients,
+                                const Affine<acc_t<T>>* relu_affine, RowsPlan plan) {
+  using A = acc_t<T>;
+  const RowsLane at(plan);
+  if (!at.active) return;
+  GradCoefficients<A> c[kVec];
+  Affine<A> a[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    c[k] = coefficients[at.group * kVec + k];
+    a[k] = relu_affine[at.group * kVec + k];
+  }
+  for (int64_t r = at.row; r < at.end; r += at.ty) {
+    const int64_t element = (r * plan.groups + at.group) * kVec;
+    const auto g = load_group<kVec>(dy + element);
+    const auto v = load_group<kVec>(x + element);
+    cuda::Group<T, kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const A xv = static_cast<A>(v.v[k]);
+      const A scaled = xv * a[k].scale + a[k].shift > A(0) ? c[k].scale * static_cast<A>(g.v[k]) : A(0);
+      out.v[k] = store_as<T>(kTraining ? scaled - c[k].offset - (xv - c[k].mean) * c[k].slope : scaled);
+    }
+    store_group<kVec>(dx + element, out);
+  }
+}
+
+/// The relu mask's affine map per channel, recomputed from what the forward saved (affine_of).
+template <class T>
+__global__ void relu_affine_kernel(const T* weight, const T* bias, const stat_t<T>* save_mean,
+                                   const stat_t<T>* save_invstd, int64_t channels, Affine<acc_t<T>>* affine) {
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < channels; c += int64_t{gridDim.x} * blockDim.x) {
+    affine[c] = affine_of(weight, bias, save_mean[c], save_invstd[c], c);
+  }
 }
 
 /// Launches kernel<kVec> for the plan's vector width: 16 bytes of T or one element.
@@ -687,7 +749,7 @@ const State* reduce_rows(const RowsPlan& plan, int64_t channels, State identity,
                      stream);
 }
 
-template <class T>
+template <class T, bool kRelu>
 void nhwc_forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
                         const Tensor& running_mean, const Tensor& running_var, const Tensor& weight, const Tensor& bias,
                         bool training, double momentum, double eps) {
@@ -720,14 +782,16 @@ void nhwc_forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& 
   // The map needs no splits: every block streams its rows, as many blocks as rows allow.
   const RowsPlan map = plan_rows<T>(rows, channels, {x.raw_data(), y.raw_data()}, 65535);
   with_vec<T>(map, [&]<int kVec>() {
-    nhwc_normalize_kernel<T, kVec><<<map.grid, kRowsThreads, 0, stream>>>(y.data<T>(), x.data<T>(), affine_data, map);
+    nhwc_normalize_kernel<T, kVec, kRelu>
+        <<<map.grid, kRowsThreads, 0, stream>>>(y.data<T>(), x.data<T>(), affine_data, map);
   });
 }
 
-template <class T>
+/// With kRelu, grad_y is that of relu(batch_norm(x)) and `bias` the forward's (for the mask).
+template <class T, bool kRelu>
 void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
-                         const Tensor& x, const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd,
-                         bool training) {
+                         const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& save_mean,
+                         const Tensor& save_invstd, bool training) {
   using A = acc_t<T>;
   using S = stat_t<T>;
   const int64_t channels = x.size(-1);
@@ -739,6 +803,16 @@ void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
   const void* dx_data = grad_x.defined() ? grad_x.raw_data() : nullptr;
   const RowsPlan plan = plan_rows<T>(rows, channels, {grad_y.raw_data(), x.raw_data(), dx_data}, kMaxRowSplits);
 
+  Tensor relu_affine;
+  Affine<A>* relu_affine_data = nullptr;
+  if constexpr (kRelu) {
+    relu_affine = scratch(channels * static_cast<int64_t>(sizeof(Affine<A>)), device);
+    relu_affine_data = static_cast<Affine<A>*>(relu_affine.raw_data());
+    relu_affine_kernel<T><<<core::cuda_detail::grid_for(channels), core::cuda_detail::kThreads, 0, stream>>>(
+        weight.defined() ? weight.data<T>() : nullptr, bias.defined() ? bias.data<T>() : nullptr, save_mean.data<S>(),
+        save_invstd.data<S>(), channels, relu_affine_data);
+    COLOSSAL_CUDA_CHECK_LAUNCH();
+  }
   Tensor partials, folded;
   const GradSums<A>* sums = nullptr;
   int splits = plan.splits;
@@ -746,8 +820,8 @@ void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
     sums = reduce_rows<T>(
         plan, channels, GradSums<A>{A(0), A(0)}, AddGradSums<A>{},
         [&]<int kVec>(GradSums<A>* out) {
-          nhwc_grad_sums_kernel<T, kVec>
-              <<<plan.grid, kRowsThreads, 0, stream>>>(grad_y.data<T>(), x.data<T>(), save_mean.data<S>(), plan, out);
+          nhwc_grad_sums_kernel<T, kVec, kRelu><<<plan.grid, kRowsThreads, 0, stream>>>(
+              grad_y.data<T>(), x.data<T>(), save_mean.data<S>(), relu_affine_data, plan, out);
         },
         partials, folded, splits, device, stream);
   }
@@ -764,7 +838,15 @@ void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
   if (!grad_x.defined()) return;
   const RowsPlan map = plan_rows<T>(rows, channels, {grad_y.raw_data(), x.raw_data(), dx_data}, 65535);
   with_vec<T>(map, [&]<int kVec>() {
-    if (training) {
+    if constexpr (kRelu) {
+      if (training) {
+        nhwc_grad_input_relu_kernel<T, kVec, true><<<map.grid, kRowsThreads, 0, stream>>>(
+            grad_x.data<T>(), grad_y.data<T>(), x.data<T>(), coefficient_data, relu_affine_data, map);
+      } else {
+        nhwc_grad_input_relu_kernel<T, kVec, false><<<map.grid, kRowsThreads, 0, stream>>>(
+            grad_x.data<T>(), grad_y.data<T>(), x.data<T>(), coefficient_data, relu_affine_data, map);
+      }
+    } else if (training) {
       nhwc_grad_input_kernel<T, kVec, true><<<map.grid, kRowsThreads, 0, stream>>>(grad_x.data<T>(), grad_y.data<T>(),
                                                                                    x.data<T>(), coefficient_data, map);
     } else {
@@ -776,12 +858,13 @@ void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
 
 // ---- the registered kernels
 
-/// The registered forward kernel of either layout: devices checked, dtype dispatched.
-template <bool kNhwc>
+/// The registered forward kernel of either layout (and nhwc with relu): devices checked, dtype dispatched.
+template <bool kNhwc, bool kRelu = false>
 void forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
                   const Tensor& running_mean, const Tensor& running_var, const Tensor& weight, const Tensor& bias,
                   bool training, double momentum, double eps) {
-  const char* op = kNhwc ? "batch_norm2d (nhwc)" : "batch_norm2d";
+  static_assert(kNhwc || !kRelu, "relu is fused into the nhwc kernels only");
+  const char* op = kRelu ? "batch_norm_relu2d (nhwc)" : kNhwc ? "batch_norm2d (nhwc)" : "batch_norm2d";
   core::cuda_detail::check_defined_on_device(x.device(), op,
                                              {{&y, "y"},
                                               {&save_mean, "save_mean"},
@@ -792,36 +875,57 @@ void forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_i
                                               {&bias, "bias"}});
   core::cuda::DeviceGuard guard(x.device());
   core::dispatch_floating(x.dtype(), op, [&]<class T>() {
-    const auto typed = kNhwc ? nhwc_forward_typed<T> : forward_typed<T>;
+    const auto typed = kNhwc ? nhwc_forward_typed<T, kRelu> : forward_typed<T>;
     typed(y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
   });
 }
 
-/// The registered backward kernel of either layout.
-template <bool kNhwc>
-void backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
-                   const Tensor& x, const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd,
-                   bool training) {
-  const char* op = kNhwc ? "batch_norm2d_backward (nhwc)" : "batch_norm2d_backward";
+/// The registered backward kernels: either layout, and nhwc with relu (which also takes the bias).
+template <bool kNhwc, bool kRelu>
+void backward_in(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
+                 const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& save_mean,
+                 const Tensor& save_invstd, bool training) {
+  static_assert(kNhwc || !kRelu, "relu is fused into the nhwc kernels only");
+  const char* op = kRelu   ? "batch_norm_relu2d_backward (nhwc)"
+                   : kNhwc ? "batch_norm2d_backward (nhwc)"
+                           : "batch_norm2d_backward";
   core::cuda_detail::check_defined_on_device(x.device(), op,
                                              {{&grad_x, "grad_x"},
                                               {&grad_weight, "grad_weight"},
                                               {&grad_bias, "grad_bias"},
                                               {&grad_y, "grad_y"},
                                               {&weight, "weight"},
+                                              {&bias, "bias"},
                                               {&save_mean, "save_mean"},
                                               {&save_invstd, "save_invstd"}});
   core::cuda::DeviceGuard guard(x.device());
   core::dispatch_floating(x.dtype(), op, [&]<class T>() {
-    const auto typed = kNhwc ? nhwc_backward_typed<T> : backward_typed<T>;
-    typed(grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
+    if constexpr (kNhwc) {
+      nhwc_backward_typed<T, kRelu>(grad_x, grad_weight, grad_bias, grad_y, x, weight, bias, save_mean, save_invstd,
+                                    training);
+    } else {
+      backward_typed<T>(grad_x, grad_weight, grad_bias, grad_y, x, weight, save_mean, save_invstd, training);
+    }
   });
+}
+
+template <bool kNhwc>
+void backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
+                   const Tensor& x, const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd,
+                   bool training) {
+  backward_in<kNhwc, false>(grad_x, grad_weight, grad_bias, grad_y, x, weight, Tensor(), save_mean, save_invstd,
+                            training);
 }
 
 COLOSSAL_REGISTER_KERNEL(batch_norm_forward_stub, core::DeviceType::cuda, forward_cuda<false>);
 COLOSSAL_REGISTER_KERNEL(batch_norm_backward_stub, core::DeviceType::cuda, backward_cuda<false>);
 COLOSSAL_REGISTER_KERNEL(batch_norm_nhwc_forward_stub, core::DeviceType::cuda, forward_cuda<true>);
 COLOSSAL_REGISTER_KERNEL(batch_norm_nhwc_backward_stub, core::DeviceType::cuda, backward_cuda<true>);
+// (One template argument list each: the macro would split at the comma of <true, true>.)
+constexpr auto relu_forward_cuda = forward_cuda<true, true>;
+constexpr auto relu_backward_cuda = backward_in<true, true>;
+COLOSSAL_REGISTER_KERNEL(batch_norm_relu_nhwc_forward_stub, core::DeviceType::cuda, relu_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(batch_norm_relu_nhwc_backward_stub, core::DeviceType::cuda, relu_backward_cuda);
 
 }  // namespace
 }  // namespace colossal::ops

@@ -1,19 +1,13 @@
-// CUDA conv2d through cuDNN: bf16/f16 through the backend graph API with an execution plan cached
-// per pass and shape (conv_cudnn.h says why), the rest through the legacy convolution API
-// (deprecated in cuDNN 9 but complete for NCHW and NHWC with groups, strides, padding and
-// dilation), whose forward, backward-data and backward-filter algorithms come from cuDNN's
-// heuristics once per shape and are cached. Both prefer deterministic backward algorithms;
-// workspaces come from the caching allocator. The bias add and the bias gradient are our kernels
-// (per_channel.cuh).
+// CUDA conv2d through cuDNN's convolution API (the legacy one: deprecated in cuDNN 9 but complete
+// for NCHW and NHWC with groups, strides, padding and dilation). Forward, backward-data and backward-filter
+// algorithms come from cuDNN's heuristics once per shape and are cached; workspaces come from the
+// caching allocator. The bias add and the bias gradient are our kernels (per_channel.cuh).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <climits>
 #include <compare>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -21,8 +15,6 @@
 
 #include "colossal/core/cuda/launch.cuh"      // check_on_device, grid_for, stream_of
 #include "colossal/ops/conv_kernels.h"        // conv2d stubs, Conv2dGeometry
-#include "colossal/ops/cuda/conv_cudnn.h"     // the graph-API switch and counter
-#include "colossal/ops/cuda/cudnn_graph.h"    // PlanCache, execute
 #include "colossal/ops/cuda/cudnn_handle.h"   // CudnnHandle, COLOSSAL_CUDNN_CHECK
 #include "colossal/ops/cuda/per_channel.cuh"  // bias add and bias gradient
 
@@ -299,70 +291,6 @@ int64_t images_per_call(const Conv2dGeometry& g) {
   return std::max<int64_t>(1, std::min<int64_t>(g.batch, INT_MAX / std::max<int64_t>(per_image, 1)));
 }
 
-// ---- bf16/f16 through the graph API
-
-std::atomic<int>& conv_graph_flag() {
-  static std::atomic<int> flag{[] {
-    const char* env = std::getenv("COLOSSAL_CUDNN_CONV_GRAPH");
-    return env != nullptr && std::strcmp(env, "0") == 0 ? 0 : 1;
-  }()};
-  return flag;
-}
-
-/// The [N, C, H, W] strides of a packed image tensor in either layout.
-cuda::graph::Dims image_strides(int64_t c, int64_t h, int64_t w, bool nhwc) {
-  return nhwc ? cuda::graph::Dims{h * w * c, 1, w * c, c} : cuda::graph::Dims{c * h * w, h * w, w, 1};
-}
-
-enum ConvUid : int64_t { kConvX = 1, kConvW, kConvY };
-
-/// Runs one pass of the whole batch through a cached graph-API plan and returns true, or returns
-/// false (the legacy API then runs it) for what conv_cudnn.h leaves to the legacy API. `x`, `w` and
-/// `y` are the image, filter and output (or their gradients, per pass).
-bool run_graph_pass(ConvPass pass, cudnnHandle_t handle, const Conv2dGeometry& g, bool nhwc, DType dtype, Device device,
-                    void* x, void* w, void* y) {
-  if (conv_graph_flag().load() == 0 || (dtype != DType::bf16 && dtype != DType::f16)) return false;
-  if (images_per_call(g) < g.batch) return false;
-  for (const void* p : {x, w, y}) {
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  }
-  static cuda::graph::PlanCache<ConvKey> plans;
-  const ConvKey key = conv_key(pass, device, dtype, g, g.batch, nhwc);
-  const std::shared_ptr<const cuda::graph::Plan> plan = plans.get(
-      key, handle,
-      [&](cuda::graph::GraphBuilder& b) {
-        const cudnnDataType_t type = cudnn_dtype(dtype);
-        const int64_t group_channels = g.in_channels / g.groups;
-        cudnnBackendDescriptor_t xd = b.tensor(kConvX, {g.batch, g.in_channels, g.in_height, g.in_width},
-                                               image_strides(g.in_channels, g.in_height, g.in_width, nhwc), type);
-        const cuda::graph::Dims w_strides =
-            nhwc ? cuda::graph::Dims{g.kernel_height * g.kernel_width * group_channels, 1,
-                                     g.kernel_width * group_channels, group_channels}
-                 : cuda::graph::Dims{group_channels * g.kernel_height * g.kernel_width,
-                                     g.kernel_height * g.kernel_width, g.kernel_width, 1};
-        cudnnBackendDescriptor_t wd =
-            b.tensor(kConvW, {g.out_channels, group_channels, g.kernel_height, g.kernel_width}, w_strides, type);
-        cudnnBackendDescriptor_t yd = b.tensor(kConvY, {g.batch, g.out_channels, g.out_height, g.out_width},
-                                               image_strides(g.out_channels, g.out_height, g.out_width, nhwc), type);
-        const cuda::graph::ConvolutionSpec spec{
-            {g.pad_h, g.pad_w}, {g.stride_h, g.stride_w}, {g.dilation_h, g.dilation_w}};
-        switch (pass) {
-          case ConvPass::forward:
-            return b.convolution_forward(spec, xd, wd, yd);
-          case ConvPass::backward_data:
-            return b.convolution_backward_data(spec, wd, yd, xd);
-          case ConvPass::backward_filter:
-            return b.convolution_backward_filter(spec, xd, yd, wd);
-        }
-      },
-      {.prefer_deterministic = true, .max_workspace_bytes = static_cast<int64_t>(kMaxWorkspaceBytes)});
-  if (!plan) return false;
-  const Tensor space = cuda::graph::workspace_for(*plan, device);
-  cuda::graph::execute(*plan, handle, {{kConvX, x}, {kConvW, w}, {kConvY, y}}, space);
-  cuda::conv_graph_counter.fetch_add(1, std::memory_order_relaxed);
-  return true;
-}
-
 // ---- bias
 
 template <class T>
@@ -454,9 +382,7 @@ void conv2d_forward_in(bool nhwc, const Tensor& out, const Tensor& x, const Tens
     const Blend one(1.0), zero(0.0);
     const int64_t x_image = g.in_channels * g.in_height * g.in_width * static_cast<int64_t>(x.element_size());
     const int64_t out_image = g.out_channels * g.out_height * g.out_width * static_cast<int64_t>(x.element_size());
-    const bool done = run_graph_pass(ConvPass::forward, handle.get(), g, nhwc, dtype, device, x.raw_data(),
-                                     weight.raw_data(), out.raw_data());
-    for (int64_t n0 = 0; !done && n0 < g.batch; n0 += chunk) {
+    for (int64_t n0 = 0; n0 < g.batch; n0 += chunk) {
       const int64_t images = std::min(chunk, g.batch - n0);
       const ConvDescriptors d(g, images, dtype, nhwc);
       const char* x_data = static_cast<const char*>(x.raw_data()) + n0 * x_image;
@@ -501,19 +427,12 @@ void conv2d_backward_in(bool nhwc, const Tensor& grad_x, const Tensor& grad_weig
   const Blend one(1.0), zero(0.0);
   const int64_t x_image = g.in_channels * g.in_height * g.in_width * static_cast<int64_t>(x.element_size());
   const int64_t out_image = g.out_channels * g.out_height * g.out_width * static_cast<int64_t>(x.element_size());
-  // Each pass through the graph API when it takes it (then done), else through the legacy API below.
-  const bool data_done =
-      !grad_x.defined() || run_graph_pass(ConvPass::backward_data, handle.get(), g, nhwc, dtype, device,
-                                          grad_x.raw_data(), weight.raw_data(), grad_out.raw_data());
-  const bool filter_done =
-      !grad_weight.defined() || run_graph_pass(ConvPass::backward_filter, handle.get(), g, nhwc, dtype, device,
-                                               x.raw_data(), grad_weight.raw_data(), grad_out.raw_data());
-  for (int64_t n0 = 0; !(data_done && filter_done) && n0 < g.batch; n0 += chunk) {
+  for (int64_t n0 = 0; n0 < g.batch; n0 += chunk) {
     const int64_t images = std::min(chunk, g.batch - n0);
     const ConvDescriptors d(g, images, dtype, nhwc);
     const char* x_data = static_cast<const char*>(x.raw_data()) + n0 * x_image;
     const char* dy_data = static_cast<const char*>(grad_out.raw_data()) + n0 * out_image;
-    if (!data_done) {
+    if (grad_x.defined()) {
       char* dx_data = static_cast<char*>(grad_x.raw_data()) + n0 * x_image;
       run_with_algorithm<BackwardDataPass>(handle.get(), d, g, images, nhwc, dtype, device,
                                            [&](cudnnConvolutionBwdDataAlgo_t algorithm, void* space, size_t bytes) {
@@ -523,7 +442,7 @@ void conv2d_backward_in(bool nhwc, const Tensor& grad_x, const Tensor& grad_weig
                                                                                  zero.for_dtype(dtype), d.x, dx_data);
                                            });
     }
-    if (!filter_done) {
+    if (grad_weight.defined()) {
       // Later chunks add to the first chunk's filter gradient.
       const Blend& beta = n0 == 0 ? zero : one;
       run_with_algorithm<BackwardFilterPass>(handle.get(), d, g, images, nhwc, dtype, device,
@@ -553,19 +472,6 @@ void conv2d_nhwc_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, 
                                const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Conv2dGeometry& g) {
   conv2d_backward_in(true, grad_x, grad_weight, grad_bias, grad_out, x, weight, g);
 }
-
-}  // namespace
-
-namespace cuda {
-void set_conv_graph_enabled(bool enabled) {
-  conv_graph_flag().store(enabled ? 1 : 0);
-}
-bool conv_graph_enabled() {
-  return conv_graph_flag().load() != 0;
-}
-}  // namespace cuda
-
-namespace {
 
 COLOSSAL_REGISTER_KERNEL(conv2d_forward_stub, core::DeviceType::cuda, conv2d_forward_cuda);
 COLOSSAL_REGISTER_KERNEL(conv2d_backward_stub, core::DeviceType::cuda, conv2d_backward_cuda);

@@ -116,92 +116,7 @@ void GraphBuilder::reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t 
   ops_.push_back(op);
 }
 
-cudnnBackendDescriptor_t GraphBuilder::convolution(const ConvolutionSpec& spec) {
-  cudnnBackendDescriptor_t conv = d_.make(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
-  const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
-  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  const int64_t spatial = 2;
-  set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
-  set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
-  set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
-  set(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, spec.padding.data());
-  set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, spec.padding.data());
-  set(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, spec.stride.data());
-  set(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, spec.dilation.data());
-  finalize(conv, "finalizing a convolution descriptor");
-  return conv;
-}
-
-namespace {
-constexpr float kAlpha = 1.0f, kBeta = 0.0f;
-}  // namespace
-
-void GraphBuilder::convolution_forward(const ConvolutionSpec& spec, cudnnBackendDescriptor_t x,
-                                       cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y) {
-  cudnnBackendDescriptor_t conv = convolution(spec);
-  cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-  set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &kAlpha);
-  set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &kBeta);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y);
-  finalize(op, "finalizing a convolution forward op");
-  ops_.push_back(op);
-}
-
-void GraphBuilder::convolution_backward_data(const ConvolutionSpec& spec, cudnnBackendDescriptor_t w,
-                                             cudnnBackendDescriptor_t dy, cudnnBackendDescriptor_t dx) {
-  cudnnBackendDescriptor_t conv = convolution(spec);
-  cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-  set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &kAlpha);
-  set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &kBeta);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, dy);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, dx);
-  finalize(op, "finalizing a convolution backward-data op");
-  ops_.push_back(op);
-}
-
-void GraphBuilder::convolution_backward_filter(const ConvolutionSpec& spec, cudnnBackendDescriptor_t x,
-                                               cudnnBackendDescriptor_t dy, cudnnBackendDescriptor_t dw) {
-  cudnnBackendDescriptor_t conv = convolution(spec);
-  cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-  set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &kAlpha);
-  set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &kBeta);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, dy);
-  set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, dw);
-  finalize(op, "finalizing a convolution backward-filter op");
-  ops_.push_back(op);
-}
-
-namespace {
-
-/// Whether the engine of an engine configuration may give different bits from run to run.
-bool nondeterministic(Descriptors& d, cudnnBackendDescriptor_t config) {
-  cudnnBackendDescriptor_t engine = d.make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  int64_t count = 0;
-  if (cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count,
-                               &engine) != CUDNN_STATUS_SUCCESS) {
-    return true;  // unknown: treat as nondeterministic
-  }
-  std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
-  if (cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                               static_cast<int64_t>(notes.size()), &count, notes.data()) != CUDNN_STATUS_SUCCESS) {
-    return true;
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    if (notes[static_cast<size_t>(i)] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
-void GraphBuilder::build(Plan& plan, const EngineFilter& filter) {
+void GraphBuilder::build(Plan& plan) {
   cudnnBackendDescriptor_t graph = d_.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops_.size()),
       ops_.data());
@@ -224,37 +139,31 @@ void GraphBuilder::build(Plan& plan, const EngineFilter& filter) {
         "reading the engine configurations");
   configs.resize(static_cast<size_t>(count));
   std::string declined;
-  // With prefer_deterministic, a first pass over the deterministic configurations, then all.
-  for (const bool deterministic_only : {filter.prefer_deterministic, false}) {
-    for (size_t i = 0; i < configs.size(); ++i) {
-      if (deterministic_only && nondeterministic(d_, configs[i])) continue;
-      cudnnBackendDescriptor_t candidate = nullptr;
-      check(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &candidate),
-            "creating an execution plan");
-      cudnnStatus_t status =
-          cudnnBackendSetAttribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
-      if (status == CUDNN_STATUS_SUCCESS) {
-        status = cudnnBackendSetAttribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &configs[i]);
-      }
-      if (status == CUDNN_STATUS_SUCCESS) status = cudnnBackendFinalize(candidate);
-      int64_t workspace = 0, returned = 0;
-      if (status == CUDNN_STATUS_SUCCESS) {
-        status = cudnnBackendGetAttribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                          &returned, &workspace);
-      }
-      if (status != CUDNN_STATUS_SUCCESS || workspace > filter.max_workspace_bytes) {
-        declined += fmt::format(" [{}: {}]", i,
-                                status == CUDNN_STATUS_SUCCESS ? "workspace too large" : cudnnGetErrorString(status));
-        cudnnBackendDestroyDescriptor(candidate);
-        continue;
-      }
-      d_.adopt(candidate);  // destroyed before the configurations and the graph it was built from
-      plan.plan = candidate;
-      plan.workspace_bytes = workspace;
-      return;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    cudnnBackendDescriptor_t candidate = nullptr;
+    check(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &candidate),
+          "creating an execution plan");
+    cudnnStatus_t status =
+        cudnnBackendSetAttribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+    if (status == CUDNN_STATUS_SUCCESS) {
+      status = cudnnBackendSetAttribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &configs[i]);
     }
-    if (!filter.prefer_deterministic) break;
+    if (status == CUDNN_STATUS_SUCCESS) status = cudnnBackendFinalize(candidate);
+    int64_t workspace = 0, returned = 0;
+    if (status == CUDNN_STATUS_SUCCESS) {
+      status = cudnnBackendGetAttribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                        &returned, &workspace);
+    }
+    if (status != CUDNN_STATUS_SUCCESS) {
+      declined += fmt::format(" [{}: {}]", i, cudnnGetErrorString(status));
+      cudnnBackendDestroyDescriptor(candidate);
+      continue;
+    }
+    d_.adopt(candidate);  // destroyed before the configurations and the graph it was built from
+    plan.plan = candidate;
+    plan.workspace_bytes = workspace;
+    return;
   }
   COLOSSAL_FAIL("cuDNN graph: no engine configuration finalized:{}", declined);
 }

@@ -1,9 +1,7 @@
-// cuDNN's backend (graph) API for the CUDA kernels that build operation graphs: attention
-// (attention_cudnn.cpp) and convolutions (conv_kernels.cu). A graph is described op by op, finalized
-// once into an execution plan (heuristics mode A, the first engine configuration that finalizes and
-// passes a filter), and each call binds its pointers in a variant pack and executes: ~10 us of host
-// time, where a legacy convolution call goes through the same machinery on every call (~140 us on
-// an H100 host for a 3x3 convolution). Internal: includes cudnn.h.
+// cuDNN's backend (graph) API for the CUDA kernels that build operation graphs (attention_cudnn.cpp):
+// a graph is described op by op, finalized once into an execution plan (heuristics mode A, the first
+// engine configuration that finalizes) kept in a PlanCache, and each call binds
+// its pointers in a variant pack and executes (~10 us of host time). Internal: includes cudnn.h.
 #pragma once
 
 #include <cudnn.h>
@@ -11,7 +9,6 @@
 #include <array>
 #include <cstdint>
 #include <exception>
-#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,18 +51,6 @@ struct Plan {
   int64_t workspace_bytes = 0;
 };
 
-/// Which engine configurations a plan may take. Deterministic ones are preferred when asked: a
-/// nondeterministic configuration is taken only when no deterministic one finalizes.
-struct EngineFilter {
-  bool prefer_deterministic = false;
-  int64_t max_workspace_bytes = std::numeric_limits<int64_t>::max();
-};
-
-/// Convolution geometry for the convolution descriptor (2-D, cross-correlation).
-struct ConvolutionSpec {
-  std::array<int64_t, 2> padding, stride, dilation;
-};
-
 /// Builds one operation graph op by op; build() turns it into a plan. Tensors are 4-D.
 class GraphBuilder {
  public:
@@ -87,22 +72,11 @@ class GraphBuilder {
   void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y);
   void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y);
 
-  /// The three convolution passes (f32 compute, alpha 1, beta 0): y = conv(x, w), dx from dy and w,
-  /// dw from x and dy.
-  void convolution_forward(const ConvolutionSpec& spec, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t w,
-                           cudnnBackendDescriptor_t y);
-  void convolution_backward_data(const ConvolutionSpec& spec, cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t dy,
-                                 cudnnBackendDescriptor_t dx);
-  void convolution_backward_filter(const ConvolutionSpec& spec, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t dy,
-                                   cudnnBackendDescriptor_t dw);
-
-  /// The operation graph, engine heuristics (mode A) and the first configuration that passes
-  /// `filter` and finalizes; throws when none does.
-  void build(Plan& plan, const EngineFilter& filter = {});
+  /// The operation graph, engine heuristics (mode A) and the first configuration that finalizes;
+  /// throws when none does.
+  void build(Plan& plan);
 
  private:
-  cudnnBackendDescriptor_t convolution(const ConvolutionSpec& spec);
-
   cudnnHandle_t handle_;
   Descriptors& d_;
   std::vector<cudnnBackendDescriptor_t> ops_;
@@ -116,15 +90,14 @@ template <class Key>
 class PlanCache {
  public:
   template <class Describe>
-  std::shared_ptr<const Plan> get(const Key& key, cudnnHandle_t handle, const Describe& describe,
-                                  const EngineFilter& filter = {}) {
+  std::shared_ptr<const Plan> get(const Key& key, cudnnHandle_t handle, const Describe& describe) {
     std::lock_guard lock(mutex_);
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
     auto plan = std::make_shared<Plan>();
     try {
       GraphBuilder g(handle, plan->descriptors);
       describe(g);
-      g.build(*plan, filter);
+      g.build(*plan);
     } catch (const std::exception&) {
       plan.reset();
     }
