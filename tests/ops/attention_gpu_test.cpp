@@ -62,6 +62,25 @@ void check(const AttentionCase& c, const std::vector<DType>& dtypes = kDtypes, d
   }
 }
 
+/// q, k and v as they come out of a [B, T, H, D] projection ([2, tokens, 3, 64]), transposed to
+/// [B, H, T, D]: rows H * D apart, read in place; a custom scale.
+void check_transposed_inputs(DType dtype, int64_t tokens, bool causal, const std::string& what) {
+  expect_cuda_matches_cpu({.make_inputs =
+                               [=](DType d) {
+                                 return std::vector<Tensor>{random_input({2, tokens, 3, 64}, 4, d, -1.5, 1.5),
+                                                            random_input({2, tokens, 3, 64}, 5, d, -1.5, 1.5),
+                                                            random_input({2, tokens, 3, 64}, 6, d)};
+                               },
+                           .fn =
+                               [=](const std::vector<Tensor>& in) {
+                                 return ops::scaled_dot_product_attention(in[0].transpose(1, 2), in[1].transpose(1, 2),
+                                                                          in[2].transpose(1, 2),
+                                                                          {.causal = causal, .scale = 0.3});
+                               },
+                           .tolerance_scale = tolerance_scale(dtype)},
+                          dtype, what);
+}
+
 // Every test but CudnnFusedEngine runs our own kernels: cuDNN's engine would take most of these
 // problems (attention_cudnn.h) and leave the flash kernels untested.
 class OwnKernelsOnly : public ::testing::Environment {
@@ -109,20 +128,7 @@ TEST(AttentionGpu, CudnnFusedEngine) {
   for (DType dtype : half_types) {
     for (bool causal : {false, true}) {
       const int64_t before = ops::cuda::cudnn_attention_counter.load();
-      expect_cuda_matches_cpu({.make_inputs =
-                                   [](DType d) {
-                                     return std::vector<Tensor>{random_input({2, 97, 3, 64}, 4, d, -1.5, 1.5),
-                                                                random_input({2, 97, 3, 64}, 5, d, -1.5, 1.5),
-                                                                random_input({2, 97, 3, 64}, 6, d)};
-                                   },
-                               .fn =
-                                   [=](const std::vector<Tensor>& in) {
-                                     return ops::scaled_dot_product_attention(
-                                         in[0].transpose(1, 2), in[1].transpose(1, 2), in[2].transpose(1, 2),
-                                         {.causal = causal, .scale = 0.3});
-                                   },
-                               .tolerance_scale = tolerance_scale(dtype)},
-                              dtype, "cuDNN attention on transposed inputs");
+      check_transposed_inputs(dtype, 97, causal, "cuDNN attention on transposed inputs");
       EXPECT_EQ(ops::cuda::cudnn_attention_counter.load() - before, 2);
     }
   }
@@ -189,20 +195,7 @@ TEST(AttentionGpu, StridedInputs) {
   // H * D apart, which the flash kernels read in place; a custom scale.
   for (DType dtype : kDtypes) {
     for (bool causal : {false, true}) {
-      expect_cuda_matches_cpu({.make_inputs =
-                                   [](DType d) {
-                                     return std::vector<Tensor>{random_input({2, 77, 3, 64}, 4, d, -1.5, 1.5),
-                                                                random_input({2, 77, 3, 64}, 5, d, -1.5, 1.5),
-                                                                random_input({2, 77, 3, 64}, 6, d)};
-                                   },
-                               .fn =
-                                   [=](const std::vector<Tensor>& in) {
-                                     return ops::scaled_dot_product_attention(
-                                         in[0].transpose(1, 2), in[1].transpose(1, 2), in[2].transpose(1, 2),
-                                         {.causal = causal, .scale = 0.3});
-                                   },
-                               .tolerance_scale = tolerance_scale(dtype)},
-                              dtype, "attention on transposed inputs");
+      check_transposed_inputs(dtype, 77, causal, "attention on transposed inputs");
     }
   }
 }
