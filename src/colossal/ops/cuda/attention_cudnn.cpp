@@ -28,6 +28,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "colossal/core/cuda_device.h"  // DeviceGuard, properties
@@ -228,7 +229,6 @@ void build_backward(GraphBuilder& g, const Problem& p) {
   g.pointwise(CUDNN_POINTWISE_IDENTITY, accum, nullptr, grad_q);
 }
 
-/// The cached plan for a problem, built on first use; nullptr when cuDNN declines it (remembered).
 /// The cached plan for a problem, built on first use; nullptr when cuDNN declines it (an older
 /// cuDNN, a GPU before sm80, a layout the engine does not take), and our kernels run it.
 std::shared_ptr<const Plan> plan_for(const Problem& p, bool backward, core::Device device, cudnnHandle_t handle) {
