@@ -15,28 +15,22 @@ Descriptors::~Descriptors() {
 
 cudnnBackendDescriptor_t Descriptors::make(cudnnBackendDescriptorType_t type) {
   cudnnBackendDescriptor_t d = nullptr;
-  check(cudnnBackendCreateDescriptor(type, &d), "creating a descriptor");
+  COLOSSAL_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d));
   owned_.push_back(d);
   return d;
 }
 
-void check(cudnnStatus_t status, const char* what) {
-  if (status != CUDNN_STATUS_SUCCESS) [[unlikely]] {
-    COLOSSAL_FAIL("cuDNN graph: {} failed: {} ({})", what, cudnnGetErrorString(status), cudnn_last_error());
-  }
-}
-
 void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
          const void* value) {
-  check(cudnnBackendSetAttribute(d, name, type, count, value), "setting an attribute");
+  COLOSSAL_CUDNN_CHECK(cudnnBackendSetAttribute(d, name, type, count, value));
 }
 
 void set_descriptor(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t value) {
   set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value);
 }
 
-void finalize(cudnnBackendDescriptor_t d, const char* what) {
-  check(cudnnBackendFinalize(d), what);
+void finalize(cudnnBackendDescriptor_t d) {
+  COLOSSAL_CUDNN_CHECK(cudnnBackendFinalize(d));
 }
 
 cudnnBackendDescriptor_t GraphBuilder::tensor(int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type,
@@ -50,7 +44,7 @@ cudnnBackendDescriptor_t GraphBuilder::tensor(int64_t uid, const Dims& dims, con
   set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
   set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
   if (by_value) set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
-  finalize(t, "finalizing a tensor");
+  finalize(t);
   return t;
 }
 
@@ -69,14 +63,14 @@ void GraphBuilder::pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t
   set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
   set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision);
   if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
-  finalize(pw, "finalizing a pointwise descriptor");
+  finalize(pw);
   cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
   set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
   set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
   if (b != nullptr) set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
   if (t != nullptr) set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
   set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-  finalize(op, "finalizing a pointwise op");
+  finalize(op);
   ops_.push_back(op);
 }
 
@@ -84,13 +78,13 @@ void GraphBuilder::matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b
   cudnnBackendDescriptor_t mm = d_.make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
   const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
   set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
-  finalize(mm, "finalizing a matmul descriptor");
+  finalize(mm);
   cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
   set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
   set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
   set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
   set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
-  finalize(op, "finalizing a matmul op");
+  finalize(op);
   ops_.push_back(op);
 }
 
@@ -99,12 +93,12 @@ void GraphBuilder::reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_
   const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
   set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
   set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
-  finalize(rd, "finalizing a reduction descriptor");
+  finalize(rd);
   cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
   set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
   set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
   set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd);
-  finalize(op, "finalizing a reduction op");
+  finalize(op);
   ops_.push_back(op);
 }
 
@@ -112,7 +106,7 @@ void GraphBuilder::reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t 
   cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
   set_descriptor(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
   set_descriptor(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
-  finalize(op, "finalizing a reshape op");
+  finalize(op);
   ops_.push_back(op);
 }
 
@@ -121,28 +115,25 @@ void GraphBuilder::build(Plan& plan) {
   set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops_.size()),
       ops_.data());
   set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
-  finalize(graph, "finalizing the operation graph");
+  finalize(graph);
   cudnnBackendDescriptor_t heuristics = d_.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
   set_descriptor(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
   set(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-  finalize(heuristics, "finalizing the engine heuristics");
+  finalize(heuristics);
   int64_t count = 0;
-  check(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
-                                 nullptr),
-        "counting the engine configurations");
+  COLOSSAL_CUDNN_CHECK(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
   COLOSSAL_CHECK(count > 0, "cuDNN graph: no engine supports it");
   std::vector<cudnnBackendDescriptor_t> configs(static_cast<size_t>(count));
   for (auto& c : configs) c = d_.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-  check(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
-                                 &count, configs.data()),
-        "reading the engine configurations");
+  COLOSSAL_CUDNN_CHECK(cudnnBackendGetAttribute(heuristics, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count, configs.data()));
   configs.resize(static_cast<size_t>(count));
   std::string declined;
   for (size_t i = 0; i < configs.size(); ++i) {
     cudnnBackendDescriptor_t candidate = nullptr;
-    check(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &candidate),
-          "creating an execution plan");
+    COLOSSAL_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &candidate));
     cudnnStatus_t status =
         cudnnBackendSetAttribute(candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
     if (status == CUDNN_STATUS_SUCCESS) {
@@ -185,7 +176,7 @@ void execute(const Plan& plan, cudnnHandle_t handle, const std::vector<std::pair
   set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(pointers.size()),
       pointers.data());
   set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace_pointer);
-  finalize(pack, "finalizing the variant pack");
+  finalize(pack);
   COLOSSAL_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan, pack));
 }
 

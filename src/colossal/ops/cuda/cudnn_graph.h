@@ -36,13 +36,10 @@ class Descriptors {
   std::vector<cudnnBackendDescriptor_t> owned_;
 };
 
-/// Throws an Error naming `what`, cuDNN's status and its last error message unless `status` is success.
-void check(cudnnStatus_t status, const char* what);
-
 void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
          const void* value);
 void set_descriptor(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t value);
-void finalize(cudnnBackendDescriptor_t d, const char* what);
+void finalize(cudnnBackendDescriptor_t d);
 
 /// A finalized execution plan and every descriptor it refers to.
 struct Plan {
