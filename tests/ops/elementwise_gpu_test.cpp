@@ -19,48 +19,77 @@ constexpr DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
 /// A unary op on a [37, 129] input (odd sizes exercise the vector tails) and on a transposed view.
 void check_unary(const char* name, const std::function<Tensor(const Tensor&)>& op, double low, double high) {
   for (DType dtype : kDtypes) {
-    expect_cuda_matches_cpu({.make_inputs = [=](DType d) { return std::vector<Tensor>{random_input({37, 129}, 1, d, low, high)}; },
+    expect_cuda_matches_cpu({.make_inputs =
+                                 [=](DType d) {
+                                   return std::vector<Tensor>{random_input({37, 129}, 1, d, low, high)};
+                                 },
                              .fn = [=](const std::vector<Tensor>& in) { return op(in[0]); }},
                             dtype, name);
-    expect_cuda_matches_cpu({.make_inputs = [=](DType d) { return std::vector<Tensor>{random_input({129, 37}, 2, d, low, high)}; },
+    expect_cuda_matches_cpu({.make_inputs =
+                                 [=](DType d) {
+                                   return std::vector<Tensor>{random_input({129, 37}, 2, d, low, high)};
+                                 },
                              .fn = [=](const std::vector<Tensor>& in) { return op(in[0].t()); }},
                             dtype, std::string(name) + " (strided)");
   }
 }
 
-void check_binary(const char* name, const std::function<Tensor(const Tensor&, const Tensor&)>& op, double low, double high) {
+void check_binary(const char* name, const std::function<Tensor(const Tensor&, const Tensor&)>& op, double low,
+                  double high) {
   for (DType dtype : kDtypes) {
-    expect_cuda_matches_cpu(
-        {.make_inputs = [=](DType d) { return std::vector<Tensor>{random_input({64, 257}, 3, d, low, high), random_input({64, 257}, 4, d, low, high)}; },
-         .fn = [=](const std::vector<Tensor>& in) { return op(in[0], in[1]); }},
-        dtype, name);
-    expect_cuda_matches_cpu(
-        {.make_inputs = [=](DType d) { return std::vector<Tensor>{random_input({8, 1, 33}, 5, d, low, high), random_input({7, 33}, 6, d, low, high)}; },
-         .fn = [=](const std::vector<Tensor>& in) { return op(in[0], in[1]); }},
-        dtype, std::string(name) + " (broadcast)");
+    expect_cuda_matches_cpu({.make_inputs =
+                                 [=](DType d) {
+                                   return std::vector<Tensor>{random_input({64, 257}, 3, d, low, high),
+                                                              random_input({64, 257}, 4, d, low, high)};
+                                 },
+                             .fn = [=](const std::vector<Tensor>& in) { return op(in[0], in[1]); }},
+                            dtype, name);
+    expect_cuda_matches_cpu({.make_inputs =
+                                 [=](DType d) {
+                                   return std::vector<Tensor>{random_input({8, 1, 33}, 5, d, low, high),
+                                                              random_input({7, 33}, 6, d, low, high)};
+                                 },
+                             .fn = [=](const std::vector<Tensor>& in) { return op(in[0], in[1]); }},
+                            dtype, std::string(name) + " (broadcast)");
   }
 }
 
 TEST(ElementwiseGpu, Unary) {
   COLOSSAL_REQUIRE_GPU();
-  check_unary("exp", [](const Tensor& x) { return ops::exp(x); }, -2, 2);
-  check_unary("log", [](const Tensor& x) { return ops::log(x); }, 0.5, 3);
-  check_unary("tanh", [](const Tensor& x) { return ops::tanh(x); }, -2, 2);
-  check_unary("sqrt", [](const Tensor& x) { return ops::sqrt(x); }, 0.5, 3);
-  check_unary("rsqrt", [](const Tensor& x) { return ops::rsqrt(x); }, 0.5, 3);
-  check_unary("abs", [](const Tensor& x) { return ops::abs(x); }, -1, 1);
-  check_unary("relu", [](const Tensor& x) { return ops::relu(x); }, -1, 1);
-  check_unary("sigmoid", [](const Tensor& x) { return ops::sigmoid(x); }, -3, 3);
-  check_unary("silu", [](const Tensor& x) { return ops::silu(x); }, -3, 3);
-  check_unary("gelu", [](const Tensor& x) { return ops::gelu(x); }, -3, 3);
+  check_unary(
+      "exp", [](const Tensor& x) { return ops::exp(x); }, -2, 2);
+  check_unary(
+      "log", [](const Tensor& x) { return ops::log(x); }, 0.5, 3);
+  check_unary(
+      "tanh", [](const Tensor& x) { return ops::tanh(x); }, -2, 2);
+  check_unary(
+      "sqrt", [](const Tensor& x) { return ops::sqrt(x); }, 0.5, 3);
+  check_unary(
+      "rsqrt", [](const Tensor& x) { return ops::rsqrt(x); }, 0.5, 3);
+  check_unary(
+      "abs", [](const Tensor& x) { return ops::abs(x); }, -1, 1);
+  check_unary(
+      "relu", [](const Tensor& x) { return ops::relu(x); }, -1, 1);
+  check_unary(
+      "sigmoid", [](const Tensor& x) { return ops::sigmoid(x); }, -3, 3);
+  check_unary(
+      "silu", [](const Tensor& x) { return ops::silu(x); }, -3, 3);
+  check_unary(
+      "gelu", [](const Tensor& x) { return ops::gelu(x); }, -3, 3);
   // bf16/f16 exact GELU evaluates the normal tail by its own erfc (elementwise_kernels.cu): the
   // tails, where 1 + erf cancels on the CPU, and the large arguments where t = 1 / (1 + z/2) is small.
-  check_unary("gelu (wide)", [](const Tensor& x) { return ops::gelu(x); }, -12, 12);
-  check_unary("gelu_tanh", [](const Tensor& x) { return ops::gelu(x, ops::GeluApproximation::tanh); }, -3, 3);
-  check_unary("pow", [](const Tensor& x) { return ops::pow(x, 1.5); }, 0.5, 2);
-  check_unary("affine", [](const Tensor& x) { return x * 3.0 + 1.0; }, -1, 1);
-  check_unary("neg", [](const Tensor& x) { return -x; }, -1, 1);
-  check_unary("clamp", [](const Tensor& x) { return ops::clamp(x, -0.5, 0.5); }, -1, 1);
+  check_unary(
+      "gelu (wide)", [](const Tensor& x) { return ops::gelu(x); }, -12, 12);
+  check_unary(
+      "gelu_tanh", [](const Tensor& x) { return ops::gelu(x, ops::GeluApproximation::tanh); }, -3, 3);
+  check_unary(
+      "pow", [](const Tensor& x) { return ops::pow(x, 1.5); }, 0.5, 2);
+  check_unary(
+      "affine", [](const Tensor& x) { return x * 3.0 + 1.0; }, -1, 1);
+  check_unary(
+      "neg", [](const Tensor& x) { return -x; }, -1, 1);
+  check_unary(
+      "clamp", [](const Tensor& x) { return ops::clamp(x, -0.5, 0.5); }, -1, 1);
 }
 
 /// Exact GELU in bf16/f16 against a double reference, x on a grid over [-12, 12] (the CUDA kernels
@@ -95,12 +124,18 @@ TEST(ElementwiseGpu, GeluErfMatchesDoubleToOneUlp) {
 
 TEST(ElementwiseGpu, Binary) {
   COLOSSAL_REQUIRE_GPU();
-  check_binary("add", [](const Tensor& a, const Tensor& b) { return ops::add(a, b, 0.5); }, -1, 1);
-  check_binary("sub", [](const Tensor& a, const Tensor& b) { return a - b; }, -1, 1);
-  check_binary("mul", [](const Tensor& a, const Tensor& b) { return a * b; }, -1, 1);
-  check_binary("div", [](const Tensor& a, const Tensor& b) { return a / b; }, 0.5, 2);
-  check_binary("maximum", [](const Tensor& a, const Tensor& b) { return ops::maximum(a, b); }, -1, 1);
-  check_binary("pow", [](const Tensor& a, const Tensor& b) { return ops::pow(a, b); }, 0.5, 2);
+  check_binary(
+      "add", [](const Tensor& a, const Tensor& b) { return ops::add(a, b, 0.5); }, -1, 1);
+  check_binary(
+      "sub", [](const Tensor& a, const Tensor& b) { return a - b; }, -1, 1);
+  check_binary(
+      "mul", [](const Tensor& a, const Tensor& b) { return a * b; }, -1, 1);
+  check_binary(
+      "div", [](const Tensor& a, const Tensor& b) { return a / b; }, 0.5, 2);
+  check_binary(
+      "maximum", [](const Tensor& a, const Tensor& b) { return ops::maximum(a, b); }, -1, 1);
+  check_binary(
+      "pow", [](const Tensor& a, const Tensor& b) { return ops::pow(a, b); }, 0.5, 2);
 }
 
 TEST(ElementwiseGpu, ComparisonsAndInPlace) {
@@ -124,13 +159,24 @@ TEST(ReductionGpu, SumMeanVarMax) {
                                .tolerance_scale = 4.0},
                               dtype, name);
     };
-    reduce_case({300, 500}, [](const Tensor& x) { return ops::sum(x, {1}); }, "sum rows");
-    reduce_case({300, 500}, [](const Tensor& x) { return ops::sum(x, {0}); }, "sum columns");
-    reduce_case({4, 300, 50}, [](const Tensor& x) { return ops::sum(x, {0, 2}); }, "sum scattered");
-    reduce_case({1 << 16}, [](const Tensor& x) { return ops::sum(x); }, "sum all");
-    reduce_case({64, 100}, [](const Tensor& x) { return ops::mean(x, {1}); }, "mean");
-    reduce_case({64, 100}, [](const Tensor& x) { return ops::var(x, {1}); }, "var");
-    reduce_case({64, 100}, [](const Tensor& x) { return ops::max(x, 1).values; }, "max");
+    reduce_case(
+        {300, 500}, [](const Tensor& x) { return ops::sum(x, {1}); }, "sum rows");
+    reduce_case(
+        {300, 500}, [](const Tensor& x) { return ops::sum(x, {0}); }, "sum columns");
+    reduce_case(
+        {4, 300, 50},
+        [](const Tensor& x) {
+          return ops::sum(x, {0, 2});
+        },
+        "sum scattered");
+    reduce_case(
+        {1 << 16}, [](const Tensor& x) { return ops::sum(x); }, "sum all");
+    reduce_case(
+        {64, 100}, [](const Tensor& x) { return ops::mean(x, {1}); }, "mean");
+    reduce_case(
+        {64, 100}, [](const Tensor& x) { return ops::var(x, {1}); }, "var");
+    reduce_case(
+        {64, 100}, [](const Tensor& x) { return ops::max(x, 1).values; }, "max");
   }
 }
 
@@ -170,7 +216,8 @@ TEST(CoreGpu, BadUseIsAClearError) {
   Tensor gpu = core::ones({4}, TensorOptions(DType::f32, core::cuda_device(0)));
   EXPECT_ERROR_CONTAINS(cpu + gpu, "different devices: cpu (shape [4]) and cuda:0");
   const auto [free_bytes, total_bytes] = core::cuda::memory_info(0);
-  EXPECT_ERROR_CONTAINS(core::empty({total_bytes}, TensorOptions(DType::f32, core::cuda_device(0))), "CUDA out of memory");
+  EXPECT_ERROR_CONTAINS(core::empty({total_bytes}, TensorOptions(DType::f32, core::cuda_device(0))),
+                        "CUDA out of memory");
   EXPECT_ERROR_CONTAINS(core::empty({4}, TensorOptions(DType::f32, core::cuda_device(99))), "does not exist");
 }
 
