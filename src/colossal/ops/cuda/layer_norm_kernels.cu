@@ -46,9 +46,10 @@ constexpr int kStreamBlock = 512;
 /// One row per team (a warp, or the block for rows of more than 32 * kChunks vectors), no loop: x
 /// streams through once (evict-first), y is written evict-first, and weight and bias stay in L1.
 /// Whether there is a weight and a bias is a template argument, so the per-element work is the
-/// formula's and nothing else (as runtime null checks it cost a select per element, and the kernel
-/// took 63 registers and 111 us at 65536 x 1024 bf16 on an H100 against cudaMemcpy's 92 us; a lab
-/// copy of the same loop with both fixed ran at 92.5 us). Tried and slower there, in the same run:
+/// formula's and nothing else: with runtime null checks (a select per element) and per-element bf16
+/// conversions the kernel took 63 registers and 111 us at 65536 x 1024 bf16 on an H100 against
+/// cudaMemcpy's 92 us; as written, 50 registers and 98 us in the same lab (but 109-113 us inside
+/// gpu_kernels_bench, not yet explained). Tried and slower in the lab, in the same run:
 /// persistent warps that load their next row before reducing the current one (104 us: fewer
 /// resident warps keep fewer rows in flight than this grid does), persistent warps fed by the bulk
 /// copy engine 2 to 8 rows deep in shared memory (101 to 115 us), and more blocks per SM forced
