@@ -1,7 +1,12 @@
 // The CUDA runtime layer on a GPU: pinned host memory and asynchronous copies, streams and events
-// ordering work between streams, and the allocator's statistics (peak and its reset).
+// ordering work between streams, the allocator's statistics (peak and its reset) and its block cache,
+// and the f16/bf16 conversions against the CPU's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "gpu_compare.h"
@@ -73,6 +78,115 @@ TEST(CudaRuntime, PeakStatisticsAndTheirReset) {
   const int64_t reserved = core::memory_stats(gpu).reserved_bytes;
   Tensor again = core::empty({int64_t{64} << 20}, TensorOptions(DType::u8, gpu));
   EXPECT_GE(core::memory_stats(gpu).reserved_bytes, reserved);
+}
+
+/// Every f16 and bf16 bit pattern widened to f32 on the GPU, and f32 values narrowed (each 16-bit
+/// value, the midpoints between neighbours and one f32 step either side of them, subnormals and the
+/// overflow edge), must give the CPU's bits: the GPU converts with cvt instructions, the CPU with
+/// integer code (Note [Hardware conversions]). NaN only has to stay NaN (its payload may differ).
+TEST(CudaRuntime, HalfConversionsMatchTheCpuBitForBit) {
+  COLOSSAL_REQUIRE_GPU();
+  const Device gpu = cuda_device(0);
+  for (DType narrow : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(std::string(core::dtype_name(narrow)));
+    const bool half = narrow == DType::f16;
+    auto value_of = [&](uint16_t bits) {
+      return half ? static_cast<float>(core::Half::from_bits(bits))
+                  : static_cast<float>(core::BFloat16::from_bits(bits));
+    };
+    // Widening: all 65536 patterns.
+    Tensor patterns = core::empty({65536}, TensorOptions(narrow));
+    auto* raw = static_cast<uint16_t*>(patterns.raw_data());
+    for (uint32_t b = 0; b < 65536; ++b) raw[b] = static_cast<uint16_t>(b);
+    const Tensor wide = patterns.to(gpu).to(DType::f32).to(core::kCpu);
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const float expected = value_of(static_cast<uint16_t>(b)), got = wide.data<float>()[b];
+      if (std::isnan(expected)) {
+        ASSERT_TRUE(std::isnan(got)) << "pattern " << b;
+      } else {
+        ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(expected)) << "pattern " << b;
+      }
+    }
+    // Narrowing: each finite value, the midpoint to the next (ties round to even) and one f32 step
+    // either side of it, and values beyond the largest finite one.
+    std::vector<float> inputs;
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const float v = value_of(static_cast<uint16_t>(b)), next = value_of(static_cast<uint16_t>(b + 1));
+      if (!std::isfinite(v)) continue;
+      inputs.push_back(v);
+      if (std::isfinite(next) && (b & 0x7fff) != 0x7fff && std::signbit(v) == std::signbit(next)) {
+        const float mid = v + (next - v) / 2;
+        inputs.insert(inputs.end(), {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 2 * mid)});
+      }
+    }
+    for (float v : {65504.0f, 65519.0f, 65520.0f, 1e30f, 3.3e38f, 1e-45f, 1e-40f, 6e-8f, 2.9e-8f, 3e-8f}) {
+      inputs.insert(inputs.end(), {v, -v});
+    }
+    Tensor floats = core::empty({static_cast<int64_t>(inputs.size())});
+    std::copy(inputs.begin(), inputs.end(), floats.data<float>());
+    const Tensor on_cpu = floats.to(narrow);
+    const Tensor on_gpu = floats.to(gpu).to(narrow).to(core::kCpu);
+    const auto* want = static_cast<const uint16_t*>(on_cpu.raw_data());
+    const auto* got = static_cast<const uint16_t*>(on_gpu.raw_data());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << "narrowing " << inputs[i] << " (f32 bits " << std::hex
+                                 << std::bit_cast<uint32_t>(inputs[i]) << ")";
+    }
+  }
+}
+
+/// Note [Block cache]: a block freed on a stream comes back for the next allocation of its rounded
+/// size on that stream, not on another stream; destroying a stream and empty_cache hand the blocks
+/// back; an allocation the pool cannot serve while blocks are cached gets them back and succeeds.
+TEST(CudaRuntime, FreedBlocksAreReusedPerStreamAndHandedBack) {
+  COLOSSAL_REQUIRE_GPU();
+  const Device gpu = cuda_device(0);
+  const TensorOptions bytes(DType::u8, gpu);
+  core::empty_cache(gpu);
+  EXPECT_EQ(core::memory_stats(gpu).cached_bytes, 0);
+  const void* first = nullptr;
+  {
+    Tensor t = core::empty({1000}, bytes);
+    first = t.raw_data();
+  }
+  EXPECT_EQ(core::memory_stats(gpu).cached_bytes, 1024);  // 1000 bytes round up to 1024
+  {
+    Tensor again = core::empty({1000 - 7}, bytes);  // same rounded size, same stream: the same block
+    EXPECT_EQ(again.raw_data(), first);
+    EXPECT_EQ(core::memory_stats(gpu).cached_bytes, 0);
+  }
+  const core::Stream side = core::cuda::create_stream(gpu);
+  {
+    core::cuda::StreamGuard guard(side);
+    Tensor other = core::empty({1000}, bytes);  // another stream never takes the first stream's block
+    EXPECT_NE(other.raw_data(), first);
+  }
+  EXPECT_EQ(core::memory_stats(gpu).cached_bytes, 2048);
+  core::cuda::destroy_stream(side);
+  EXPECT_EQ(core::memory_stats(gpu).cached_bytes, 1024);
+  // Values survive reuse in stream order: a block refilled right after its last reader was queued.
+  Tensor source = core::full({1 << 20}, 3.0f, TensorOptions(DType::f32, gpu));
+  Tensor sum;
+  const void* scratch_block = nullptr;
+  {
+    Tensor scratch = source * 2.0;
+    scratch_block = scratch.raw_data();
+    sum = scratch + 1.0;
+  }  // scratch's block is cached while `sum`'s kernel may still be reading it
+  Tensor reused = core::full({1 << 20}, -5.0f, TensorOptions(DType::f32, gpu));
+  EXPECT_EQ(reused.raw_data(), scratch_block);
+  testing::expect_close(sum, core::full({1 << 20}, 7.0f, TensorOptions(DType::f32, gpu)), 0, 0, "sum after reuse");
+  core::empty_cache(gpu);
+  EXPECT_EQ(core::memory_stats(gpu).cached_bytes, 0);
+
+  const int64_t gib = int64_t{1} << 30;
+  const auto [free_bytes, total_bytes] = core::cuda::memory_info(0);
+  if (free_bytes < 8 * gib) GTEST_SKIP() << "needs 8 GiB free, has " << free_bytes;
+  Tensor filler = core::empty({free_bytes - 3 * gib}, bytes);
+  { Tensor a = core::empty({gib}, bytes), b = core::empty({gib}, bytes); }
+  EXPECT_EQ(core::memory_stats(gpu).cached_bytes, 2 * gib);
+  Tensor big = core::empty({2 * gib + 4096}, bytes);  // fits only once the cached blocks are back
+  EXPECT_EQ(core::memory_stats(gpu).cached_bytes, 0);
 }
 
 TEST(CudaRuntime, BadUseNamesTheTensors) {

@@ -82,5 +82,8 @@ MemoryStats memory_stats(Device device) {
 void reset_peak_memory(Device device) {
   allocator_for(device).reset_peak(device);
 }
+void empty_cache(Device device) {
+  allocator_for(device).release_cached(device);
+}
 
 }  // namespace colossal::core

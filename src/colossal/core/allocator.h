@@ -15,6 +15,7 @@ struct MemoryStats {
   int64_t reserved_bytes = 0;        ///< bytes the allocator holds from the system (>= allocated)
   int64_t peak_allocated_bytes = 0;  ///< highest allocated_bytes since the last reset_peak()
   int64_t num_allocations = 0;       ///< allocate() calls since start
+  int64_t cached_bytes = 0;          ///< freed blocks the allocator keeps for reuse (part of reserved)
 };
 
 class Allocator {
@@ -27,6 +28,10 @@ class Allocator {
   /// Statistics of `device` (allocators serving several devices keep them per device).
   virtual MemoryStats stats(Device device) const = 0;
   virtual void reset_peak(Device device) = 0;
+  /// Hands the blocks kept for reuse back to the system (the CUDA pool); a no-op where none are kept.
+  virtual void release_cached(Device) {}
+  /// Hands back the blocks kept for reuse on `stream`, which is about to be destroyed.
+  virtual void release_stream(Stream) {}
 };
 
 /// The allocator for a device type. CUDA's is registered by the CUDA backend when compiled in;
@@ -39,5 +44,8 @@ inline constexpr size_t kCpuAlignment = 64;
 
 MemoryStats memory_stats(Device device);
 void reset_peak_memory(Device device);
+/// Returns the memory `device`'s allocator keeps cached for reuse to the system (CUDA: its cached
+/// blocks to the memory pool and the pool's unused memory to the driver; synchronises the device).
+void empty_cache(Device device);
 
 }  // namespace colossal::core

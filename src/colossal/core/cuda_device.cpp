@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "colossal/core/allocator.h"
 #include "colossal/core/cuda/cuda_check.h"
 #endif
 
@@ -82,10 +83,15 @@ void set_device(int device) {
 
 DeviceGuard::DeviceGuard(Device device) {
   COLOSSAL_CHECK(device.is_cuda(), "DeviceGuard needs a CUDA device, got {}", device);
-  previous_ = current_device();
-  if (previous_ != device.index) set_device(device.index);
+  const int current = current_device();
+  if (current != device.index) {
+    set_device(device.index);
+    previous_ = current;
+  }
 }
 DeviceGuard::~DeviceGuard() {
+  // Only a guard that switched restores: cudaSetDevice costs a driver call even to the same device,
+  // and guards run several times per op.
   if (previous_ >= 0) cudaSetDevice(previous_);
 }
 
@@ -112,7 +118,9 @@ Stream create_stream(Device device, bool high_priority) {
 }
 
 void destroy_stream(Stream stream) {
-  if (stream.handle) COLOSSAL_CUDA_CHECK(cudaStreamDestroy(as_cuda(stream)));
+  if (stream.handle == nullptr) return;
+  allocator_for(stream.device).release_stream(stream);  // its cached blocks must not outlive it
+  COLOSSAL_CUDA_CHECK(cudaStreamDestroy(as_cuda(stream)));
 }
 
 StreamGuard::StreamGuard(Stream stream) : previous_(current_stream(stream.device)) {

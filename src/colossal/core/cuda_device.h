@@ -31,7 +31,7 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = -1;
+  int previous_ = -1;  ///< the device to restore, -1 when the guard did not switch
 };
 
 /// The stream ops on `device` enqueue work on, for this thread. Starts as a non-blocking stream
