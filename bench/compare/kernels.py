@@ -4,11 +4,13 @@ same GPU in the same run. Usage: bench/compare/kernels.py BUILD_DIR/bench/kernel
 
 Each row times the same operation at the same shape and dtype as the colossal row of that name
 (median of 20 CUDA-event-timed calls after warm-up), and prints both with ratio = torch / colossal
-time (above 1: colossal is faster)."""
+time (above 1: colossal is faster). A second table gives each side's host time per call of common ops
+on tiny tensors (the GPU idle), timed as gpu_kernels_bench's host_us."""
 import json
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +32,40 @@ def time_ms(fn, reps=20, calls=10):
         samples.append(start.elapsed_time(stop) / calls)
     samples.sort()
     return samples[len(samples) // 2]
+
+
+def host_us(fn, reps=15, batch=200):
+    """Median host microseconds per call over reps batches of back-to-back calls on tiny tensors,
+    synchronised between batches (outside the timed part), as gpu_kernels_bench's host_us."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        samples.append((time.perf_counter() - start) / batch * 1e6)
+        torch.cuda.synchronize()
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def torch_host_rows():
+    dev, bf16 = "cuda", torch.bfloat16
+    with torch.no_grad():
+        x = torch.rand(8, 1024, device=dev, dtype=bf16) * 2 - 1
+        other = torch.rand(8, 1024, device=dev, dtype=bf16) * 2 - 1
+        w = torch.rand(1024, device=dev, dtype=bf16)
+        b = torch.rand(1024, device=dev, dtype=bf16)
+        weight = torch.rand(1024, 1024, device=dev, dtype=bf16)
+        return {
+            "host: empty [8,1024] bf16": host_us(lambda: torch.empty(8, 1024, device=dev, dtype=bf16)),
+            "host: add [8,1024] bf16": host_us(lambda: torch.add(x, other)),
+            "host: gelu [8,1024] bf16": host_us(lambda: F.gelu(x)),
+            "host: layer_norm [8,1024] bf16": host_us(lambda: F.layer_norm(x, (1024,), w, b)),
+            "host: linear [8,1024]x[1024,1024] bf16": host_us(lambda: F.linear(x, weight, b)),
+        }
 
 
 def torch_rows():
@@ -120,6 +156,9 @@ def main():
         subprocess.run([sys.argv[1], "--json", f.name], check=True)
         ours = json.load(open(f.name))
     theirs = torch_rows()
+    theirs_host = torch_host_rows()
+    host = [row for row in ours if "host_us" in row]
+    ours = [row for row in ours if "host_us" not in row]
     print(f"\n{torch.cuda.get_device_name()}  torch {torch.__version__}")
     # "kernel ms": our GPU work alone per call (CUPTI), without the launch gaps the events include.
     print(f"{'kernel':48s} {'colossal ms':>12s} {'torch ms':>10s} {'torch/colossal':>15s} {'kernel ms':>10s}")
@@ -133,6 +172,13 @@ def main():
         ratio = f"{t / row['ms']:15.2f}" if t else " " * 15
         torch_ms = f"{t:10.3f}" if t is not None else " " * 10
         print(f"{name:48s} {row['ms']:12.3f} {torch_ms} {ratio} {kernel}")
+    if host:
+        print(f"\n{'host time per call (GPU idle)':48s} {'colossal us':>12s} {'torch us':>10s} {'torch/colossal':>15s}")
+        for row in host:
+            t = theirs_host.get(row["name"])
+            torch_us = f"{t:10.2f}" if t is not None else " " * 10
+            ratio = f"{t / row['host_us']:15.2f}" if t else ""
+            print(f"{row['name']:48s} {row['host_us']:12.2f} {torch_us} {ratio}")
 
 
 if __name__ == "__main__":

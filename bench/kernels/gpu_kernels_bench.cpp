@@ -5,14 +5,20 @@
 // back-to-back calls (what a caller gets, host work between launches included), and, where CUPTI is
 // built in, `kernel ms`, the summed durations of the GPU work the calls launched (what the kernels
 // themselves take); the % ceiling columns are given for both, the kernel one against the copy's
-// own kernel time. --breakdown prints, per row, the kernels its calls launched.
+// own kernel time. --breakdown prints, per row, the kernels its calls launched. A last table gives
+// the host's own time per call of common ops on tiny tensors (dispatch, allocation, launch), which
+// bounds how fast small batches can run; --host-profile FILE samples the host's stacks meanwhile
+// (tools/host-profile-report symbolises them).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "../host_profile.h"  // HostProfiler (--host-profile)
 #include "colossal/ops.h"
 #include "colossal/ops/elementwise_kernels.h"  // unary_backward_stub (the GELU derivative row)
 #include "colossal/ops/linalg_kernels.h"       // batched_gemm_stub, fused_gemm_stub (epilogue rows)
@@ -103,12 +109,67 @@ Row measure(const std::string& name, double bytes, double flops, const std::func
   return row;
 }
 
+/// Host microseconds per call of `fn`, run on tensors so small that the GPU finishes each kernel
+/// before the host has launched the next: the loop's wall time is then the host's own work per
+/// call (framework dispatch, allocation, the launch). Synchronised every `batch` calls, outside the
+/// timed part, so the launch queue never fills (a full queue would make the host wait on the GPU).
+/// Median over `reps` samples of `batch` calls each.
+double host_us(const std::function<void()>& fn, int reps = 15, int batch = 200) {
+  const Device gpu = core::cuda_device(0);
+  for (int i = 0; i < 20; ++i) fn();
+  core::cuda::synchronize(gpu);
+  std::vector<double> samples;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int c = 0; c < batch; ++c) fn();
+    const auto stop = std::chrono::steady_clock::now();
+    samples.push_back(std::chrono::duration<double, std::micro>(stop - start).count() / batch);
+    core::cuda::synchronize(gpu);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+struct HostRow {
+  std::string name;
+  double us = 0;
+};
+
+/// The host-cost table: common ops of a training step at sizes where the GPU is idle most of the time.
+std::vector<HostRow> host_rows(const std::string& profile_path) {
+  const Device gpu = core::cuda_device(0);
+  const TensorOptions bf16(DType::bf16, gpu);
+  Tensor x = random_gpu({8, 1024}, DType::bf16, 40), other = random_gpu({8, 1024}, DType::bf16, 41);
+  Tensor w = random_gpu({1024}, DType::bf16, 42), b = random_gpu({1024}, DType::bf16, 43);
+  Tensor weight = random_gpu({1024, 1024}, DType::bf16, 44);
+  std::vector<std::pair<std::string, std::function<void()>>> cases = {
+      {"host: empty [8,1024] bf16",
+       [&] {
+         core::empty({8, 1024}, bf16);
+       }},
+      {"host: add [8,1024] bf16", [&] { ops::add(x, other); }},
+      {"host: gelu [8,1024] bf16", [&] { ops::gelu(x); }},
+      {"host: layer_norm [8,1024] bf16", [&] { ops::layer_norm(x, {1024}, w, b); }},
+      {"host: linear [8,1024]x[1024,1024] bf16", [&] { ops::linear(x, weight, b); }},
+  };
+  std::unique_ptr<bench::HostProfiler> profiler;
+  if (!profile_path.empty()) profiler = std::make_unique<bench::HostProfiler>(50);
+  std::vector<HostRow> rows;
+  for (const auto& [name, fn] : cases) rows.push_back({name, host_us(fn)});
+  if (profiler) {
+    profiler->stop();
+    std::fprintf(stderr, "host profile: %d samples in %s\n", profiler->write(profile_path), profile_path.c_str());
+  }
+  return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path;
+  std::string json_path, host_profile;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (std::string(argv[i]) == "--host-profile" && i + 1 < argc) host_profile = argv[++i];
     if (std::string(argv[i]) == "--breakdown") g_breakdown = true;
   }
   if (!core::cuda::is_available()) {
@@ -119,6 +180,9 @@ int main(int argc, char** argv) {
   const auto props = core::cuda::properties(0);
   autograd::NoGradGuard no_grad;  // forward-only rows; backward rows build their own graphs
   std::vector<Row> rows;
+  // First, before CUPTI attaches to the process (the kernel times below), since once attached it
+  // adds its own work to every launch.
+  const std::vector<HostRow> host = host_rows(host_profile);
 
   // ---- ceilings
   const int64_t copy_elems = int64_t{1} << 28;  // 512 MiB of bf16 each way
@@ -308,6 +372,8 @@ int main(int argc, char** argv) {
                   r.kernel_ms, copy_kernel_gbs > 0 ? 100 * kernel_gbs / copy_kernel_gbs : 0);
     }
   }
+  std::printf("\n%-48s %10s\n", "host time per call (GPU idle)", "us");
+  for (const HostRow& r : host) std::printf("%-48s %10.2f\n", r.name.c_str(), r.us);
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (f) {
@@ -316,11 +382,14 @@ int main(int argc, char** argv) {
         const Row& r = rows[i];
         std::fprintf(f,
                      "  {\"name\": \"%s\", \"ms\": %.6f, \"kernel_ms\": %.6f, \"bytes\": %.0f, \"flops\": %.0f, "
-                     "\"error\": %s}%s\n",
+                     "\"error\": %s}%s",
                      r.name.c_str(), r.ms, r.kernel_ms, r.bytes, r.flops, r.error.empty() ? "null" : "\"missing\"",
-                     i + 1 < rows.size() ? "," : "");
+                     i + 1 < rows.size() ? ",\n" : "");
       }
-      std::fprintf(f, "]\n");
+      for (const HostRow& r : host) {
+        std::fprintf(f, ",\n  {\"name\": \"%s\", \"host_us\": %.3f}", r.name.c_str(), r.us);
+      }
+      std::fprintf(f, "\n]\n");
       std::fclose(f);
     }
   }
