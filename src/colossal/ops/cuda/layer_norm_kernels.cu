@@ -22,6 +22,7 @@ using cuda::rows::element_acc;
 using cuda::rows::from_acc;
 using cuda::rows::kBlockTeam;
 using cuda::rows::kWarp;
+using cuda::rows::kWarpTeamBlock;
 using cuda::rows::load_vec;
 using cuda::rows::set_pair;
 using cuda::rows::store_vec;
@@ -48,8 +49,10 @@ constexpr int kStreamBlock = 512;
 /// Whether there is a weight and a bias is a template argument, so the per-element work is the
 /// formula's and nothing else: with runtime null checks (a select per element) and per-element bf16
 /// conversions the kernel took 63 registers and 111 us at 65536 x 1024 bf16 on an H100 against
-/// cudaMemcpy's 92 us; as written, 50 registers and 98 us in the same lab (but 109-113 us inside
-/// gpu_kernels_bench, not yet explained). Tried and slower in the lab, in the same run:
+/// cudaMemcpy's 92 us; as written, 50 registers, and in gpu_kernels_bench 102-103 us against the
+/// copy's 89 us when launched one warp per block (kWarpTeamBlock). Where x and y live (cudaMalloc or
+/// the pool, 1 to 64 MiB apart) and the data (centred or offset) made no difference there. Tried and
+/// slower in a lab, in the same run:
 /// persistent warps that load their next row before reducing the current one (104 us: fewer
 /// resident warps keep fewer rows in flight than this grid does), persistent warps fed by the bulk
 /// copy engine 2 to 8 rows deep in shared memory (101 to 115 us), and more blocks per SM forced
@@ -422,7 +425,7 @@ void forward_rows(const Tensor& y, const Tensor& mean, const Tensor& rstd, const
     }
   };
   if (vectors <= kWarp * kChunks) {
-    registers.template operator()<kWarp>(static_cast<unsigned>(ceil_div(rows, kBlock / kWarp)), kBlock);
+    registers.template operator()<kWarp>(static_cast<unsigned>(ceil_div(rows, kWarpTeamBlock / kWarp)), kWarpTeamBlock);
   } else if (vectors <= kBlock * kChunks) {
     registers.template operator()<kBlockTeam>(static_cast<unsigned>(rows),
                                               cuda::rows::pow2_team(ceil_div(vectors, kChunks), 64, kBlock));
