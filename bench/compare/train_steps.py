@@ -129,6 +129,8 @@ def main():
     parser.add_argument("--bench", default=None, help="path of train_step_bench")
     parser.add_argument("--models", default="all", help="all, or a comma-separated list of " + ", ".join(MODELS))
     parser.add_argument("--modes", default="eager,compile", help="torch modes: eager, compile, both or none ('')")
+    parser.add_argument("--batch", type=int, default=None, help="overrides every selected model's batch, both sides")
+    parser.add_argument("--seq", type=int, default=None, help="GPT-2 tokens per sequence (<= 1024), both sides")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--peak-tflops", type=float, default=989.4)
@@ -155,6 +157,10 @@ def main():
         sys.exit("train_steps: nothing to run")
 
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--peak-tflops", str(args.peak_tflops)]
+    if args.batch is not None:
+        common += ["--batch", str(args.batch)]
+    if args.seq is not None:
+        common += ["--seq", str(args.seq)]
     results = {}
     for name in models:
         rows = {}
