@@ -107,6 +107,40 @@ TEST(BatchNorm2d, ReluIsBatchNormThenRelu) {
            }});
 }
 
+TEST(BatchNorm2d, AddReluIsBatchNormThenAddThenRelu) {
+  // batch_norm_add_relu2d on the CPU is relu(batch_norm2d(x) + residual), in both layouts; its
+  // gradients (x, weight, bias and the residual's) by finite differences; bad residuals are errors.
+  for (const ops::ImageLayout layout : {ops::ImageLayout::nchw, ops::ImageLayout::nhwc}) {
+    const Tensor x = random_leaf({2, 3, 3, 3}, 31), weight = random_leaf({3}, 32), bias = random_leaf({3}, 33);
+    const Tensor residual = random_leaf({2, 3, 3, 3}, 34);
+    Tensor mean_a = core::zeros({3}, DType::f64), var_a = core::ones({3}, DType::f64);
+    Tensor mean_b = core::zeros({3}, DType::f64), var_b = core::ones({3}, DType::f64);
+    const Tensor fused = ops::batch_norm_add_relu2d(x, residual, mean_a, var_a, weight, bias, true, 0.1, 1e-5, layout);
+    const Tensor composed =
+        ops::relu(ops::add(ops::batch_norm2d(x, mean_b, var_b, weight, bias, true, 0.1, 1e-5, layout), residual));
+    expect_close(fused, composed, 0, 0, "batch_norm_add_relu2d");
+    expect_close(var_a, var_b, 0, 0, "running var");
+  }
+  check_gradients({.make_inputs =
+                       [] {
+                         return std::vector<Tensor>{random_leaf({2, 3, 2, 2}, 41), random_leaf({3}, 42),
+                                                    random_leaf({3}, 43), random_leaf({2, 3, 2, 2}, 44)};
+                       },
+                   .fn =
+                       [](const std::vector<Tensor>& in) {
+                         Tensor running_mean, running_var;
+                         return ops::batch_norm_add_relu2d(in[0], in[3], running_mean, running_var, in[1], in[2], true,
+                                                           0.1, 1e-3);
+                       }});
+  Tensor mean, var;
+  const Tensor x = random_leaf({2, 3, 2, 2}, 51);
+  EXPECT_ERROR_CONTAINS(
+      ops::batch_norm_add_relu2d(x, random_leaf({2, 3, 2, 1}, 52), mean, var, Tensor(), Tensor(), true),
+      "the residual must have x's shape [2, 3, 2, 2], got shape [2, 3, 2, 1]");
+  EXPECT_ERROR_CONTAINS(ops::batch_norm_add_relu2d(x, Tensor(), mean, var, Tensor(), Tensor(), true),
+                        "the residual must be defined");
+}
+
 TEST(BatchNorm2d, TrainingGradientHandDerived) {
   // With weight 1 and dL/dy = 1 everywhere, the output's sum is fixed (zero-mean normalisation),
   // so dL/dx = 0; dL/dbias = count = 4; dL/dweight = sum(xhat) = 0.

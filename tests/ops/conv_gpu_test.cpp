@@ -195,7 +195,8 @@ struct BatchNormCase {
   double low = -1.0, high = 1.0;
   const char* name;
   ops::ImageLayout layout = ops::ImageLayout::nchw;
-  bool relu = false;  ///< ops::batch_norm_relu2d
+  bool relu = false;      ///< ops::batch_norm_relu2d
+  bool residual = false;  ///< ops::batch_norm_add_relu2d (a residual input of x's shape, with its gradient)
 };
 
 // Tolerance scale 4 for batch norm: the CPU reduces each channel's N * H * W (up to 65536) values
@@ -214,18 +215,26 @@ void check_batch_norm(const BatchNormCase& c) {
                                           c.affine ? random_input({channels}, 32, d, 0.5, 1.5) : Tensor(),
                                           c.affine ? random_input({channels}, 33, d) : Tensor(),
                                           random_input({channels}, 34, DType::f32, -0.5, 0.5, false),
-                                          random_input({channels}, 35, DType::f32, 0.5, 2.0, false)};
+                                          random_input({channels}, 35, DType::f32, 0.5, 2.0, false),
+                                          c.residual ? random_input(c.x, 36, d) : Tensor()};
              },
          .fn =
              [&](const std::vector<Tensor>& in) {
                Tensor running_mean = in[3], running_var = in[4];
+               if (c.residual) {
+                 return ops::batch_norm_add_relu2d(in[0], in[5], running_mean, running_var, in[1], in[2], c.training,
+                                                   0.1, 1e-5, c.layout);
+               }
                auto op = c.relu ? ops::batch_norm_relu2d : ops::batch_norm2d;
                return op(in[0], running_mean, running_var, in[1], in[2], c.training, 0.1, 1e-5, c.layout);
              },
          .tolerance_scale = kBatchNormToleranceScale},
         dtype,
-        fmt::format("{}{}{}", c.relu ? "relu(batch norm) " : "", c.name,
-                    c.layout == ops::ImageLayout::nhwc ? " (nhwc)" : ""));
+        fmt::format("{}{}{}",
+                    c.residual ? "relu(batch norm + residual) "
+                    : c.relu   ? "relu(batch norm) "
+                               : "",
+                    c.name, c.layout == ops::ImageLayout::nhwc ? " (nhwc)" : ""));
   }
 }
 
@@ -292,6 +301,37 @@ TEST(BatchNormGpu, ReluFusedMatchesCpu) {
   check_batch_norm(
       {.x = {8, 64, 64, 64}, .training = true, .affine = true, .name = "split rows", .layout = kNhwc, .relu = true});
   check_batch_norm({.x = {4, 6, 9, 9}, .training = true, .affine = true, .name = "nchw", .relu = true});
+}
+
+TEST(BatchNormGpu, AddReluFusedMatchesCpu) {
+  COLOSSAL_REQUIRE_GPU();
+  // nhwc runs the fused forward (rounding as the composed ops do, so the relu masks agree) and a
+  // backward of the relu's gradient from the output, then batch norm's; nchw and the CPU run
+  // batch_norm2d, add and relu in turn. x's gradient, the residual's, weight's and bias's are all
+  // compared.
+  constexpr auto kNhwc = ops::ImageLayout::nhwc;
+  for (const bool training : {true, false}) {
+    for (const bool affine : {true, false}) {
+      for (const Shape& x : {Shape{4, 13, 17, 5}, Shape{8, 8, 8, 64}}) {
+        check_batch_norm({.x = x,
+                          .training = training,
+                          .affine = affine,
+                          .name = x[3] == 5 ? "5 channels" : "64 channels",
+                          .layout = kNhwc,
+                          .relu = true,
+                          .residual = true});
+      }
+    }
+  }
+  check_batch_norm({.x = {8, 64, 64, 64},
+                    .training = true,
+                    .affine = true,
+                    .name = "split rows",
+                    .layout = kNhwc,
+                    .relu = true,
+                    .residual = true});
+  check_batch_norm(
+      {.x = {4, 6, 9, 9}, .training = true, .affine = true, .name = "nchw", .relu = true, .residual = true});
 }
 
 TEST(BatchNormGpu, NhwcRunningStatisticsAndSameBitsTwice) {

@@ -1,4 +1,5 @@
-// BatchNorm2d: buffers, the momentum rule and the fused ops::batch_norm2d call.
+// BatchNorm2d: buffers, the momentum rule and the fused ops::batch_norm2d call (and its relu and
+// residual variants).
 #include "colossal/nn/batch_norm.h"
 
 #include <fmt/format.h>
@@ -32,7 +33,11 @@ Tensor BatchNorm2d::forward_relu(const Tensor& x) {
   return normalize(x, true);
 }
 
-Tensor BatchNorm2d::normalize(const Tensor& x, bool relu) {
+Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual) {
+  return normalize(x, true, residual);
+}
+
+Tensor BatchNorm2d::normalize(const Tensor& x, bool relu, const Tensor& residual) {
   const bool tracking = running_mean_->defined();
   const bool use_batch_stats = is_training() || !tracking;
   double momentum = momentum_.value_or(0.0);
@@ -42,6 +47,10 @@ Tensor BatchNorm2d::normalize(const Tensor& x, bool relu) {
     if (!momentum_) momentum = 1.0 / num_batches_tracked_->item<double>();
   }
   // In evaluation without running stats the op gets none and uses the batch's own statistics.
+  if (residual.defined()) {
+    return ops::batch_norm_add_relu2d(x, residual, *running_mean_, *running_var_, *weight_, *bias_, use_batch_stats,
+                                      momentum, eps_, layout_);
+  }
   auto op = relu ? ops::batch_norm_relu2d : ops::batch_norm2d;
   return op(x, *running_mean_, *running_var_, *weight_, *bias_, use_batch_stats, momentum, eps_, layout_);
 }

@@ -22,6 +22,9 @@ class BatchNorm2d : public Module {
   Tensor forward(const Tensor& x) override;
   /// relu(forward(x)) through ops::batch_norm_relu2d (one fused pass each way on CUDA in nhwc).
   Tensor forward_relu(const Tensor& x);
+  /// relu(forward(x) + residual) through ops::batch_norm_add_relu2d (one fused pass forward on CUDA in
+  /// nhwc): the end of a residual block.
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual);
   std::string extra_repr() const override;
 
   const Tensor& weight() const { return *weight_; }
@@ -33,7 +36,8 @@ class BatchNorm2d : public Module {
   ops::ImageLayout layout() const { return layout_; }
 
  private:
-  Tensor normalize(const Tensor& x, bool relu);
+  /// The batch norm, then relu when `relu`, with `residual` (if defined) added before the relu.
+  Tensor normalize(const Tensor& x, bool relu, const Tensor& residual = Tensor());
 
   int64_t num_features_;
   double eps_;

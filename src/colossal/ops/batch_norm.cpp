@@ -1,11 +1,13 @@
-// batch_norm2d and batch_norm_relu2d: validate shapes and dtypes, run the fused forward kernel
-// (which also updates the running statistics in training) and record the fused backward kernel.
+// batch_norm2d, batch_norm_relu2d and batch_norm_add_relu2d: validate shapes and dtypes, run the
+// fused forward kernel (which also updates the running statistics in training) and record the fused
+// backward kernel.
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw
 #include "colossal/ops/autocast.h"
-#include "colossal/ops/conv.h"          // batch_norm2d
-#include "colossal/ops/conv_kernels.h"  // batch_norm stubs
-#include "colossal/ops/elementwise.h"   // relu (batch_norm_relu2d without fused kernels)
+#include "colossal/ops/conv.h"                 // batch_norm2d
+#include "colossal/ops/conv_kernels.h"         // batch_norm stubs
+#include "colossal/ops/elementwise.h"          // relu, add (the fused ops composed where no kernel fuses them)
+#include "colossal/ops/elementwise_kernels.h"  // unary_backward_stub (the relu's gradient from the output)
 
 namespace colossal::ops {
 
@@ -16,6 +18,8 @@ constinit core::DispatchStub<BatchNormBackwardKernel> batch_norm_nhwc_backward_s
 constinit core::DispatchStub<BatchNormForwardKernel> batch_norm_relu_nhwc_forward_stub("batch_norm_relu2d_nhwc");
 constinit core::DispatchStub<BatchNormReluBackwardKernel> batch_norm_relu_nhwc_backward_stub(
     "batch_norm_relu2d_nhwc_backward");
+constinit core::DispatchStub<BatchNormAddReluForwardKernel> batch_norm_add_relu_nhwc_forward_stub(
+    "batch_norm_add_relu2d_nhwc");
 
 namespace {
 
@@ -33,8 +37,25 @@ void check_per_channel(const Tensor& t, const char* what, const Tensor& x, int64
   }
 }
 
+/// batch_norm2d, then relu when `relu`, with `residual` (when defined) added before the relu.
 Tensor batch_norm_impl(const Tensor& x, Tensor& running_mean, Tensor& running_var, const Tensor& weight,
-                       const Tensor& bias, bool training, double momentum, double eps, ImageLayout layout, bool relu) {
+                       const Tensor& bias, bool training, double momentum, double eps, ImageLayout layout, bool relu,
+                       const Tensor& residual = Tensor()) {
+  if (residual.defined()) {
+    COLOSSAL_CHECK(x.defined(), "batch_norm_add_relu2d: x must be defined");
+    COLOSSAL_CHECK(residual.shape() == x.shape(),
+                   "batch_norm_add_relu2d: the residual must have x's shape {}, got shape {}", x.shape(),
+                   residual.shape());
+    COLOSSAL_CHECK(residual.device() == x.device(), "batch_norm_add_relu2d: the residual is on {} but x is on {}",
+                   residual.device(), x.device());
+    const bool fused = !autocast_dtype() && layout == ImageLayout::nhwc && residual.dtype() == x.dtype() &&
+                       batch_norm_add_relu_nhwc_forward_stub.supports(x.device().type);
+    if (!fused) {
+      return ops::relu(
+          ops::add(batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, layout, false),
+                   residual));
+    }
+  }
   if (autocast_dtype()) {
     const AutocastGuard off(std::nullopt);
     return batch_norm_impl(autocast::to_f32(x), running_mean, running_var, autocast::to_f32(weight),
@@ -76,6 +97,7 @@ Tensor batch_norm_impl(const Tensor& x, Tensor& running_mean, Tensor& running_va
   auto& forward_stub = relu   ? batch_norm_relu_nhwc_forward_stub
                        : nhwc ? batch_norm_nhwc_forward_stub
                               : batch_norm_forward_stub;
+  const Tensor residual_c = residual.defined() ? core::contiguous_raw(residual) : Tensor();
 
   const Tensor x_c = core::contiguous_raw(x);
   const Tensor weight_c = weight.defined() ? core::contiguous_raw(weight) : Tensor();
@@ -89,40 +111,59 @@ Tensor batch_norm_impl(const Tensor& x, Tensor& running_mean, Tensor& running_va
     // The kernel updates contiguous statistics in place; non-contiguous ones get the result copied back.
     Tensor mean_c = running_mean.defined() ? core::contiguous_raw(running_mean) : Tensor();
     Tensor var_c = running_var.defined() ? core::contiguous_raw(running_var) : Tensor();
-    forward_stub(x.device(), y, save_mean, save_invstd, x_c, mean_c, var_c, weight_c, bias_c, training, momentum, eps);
+    if (residual.defined()) {
+      batch_norm_add_relu_nhwc_forward_stub(x.device(), y, save_mean, save_invstd, x_c, residual_c, mean_c, var_c,
+                                            weight_c, bias_c, training, momentum, eps);
+    } else {
+      forward_stub(x.device(), y, save_mean, save_invstd, x_c, mean_c, var_c, weight_c, bias_c, training, momentum,
+                   eps);
+    }
     if (training && mean_c.defined()) {
       if (!mean_c.is_same(running_mean)) running_mean.copy_(mean_c);
       if (!var_c.is_same(running_var)) running_var.copy_(var_c);
     }
   }
-  autograd::record(relu ? "batch_norm_relu2d" : "batch_norm2d", {x, weight, bias}, {y},
-                   [x_saved = x_c.detach(), weight_saved = weight_c.defined() ? weight_c.detach() : Tensor(),
-                    bias_saved = relu && bias_c.defined() ? bias_c.detach() : Tensor(), mean_saved = save_mean.detach(),
-                    invstd_saved = save_invstd.detach(), training, channel_dim, nhwc,
-                    relu](const std::vector<Tensor>& grads, const autograd::Node& node) {
-                     const TensorOptions options(x_saved.dtype(), x_saved.device());
-                     const int64_t channels = x_saved.size(channel_dim);
-                     Tensor grad_x = node.needs_input_grad(0) ? core::empty(x_saved.shape(), options) : Tensor();
-                     Tensor grad_weight = node.needs_input_grad(1) ? core::empty({channels}, options) : Tensor();
-                     Tensor grad_bias = node.needs_input_grad(2) ? core::empty({channels}, options) : Tensor();
-                     if (x_saved.numel() == 0) {
-                       for (Tensor* t : {&grad_weight, &grad_bias}) {
-                         if (t->defined()) t->fill_(0.0);
-                       }
-                     } else {
-                       const Tensor grad_y = core::contiguous_raw(grads[0]);
-                       if (relu) {
-                         batch_norm_relu_nhwc_backward_stub(grad_y.device(), grad_x, grad_weight, grad_bias, grad_y,
-                                                            x_saved, weight_saved, bias_saved, mean_saved, invstd_saved,
-                                                            training);
-                       } else {
-                         auto& backward_stub = nhwc ? batch_norm_nhwc_backward_stub : batch_norm_backward_stub;
-                         backward_stub(grad_y.device(), grad_x, grad_weight, grad_bias, grad_y, x_saved, weight_saved,
-                                       mean_saved, invstd_saved, training);
-                       }
-                     }
-                     return std::vector<Tensor>{grad_x, grad_weight, grad_bias};
-                   });
+  const bool add = residual.defined();
+  autograd::record(
+      add    ? "batch_norm_add_relu2d"
+      : relu ? "batch_norm_relu2d"
+             : "batch_norm2d",
+      {x, weight, bias, residual}, {y},
+      [x_saved = x_c.detach(), weight_saved = weight_c.defined() ? weight_c.detach() : Tensor(),
+       bias_saved = relu && !add && bias_c.defined() ? bias_c.detach() : Tensor(),
+       y_saved = add ? y.detach() : Tensor(), mean_saved = save_mean.detach(), invstd_saved = save_invstd.detach(),
+       training, channel_dim, nhwc, relu](const std::vector<Tensor>& grads, const autograd::Node& node) {
+        const TensorOptions options(x_saved.dtype(), x_saved.device());
+        const int64_t channels = x_saved.size(channel_dim);
+        Tensor grad_x = node.needs_input_grad(0) ? core::empty(x_saved.shape(), options) : Tensor();
+        Tensor grad_weight = node.needs_input_grad(1) ? core::empty({channels}, options) : Tensor();
+        Tensor grad_bias = node.needs_input_grad(2) ? core::empty({channels}, options) : Tensor();
+        Tensor grad_y = core::contiguous_raw(grads[0]);
+        Tensor grad_residual;
+        if (y_saved.defined()) {
+          // relu(batch_norm(x) + residual): the relu's gradient, taken from the output (positive
+          // exactly where the sum is), is the residual's and the batch norm's upstream gradient.
+          Tensor grad_sum = core::empty(y_saved.shape(), options);
+          unary_backward_stub(grad_y.device(), UnaryOp::relu, grad_sum, grad_y, y_saved, Tensor(), 0.0, 0.0);
+          if (node.needs_input_grad(3)) grad_residual = grad_sum;
+          grad_y = grad_sum;
+        }
+        if (x_saved.numel() == 0) {
+          for (Tensor* t : {&grad_weight, &grad_bias}) {
+            if (t->defined()) t->fill_(0.0);
+          }
+        } else if (grad_x.defined() || grad_weight.defined() || grad_bias.defined()) {
+          if (relu && !y_saved.defined()) {
+            batch_norm_relu_nhwc_backward_stub(grad_y.device(), grad_x, grad_weight, grad_bias, grad_y, x_saved,
+                                               weight_saved, bias_saved, mean_saved, invstd_saved, training);
+          } else {
+            auto& backward_stub = nhwc ? batch_norm_nhwc_backward_stub : batch_norm_backward_stub;
+            backward_stub(grad_y.device(), grad_x, grad_weight, grad_bias, grad_y, x_saved, weight_saved, mean_saved,
+                          invstd_saved, training);
+          }
+        }
+        return std::vector<Tensor>{grad_x, grad_weight, grad_bias, grad_residual};
+      });
   return y;
 }
 
@@ -136,6 +177,13 @@ Tensor batch_norm2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, 
 Tensor batch_norm_relu2d(const Tensor& x, Tensor& running_mean, Tensor& running_var, const Tensor& weight,
                          const Tensor& bias, bool training, double momentum, double eps, ImageLayout layout) {
   return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, layout, true);
+}
+
+Tensor batch_norm_add_relu2d(const Tensor& x, const Tensor& residual, Tensor& running_mean, Tensor& running_var,
+                             const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
+                             ImageLayout layout) {
+  COLOSSAL_CHECK(residual.defined(), "batch_norm_add_relu2d: the residual must be defined");
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, layout, true, residual);
 }
 
 }  // namespace colossal::ops

@@ -44,6 +44,13 @@ Tensor batch_norm_relu2d(const Tensor& x, Tensor& running_mean, Tensor& running_
                          const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5,
                          ImageLayout layout = ImageLayout::nchw);
 
+/// relu(batch_norm2d(x, ...) + residual), a residual block's end: one pass forward where the backend
+/// has the fused kernel (CUDA, nhwc; rounding as the composed ops do), the three ops in turn
+/// elsewhere; the same results either way. residual has x's shape and device.
+Tensor batch_norm_add_relu2d(const Tensor& x, const Tensor& residual, Tensor& running_mean, Tensor& running_var,
+                             const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
+                             double eps = 1e-5, ImageLayout layout = ImageLayout::nchw);
+
 /// Max pooling; the gradient goes to the (first) maximum of each window. Padding is -inf.
 Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0},
                   ImageLayout layout = ImageLayout::nchw);

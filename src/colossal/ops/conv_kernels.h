@@ -73,6 +73,14 @@ using BatchNormReluBackwardKernel = void(const Tensor& grad_x, const Tensor& gra
                                          bool training);
 extern core::DispatchStub<BatchNormForwardKernel> batch_norm_relu_nhwc_forward_stub;
 extern core::DispatchStub<BatchNormReluBackwardKernel> batch_norm_relu_nhwc_backward_stub;
+/// relu(batch_norm2d(x) + residual) in one pass, channel innermost (residual: x's shape and dtype,
+/// contiguous). Its backward needs no kernel of its own: the relu's gradient from the output, then
+/// batch_norm_nhwc_backward_stub.
+using BatchNormAddReluForwardKernel = void(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
+                                           const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                                           const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                                           bool training, double momentum, double eps);
+extern core::DispatchStub<BatchNormAddReluForwardKernel> batch_norm_add_relu_nhwc_forward_stub;
 
 // ---- pooling
 // Inputs are [N, C, H, W] and pool each of the N * C planes independently.

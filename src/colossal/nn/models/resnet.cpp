@@ -2,9 +2,8 @@
 // and the pipeline pieces.
 #include "colossal/nn/models/resnet.h"
 
-#include "colossal/nn/init.h"          // kaiming_normal_, zeros_
-#include "colossal/ops/conv.h"         // max_pool2d, adaptive_avg_pool2d
-#include "colossal/ops/elementwise.h"  // add, relu
+#include "colossal/nn/init.h"   // kaiming_normal_, zeros_
+#include "colossal/ops/conv.h"  // max_pool2d, adaptive_avg_pool2d
 
 namespace colossal::nn::models {
 
@@ -56,8 +55,10 @@ std::shared_ptr<Sequential> make_downsample(int64_t in_planes, int64_t out_plane
       conv1x1(in_planes, out_planes, stride, generator, layout), batch_norm(out_planes, layout)});
 }
 
-Tensor residual(const Tensor& branch, const std::shared_ptr<Sequential>& downsample, const Tensor& x) {
-  return ops::relu(ops::add(branch, downsample ? downsample->forward(x) : x));
+/// A block's end: relu(bn(branch) + identity), identity the block's input or its downsampled
+/// projection, in one fused pass where the backend has it (ops::batch_norm_add_relu2d).
+Tensor residual(BatchNorm2d& bn, const Tensor& branch, const std::shared_ptr<Sequential>& downsample, const Tensor& x) {
+  return bn.forward_add_relu(branch, downsample ? downsample->forward(x) : x);
 }
 
 }  // namespace
@@ -75,7 +76,7 @@ BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, core::
 
 Tensor BasicBlock::forward(const Tensor& x) {
   const Tensor out = bn1_->forward_relu(conv1_->forward(x));
-  return residual(bn2_->forward(conv2_->forward(out)), downsample_, x);
+  return residual(*bn2_, conv2_->forward(out), downsample_, x);
 }
 
 Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator,
@@ -94,7 +95,7 @@ Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::
 Tensor Bottleneck::forward(const Tensor& x) {
   Tensor out = bn1_->forward_relu(conv1_->forward(x));
   out = bn2_->forward_relu(conv2_->forward(out));
-  return residual(bn3_->forward(conv3_->forward(out)), downsample_, x);
+  return residual(*bn3_, conv3_->forward(out), downsample_, x);
 }
 
 namespace {

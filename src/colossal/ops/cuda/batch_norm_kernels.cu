@@ -651,17 +651,25 @@ __device__ __forceinline__ void stream_rows(const RowsPlan& plan, const Coeffici
   for (int64_t r = at.row; r < at.end; r += at.ty) apply((r * plan.groups + at.group) * kVec, c);
 }
 
-/// y = x * scale + shift, or relu of it (as ops::relu: v > 0 ? v : 0).
-template <class T, int kVec, bool kRelu>
+/// y = x * scale + shift, or relu of it (as ops::relu: v > 0 ? v : 0), or with kResidual relu of
+/// it plus the residual r. The normalised value is rounded to T before the residual is added, as the
+/// composed ops (batch_norm2d, add, relu) round it: rounding once would be more accurate, but where
+/// the sum cancels to near zero it flips the relu's mask against theirs (tens of elements in 32768
+/// of uniform bf16 data), and the fused op is to give the composed ops' numbers.
+template <class T, int kVec, bool kRelu, bool kResidual = false>
 __global__ void __launch_bounds__(kRowsThreads)
-    nhwc_normalize_kernel(T* y, const T* x, const Affine<acc_t<T>>* affine, RowsPlan plan) {
+    nhwc_normalize_kernel(T* y, const T* x, const T* r, const Affine<acc_t<T>>* affine, RowsPlan plan) {
   using A = acc_t<T>;
+  static_assert(kRelu || !kResidual, "the residual comes with the relu");
   stream_rows<kVec>(plan, affine, [&](int64_t element, const Affine<A>(&a)[kVec]) {
     const auto in = load_group<kVec>(x + element);
+    cuda::Group<T, kVec> residual;
+    if constexpr (kResidual) residual = load_group<kVec>(r + element);
     cuda::Group<T, kVec> out;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      const A v = static_cast<A>(in.v[k]) * a[k].scale + a[k].shift;
+      A v = static_cast<A>(in.v[k]) * a[k].scale + a[k].shift;
+      if constexpr (kResidual) v = static_cast<A>(store_as<T>(v)) + static_cast<A>(residual.v[k]);
       out.v[k] = store_as<T>(kRelu ? (v > A(0) ? v : A(0)) : v);
     }
     store_group<kVec>(y + element, out);
@@ -749,10 +757,11 @@ const State* reduce_rows(const RowsPlan& plan, int64_t channels, State identity,
                      stream);
 }
 
-template <class T, bool kRelu>
+/// With kResidual, y = relu(batch_norm(x) + residual).
+template <class T, bool kRelu, bool kResidual = false>
 void nhwc_forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
-                        const Tensor& running_mean, const Tensor& running_var, const Tensor& weight, const Tensor& bias,
-                        bool training, double momentum, double eps) {
+                        const Tensor& residual, const Tensor& running_mean, const Tensor& running_var,
+                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
   using A = acc_t<T>;
   using S = stat_t<T>;
   const int64_t channels = x.size(-1);
@@ -780,10 +789,11 @@ void nhwc_forward_typed(const Tensor& y, const Tensor& save_mean, const Tensor& 
       save_invstd.data<S>(), affine_data);
   COLOSSAL_CUDA_CHECK_LAUNCH();
   // The map needs no splits: every block streams its rows, as many blocks as rows allow.
-  const RowsPlan map = plan_rows<T>(rows, channels, {x.raw_data(), y.raw_data()}, 65535);
+  const T* r = kResidual ? residual.data<T>() : nullptr;
+  const RowsPlan map = plan_rows<T>(rows, channels, {x.raw_data(), y.raw_data(), r}, 65535);
   with_vec<T>(map, [&]<int kVec>() {
-    nhwc_normalize_kernel<T, kVec, kRelu>
-        <<<map.grid, kRowsThreads, 0, stream>>>(y.data<T>(), x.data<T>(), affine_data, map);
+    nhwc_normalize_kernel<T, kVec, kRelu, kResidual>
+        <<<map.grid, kRowsThreads, 0, stream>>>(y.data<T>(), x.data<T>(), r, affine_data, map);
   });
 }
 
@@ -875,8 +885,36 @@ void forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_i
                                               {&bias, "bias"}});
   core::cuda::DeviceGuard guard(x.device());
   core::dispatch_floating(x.dtype(), op, [&]<class T>() {
-    const auto typed = kNhwc ? nhwc_forward_typed<T, kRelu> : forward_typed<T>;
-    typed(y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
+    if constexpr (kNhwc) {
+      nhwc_forward_typed<T, kRelu>(y, save_mean, save_invstd, x, Tensor(), running_mean, running_var, weight, bias,
+                                   training, momentum, eps);
+    } else {
+      forward_typed<T>(y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
+    }
+  });
+}
+
+/// relu(batch_norm(x) + residual), nhwc: devices and the residual's shape checked, dtype dispatched.
+void add_relu_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
+                           const Tensor& residual, const Tensor& running_mean, const Tensor& running_var,
+                           const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
+  const char* op = "batch_norm_add_relu2d (nhwc)";
+  core::cuda_detail::check_defined_on_device(x.device(), op,
+                                             {{&y, "y"},
+                                              {&residual, "residual"},
+                                              {&save_mean, "save_mean"},
+                                              {&save_invstd, "save_invstd"},
+                                              {&running_mean, "running_mean"},
+                                              {&running_var, "running_var"},
+                                              {&weight, "weight"},
+                                              {&bias, "bias"}});
+  COLOSSAL_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype() && residual.is_contiguous(),
+                 "{}: expected a contiguous {} residual of x's shape {}, got {} of shape {}", op, x.dtype(), x.shape(),
+                 residual.dtype(), residual.shape());
+  core::cuda::DeviceGuard guard(x.device());
+  core::dispatch_floating(x.dtype(), op, [&]<class T>() {
+    nhwc_forward_typed<T, true, true>(y, save_mean, save_invstd, x, residual, running_mean, running_var, weight, bias,
+                                      training, momentum, eps);
   });
 }
 
@@ -926,6 +964,7 @@ constexpr auto relu_forward_cuda = forward_cuda<true, true>;
 constexpr auto relu_backward_cuda = backward_in<true, true>;
 COLOSSAL_REGISTER_KERNEL(batch_norm_relu_nhwc_forward_stub, core::DeviceType::cuda, relu_forward_cuda);
 COLOSSAL_REGISTER_KERNEL(batch_norm_relu_nhwc_backward_stub, core::DeviceType::cuda, relu_backward_cuda);
+COLOSSAL_REGISTER_KERNEL(batch_norm_add_relu_nhwc_forward_stub, core::DeviceType::cuda, add_relu_forward_cuda);
 
 }  // namespace
 }  // namespace colossal::ops
