@@ -868,37 +868,18 @@ void nhwc_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const 
 
 // ---- the registered kernels
 
-/// The registered forward kernel of either layout (and nhwc with relu): devices checked, dtype dispatched.
-template <bool kNhwc, bool kRelu = false>
-void forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
-                  const Tensor& running_mean, const Tensor& running_var, const Tensor& weight, const Tensor& bias,
-                  bool training, double momentum, double eps) {
+/// The forward kernels of either layout, nhwc with relu, and nhwc with a residual and relu: devices
+/// (and the residual's shape) checked, dtype dispatched.
+template <bool kNhwc, bool kRelu = false, bool kResidual = false>
+void forward_in(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
+                const Tensor& residual, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                const Tensor& bias, bool training, double momentum, double eps) {
   static_assert(kNhwc || !kRelu, "relu is fused into the nhwc kernels only");
-  const char* op = kRelu ? "batch_norm_relu2d (nhwc)" : kNhwc ? "batch_norm2d (nhwc)" : "batch_norm2d";
-  core::cuda_detail::check_defined_on_device(x.device(), op,
-                                             {{&y, "y"},
-                                              {&save_mean, "save_mean"},
-                                              {&save_invstd, "save_invstd"},
-                                              {&running_mean, "running_mean"},
-                                              {&running_var, "running_var"},
-                                              {&weight, "weight"},
-                                              {&bias, "bias"}});
-  core::cuda::DeviceGuard guard(x.device());
-  core::dispatch_floating(x.dtype(), op, [&]<class T>() {
-    if constexpr (kNhwc) {
-      nhwc_forward_typed<T, kRelu>(y, save_mean, save_invstd, x, Tensor(), running_mean, running_var, weight, bias,
-                                   training, momentum, eps);
-    } else {
-      forward_typed<T>(y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
-    }
-  });
-}
-
-/// relu(batch_norm(x) + residual), nhwc: devices and the residual's shape checked, dtype dispatched.
-void add_relu_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
-                           const Tensor& residual, const Tensor& running_mean, const Tensor& running_var,
-                           const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
-  const char* op = "batch_norm_add_relu2d (nhwc)";
+  static_assert(kRelu || !kResidual, "the residual comes with the relu");
+  const char* op = kResidual ? "batch_norm_add_relu2d (nhwc)"
+                   : kRelu   ? "batch_norm_relu2d (nhwc)"
+                   : kNhwc   ? "batch_norm2d (nhwc)"
+                             : "batch_norm2d";
   core::cuda_detail::check_defined_on_device(x.device(), op,
                                              {{&y, "y"},
                                               {&residual, "residual"},
@@ -908,14 +889,28 @@ void add_relu_forward_cuda(const Tensor& y, const Tensor& save_mean, const Tenso
                                               {&running_var, "running_var"},
                                               {&weight, "weight"},
                                               {&bias, "bias"}});
-  COLOSSAL_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype() && residual.is_contiguous(),
-                 "{}: expected a contiguous {} residual of x's shape {}, got {} of shape {}", op, x.dtype(), x.shape(),
-                 residual.dtype(), residual.shape());
+  if constexpr (kResidual) {
+    COLOSSAL_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype() && residual.is_contiguous(),
+                   "{}: expected a contiguous {} residual of x's shape {}, got {} of shape {}", op, x.dtype(),
+                   x.shape(), residual.dtype(), residual.shape());
+  }
   core::cuda::DeviceGuard guard(x.device());
   core::dispatch_floating(x.dtype(), op, [&]<class T>() {
-    nhwc_forward_typed<T, true, true>(y, save_mean, save_invstd, x, residual, running_mean, running_var, weight, bias,
-                                      training, momentum, eps);
+    if constexpr (kNhwc) {
+      nhwc_forward_typed<T, kRelu, kResidual>(y, save_mean, save_invstd, x, residual, running_mean, running_var, weight,
+                                              bias, training, momentum, eps);
+    } else {
+      forward_typed<T>(y, save_mean, save_invstd, x, running_mean, running_var, weight, bias, training, momentum, eps);
+    }
   });
+}
+
+template <bool kNhwc, bool kRelu = false>
+void forward_cuda(const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& x,
+                  const Tensor& running_mean, const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                  bool training, double momentum, double eps) {
+  forward_in<kNhwc, kRelu>(y, save_mean, save_invstd, x, Tensor(), running_mean, running_var, weight, bias, training,
+                           momentum, eps);
 }
 
 /// The registered backward kernels: either layout, and nhwc with relu (which also takes the bias).
@@ -964,6 +959,7 @@ constexpr auto relu_forward_cuda = forward_cuda<true, true>;
 constexpr auto relu_backward_cuda = backward_in<true, true>;
 COLOSSAL_REGISTER_KERNEL(batch_norm_relu_nhwc_forward_stub, core::DeviceType::cuda, relu_forward_cuda);
 COLOSSAL_REGISTER_KERNEL(batch_norm_relu_nhwc_backward_stub, core::DeviceType::cuda, relu_backward_cuda);
+constexpr auto add_relu_forward_cuda = forward_in<true, true, true>;
 COLOSSAL_REGISTER_KERNEL(batch_norm_add_relu_nhwc_forward_stub, core::DeviceType::cuda, add_relu_forward_cuda);
 
 }  // namespace
