@@ -228,6 +228,9 @@ class CudaAllocator final : public Allocator {
     if (pool_ready_[device].load()) return;
     std::lock_guard lock(mutex_);
     if (pool_ready_[device].load()) return;
+    // Parsed here, on the first allocation, where a bad value can throw: deallocate runs in
+    // destructors.
+    cache_limit_bytes();
     cudaMemPool_t pool;
     COLOSSAL_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
     uint64_t threshold = std::numeric_limits<uint64_t>::max();
