@@ -163,6 +163,19 @@ TEST(ReductionGpu, SumMeanVarMax) {
         {300, 500}, [](const Tensor& x) { return ops::sum(x, {1}); }, "sum rows");
     reduce_case(
         {300, 500}, [](const Tensor& x) { return ops::sum(x, {0}); }, "sum columns");
+    // Columns in 16-byte groups (the vectorised column sums): a bias gradient's shape with many
+    // splits, an outer dimension with an odd number of rows (the unrolled loop's tail), and a
+    // contiguous view starting 3 elements into its storage (not 16-byte aligned: the scalar kernel).
+    reduce_case(
+        {16384, 768}, [](const Tensor& x) { return ops::sum(x, {0}); }, "sum columns 16384x768");
+    reduce_case(
+        {3, 333, 64}, [](const Tensor& x) { return ops::sum(x, {1}); }, "sum middle 3x333x64");
+    reduce_case(
+        {200 * 64 + 3},
+        [](const Tensor& x) {
+          return ops::sum(x.narrow(0, 3, 200 * 64).view({200, 64}), {0});
+        },
+        "sum columns, misaligned");
     reduce_case(
         {4, 300, 50},
         [](const Tensor& x) {
