@@ -52,7 +52,8 @@ constexpr int kStreamBlock = 512;
 /// cudaMemcpy's 92 us; as written, 50 registers, and in gpu_kernels_bench 102-103 us against the
 /// copy's 89 us when launched one warp per block (kWarpTeamBlock). Where x and y live (cudaMalloc or
 /// the pool, 1 to 64 MiB apart) and the data (centred or offset) made no difference there. Tried and
-/// slower in a lab, in the same run:
+/// slower, in the same run: two rows per warp with both rows' loads issued first (116-118 us
+/// against 106-107, in gpu_kernels_bench), and in a lab:
 /// persistent warps that load their next row before reducing the current one (104 us: fewer
 /// resident warps keep fewer rows in flight than this grid does), persistent warps fed by the bulk
 /// copy engine 2 to 8 rows deep in shared memory (101 to 115 us), and more blocks per SM forced
