@@ -34,6 +34,14 @@ constexpr int kMaxRowBlock = 256;
 /// Vectors each thread loads before using any.
 constexpr int kUnroll = 4;
 constexpr int kFinishBlock = 1024;
+/// Blocks of kMaxRowBlock threads the forward row kernel must fit on an SM (at most 64 registers a
+/// thread; soft targets and f64 keep two, which they fit without spilling). Free to use 93
+/// registers, two blocks fitted and the forward read GPT-2's 16384 x 50304 logits at 51% of the DRAM
+/// bandwidth, waiting on loads (ncu, H100); at four, 1.01 -> 0.79-0.85 ms. The backward stays unbounded
+/// (72 registers, three blocks): capped the same way it went from 1.60 to 2.00 ms. Hard and soft
+/// targets are separate instantiations (kSoft), so the hard ones carry no soft-target registers.
+template <class T, bool kSoft>
+constexpr int kRowBlocksPerSm = kSoft || sizeof(T) == 8 ? 2 : 4;
 
 using Labels = cuda::rows::IndexView;
 
@@ -58,8 +66,9 @@ __device__ __forceinline__ int64_t team_row() {
 
 /// Row i's logsumexp and loss sum_c q_c (lse - x_c). Every sum is taken relative to the row's first
 /// logit x0, so that lse - x_c stays accurate when the logits are large but close together.
-template <class T, int kVec, int kTeam>
-__global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_forward_rows(ForwardArgs<T> args) {
+template <class T, int kVec, int kTeam, bool kSoft>
+__global__ void __launch_bounds__(kMaxRowBlock, (kRowBlocksPerSm<T, kSoft>))
+    cross_entropy_forward_rows(ForwardArgs<T> args) {
   using A = acc_t<T>;
   __shared__ TeamScratch<A, 2> merge_scratch;
   __shared__ TeamScratch<A, 3> sum_scratch;
@@ -68,7 +77,7 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_forward_rows(Fo
   const int rank = cuda::rows::team_rank<kTeam>(), size = cuda::rows::team_size<kTeam>();
   const int64_t classes = args.classes;
   const T* xr = args.logits + row * classes;
-  const T* tr = args.soft ? args.soft + row * classes : nullptr;
+  const T* tr = kSoft ? args.soft + row * classes : nullptr;
   const A uniform_share = args.smoothing / static_cast<A>(classes);
   const A reference = to_acc(xr[0]);
   const bool smoothed = args.smoothing != A(0);  // sum_x is needed only for label smoothing
@@ -77,13 +86,13 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_forward_rows(Fo
   A sum_x = 0, sum_q = 0, sum_qx = 0;  // sum (x - x0); sum q; sum q (x - x0)
   const int64_t vectors = classes / kVec;
   for (int64_t base = rank; base < vectors; base += int64_t{kUnroll} * size) {
-    Vec<T, kVec> xs[kUnroll], ts[kUnroll];
+    Vec<T, kVec> xs[kUnroll], ts[kSoft ? kUnroll : 1];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t v = base + int64_t{u} * size;
       if (v < vectors) {
         xs[u] = load_vec<kVec>(xr + v * kVec);
-        if (tr) ts[u] = load_vec<kVec>(tr + v * kVec);
+        if constexpr (kSoft) ts[u] = load_vec<kVec>(tr + v * kVec);
       }
     }
 #pragma unroll
@@ -106,12 +115,12 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_forward_rows(Fo
           vector_sum += x == -INFINITY ? A(0) : cuda::rows::row_exp<T>(x - state.max);
         }
         state.sum += vector_sum;
-        if (!smoothed && !tr) continue;
+        if (!smoothed && !kSoft) continue;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const A x = to_acc(xs[u].v[j]);
           sum_x += x - reference;
-          if (tr) {
+          if constexpr (kSoft) {
             const A q = (A(1) - args.smoothing) * to_acc(ts[u].v[j]) + uniform_share;
             sum_q += q;
             sum_qx += q * (x - reference);
@@ -129,7 +138,7 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_forward_rows(Fo
   const A lse = state.sum == A(0) ? A(NAN) : state.max + log(state.sum);
   args.lse[row] = lse;
   A loss = 0;
-  if (tr) {
+  if constexpr (kSoft) {
     loss = sums[1] * (lse - reference) - sums[2];
   } else {
     const int64_t label = args.labels[row];
@@ -192,11 +201,43 @@ struct BackwardArgs {
   Reduction reduction;
 };
 
+/// Soft targets' row of the backward (see cross_entropy_backward_rows).
+template <class T, int kVec, int kTeam>
+__device__ __forceinline__ void soft_backward_row(const BackwardArgs<T>& args, int64_t start, int64_t vectors, int rank,
+                                                  int size, acc_t<T> scale, acc_t<T> lse, acc_t<T> uniform_share,
+                                                  acc_t<T> keep, TeamScratch<acc_t<T>>& scratch) {
+  using A = acc_t<T>;
+  const T* tr = args.soft + start;
+  A q_total = 0;  // soft targets need not sum to 1
+  if (args.grad_logits) {
+    for (int64_t v = rank; v < vectors; v += size) {
+      const Vec<T, kVec> ts = load_vec<kVec>(tr + v * kVec);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) q_total += keep * to_acc(ts.v[j]) + uniform_share;
+    }
+    q_total = cuda::rows::team_sum<kTeam>(q_total, scratch);
+  }
+  for (int64_t v = rank; v < vectors; v += size) {
+    const Vec<T, kVec> xs = load_vec<kVec>(args.logits + start + v * kVec);
+    const Vec<T, kVec> ts = load_vec<kVec>(tr + v * kVec);
+    Vec<T, kVec> dx, dt;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const A log_p = to_acc(xs.v[j]) - lse;
+      const A q = keep * to_acc(ts.v[j]) + uniform_share;
+      dx.v[j] = from_acc<T>((row_exp<T>(log_p) * q_total - q) * scale);
+      dt.v[j] = from_acc<T>(-keep * log_p * scale);
+    }
+    if (args.grad_logits) store_vec<kVec>(args.grad_logits + start + v * kVec, dx);
+    if (args.grad_target) store_vec<kVec>(args.grad_target + start + v * kVec, dt);
+  }
+}
+
 /// Hard targets: grad = (softmax - q) * g with q = s / C + (1 - s) [c == label], elementwise from
 /// the saved lse; ignored rows (and, memory-safely, labels the forward would have rejected, which
 /// never equal a class) get no one-hot term. Soft targets: sum(q) first, then
 /// grad_logits = (softmax * sum(q) - q) * g and grad_target = -(1 - s) (x - lse) * g.
-template <class T, int kVec, int kTeam>
+template <class T, int kVec, int kTeam, bool kSoft>
 __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_backward_rows(BackwardArgs<T> args) {
   using A = acc_t<T>;
   __shared__ TeamScratch<A> scratch;
@@ -206,9 +247,8 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_backward_rows(B
   const int64_t classes = args.classes;
   const int64_t vectors = classes / kVec;
   const int64_t start = row * classes;
-  const bool soft = args.soft != nullptr;
-  const int64_t label = soft ? -1 : args.labels[row];
-  const bool ignored = !soft && label == args.ignore_index;
+  const int64_t label = kSoft ? -1 : args.labels[row];
+  const bool ignored = !kSoft && label == args.ignore_index;
 
   A scale;
   if (args.reduction == Reduction::none) {
@@ -222,7 +262,7 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_backward_rows(B
   const A uniform_share = args.smoothing / static_cast<A>(classes);
   const A keep = A(1) - args.smoothing;
 
-  if (!soft) {
+  if constexpr (!kSoft) {
     if (!args.grad_logits) return;
     for (int64_t base = rank; base < vectors; base += int64_t{kUnroll} * size) {
       Vec<T, kVec> xs[kUnroll];
@@ -250,32 +290,8 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_backward_rows(B
         }
       }
     }
-    return;
-  }
-
-  const T* tr = args.soft + start;
-  A q_total = 0;  // soft targets need not sum to 1
-  if (args.grad_logits) {
-    for (int64_t v = rank; v < vectors; v += size) {
-      const Vec<T, kVec> ts = load_vec<kVec>(tr + v * kVec);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) q_total += keep * to_acc(ts.v[j]) + uniform_share;
-    }
-    q_total = cuda::rows::team_sum<kTeam>(q_total, scratch);
-  }
-  for (int64_t v = rank; v < vectors; v += size) {
-    const Vec<T, kVec> xs = load_vec<kVec>(args.logits + start + v * kVec);
-    const Vec<T, kVec> ts = load_vec<kVec>(tr + v * kVec);
-    Vec<T, kVec> dx, dt;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const A log_p = to_acc(xs.v[j]) - lse;
-      const A q = keep * to_acc(ts.v[j]) + uniform_share;
-      dx.v[j] = from_acc<T>((row_exp<T>(log_p) * q_total - q) * scale);
-      dt.v[j] = from_acc<T>(-keep * log_p * scale);
-    }
-    if (args.grad_logits) store_vec<kVec>(args.grad_logits + start + v * kVec, dx);
-    if (args.grad_target) store_vec<kVec>(args.grad_target + start + v * kVec, dt);
+  } else {
+    soft_backward_row<T, kVec, kTeam>(args, start, vectors, rank, size, scale, lse, uniform_share, keep, scratch);
   }
 }
 
@@ -302,22 +318,28 @@ Labels labels_of(const Tensor& target, const CrossEntropyParams& params) {
 template <class T, int kVec>
 void launch_forward(const ForwardArgs<T>& args, cudaStream_t stream) {
   const RowLaunch launch = plan_rows(args.rows, args.classes / kVec);
-  if (launch.warp) {
-    cross_entropy_forward_rows<T, kVec, kWarp><<<launch.grid, launch.block, 0, stream>>>(args);
-  } else {
-    cross_entropy_forward_rows<T, kVec, kBlockTeam><<<launch.grid, launch.block, 0, stream>>>(args);
-  }
+  auto run = [&]<bool kSoft>() {
+    if (launch.warp) {
+      cross_entropy_forward_rows<T, kVec, kWarp, kSoft><<<launch.grid, launch.block, 0, stream>>>(args);
+    } else {
+      cross_entropy_forward_rows<T, kVec, kBlockTeam, kSoft><<<launch.grid, launch.block, 0, stream>>>(args);
+    }
+  };
+  args.soft ? run.template operator()<true>() : run.template operator()<false>();
   COLOSSAL_CUDA_CHECK_LAUNCH();
 }
 
 template <class T, int kVec>
 void launch_backward(const BackwardArgs<T>& args, cudaStream_t stream) {
   const RowLaunch launch = plan_rows(args.rows, args.classes / kVec);
-  if (launch.warp) {
-    cross_entropy_backward_rows<T, kVec, kWarp><<<launch.grid, launch.block, 0, stream>>>(args);
-  } else {
-    cross_entropy_backward_rows<T, kVec, kBlockTeam><<<launch.grid, launch.block, 0, stream>>>(args);
-  }
+  auto run = [&]<bool kSoft>() {
+    if (launch.warp) {
+      cross_entropy_backward_rows<T, kVec, kWarp, kSoft><<<launch.grid, launch.block, 0, stream>>>(args);
+    } else {
+      cross_entropy_backward_rows<T, kVec, kBlockTeam, kSoft><<<launch.grid, launch.block, 0, stream>>>(args);
+    }
+  };
+  args.soft ? run.template operator()<true>() : run.template operator()<false>();
   COLOSSAL_CUDA_CHECK_LAUNCH();
 }
 
