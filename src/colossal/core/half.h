@@ -91,7 +91,9 @@ COLOSSAL_HOST_DEVICE inline uint16_t float_to_bf16_bits(float f) {
 #endif
 }
 
-COLOSSAL_HOST_DEVICE inline float bf16_bits_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+COLOSSAL_HOST_DEVICE inline float bf16_bits_to_float(uint16_t b) {
+  return bits_float(static_cast<uint32_t>(b) << 16);
+}
 }  // namespace detail
 
 /// IEEE 754 binary16.

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include "colossal/core/cuda/cuda_check.h"
@@ -111,6 +112,16 @@ template <class T, int kVec>
 struct alignas(sizeof(T) * kVec) Vec {
   T v[kVec];
 };
+
+/// A value of the accumulation type stored as T, rounding to nearest even (f16/bf16 through float).
+template <class T, class A>
+__device__ __forceinline__ T store_as(A v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return T(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
 
 // ---- contiguous, vectorised
 template <int kVec, class Out, class In, class F>

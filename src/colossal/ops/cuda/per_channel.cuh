@@ -42,15 +42,7 @@ __device__ __forceinline__ void store_group(T* p, const Group<T, kVec>& g) {
   *reinterpret_cast<Group<T, kVec>*>(p) = g;
 }
 
-/// T -> its accumulation type and back, rounding to nearest even.
-template <class T, class A>
-__device__ __forceinline__ T store_as(A v) {
-  if constexpr (std::is_same_v<T, core::Half> || std::is_same_v<T, core::BFloat16>) {
-    return T(static_cast<float>(v));
-  } else {
-    return static_cast<T>(v);
-  }
-}
+using core::cuda_detail::store_as;
 
 /// Whether a kernel over `shape` may move 16-byte groups of T: every plane holds whole groups and
 /// every pointer is 16-byte aligned (then so is every group).

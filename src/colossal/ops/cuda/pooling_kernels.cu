@@ -21,16 +21,8 @@ using core::acc_t;
 using core::cuda_detail::check_on_device;
 using core::cuda_detail::grid_for;
 using core::cuda_detail::kThreads;
+using core::cuda_detail::store_as;
 using core::cuda_detail::stream_of;
-
-template <class T, class A>
-__device__ __forceinline__ T store_as(A v) {
-  if constexpr (std::is_same_v<T, core::Half> || std::is_same_v<T, core::BFloat16>) {
-    return T(static_cast<float>(v));
-  } else {
-    return static_cast<T>(v);
-  }
-}
 
 /// Sizes of the input planes [N * C, H, W] and output planes [N * C, oH, oW]. Index is int32_t
 /// when every element index fits, so the per-element divisions are 32-bit.

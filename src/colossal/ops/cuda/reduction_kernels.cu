@@ -11,6 +11,7 @@ namespace {
 
 using core::acc_t;
 using core::cuda_detail::kThreads;
+using core::cuda_detail::store_as;
 using core::cuda_detail::stream_of;
 
 /// Sums accumulate in f32 for 16/32-bit floats, f64 for f64 and i64 for integers.
@@ -39,6 +40,26 @@ __global__ void partial_sum_rows(const T* in, A* partial, int64_t reduce, int64_
   if (threadIdx.x == 0) partial[o * splits + split] = shared[0];
 }
 
+/// The column totals of a block of kColumnThreadsX x kColumnThreadsY threads, each holding kVec
+/// values for the block's columns x * kVec .. x * kVec + kVec - 1: thread t (t = y *
+/// kColumnThreadsX + x) gets column t's sum over the row lanes, in lane order, for t <
+/// kColumnThreadsX * kVec (with kVec 1: the threads of row lane 0, each its own column).
+template <int kVec, class A>
+__device__ __forceinline__ A sum_row_lanes(const A (&values)[kVec]) {
+  static_assert(kVec <= kColumnThreadsY, "one column per thread at the end");
+  __shared__ A shared[kColumnThreadsY][kColumnThreadsX * kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) shared[threadIdx.y][threadIdx.x * kVec + j] = values[j];
+  __syncthreads();
+  const int t = threadIdx.y * kColumnThreadsX + threadIdx.x;
+  A total = A(0);
+  if (t < kColumnThreadsX * kVec) {
+#pragma unroll
+    for (int y = 0; y < kColumnThreadsY; ++y) total += shared[y][t];
+  }
+  return total;
+}
+
 template <class T, class A>
 __global__ void partial_sum_columns(const T* in, A* partial, int64_t reduce, int64_t inner, int64_t chunk, int splits) {
   const int64_t i = blockIdx.x * int64_t{kColumnThreadsX} + threadIdx.x;
@@ -51,15 +72,9 @@ __global__ void partial_sum_columns(const T* in, A* partial, int64_t reduce, int
     for (int64_t r = begin + threadIdx.y; r < end; r += kColumnThreadsY)
       acc += static_cast<A>(in[(o * reduce + r) * inner + i]);
   }
-  __shared__ A shared[kColumnThreadsY][kColumnThreadsX];
-  shared[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && i < inner) {
-    A total = A(0);
-#pragma unroll
-    for (int y = 0; y < kColumnThreadsY; ++y) total += shared[y][threadIdx.x];
-    partial[(o * splits + split) * inner + i] = total;
-  }
+  const A values[1] = {acc};
+  const A total = sum_row_lanes(values);
+  if (threadIdx.y == 0 && i < inner) partial[(o * splits + split) * inner + i] = total;
 }
 
 /// Rows each thread of the vectorised column sums loads before adding any.
@@ -74,7 +89,6 @@ constexpr int kColumnUnroll = 4;
 template <class T, class A, int kVec>
 __global__ void __launch_bounds__(kColumnThreadsX* kColumnThreadsY)
     partial_sum_columns_vec(const T* in, A* partial, int64_t reduce, int64_t inner, int64_t chunk, int splits) {
-  static_assert(kColumnThreadsX * kVec <= kColumnThreadsX * kColumnThreadsY, "one column per thread at the end");
   using core::cuda_detail::Vec;
   const int64_t vectors = inner / kVec;
   const int64_t v = blockIdx.x * int64_t{kColumnThreadsX} + threadIdx.x;
@@ -105,27 +119,10 @@ __global__ void __launch_bounds__(kColumnThreadsX* kColumnThreadsY)
       for (int j = 0; j < kVec; ++j) acc[j] += static_cast<A>(x.v[j]);
     }
   }
-  __shared__ A shared[kColumnThreadsY][kColumnThreadsX * kVec];
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) shared[threadIdx.y][threadIdx.x * kVec + j] = acc[j];
-  __syncthreads();
+  const A total = sum_row_lanes(acc);
   const int t = threadIdx.y * kColumnThreadsX + threadIdx.x;
   const int64_t column = blockIdx.x * int64_t{kColumnThreadsX} * kVec + t;
-  if (t < kColumnThreadsX * kVec && column < inner) {
-    A total = A(0);
-#pragma unroll
-    for (int y = 0; y < kColumnThreadsY; ++y) total += shared[y][t];
-    partial[(o * splits + split) * inner + column] = total;
-  }
-}
-
-template <class Out, class A>
-__device__ __forceinline__ Out sum_out(A total) {
-  if constexpr (std::is_same_v<Out, core::Half> || std::is_same_v<Out, core::BFloat16>) {
-    return Out(static_cast<float>(total));
-  } else {
-    return static_cast<Out>(total);
-  }
+  if (t < kColumnThreadsX * kVec && column < inner) partial[(o * splits + split) * inner + column] = total;
 }
 
 /// The column sums' partials [outer, splits, inner] summed over splits: 32 neighbouring columns a
@@ -140,15 +137,9 @@ __global__ void __launch_bounds__(kColumnThreadsX* kColumnThreadsY)
 #pragma unroll 4
     for (int s = threadIdx.y; s < splits; s += kColumnThreadsY) total += partial[(o * splits + s) * inner + i];
   }
-  __shared__ A shared[kColumnThreadsY][kColumnThreadsX];
-  shared[threadIdx.y][threadIdx.x] = total;
-  __syncthreads();
-  if (threadIdx.y == 0 && i < inner) {
-    A sum = A(0);
-#pragma unroll
-    for (int y = 0; y < kColumnThreadsY; ++y) sum += shared[y][threadIdx.x];
-    out[o * inner + i] = sum_out<Out>(sum);
-  }
+  const A values[1] = {total};
+  const A sum = sum_row_lanes(values);
+  if (threadIdx.y == 0 && i < inner) out[o * inner + i] = store_as<Out>(sum);
 }
 
 template <class A, class Out>
@@ -158,7 +149,7 @@ __global__ void finish_sum(const A* partial, Out* out, int64_t outer, int64_t in
     const int64_t o = job / inner, i = job % inner;
     A total = A(0);
     for (int s = 0; s < splits; ++s) total += partial[(o * splits + s) * inner + i];
-    out[job] = sum_out<Out>(total);
+    out[job] = store_as<Out>(total);
   }
 }
 
