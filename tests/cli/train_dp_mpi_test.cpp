@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../comm/mpi_test_main.h"
-#include "colossal/cli/train_config.h"
+#include "colossal/cli/train_command.h"
 #include "colossal/core/error.h"
 
 namespace colossal::cli {

@@ -13,7 +13,7 @@
 #include "colossal/cli/export.h"
 #include "colossal/cli/run.h"
 #include "colossal/cli/tokenize.h"
-#include "colossal/cli/train_config.h"
+#include "colossal/cli/train_command.h"
 #include "colossal/cli/train_mlp.h"
 #include "colossal/comm/library_versions.h"
 #include "colossal/core/build_config.h"  // COLOSSAL_VERSION, COLOSSAL_WITH_*

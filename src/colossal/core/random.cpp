@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "colossal/core/parallel.h"
+#include "colossal/core/parallel_for.h"
 #include "colossal/core/philox.h"
 #include "colossal/core/view.h"
 

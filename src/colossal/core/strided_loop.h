@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "colossal/core/parallel.h"
+#include "colossal/core/parallel_for.h"
 #include "colossal/core/tensor.h"
 
 namespace colossal::core {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "colossal/core/parallel.h"     // parallel_for
+#include "colossal/core/parallel_for.h"     // parallel_for
 #include "colossal/ops/conv_kernels.h"  // batch_norm stubs
 
 namespace colossal::ops {

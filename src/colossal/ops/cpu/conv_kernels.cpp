@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "colossal/core/parallel.h"     // parallel_for
+#include "colossal/core/parallel_for.h"     // parallel_for
 #include "colossal/core/view.h"         // cast_raw
 #include "colossal/ops/conv_kernels.h"  // stubs, Conv2dGeometry
 

@@ -3,7 +3,7 @@
 // thread computes any block, so the split over threads cannot change the mask.
 #include <algorithm>
 
-#include "colossal/core/parallel.h"  // parallel_for
+#include "colossal/core/parallel_for.h"  // parallel_for
 #include "colossal/ops/loss_kernels.h"
 
 namespace colossal::ops {

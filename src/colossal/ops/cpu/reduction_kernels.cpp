@@ -3,7 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include "colossal/core/parallel.h"
+#include "colossal/core/parallel_for.h"
 #include "colossal/ops/reduction_kernels.h"
 
 namespace colossal::ops {

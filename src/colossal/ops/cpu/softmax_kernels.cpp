@@ -5,7 +5,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "colossal/core/parallel.h"  // parallel_for
+#include "colossal/core/parallel_for.h"  // parallel_for
 #include "colossal/ops/nn_kernels.h"
 
 namespace colossal::ops {

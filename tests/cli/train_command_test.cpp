@@ -1,7 +1,7 @@
-// Tests of `colossal train --config` (cli/train_config.h): a tiny ViT on synthetic images runs a few
+// Tests of `colossal train --config` (cli/train_command.h): a tiny ViT on synthetic images runs a few
 // steps and writes a metrics summary with finite numbers; a run resumed from its checkpoints repeats
 // the uninterrupted run's losses exactly; unsupported keys fail naming the key.
-#include "colossal/cli/train_config.h"
+#include "colossal/cli/train_command.h"
 
 #include <gtest/gtest.h>
 

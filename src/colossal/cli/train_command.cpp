@@ -1,6 +1,6 @@
-// train_from_config: see train_config.h. Everything the config asks for that this path cannot do
+// train_from_config: see train_command.h. Everything the config asks for that this path cannot do
 // yet fails before training with a message naming the key.
-#include "colossal/cli/train_config.h"
+#include "colossal/cli/train_command.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
