@@ -1,5 +1,5 @@
-// `colossal train --config FILE`: a training run built from a TrainConfig (config/train_config.h):
-// dataset -> model -> optimizer -> scheduler -> Engine -> Trainer.fit with the stock hooks.
+// `colossal train --config FILE`: the command's arguments handed to the run assembly
+// (initialize/training_run.h), which builds and trains everything the config describes.
 #pragma once
 
 #include <string>

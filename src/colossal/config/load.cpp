@@ -444,7 +444,7 @@ void apply_override(const std::string& spec, int64_t index, std::deque<toml::tab
 }  // namespace
 
 TrainConfig parse_config(std::string_view toml_text, const std::vector<std::string>& overrides,
-                         std::string_view source_name) {
+                         std::string_view source_name, const ConfigRules& rules) {
   const std::string source(source_name);
   toml::table document;
   try {
@@ -475,19 +475,19 @@ TrainConfig parse_config(std::string_view toml_text, const std::vector<std::stri
   }
   // The rules between keys read bound values: only meaningful once every value bound.
   if (problems.empty()) {
-    detail::check_rules(
-        config,
-        [&](std::string_view key) {
-          const auto it = flat.find(key);
-          return it == flat.end() ? Origin{} : it->second.origin;
-        },
-        problems);
+    const auto origin_of = [&](std::string_view key) {
+      const auto it = flat.find(key);
+      return it == flat.end() ? Origin{} : it->second.origin;
+    };
+    detail::check_rules(config, origin_of, problems);
+    detail::check_owned_rules(config, rules, origin_of, problems);
   }
   problems.raise_if_any(source);
   return config;
 }
 
-TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
+TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides,
+                        const ConfigRules& rules) {
   std::error_code error;
   if (!std::filesystem::is_regular_file(path, error)) {
     throw Error(
@@ -497,14 +497,15 @@ TrainConfig load_config(const std::filesystem::path& path, const std::vector<std
   if (!in.is_open()) throw Error(fmt::format("cannot open config file '{}': {}", path.string(), std::strerror(errno)));
   std::ostringstream text;
   text << in.rdbuf();
-  return parse_config(text.str(), overrides, path.string());
+  return parse_config(text.str(), overrides, path.string(), rules);
 }
 
-void validate(const TrainConfig& config) {
+void validate(const TrainConfig& config, const ConfigRules& rules) {
   Problems problems;
   detail::check_values(config, problems);
-  detail::check_rules(
-      config, [](std::string_view) { return Origin{}; }, problems);
+  const auto no_origin = [](std::string_view) { return Origin{}; };
+  detail::check_rules(config, no_origin, problems);
+  if (problems.empty()) detail::check_owned_rules(config, rules, no_origin, problems);
   problems.raise_if_any("(built in code)");
 }
 

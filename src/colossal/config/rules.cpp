@@ -18,34 +18,6 @@ std::string format_number(double value) {
   return toml_float(value);
 }
 
-/// "4 or 9": the members of an increasing sequence f(1), f(2), ... on either side of `value`.
-template <class F>
-std::string nearest_in_sequence(int64_t value, F f) {
-  int64_t below = 0;
-  int64_t q = 1;
-  while (f(q) < value) below = f(q++);
-  const int64_t above = f(q);
-  if (below == 0) return fmt::format("{}", above);
-  return fmt::format("{} or {}", below, above);
-}
-
-/// "12 or 16": the multiples of m on either side of value (value is not one).
-std::string nearest_multiple(int64_t value, int64_t m) {
-  const int64_t below = value / m * m;
-  if (below == 0) return fmt::format("{}", m);
-  return fmt::format("{} or {}", below, below + m);
-}
-
-bool is_square(int64_t n) {
-  const auto root = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(n))));
-  return root * root == n;
-}
-
-bool is_cube(int64_t n) {
-  const auto root = static_cast<int64_t>(std::llround(std::cbrt(static_cast<double>(n))));
-  return root * root * root == n;
-}
-
 template <class E>
 std::string_view enum_name(E value) {
   for (const auto& entry : enum_entries(value)) {
@@ -197,61 +169,8 @@ void check_rules(const TrainConfig& c, const OriginOf& origin_of, Problems& prob
     problems.add(origin.order, origin.where.empty() ? std::move(message) : origin.where + ": " + message);
   };
 
-  // Tensor parallelism: each mode's rule on the number of ranks (docs/design.md, "Rank layout").
-  const TensorParallelConfig& tensor = c.parallel.tensor;
-  if (tensor.size > 1) {
-    const auto bad_size = [&](std::string_view needs, std::string nearest) {
-      fail("parallel.tensor.size",
-           fmt::format("parallel.tensor.size = {} does not suit parallel.tensor.mode = \"{}\", which needs {}: "
-                       "nearest valid sizes {}",
-                       tensor.size, enum_name(tensor.mode), needs, nearest));
-    };
-    switch (tensor.mode) {
-      case TensorParallelMode::k1d:
-        break;
-      case TensorParallelMode::k2d:
-        if (!is_square(tensor.size)) {
-          bad_size("a square number (q*q)", nearest_in_sequence(tensor.size, [](int64_t q) { return q * q; }));
-        }
-        break;
-      case TensorParallelMode::k2p5d:
-        if (tensor.size % tensor.depth != 0 || !is_square(tensor.size / tensor.depth)) {
-          const int64_t depth = tensor.depth;
-          bad_size(fmt::format("depth * q * q with parallel.tensor.depth = {}", depth),
-                   nearest_in_sequence(tensor.size, [depth](int64_t q) { return depth * q * q; }));
-        }
-        break;
-      case TensorParallelMode::k3d:
-        if (!is_cube(tensor.size)) {
-          bad_size("a cube (d*d*d)", nearest_in_sequence(tensor.size, [](int64_t d) { return d * d * d; }));
-        }
-        break;
-    }
-  }
-
-  // Pipelines: the interleaved schedule's needs and the microbatch split.
-  const ParallelConfig& parallel = c.parallel;
-  if (parallel.num_chunks > 1) {
-    if (parallel.pipeline == 1) {
-      fail("parallel.num_chunks",
-           fmt::format("parallel.num_chunks = {} selects the interleaved pipeline schedule, which needs "
-                       "parallel.pipeline > 1",
-                       parallel.num_chunks));
-    } else if (parallel.num_microbatches % parallel.pipeline != 0) {
-      const int64_t pp = parallel.pipeline;
-      fail("parallel.num_microbatches",
-           fmt::format("parallel.num_microbatches = {} must be a multiple of parallel.pipeline = {} for the "
-                       "interleaved schedule (parallel.num_chunks = {}): nearest valid {}",
-                       parallel.num_microbatches, pp, parallel.num_chunks,
-                       nearest_multiple(parallel.num_microbatches, pp)));
-    }
-  }
-  if (parallel.pipeline > 1 && c.data.batch_size % parallel.num_microbatches != 0) {
-    const int64_t m = parallel.num_microbatches;
-    fail("data.batch_size", fmt::format("data.batch_size = {} does not split into parallel.num_microbatches = {} "
-                                        "equal microbatches: nearest valid batch sizes {}",
-                                        c.data.batch_size, m, nearest_multiple(c.data.batch_size, m)));
-  }
+  // The parallel sizes (tensor size against mode, pipelines, microbatches) are the parallel layer's
+  // rules (parallel/layout_rules.h), passed in as owned rules by whoever loads a config to run it.
 
   // Precision.
   if (c.bf16 && c.fp16.mode != AmpMode::kOff) {
@@ -330,6 +249,16 @@ void check_rules(const TrainConfig& c, const OriginOf& origin_of, Problems& prob
   // The loop.
   if (c.train.epochs == 0 && c.train.max_steps == 0) {
     fail("train.epochs", "train.epochs = 0 and train.max_steps = 0: the run would never end; set either");
+  }
+}
+
+void check_owned_rules(const TrainConfig& config, const ConfigRules& rules, const OriginOf& origin_of,
+                       Problems& problems) {
+  for (const ConfigRule& rule : rules) {
+    rule(config, [&](std::string_view key, std::string message) {
+      const Origin origin = origin_of(key);
+      problems.add(origin.order, origin.where.empty() ? std::move(message) : origin.where + ": " + message);
+    });
   }
 }
 

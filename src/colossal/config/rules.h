@@ -69,4 +69,8 @@ void check_values(const TrainConfig& config, Problems& problems);
 /// first of them.
 void check_rules(const TrainConfig& config, const OriginOf& origin_of, Problems& problems);
 
+/// Runs the rules other layers own (load_config's `rules`), each problem prefixed with its key's origin.
+void check_owned_rules(const TrainConfig& config, const ConfigRules& rules, const OriginOf& origin_of,
+                       Problems& problems);
+
 }  // namespace colossal::config::detail

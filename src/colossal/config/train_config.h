@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -221,6 +222,15 @@ struct TrainConfig {
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 
+/// A rule between keys that a layer above config owns (the parallel layer's sizes, say): it reads a
+/// bound config and reports each problem through `report(key, message)`, `key` being the dotted key
+/// the message is about (its file and line are prefixed, as for config's own rules). Passed to
+/// load_config, parse_config and validate, so that a rule has one home and one wording and still
+/// runs at load, before anything is built.
+using ConfigRule = std::function<void(const struct TrainConfig& config,
+                                      const std::function<void(std::string_view key, std::string message)>& report)>;
+using ConfigRules = std::vector<ConfigRule>;
+
 /// Reads the TOML file at `path`, applies `overrides` in order and checks the result. Each override
 /// is "dotted.key=value" with a TOML value (1, 2.5e-4, true, "text", [0.9, 0.95], {a = 1}); a value
 /// that is not TOML is taken as a bare string (--set optimizer.name=lamb). Throws colossal::Error
@@ -228,15 +238,17 @@ struct TrainConfig {
 /// range or not among the choices (with the range or the choices), broken rules between keys (tensor
 /// size against mode, ...), each naming the full dotted key and the file and line, or the override,
 /// it came from.
-TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides = {});
+/// `rules` run after config's own, when those found nothing.
+TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides = {},
+                        const ConfigRules& rules = {});
 
 /// As load_config, from TOML text; `source_name` stands for the file in messages.
 TrainConfig parse_config(std::string_view toml, const std::vector<std::string>& overrides = {},
-                         std::string_view source_name = "<config>");
+                         std::string_view source_name = "<config>", const ConfigRules& rules = {});
 
 /// Checks a config built or changed in code by the rules load_config applies (ranges, choices, rules
 /// between keys); throws colossal::Error listing every problem.
-void validate(const TrainConfig& config);
+void validate(const TrainConfig& config, const ConfigRules& rules = {});
 
 /// The effective config as a TOML document with every key (choices noted in comments); parse_config
 /// reads it back to an equal TrainConfig.

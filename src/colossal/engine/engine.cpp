@@ -6,7 +6,6 @@
 #include "colossal/autograd/engine.h"     // backward
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"          // COLOSSAL_CHECK
-#include "colossal/core/tensor.h"         // from_vector
 #include "colossal/ops/autocast.h"        // AutocastGuard
 #include "colossal/ops/elementwise.h"     // div
 #include "colossal/optim/clip_grad.h"     // clip_grad_norm
@@ -18,7 +17,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
     : model_(std::move(model)),
       optimizer_(std::move(optimizer)),
       criterion_(std::move(criterion)),
-      options_(options),
+      options_(std::move(options)),
       lr_scheduler_(std::move(lr_scheduler)) {
   COLOSSAL_CHECK(model_ != nullptr, "Engine needs a model");
   COLOSSAL_CHECK(optimizer_ != nullptr, "Engine needs an optimizer");
@@ -27,20 +26,30 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
                  options_.gradient_accumulation);
   COLOSSAL_CHECK(!options_.clip_grad_norm || *options_.clip_grad_norm > 0.0, "clip_grad_norm must be > 0, got {}",
                  options_.clip_grad_norm.value_or(0.0));
+  context_ = options_.context;
+  if (!context_) {
+    // One process: the dp = pp = tp = 1 layout, its groups of one rank on the model's device.
+    const std::vector<Tensor> params = model_->parameters();
+    context_ = parallel::ParallelContext::single_process(params.empty() ? Device{} : params.front().device());
+  }
+  schedule_ = options_.schedule ? options_.schedule : std::make_shared<NonPipelineSchedule>();
   if (options_.amp) amp_ = std::make_unique<amp::MixedPrecisionOptimizer>(model_, optimizer_, *options_.amp);
-  if (options_.data_parallel_group) {
-    // After the mixed-precision conversion: the gradient hooks sit on the tensors backward fills.
-    data_parallel_ =
-        std::make_unique<parallel::DataParallel>(*model_, options_.data_parallel_group, options_.data_parallel);
-    if (amp_) {
-      // The averaged gradients already carry any rank's inf; the flag's all-reduce makes the skip
-      // decision explicit and keeps it right for state that is not averaged.
-      amp_->set_found_inf_sync([group = options_.data_parallel_group](bool local) {
-        Tensor flag = core::from_vector<int32_t>({local ? 1 : 0}, {1}).to(group->device());
-        group->all_reduce(flag, comm::ReduceOp::max);
-        return flag.to(Device{}).item<int32_t>() != 0;
-      });
-    }
+  // After the mixed-precision conversion: the gradient hooks sit on the tensors backward fills.
+  if (options_.gradient_handler) {
+    gradient_handler_ = options_.gradient_handler(*model_, *context_);
+  } else if (context_->layout().data_size() > 1) {
+    gradient_handler_ = std::make_unique<parallel::DataParallel>(*model_, context_->group(parallel::GroupKind::kData),
+                                                                 options_.data_parallel);
+  }
+  gradient_statistics_ = std::make_unique<parallel::GradientStatistics>(
+      *context_, gradient_handler_ == nullptr || gradient_handler_->replicates_gradients());
+  if (amp_ && !gradient_statistics_->groups().empty()) {
+    // Every rank that holds other gradients must skip the same steps and clip by the same norm.
+    amp_->set_found_inf_sync([stats = gradient_statistics_.get()](bool local) { return stats->any_found_inf(local); });
+    amp_->set_clip_grad_norm([stats = gradient_statistics_.get()](const std::vector<Tensor>& params, double max_norm,
+                                                                   double norm_type) {
+      return stats->clip_grad_norm(params, max_norm, norm_type);
+    });
   }
 }
 
@@ -50,47 +59,58 @@ void Engine::zero_grad() {
   micro_step_ = 0;
 }
 
-Tensor Engine::step(const Tensor& input, const Tensor& target) {
-  Tensor output = forward(input);
-  Tensor loss = criterion_(output, target);
+void Engine::backward(const Tensor& loss) {
   // Dividing by the window length makes the summed gradient that of the window's mean loss.
-  Tensor scaled =
+  const Tensor scaled =
       options_.gradient_accumulation == 1 ? loss : ops::div(loss, static_cast<double>(options_.gradient_accumulation));
-  last_step_updated_ = micro_step_ + 1 == options_.gradient_accumulation;
-  // Data parallel: gradients are averaged once per window, by the last micro-step's backward.
-  if (data_parallel_) data_parallel_->set_sync(last_step_updated_);
   if (amp_) {
     amp_->backward(scaled);  // scaled by the loss scale in the fp16 modes
   } else {
     autograd::backward(scaled);
   }
-  last_output_ = output.detach();
+}
+
+Tensor Engine::step(const Tensor& input, const Tensor& target) {
+  last_step_updated_ = micro_step_ + 1 == options_.gradient_accumulation;
+  // Gradients are reduced once per window, by the last micro-step's backward.
+  if (gradient_handler_) gradient_handler_->set_sync(last_step_updated_);
+  Tensor reported = schedule_->forward_backward(*this, input, target);
   ++micro_step_;
-  if (last_step_updated_) {
-    if (data_parallel_) data_parallel_->finish();
-    if (amp_) {
-      // Clipping sees the unscaled fp32 gradients; a skipped step still advances the schedule, as
-      // torch's and Colossal-AI's loops do.
-      const amp::AmpStepResult result = amp_->step(options_.clip_grad_norm, options_.clip_norm_type);
-      last_step_skipped_ = !result.stepped;
-      if (result.grad_norm.defined()) last_grad_norm_ = result.grad_norm;
-    } else {
-      if (options_.clip_grad_norm) {
-        last_grad_norm_ =
-            optim::clip_grad_norm_on_device(model_->parameters(), *options_.clip_grad_norm, options_.clip_norm_type);
-      }
-      optimizer_->step();
-    }
-    zero_grad();
-    if (lr_scheduler_) lr_scheduler_->step();
-    ++num_updates_;
-  }
-  Tensor reported = loss.detach();
-  if (data_parallel_ && options_.report_mean_loss) {
+  if (last_step_updated_) update();
+  if (options_.report_mean_loss && context_->layout().data_size() > 1) {
     // The graph is gone, so the loss's own storage can take the mean.
-    options_.data_parallel_group->all_reduce(reported, comm::ReduceOp::avg);
+    context_->group(parallel::GroupKind::kData)->all_reduce(reported, comm::ReduceOp::avg);
   }
   return reported;
+}
+
+void Engine::update() {
+  if (gradient_handler_) gradient_handler_->finish();
+  if (options_.before_update) options_.before_update(*this);
+  if (amp_) {
+    // Clipping sees the unscaled fp32 gradients; a skipped step still advances the schedule, as
+    // torch's and Colossal-AI's loops do.
+    const amp::AmpStepResult result = amp_->step(options_.clip_grad_norm, options_.clip_norm_type);
+    last_step_skipped_ = !result.stepped;
+    if (result.grad_norm.defined()) last_grad_norm_ = result.grad_norm;
+  } else {
+    if (options_.clip_grad_norm) {
+      last_grad_norm_ = gradient_statistics_->clip_grad_norm(model_->parameters(), *options_.clip_grad_norm,
+                                                             options_.clip_norm_type);
+    }
+    optimizer_->step();
+  }
+  zero_grad();
+  if (lr_scheduler_) lr_scheduler_->step();
+  ++num_updates_;
+}
+
+Tensor NonPipelineSchedule::forward_backward(Engine& engine, const Tensor& input, const Tensor& target) {
+  Tensor output = engine.forward(input);
+  Tensor loss = engine.criterion(output, target);
+  engine.backward(loss);
+  engine.set_last_output(output.detach());
+  return loss.detach();
 }
 
 Tensor Engine::forward(const Tensor& input) {

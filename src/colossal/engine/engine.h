@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string_view>
 #include <memory>
 #include <optional>
 
@@ -14,7 +15,11 @@
 #include "colossal/nn/module.h"
 #include "colossal/optim/lr_scheduler.h"
 #include "colossal/optim/optimizer.h"
+#include "colossal/engine/schedule.h"
 #include "colossal/parallel/dp/data_parallel.h"
+#include "colossal/parallel/gradient_handler.h"
+#include "colossal/parallel/gradient_statistics.h"
+#include "colossal/parallel/parallel_context.h"
 
 namespace colossal::engine {
 
@@ -34,13 +39,24 @@ struct EngineOptions {
   /// overflowing steps and steps fp32 master weights; in torch mode the forward runs under
   /// ops::AutocastGuard(f16). Unset: everything in the model's own dtype.
   std::optional<amp::AmpOptions> amp;
-  /// Data parallelism: the group the model is replicated over (null: none). The Engine wraps the
-  /// model in a parallel::DataParallel (built after the mixed-precision conversion), averages the
-  /// gradients only on a window's last micro-step (no_sync before), and makes every rank of the
-  /// group skip the same fp16 steps.
-  std::shared_ptr<comm::ProcessGroup> data_parallel_group;
+  /// The run's layout and process groups (parallel/parallel_context.h). Null: one process, the
+  /// dp = pp = tp = 1 layout over a single-process group on the model's device. The Engine reduces
+  /// gradients over the context's data group (through the gradient handler) and gradient statistics
+  /// over the groups GradientStatistics picks, and reports the loss averaged over the data group.
+  std::shared_ptr<const parallel::ParallelContext> context;
+  /// Builds the gradient handler for the model, after the mixed-precision conversion (its hooks sit on
+  /// the tensors backward fills). Unset: a parallel::DataParallel over the context's data group when
+  /// that has more than one rank (with `data_parallel`'s options), none otherwise.
+  std::function<std::unique_ptr<parallel::GradientHandler>(nn::Module& model, const parallel::ParallelContext& context)>
+      gradient_handler;
   parallel::DataParallelOptions data_parallel;
-  /// With data parallelism, step() returns the mean of the group's losses (one all-reduce of a
+  /// The forward/backward order of a micro-step; null: NonPipelineSchedule.
+  std::shared_ptr<Schedule> schedule;
+  /// Called at the end of each accumulation window once the gradient handler has finished (the
+  /// gradients are the update's), before unscaling, clipping and the optimizer step: the layout
+  /// harness reads the gradients here.
+  std::function<void(Engine& engine)> before_update;
+  /// With data parallelism, step() returns the mean of the data group's losses (one all-reduce of a
   /// scalar per micro-step): with equal shares that is the loss of the global batch, the number the
   /// serial run reports, and every rank's hooks and logs see it. false returns this rank's own loss.
   bool report_mean_loss = true;
@@ -58,10 +74,16 @@ class Engine {
   /// Drops the gradients and restarts the accumulation window.
   void zero_grad();
 
-  /// One micro-step: forward, loss, backward of loss / gradient_accumulation; on the window's last
-  /// micro-step also clipping, optimizer.step(), zero_grad and the scheduler's step. Returns the
-  /// unscaled loss, detached (under data parallelism the group's mean: options.report_mean_loss).
+  /// One micro-step: the schedule's forward, loss and backward of loss / gradient_accumulation; on
+  /// the window's last micro-step also the gradient handler's reduction, clipping, optimizer.step(),
+  /// zero_grad and the scheduler's step. Returns the unscaled loss, detached (under data parallelism
+  /// the data group's mean: options.report_mean_loss).
   Tensor step(const Tensor& input, const Tensor& target);
+  /// Backward of one micro-step's loss, for schedules: divided by the accumulation window and, under
+  /// fp16 loss scaling, scaled.
+  void backward(const Tensor& loss);
+  /// For schedules: the output step() reports through last_output().
+  void set_last_output(Tensor output) { last_output_ = std::move(output); }
   /// The model's output for `input` with autograd off.
   Tensor evaluate(const Tensor& input);
   /// The model's output for `input`, through the mixed-precision casts when on, recording the
@@ -81,8 +103,15 @@ class Engine {
   bool last_step_skipped() const { return last_step_skipped_; }
   /// The mixed-precision wrapper, or null without options.amp.
   amp::MixedPrecisionOptimizer* amp() { return amp_.get(); }
-  /// The data-parallel wrapper, or null without options.data_parallel_group.
-  parallel::DataParallel* data_parallel() { return data_parallel_.get(); }
+  /// The gradient handler, or null when gradients need no reduction (one data-parallel rank).
+  parallel::GradientHandler* gradient_handler() { return gradient_handler_.get(); }
+  /// The gradient handler when it is a parallel::DataParallel, else null.
+  parallel::DataParallel* data_parallel() { return dynamic_cast<parallel::DataParallel*>(gradient_handler_.get()); }
+  /// The run's layout and groups (a single-process one when options.context was null).
+  const parallel::ParallelContext& context() const { return *context_; }
+  /// Over which groups the overflow flag and the clipping norm are reduced.
+  const parallel::GradientStatistics& gradient_statistics() const { return *gradient_statistics_; }
+  Schedule& schedule() { return *schedule_; }
   /// Optimizer updates so far (skipped fp16 steps included, as the scheduler counts them); a
   /// checkpoint restores the count.
   int64_t num_updates() const { return num_updates_; }
@@ -109,7 +138,12 @@ class Engine {
   bool last_step_skipped_ = false;
   Tensor last_output_;
   std::unique_ptr<amp::MixedPrecisionOptimizer> amp_;
-  std::unique_ptr<parallel::DataParallel> data_parallel_;
+  std::shared_ptr<const parallel::ParallelContext> context_;
+  std::unique_ptr<parallel::GradientHandler> gradient_handler_;
+  std::unique_ptr<parallel::GradientStatistics> gradient_statistics_;
+  std::shared_ptr<Schedule> schedule_;
+
+  void update();
 };
 
 }  // namespace colossal::engine

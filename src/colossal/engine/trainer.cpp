@@ -15,7 +15,8 @@
 namespace colossal::engine {
 
 void Trainer::fit(data::DataLoader& train_loader, int64_t epochs, data::DataLoader* test_loader, int64_t test_interval,
-                  std::vector<std::shared_ptr<Hook>> hooks, bool display_progress) {
+                  std::vector<std::shared_ptr<Hook>> hooks, bool display_progress, FitLimits limits) {
+  COLOSSAL_CHECK(limits.max_updates >= 0, "fit: max_updates must be >= 0, got {}", limits.max_updates);
   COLOSSAL_CHECK(epochs >= 0, "fit: epochs must be >= 0, got {}", epochs);
   COLOSSAL_CHECK(test_interval >= 1, "fit: test_interval must be >= 1, got {}", test_interval);
   for (const auto& hook : hooks) COLOSSAL_CHECK(hook != nullptr, "fit: a hook is null");
@@ -29,10 +30,12 @@ void Trainer::fit(data::DataLoader& train_loader, int64_t epochs, data::DataLoad
   cur_step_ = start.step;
 
   call_hooks([&](Hook& h) { h.before_train(*this); });
-  for (cur_epoch_ = start.epoch; cur_epoch_ < epochs; ++cur_epoch_) {
+  const auto done = [&] { return limits.max_updates > 0 && engine_.num_updates() >= limits.max_updates; };
+  for (cur_epoch_ = start.epoch; cur_epoch_ < epochs && !done(); ++cur_epoch_) {
     testing_this_epoch_ = test_loader != nullptr && cur_epoch_ % test_interval == 0;
-    train_epoch(train_loader, cur_epoch_ == start.epoch ? start.iter : 0, display_progress);
-    if (testing_this_epoch_) test_epoch(*test_loader, display_progress);
+    train_epoch(train_loader, cur_epoch_ == start.epoch ? start.iter : 0, display_progress, limits.max_updates);
+    if (testing_this_epoch_ && (!epoch_cut_ || limits.test_cut_epoch)) test_epoch(*test_loader, display_progress);
+    if (epoch_cut_) break;
   }
   call_hooks([&](Hook& h) { h.after_train(*this); });
 }
@@ -48,7 +51,8 @@ std::string Trainer::pass_label(const char* pass) const {
   return fmt::format("epoch {}/{} {}", cur_epoch_ + 1, max_epochs_, pass);
 }
 
-void Trainer::train_epoch(data::DataLoader& loader, int64_t first_iter, bool display_progress) {
+void Trainer::train_epoch(data::DataLoader& loader, int64_t first_iter, bool display_progress, int64_t max_updates) {
+  epoch_cut_ = false;
   engine_.train();
   loader.set_epoch(cur_epoch_);
   train_metrics_.clear();
@@ -66,6 +70,11 @@ void Trainer::train_epoch(data::DataLoader& loader, int64_t first_iter, bool dis
     ++cur_iter_;
     ++cur_step_;
     if (bar) bar->update(cur_iter_, [&] { return loss.item<double>(); });
+    if (max_updates > 0 && engine_.num_updates() >= max_updates) {
+      // train.max_steps: the run ends here, mid-epoch when the epoch has batches left.
+      epoch_cut_ = cur_iter_ < loader.size();
+      break;
+    }
   }
   if (bar) bar->finish();
   call_hooks([&](Hook& h) { h.after_train_epoch(*this); });

@@ -28,6 +28,17 @@ struct TrainPosition {
   friend bool operator==(const TrainPosition&, const TrainPosition&) = default;
 };
 
+/// Bounds of a fit() beyond its epoch count.
+struct FitLimits {
+  /// Stop once the engine has made this many optimizer updates (counted from a resumed checkpoint's
+  /// count), mid-epoch if need be (config train.max_steps); 0: no bound besides the epochs.
+  int64_t max_updates = 0;
+  /// Test passes follow completed epochs (every test_interval-th). An epoch cut short by
+  /// max_updates gets one only when this is true (a run bounded by max_steps alone, epochs = 0,
+  /// whose only chance to test is its end).
+  bool test_cut_epoch = false;
+};
+
 class Trainer {
  public:
   explicit Trainer(Engine& engine) : engine_(engine) {}
@@ -41,8 +52,12 @@ class Trainer {
   /// display_progress draws a ProgressBar per pass on stderr (epoch, step/total, rate, ETA, loss).
   /// After resume_at(p), the first epoch is p.epoch and its first p.iter batches are skipped (the
   /// loader hands out the remaining ones exactly as a full pass would); before_train still runs.
+  /// With limits.max_updates the run ends once the engine has made that many updates: the epoch in
+  /// progress ends there (after_train_epoch runs, position_after_epoch() is the cut) and no later
+  /// epoch starts.
   void fit(data::DataLoader& train_loader, int64_t epochs, data::DataLoader* test_loader = nullptr,
-           int64_t test_interval = 1, std::vector<std::shared_ptr<Hook>> hooks = {}, bool display_progress = false);
+           int64_t test_interval = 1, std::vector<std::shared_ptr<Hook>> hooks = {}, bool display_progress = false,
+           FitLimits limits = {});
 
   /// Makes the next fit() continue from `position` (restored from a checkpoint) instead of epoch 0.
   void resume_at(TrainPosition position);
@@ -57,7 +72,13 @@ class Trainer {
   /// The position once the current training iteration has finished (inside after_train_iter), or
   /// once the current epoch's training pass has (inside after_train_epoch and later in the epoch).
   TrainPosition position_after_iter() const { return {cur_epoch_, cur_iter_ + 1, cur_step_ + 1}; }
-  TrainPosition position_after_epoch() const { return {cur_epoch_ + 1, 0, cur_step_}; }
+  /// After an epoch cut short by FitLimits::max_updates, that is where the cut fell (the same epoch,
+  /// its batches done so far), so that a resumed run goes on from mid-epoch.
+  TrainPosition position_after_epoch() const {
+    return epoch_cut_ ? TrainPosition{cur_epoch_, cur_iter_, cur_step_} : TrainPosition{cur_epoch_ + 1, 0, cur_step_};
+  }
+  /// Whether the current epoch's training pass stopped early at FitLimits::max_updates.
+  bool epoch_cut() const { return epoch_cut_; }
   /// Whether the current epoch runs a test pass.
   bool testing_this_epoch() const { return testing_this_epoch_; }
   /// Metrics of the current epoch, written by metric hooks (cleared at each before_*_epoch).
@@ -66,7 +87,7 @@ class Trainer {
   const std::vector<std::shared_ptr<Hook>>& hooks() const { return hooks_; }
 
  private:
-  void train_epoch(data::DataLoader& loader, int64_t first_iter, bool display_progress);
+  void train_epoch(data::DataLoader& loader, int64_t first_iter, bool display_progress, int64_t max_updates);
   std::string pass_label(const char* pass) const;
   void test_epoch(data::DataLoader& loader, bool display_progress);
   template <class Fn>
@@ -81,6 +102,7 @@ class Trainer {
   int64_t cur_step_ = 0;
   int64_t cur_iter_ = 0;
   bool testing_this_epoch_ = false;
+  bool epoch_cut_ = false;
   TrainPosition start_;  // where the next fit() begins (resume_at)
   MetricTable train_metrics_;
   MetricTable test_metrics_;

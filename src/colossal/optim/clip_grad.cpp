@@ -85,13 +85,20 @@ Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_no
                    "anyway",
                    norm_type, total_value);
   }
+  scale_grads_to_norm(params, max_norm, total);
+  return total;
+}
+
+void scale_grads_to_norm(const std::vector<Tensor>& params, double max_norm, const Tensor& total_norm) {
+  COLOSSAL_CHECK(max_norm >= 0.0, "clip_grad_norm: max_norm must be >= 0, got {}", max_norm);
+  autograd::NoGradGuard no_grad;
   const Tensor factor = ops::clamp(
-      ops::div(core::full({}, max_norm, TensorOptions(DType::f64, total.device())), ops::add(total, 1e-6)), 0.0, 1.0);
+      ops::div(core::full({}, max_norm, TensorOptions(DType::f64, total_norm.device())), ops::add(total_norm, 1e-6)),
+      0.0, 1.0);
   for (const Tensor& p : params) {
     Tensor grad = p.grad();
     if (grad.defined() && grad.numel() > 0) ops::mul_(grad, factor);
   }
-  return total;
 }
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {

@@ -30,6 +30,11 @@ Tensor total_grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0
 Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                                 bool error_if_nonfinite = false);
 
+/// The scaling half of clip_grad_norm_on_device, for a total norm computed elsewhere (over several
+/// ranks: parallel/gradient_statistics.h): every gradient times min(1, max_norm / (total_norm +
+/// 1e-6)), the factor a device tensor.
+void scale_grads_to_norm(const std::vector<Tensor>& params, double max_norm, const Tensor& total_norm);
+
 /// clip_grad_norm_on_device with the norm read on the host.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                       bool error_if_nonfinite = false);

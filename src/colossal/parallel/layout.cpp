@@ -11,6 +11,7 @@
 #include <string>
 
 #include "colossal/core/error.h"  // colossal::Error, COLOSSAL_CHECK
+#include "colossal/parallel/layout_rules.h"
 
 namespace colossal::parallel {
 namespace {
@@ -103,33 +104,12 @@ std::string_view mode_name(TensorParallelMode mode) {
   return "?";
 }
 
-/// "4 or 9": the members of the increasing sequence f(1), f(2), ... on either side of value.
-template <class F>
-std::string nearest_in_sequence(int64_t value, F f) {
-  int64_t below = 0;
-  int64_t n = 1;
-  while (f(n) < value) below = f(n++);
-  if (below == 0) return fmt::format("{}", f(n));
-  return fmt::format("{} or {}", below, f(n));
-}
-
-/// "8 or 12": the multiples of m on either side of value.
-std::string nearest_multiple(int64_t value, int64_t m) {
-  const int64_t below = value / m * m;
-  if (below == 0) return fmt::format("{}", m);
-  return fmt::format("{} or {}", below, below + m);
-}
-
 /// The integer n-th root of value when it is exact, else 0.
 int exact_root(int value, int n) {
   const auto root = static_cast<int>(std::lround(std::pow(static_cast<double>(value), 1.0 / n)));
   int power = 1;
   for (int i = 0; i < n; ++i) power *= root;
   return power == value ? root : 0;
-}
-
-[[noreturn]] void fail(std::string message) {
-  throw Error(std::move(message));
 }
 
 }  // namespace
@@ -184,21 +164,12 @@ const std::vector<GroupKind>& all_group_kinds() {
 }
 
 ParallelLayout::ParallelLayout(const config::ParallelConfig& config, int world_size) {
-  if (world_size < 1) fail(fmt::format("the world size must be at least 1 (got {})", world_size));
-  if (config.pipeline < 1) fail(fmt::format("parallel.pipeline = {} must be at least 1", config.pipeline));
+  COLOSSAL_CHECK(world_size >= 1, "the world size must be at least 1 (got {})", world_size);
+  require_layout(config, world_size);  // parallel/layout_rules.h: every rule, one wording
   const config::TensorParallelConfig& tensor = config.tensor;
-  if (tensor.size < 1) fail(fmt::format("parallel.tensor.size = {} must be at least 1", tensor.size));
-  if (config.data < 0) {
-    fail(fmt::format("parallel.data = {} must be positive, or 0 to derive it from the world size", config.data));
-  }
-  if (config.num_microbatches < 1) {
-    fail(fmt::format("parallel.num_microbatches = {} must be at least 1", config.num_microbatches));
-  }
-  if (config.num_chunks < 1) fail(fmt::format("parallel.num_chunks = {} must be at least 1", config.num_chunks));
-
-  // Each mode's rule on the number of tensor ranks (a size of 1 splits nothing and suits any mode).
   const int size = tensor.size;
-  const std::string_view mode = mode_name(tensor.mode);
+  const int model_size = config.pipeline * size;
+  // The grid of the tensor mode (the rules above made the roots exact).
   grid_dim_ = size;
   grid_depth_ = 1;
   switch (tensor.mode) {
@@ -206,69 +177,15 @@ ParallelLayout::ParallelLayout(const config::ParallelConfig& config, int world_s
       break;
     case TensorParallelMode::k2d:
       grid_dim_ = exact_root(size, 2);
-      if (grid_dim_ == 0) {
-        fail(fmt::format("parallel.tensor.size = {} with mode \"{}\" must be a square (q*q); nearest: {}", size, mode,
-                         nearest_in_sequence(size, [](int64_t q) { return q * q; })));
-      }
       break;
-    case TensorParallelMode::k2p5d: {
-      const int64_t depth = tensor.depth;
-      if (size == 1) {
-        grid_dim_ = 1;
-        break;
-      }
-      if (depth < 1) fail(fmt::format("parallel.tensor.depth = {} must be at least 1 for mode \"{}\"", depth, mode));
-      grid_dim_ = size % depth == 0 ? exact_root(static_cast<int>(size / depth), 2) : 0;
-      if (grid_dim_ == 0) {
-        fail(fmt::format(
-            "parallel.tensor.size = {} with mode \"{}\" and parallel.tensor.depth = {} must be depth*q*q ({}*q*q); "
-            "nearest: {}",
-            size, mode, depth, depth, nearest_in_sequence(size, [depth](int64_t q) { return depth * q * q; })));
-      }
-      grid_depth_ = static_cast<int>(depth);
+    case TensorParallelMode::k2p5d:
+      grid_dim_ = size == 1 ? 1 : exact_root(size / tensor.depth, 2);
+      grid_depth_ = size == 1 ? 1 : tensor.depth;
       break;
-    }
     case TensorParallelMode::k3d:
       grid_dim_ = exact_root(size, 3);
-      if (grid_dim_ == 0) {
-        fail(fmt::format("parallel.tensor.size = {} with mode \"{}\" must be a cube (d*d*d); nearest: {}", size, mode,
-                         nearest_in_sequence(size, [](int64_t d) { return d * d * d; })));
-      }
       grid_depth_ = grid_dim_;
       break;
-  }
-
-  // The world splits into dp replicas of pp x tp ranks.
-  const int model_size = config.pipeline * size;
-  if (world_size % model_size != 0) {
-    fail(fmt::format(
-        "the world size {} must be a multiple of parallel.pipeline * parallel.tensor.size = {} * {} = {} (the "
-        "ranks form data x pipeline x tensor); nearest valid world sizes: {}, or choose pipeline and tensor sizes "
-        "whose product divides {}",
-        world_size, config.pipeline, size, model_size, nearest_multiple(world_size, model_size), world_size));
-  }
-  if (config.data > 0 && config.data * model_size != world_size) {
-    fail(fmt::format(
-        "parallel.data = {} needs parallel.data * parallel.pipeline * parallel.tensor.size = {} * {} * {} = {} ranks, "
-        "but the world has {}; set parallel.data = {}, or 0 to derive it from the world size",
-        config.data, config.data, config.pipeline, size, config.data * model_size, world_size,
-        world_size / model_size));
-  }
-
-  // The interleaved schedule hands out microbatches to stages in rounds of pp.
-  if (config.num_chunks > 1) {
-    if (config.pipeline == 1) {
-      fail(fmt::format(
-          "parallel.num_chunks = {} selects the interleaved pipeline schedule, which needs parallel.pipeline > 1",
-          config.num_chunks));
-    }
-    if (config.num_microbatches % config.pipeline != 0) {
-      fail(fmt::format(
-          "parallel.num_microbatches = {} must be a multiple of parallel.pipeline = {} for the interleaved schedule "
-          "(parallel.num_chunks = {}); nearest: {}",
-          config.num_microbatches, config.pipeline, config.num_chunks,
-          nearest_multiple(config.num_microbatches, config.pipeline)));
-    }
   }
 
   world_size_ = world_size;

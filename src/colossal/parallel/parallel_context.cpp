@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "colossal/comm/single_process_group.h"
 #include "colossal/core/error.h"
 
 namespace colossal::parallel {
@@ -32,6 +33,10 @@ ParallelContext ParallelContext::create(const config::ParallelConfig& config,
     context.groups_.emplace(kind, std::move(group));
   }
   return context;
+}
+
+std::shared_ptr<const ParallelContext> ParallelContext::single_process(Device device) {
+  return std::make_shared<const ParallelContext>(create(config::ParallelConfig{}, comm::single_process_group(device)));
 }
 
 const std::shared_ptr<comm::ProcessGroup>& ParallelContext::group(GroupKind kind) const {

@@ -21,6 +21,9 @@ class ParallelContext {
   /// one split of the world (the groups of a kind partition it), ordered by the rank's place in its
   /// group, so group ranks are Colossal-AI's local ranks.
   static ParallelContext create(const config::ParallelConfig& config, std::shared_ptr<comm::ProcessGroup> world);
+  /// The context of a run that is one process: dp = pp = tp = 1 over a single-process group
+  /// (comm/single_process_group.h) whose tensors live on `device`.
+  static std::shared_ptr<const ParallelContext> single_process(Device device);
 
   const ParallelLayout& layout() const { return layout_; }
   comm::ProcessGroup& world() const { return *world_; }

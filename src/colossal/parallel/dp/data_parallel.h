@@ -15,6 +15,7 @@
 #include "colossal/comm/process_group.h"
 #include "colossal/core/tensor.h"
 #include "colossal/nn/module.h"
+#include "colossal/parallel/gradient_handler.h"
 
 namespace colossal::parallel {
 
@@ -27,32 +28,35 @@ struct DataParallelOptions {
   bool broadcast_parameters = true;
 };
 
-class DataParallel {
+class DataParallel final : public GradientHandler {
  public:
   /// Buckets `model`'s trainable parameters (build it after any dtype or device conversion of the
   /// model: the hooks sit on the parameter tensors, see Note [Parameter slots] in nn/module.h).
   /// Every rank of `group` must construct it, with the same model structure.
   DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup> group, DataParallelOptions options = {});
-  ~DataParallel();
+  ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
   /// Whether the next backward averages its gradients (true) or only accumulates them locally
   /// (gradient accumulation: DDP's no_sync). Gradients accumulated without sync are averaged, with the
   /// new ones, by the next synchronised backward.
-  void set_sync(bool sync) { sync_ = sync; }
+  void set_sync(bool sync) override { sync_ = sync; }
   bool sync() const { return sync_; }
 
   /// Waits for every bucket of the last synchronised backward and writes the averaged gradients into
   /// the parameters' .grad. Buckets whose parameters got no gradient in that backward (unused
   /// parameters) are reduced here with zeros for the missing gradients. Call it after the backward and
   /// before clipping or the optimizer step; it does nothing after a backward without sync.
-  void finish();
+  void finish() override;
 
   /// Broadcasts parameters and buffers from the group's rank 0 (done at construction by default).
   void broadcast_parameters();
 
-  const comm::ProcessGroup& group() const { return *group_; }
+  const comm::ProcessGroup& group() const override { return *group_; }
+  /// The all-reduce leaves every replica the same averaged gradients.
+  bool replicates_gradients() const override { return true; }
+  std::string_view name() const override { return "data parallel (bucketed all-reduce)"; }
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
   /// The parameter names of each bucket, in launch order (for tests and logs).
   std::vector<std::vector<std::string>> bucket_names() const;

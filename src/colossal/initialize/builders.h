@@ -22,7 +22,7 @@
 #include "colossal/optim/lr_scheduler.h"
 #include "colossal/optim/optimizer.h"
 
-namespace colossal::cli {
+namespace colossal::initialize {
 
 /// Throws colossal::Error("train --config: <what>").
 [[noreturn]] void unsupported(const std::string& what);
@@ -30,18 +30,6 @@ namespace colossal::cli {
 /// train.device resolved: "auto" is the first GPU when one is usable, else the CPU; "cuda" without
 /// a usable GPU is unsupported().
 Device pick_device(const config::TrainConfig& c);
-
-/// The first `limit` indices of another sampler's order (train.max_steps within one epoch).
-class TruncatedSampler final : public data::Sampler {
- public:
-  TruncatedSampler(std::shared_ptr<data::Sampler> inner, int64_t limit) : inner_(std::move(inner)), limit_(limit) {}
-  int64_t size() const override { return std::min(limit_, inner_->size()); }
-  std::vector<int64_t> indices() const override;
-
- private:
-  std::shared_ptr<data::Sampler> inner_;
-  int64_t limit_;
-};
 
 /// The training and (optional) test sets of data.dataset with data.transforms applied, and what
 /// the model is built for: image geometry and class count, or the token window and vocabulary.
@@ -102,4 +90,4 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const config::TrainConfig& c, s
 std::shared_ptr<optim::LRScheduler> make_scheduler(const config::TrainConfig& c, optim::Optimizer& opt,
                                                    int64_t total_steps, int64_t steps_per_epoch);
 
-}  // namespace colossal::cli
+}  // namespace colossal::initialize

@@ -2,7 +2,7 @@
 // next-token samples and the LM loss, data.transforms wire augmentations into the training set only,
 // mixup gives soft targets and a soft-target loss, bad options fail naming the key, and the configs
 // in configs/ load and build (on stand-in data) and take two optimizer steps.
-#include "colossal/cli/builders.h"
+#include "colossal/initialize/builders.h"
 
 #include <gtest/gtest.h>
 
@@ -33,7 +33,7 @@
 #include "colossal/optim/lamb.h"
 #include "colossal/optim/lr_scheduler.h"
 
-namespace colossal::cli {
+namespace colossal::initialize {
 namespace {
 
 namespace fs = std::filesystem;
@@ -737,4 +737,4 @@ TEST(BuildersConfigs, Gpt2TokensConfigBuildsAndTrains) {
 }
 
 }  // namespace
-}  // namespace colossal::cli
+}  // namespace colossal::initialize

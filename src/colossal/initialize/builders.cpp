@@ -1,6 +1,6 @@
 // The model, loss, optimizer and LR scheduler builders of builders.h (the datasets are in
 // data_builders.cpp).
-#include "colossal/cli/builders.h"
+#include "colossal/initialize/builders.h"
 
 #include <fmt/format.h>
 
@@ -27,7 +27,7 @@
 #include "colossal/optim/lr_scheduler.h"
 #include "colossal/optim/sgd.h"
 
-namespace colossal::cli {
+namespace colossal::initialize {
 
 using config::TrainConfig;
 
@@ -49,13 +49,6 @@ Device pick_device(const TrainConfig& c) {
       break;
   }
   return core::cuda::is_available() ? Device{core::DeviceType::cuda, 0} : Device{};
-}
-
-std::vector<int64_t> TruncatedSampler::indices() const {
-  inner_->set_epoch(epoch());
-  std::vector<int64_t> all = inner_->indices();
-  all.resize(static_cast<size_t>(size()));
-  return all;
 }
 
 namespace {
@@ -405,4 +398,4 @@ std::shared_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::
   unsupported("lr_scheduler.name");
 }
 
-}  // namespace colossal::cli
+}  // namespace colossal::initialize

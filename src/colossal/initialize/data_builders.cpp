@@ -14,7 +14,7 @@
 #include <variant>
 #include <vector>
 
-#include "colossal/cli/builders.h"
+#include "colossal/initialize/builders.h"
 #include "colossal/config/train_config.h"
 #include "colossal/core/error.h"
 #include "colossal/data/auto_augment.h"  // AutoAugment
@@ -27,7 +27,7 @@
 #include "colossal/data/transform.h"     // Compose
 #include "colossal/data/transforms.h"    // ToTensor, RandomCrop, RandomHorizontalFlip, Resize, Normalize, crop, pad
 
-namespace colossal::cli {
+namespace colossal::initialize {
 namespace {
 
 using config::DatasetName;
@@ -485,4 +485,4 @@ Datasets make_datasets(const TrainConfig& c) {
   return make_image_datasets(c);
 }
 
-}  // namespace colossal::cli
+}  // namespace colossal::initialize

@@ -1,0 +1,331 @@
+// The run assembly: see training_run.h.
+#include "colossal/initialize/training_run.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>  // getpid
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+#include "colossal/amp/mixed_precision_optimizer.h"
+#include "colossal/comm/bootstrap.h"
+#include "colossal/comm/init.h"
+#include "colossal/comm/single_process_group.h"
+#include "colossal/core/error.h"
+#include "colossal/data/sampler.h"
+#include "colossal/engine/checkpoint.h"
+#include "colossal/engine/hooks.h"
+#include "colossal/engine/log_hooks.h"
+#include "colossal/nn/hub_weights.h"
+#include "colossal/parallel/layout_rules.h"
+
+namespace colossal::initialize {
+namespace {
+
+namespace fs = std::filesystem;
+using config::TrainConfig;
+
+/// What the config asks for that this assembly cannot build yet, named by key.
+void reject_unsupported(const TrainConfig& c) {
+  if (c.parallel.pipeline > 1 || c.parallel.tensor.size > 1) {
+    unsupported(fmt::format(
+        "parallel.pipeline = {} and parallel.tensor.size = {}: pipeline and tensor parallelism are not built yet; "
+        "data parallelism is (parallel.data, or 0 for every process)",
+        c.parallel.pipeline, c.parallel.tensor.size));
+  }
+  if (c.zero.stage > 0) unsupported(fmt::format("zero.stage = {}: ZeRO is not built yet; use 0", c.zero.stage));
+}
+
+/// fp16 / bf16 as the Engine's mixed-precision options (amp/mixed_precision_optimizer.h).
+std::optional<amp::AmpOptions> make_amp_options(const TrainConfig& c) {
+  if (c.bf16) return amp::AmpOptions::for_mode(amp::AmpMode::bf16);
+  if (c.fp16.mode == config::AmpMode::kOff) return std::nullopt;
+  amp::AmpOptions o =
+      amp::AmpOptions::for_mode(c.fp16.mode == config::AmpMode::kTorch ? amp::AmpMode::torch : amp::AmpMode::naive);
+  o.scaler.initial_scale = c.fp16.initial_scale;
+  o.scaler.growth_factor = c.fp16.growth_factor;
+  o.scaler.backoff_factor = c.fp16.backoff_factor;
+  o.scaler.hysteresis = c.fp16.hysteresis;
+  if (c.fp16.growth_interval > 0) o.scaler.growth_interval = c.fp16.growth_interval;  // 0: the mode's default
+  o.scaler.max_scale = c.fp16.max_scale;
+  return o;
+}
+
+// Note [Output paths at start]
+// A run that trains for an hour and then cannot write its first checkpoint has wasted the hour. So
+// every place a run writes (train.checkpoint_dir, train.log_dir, the metrics file) is created and
+// written to once before anything is built, and any failure names the key, the path and the
+// system's reason. A folder is probed with a file of our own (created, then removed); the metrics
+// file is opened for appending, which changes nothing in an existing file.
+
+[[noreturn]] void bad_output(std::string_view key, const fs::path& path, const std::string& why) {
+  throw Error(fmt::format("{} = \"{}\" cannot be written: {}; choose a writable path", key, path.string(), why));
+}
+
+void check_writable_dir(std::string_view key, const fs::path& dir) {
+  std::error_code error;
+  if (fs::exists(dir, error) && !fs::is_directory(dir, error)) bad_output(key, dir, "it exists and is not a folder");
+  fs::create_directories(dir, error);
+  if (error) bad_output(key, dir, error.message());
+  const fs::path probe = dir / fmt::format(".colossal-write-probe-{}", ::getpid());
+  std::FILE* file = std::fopen(probe.c_str(), "wb");
+  if (file == nullptr) bad_output(key, dir, std::strerror(errno));
+  std::fclose(file);
+  fs::remove(probe, error);
+}
+
+void check_writable_file(std::string_view key, const fs::path& file) {
+  std::error_code error;
+  if (fs::is_directory(file, error)) bad_output(key, file, "it is a folder");
+  if (file.has_parent_path()) {
+    fs::create_directories(file.parent_path(), error);
+    if (error) bad_output(key, file, fmt::format("its folder cannot be made: {}", error.message()));
+  }
+  std::FILE* f = std::fopen(file.c_str(), "ab");
+  if (f == nullptr) bad_output(key, file, std::strerror(errno));
+  std::fclose(f);
+}
+
+/// The world of this run: the one given, the launcher's processes, or this process alone.
+std::shared_ptr<comm::ProcessGroup> make_world(const TrainConfig& c, const RunOptions& options) {
+  if (options.world) return options.world;
+  const comm::DistEnv env = comm::read_dist_env();
+  if (env.world_size == 1) return comm::single_process_group(pick_device(c));
+  comm::InitOptions init;
+  if (c.train.device == config::DeviceKind::kCpu) init.backend = comm::Backend::mpi;
+  return comm::init_process_group(init, env);
+}
+
+}  // namespace
+
+config::TrainConfig load_run_config(const fs::path& path, const std::vector<std::string>& overrides) {
+  return config::load_config(path, overrides, {parallel::layout_config_rule()});
+}
+
+TrainingRun::TrainingRun(config::TrainConfig config, RunOptions options)
+    : config_(std::move(config)), options_(std::move(options)) {
+  const TrainConfig& c = config_;
+  reject_unsupported(c);
+  // The writer is the world's rank 0, known from the environment before any group exists: check
+  // its outputs before the processes wait on each other.
+  writer_ = options_.world ? options_.world->rank() == 0 : comm::read_dist_env().rank == 0;
+  if (writer_) check_outputs();
+
+  std::shared_ptr<comm::ProcessGroup> world = make_world(c, options_);
+  parallel::require_layout(c.parallel, world->size(), c.data.batch_size);
+  context_ = std::make_shared<const parallel::ParallelContext>(parallel::ParallelContext::create(c.parallel, world));
+  // Each rank works where its groups' tensors live: its GPU under NCCL, the CPU under MPI, and
+  // train.device for a single process (make_world).
+  device_ = world->device();
+  build_data_and_model();
+  build_engine();
+  resume();
+  build_hooks();
+}
+
+TrainingRun::~TrainingRun() = default;
+
+void TrainingRun::check_outputs() const {
+  const TrainConfig& c = config_;
+  if (!c.train.checkpoint_dir.empty()) check_writable_dir("train.checkpoint_dir", c.train.checkpoint_dir);
+  if (!c.train.log_dir.empty()) check_writable_dir("train.log_dir", c.train.log_dir);
+  if (!options_.metrics_path.empty()) check_writable_file("--metrics", options_.metrics_path);
+}
+
+void TrainingRun::build_data_and_model() {
+  const TrainConfig& c = config_;
+  datasets_ = make_datasets(c);
+  const auto seed = static_cast<uint64_t>(c.train.seed);
+  // Every data-parallel replica draws the same initial weights and dropout masks as the serial
+  // run (the data seed: parallel/layout.h's SeedMode::kData); DataParallel also broadcasts rank 0's.
+  init_generator_ = std::make_unique<core::Generator>(seed);
+  dropout_generator_ = std::make_unique<core::Generator>(seed + 7);
+  model_ = make_model(c, datasets_, *init_generator_, *dropout_generator_);
+  if (!c.model.weights.empty()) {
+    const nn::HubImportReport report = nn::import_hub_weights(*model_, c.model.weights);
+    if (writer_) {
+      fmt::print("model.weights: loaded {}{}{}\n", c.model.weights,
+                 report.stripped_transformer_prefix ? " (names without \"transformer.\")" : "",
+                 report.dropped.empty() ? "" : fmt::format("; left out {}", fmt::join(report.dropped, ", ")));
+    }
+  }
+  model_->to(device_);
+
+  // The global batch of iteration k is the serial run's batch k (data.batch_size x dp samples of
+  // one shared order), split among the data-parallel ranks: each takes every dp-th sample.
+  const int64_t n = datasets_.train->size();
+  const int dp_rank = context_->rank(parallel::GroupKind::kData);
+  const int dp_size = context_->size(parallel::GroupKind::kData);
+  const auto seed_u = static_cast<uint64_t>(c.train.seed);
+  if (dp_size > 1) {
+    sampler_ = std::make_shared<data::DistributedSampler>(n, data::DistributedSamplerOptions{.rank = dp_rank,
+                                                                                             .world_size = dp_size,
+                                                                                             .shuffle = c.data.shuffle,
+                                                                                             .seed = seed_u,
+                                                                                             .drop_last = c.data.drop_last});
+  } else if (c.data.shuffle) {
+    sampler_ = std::make_shared<data::RandomSampler>(n, seed_u);
+  } else {
+    sampler_ = std::make_shared<data::SequentialSampler>(n);
+  }
+  plan_ = plan_run(sampler_->size(), c.data.batch_size, c.data.drop_last, c.gradient_accumulation, c.train.epochs,
+                   c.train.max_steps);
+
+  data::DataLoaderOptions lo;
+  lo.batch_size = c.data.batch_size;
+  lo.drop_last = c.data.drop_last;
+  lo.shuffle = c.data.shuffle;
+  lo.seed = seed_u;
+  lo.num_workers = c.data.num_workers;
+  if (device_.is_cuda()) {
+    lo.device = device_;  // side-stream copies to the GPU, from pinned staging when data.pin_memory
+    lo.pin_memory = c.data.pin_memory;
+  }
+  lo.batch_transform = datasets_.batch_transform;
+  train_loader_ = std::make_unique<data::DataLoader>(datasets_.train, lo, sampler_);
+  if (datasets_.test && datasets_.test->size() > 0 && c.train.test_interval > 0) {
+    data::DataLoaderOptions to = lo;
+    to.shuffle = false;
+    to.drop_last = false;
+    to.batch_transform = nullptr;
+    test_loader_ = std::make_unique<data::DataLoader>(datasets_.test, to);
+  }
+}
+
+void TrainingRun::build_engine() {
+  const TrainConfig& c = config_;
+  std::shared_ptr<optim::Optimizer> optimizer = make_optimizer(c, model_->named_parameters());
+  std::shared_ptr<optim::LRScheduler> scheduler =
+      make_scheduler(c, *optimizer, std::max<int64_t>(1, plan_.total_updates), plan_.updates_per_epoch);
+  engine::EngineOptions eo;
+  eo.context = context_;
+  eo.gradient_accumulation = c.gradient_accumulation;
+  if (c.clip_grad_norm > 0) eo.clip_grad_norm = c.clip_grad_norm;
+  eo.amp = make_amp_options(c);
+  // The class-target cross-entropies make_criterion builds compute in f32 from 16-bit logits and
+  // return an f32 loss: the f32 copy of the logits would change nothing. Soft (mixup) targets must
+  // share the logits' dtype, so those keep the f32 output.
+  if (eo.amp && !datasets_.batch_transform) eo.amp->output_to_f32 = false;
+  engine_ = std::make_unique<engine::Engine>(model_, optimizer, make_criterion(c, datasets_), eo, scheduler);
+  trainer_ = std::make_unique<engine::Trainer>(*engine_);
+}
+
+void TrainingRun::resume() {
+  const TrainConfig& c = config_;
+  // What must agree between a checkpoint and the run resuming from it for the data position to mean
+  // the same batches. train.max_steps and train.epochs are not among them: a run may be extended.
+  invariants_ = {{"data.batch_size", std::to_string(c.data.batch_size)},
+                 {"data.shuffle", c.data.shuffle ? "true" : "false"},
+                 {"train.seed", std::to_string(c.train.seed)},
+                 {"gradient_accumulation", std::to_string(c.gradient_accumulation)},
+                 {"data-parallel ranks", std::to_string(context_->size(parallel::GroupKind::kData))},
+                 {"training set size", std::to_string(datasets_.train->size())},
+                 {"steps per epoch", std::to_string(plan_.batches_per_epoch)}};
+  if (c.train.resume_from.empty()) return;
+  const engine::NamedGenerators generators = {{"dropout", dropout_generator_.get()},
+                                              {"default", &core::default_generator()}};
+  const fs::path file = engine::find_checkpoint(c.train.resume_from);
+  const engine::CheckpointInfo info = engine::load_checkpoint(file, *engine_, generators);
+  for (const auto& [key, value] : invariants_) {
+    auto it = info.extra.find(key);
+    if (it != info.extra.end() && it->second != value) {
+      unsupported(
+          fmt::format("train.resume_from {}: the checkpoint was written with {} = {}, this run has {}; resume with "
+                      "the checkpoint's config",
+                      file.string(), key, it->second, value));
+    }
+  }
+  start_ = info.position;
+  trainer_->resume_at(info.position);
+  resumed_ = true;
+  if (writer_) {
+    fmt::print("resume: {} (epoch {}, batch {} of it, step {}, {} optimizer updates)\n", file.string(),
+               info.position.epoch + 1, info.position.iter, info.position.step, info.num_updates);
+    if (plan_.max_updates > 0 && info.num_updates >= plan_.max_updates) {
+      fmt::print("resume: the checkpoint has already made {} of train.max_steps = {} updates: nothing left to train\n",
+                 info.num_updates, plan_.max_updates);
+    } else if (info.position.epoch >= plan_.epochs) {
+      fmt::print("resume: the checkpoint is at epoch {} of {}: nothing left to train\n", info.position.epoch + 1,
+                 plan_.epochs);
+    }
+  }
+}
+
+void TrainingRun::build_hooks() {
+  const TrainConfig& c = config_;
+  // Every rank computes the metrics (the loss each reports is the data group's mean) and checks the
+  // loss; rank 0 alone logs, writes files and checkpoints (the replicas are equal). Every rank
+  // evaluates the whole test set, so rank 0's test metrics are the full ones.
+  hooks_ = {std::make_shared<engine::LossHook>(), std::make_shared<engine::AccuracyHook>(),
+            std::make_shared<engine::ThroughputHook>(),
+            std::make_shared<engine::NonFiniteLossHook>(c.train.log_interval)};
+  if (!writer_) return;
+  hooks_.push_back(std::make_shared<engine::LogMetricByEpochHook>());
+  hooks_.push_back(std::make_shared<engine::LogTimingHook>());
+  hooks_.push_back(std::make_shared<engine::LogMemoryHook>());
+  // With a progress bar the bar shows the running loss; without one, a line every log_interval steps.
+  if (!c.train.progress) hooks_.push_back(std::make_shared<engine::LogMetricByStepHook>(nullptr, c.train.log_interval));
+  if (!options_.metrics_path.empty()) {
+    hooks_.push_back(std::make_shared<engine::MetricsJsonlHook>(options_.metrics_path, c.train.log_interval, resumed_));
+  }
+  if (!c.train.log_dir.empty()) {
+    hooks_.push_back(std::make_shared<engine::TensorboardHook>(c.train.log_dir, c.train.log_interval));
+  }
+  if (!c.train.checkpoint_dir.empty()) {
+    std::map<std::string, std::string> invariants = invariants_;
+    invariants["config"] = config::describe(c);
+    const engine::NamedGenerators generators = {{"dropout", dropout_generator_.get()},
+                                                {"default", &core::default_generator()}};
+    hooks_.push_back(std::make_shared<engine::SaveCheckpointHook>(c.train.checkpoint_dir, generators,
+                                                                  c.train.checkpoint_interval, c.train.checkpoint_steps,
+                                                                  invariants, c.train.keep_checkpoints));
+  }
+}
+
+RunResult TrainingRun::fit() {
+  const TrainConfig& c = config_;
+  const int dp_size = context_->size(parallel::GroupKind::kData);
+  if (writer_ && options_.verbose) {
+    fmt::print(
+        "train: {} samples ({} steps/epoch of {}{}), {} epoch(s), {} optimizer updates{}; {} lr {}, scheduler {}, "
+        "workers {}, device {}{}\n",
+        datasets_.train->size(), plan_.batches_per_epoch, c.data.batch_size, dp_size > 1 ? " per rank" : "",
+        plan_.epochs, plan_.total_updates,
+        plan_.max_updates > 0 ? fmt::format(" (train.max_steps = {})", plan_.max_updates) : "",
+        config::to_string(c.optimizer.name), c.optimizer.lr, config::to_string(c.lr_scheduler.name),
+        c.data.num_workers, device_,
+        dp_size > 1 ? fmt::format(", data parallel: {} ranks ({})", dp_size,
+                                  context_->group(parallel::GroupKind::kData)->backend_name())
+                    : "");
+    std::fflush(stdout);
+  }
+  const auto begin = std::chrono::steady_clock::now();
+  engine::FitLimits limits;
+  limits.max_updates = plan_.max_updates;
+  limits.test_cut_epoch = c.train.epochs == 0;
+  trainer_->fit(*train_loader_, plan_.epochs, test_loader_.get(), std::max<int64_t>(1, c.train.test_interval), hooks_,
+                c.train.progress && writer_, limits);
+  RunResult result;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  result.steps = trainer_->cur_step();
+  result.updates = engine_->num_updates();
+  if (writer_ && options_.verbose) {
+    if (trainer_->epoch_cut() && test_loader_ && !limits.test_cut_epoch && trainer_->testing_this_epoch()) {
+      fmt::print("test: not run after epoch {}, which train.max_steps = {} cut short (test passes follow whole "
+                 "epochs)\n",
+                 trainer_->cur_epoch() + 1, plan_.max_updates);
+    }
+    const int64_t ran = result.steps - start_.step;
+    fmt::print("done: {} steps in {:.1f} s ({:.3f} s/step incl. evaluation)\n", ran, result.seconds,
+               result.seconds / static_cast<double>(std::max<int64_t>(1, ran)));
+  }
+  return result;
+}
+
+}  // namespace colossal::initialize

@@ -1,0 +1,33 @@
+// GradientHandler: how the gradients of one micro-step window are made the update's gradients across
+// the ranks that share a model. The Engine drives it through one interface whatever it does:
+// DataParallel (parallel/dp/) all-reduces replicas' gradients in buckets during backward; ZeRO will
+// reduce-scatter them into shards. The Engine calls set_sync before each backward and finish after
+// the window's last one, before unscaling, clipping and the optimizer step.
+#pragma once
+
+#include <string_view>
+
+#include "colossal/comm/process_group.h"
+
+namespace colossal::parallel {
+
+class GradientHandler {
+ public:
+  virtual ~GradientHandler() = default;
+
+  /// Whether the next backward ends the accumulation window (true: its gradients are reduced) or
+  /// only accumulates locally (DDP's no_sync).
+  virtual void set_sync(bool sync) = 0;
+  /// Waits for the window's reduction and leaves the reduced gradients in the parameters' .grad.
+  virtual void finish() = 0;
+  /// The group the gradients are reduced over.
+  virtual const comm::ProcessGroup& group() const = 0;
+  /// True when, after finish(), every rank of group() holds the same gradients (an all-reduce);
+  /// false when each holds a different part (ZeRO's shards): then gradient statistics (the clipping
+  /// norm, the overflow flag) must also be reduced over group() (parallel/gradient_statistics.h).
+  virtual bool replicates_gradients() const = 0;
+  /// "data parallel (all-reduce in buckets)": for logs.
+  virtual std::string_view name() const = 0;
+};
+
+}  // namespace colossal::parallel
