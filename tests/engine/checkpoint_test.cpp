@@ -4,7 +4,9 @@
 // bad checkpoints fail with the file and the key named.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -285,6 +287,180 @@ TEST(Checkpoint, BadCheckpointsNameTheFileAndTheProblem) {
   fs::create_directories(dir);
   message = error_of([&] { find_checkpoint(dir); });
   EXPECT_NE(message.find("holds no colossal checkpoint"), std::string::npos) << message;
+  fs::remove_all(dir);
+}
+
+/// The checkpoint at `from` written to `to` with tensor `key` replaced by `value` (metadata kept).
+void replace_tensor(const fs::path& from, const fs::path& to, const std::string& key, const Tensor& value) {
+  nn::SafetensorsFile file = nn::load_safetensors(from);
+  ASSERT_TRUE(file.tensors.contains(key)) << key;
+  file.tensors.insert_or_assign(key, value);
+  nn::save_safetensors(to, file.tensors, file.metadata);
+}
+
+/// A tensor of `like`'s shape holding arbitrary i32 bits (what a mislabelled F32 would read as).
+Tensor int32_like(const Tensor& like) {
+  std::vector<int32_t> values(static_cast<size_t>(like.numel()));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int32_t>(1065353216 + i);  // bits of 1.0f, ...
+  return core::from_vector(values, like.shape());
+}
+
+// Resuming restores state bit for bit, so a tensor stored in another dtype than the one the model,
+// optimizer, scheduler or loss scaler holds is refused, naming the tensor, the file and both dtypes,
+// whether a cast would be exact (F32 into F64) or reinterpret bits (I32).
+TEST(Checkpoint, RefusesTensorsOfAnotherDtypeNamingBoth) {
+  const fs::path dir = fresh_dir("dtype");
+  fs::create_directories(dir);
+  TinyRun trained;
+  Trainer trainer(*trained.engine);
+  trainer.fit(*trained.loader, 1, nullptr, 1, {});
+  trained.engine->zero_grad();
+  const fs::path good = dir / "good.safetensors";
+  save_checkpoint(good, *trained.engine, trained.generators(), {{1, 0, 5}, trained.engine->num_updates(), {}});
+  const nn::SafetensorsFile file = nn::load_safetensors(good);
+
+  struct Case {
+    std::string key;
+    Tensor value;
+    const char* stored;
+    const char* expected;
+  };
+  const Tensor weight = file.tensors.at("model.0.weight");
+  const std::vector<Case> cases = {
+      {"model.0.weight", weight.to(DType::f32), "F32", "F64"},
+      {"model.2.bias", int32_like(file.tensors.at("model.2.bias")), "I32", "F64"},
+      {"optimizer.state.0.exp_avg", file.tensors.at("optimizer.state.0.exp_avg").to(DType::f16), "F16", "F64"},
+      {"optimizer.state.0.step", core::scalar_tensor(3.0, DType::f64), "F64", "I64"},
+      {"lr_scheduler.last_step", core::scalar_tensor(2.0, DType::f32), "F32", "I64"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    const fs::path bad = dir / "bad.safetensors";
+    replace_tensor(good, bad, c.key, c.value);
+    TinyRun run;
+    const std::string message = error_of([&] { load_checkpoint(bad, *run.engine, run.generators()); });
+    EXPECT_NE(message.find("\"" + c.key + "\""), std::string::npos) << message;
+    EXPECT_NE(message.find("bad.safetensors"), std::string::npos) << message;
+    EXPECT_NE(message.find(std::string("stored as ") + c.stored), std::string::npos) << message;
+    EXPECT_NE(message.find(std::string("holds it as ") + c.expected), std::string::npos) << message;
+  }
+
+  // Under fp16 the fp32 master weights and the loss scale are state too.
+  TinyRun amp_run(amp::AmpMode::naive);
+  save_checkpoint(good, *amp_run.engine, amp_run.generators(), {});
+  for (const auto& [key, value] : std::vector<std::pair<std::string, Tensor>>{
+           {"amp.master.0.weight", nn::load_safetensors(good).tensors.at("amp.master.0.weight").to(DType::f16)},
+           {"amp.scaler.scale", core::scalar_tensor(1024.0, DType::f64)}}) {
+    SCOPED_TRACE(key);
+    replace_tensor(good, dir / "bad.safetensors", key, value);
+    TinyRun run(amp::AmpMode::naive);
+    const std::string message =
+        error_of([&] { load_checkpoint(dir / "bad.safetensors", *run.engine, run.generators()); });
+    EXPECT_NE(message.find("\"" + key + "\""), std::string::npos) << message;
+    EXPECT_NE(message.find("holds it as F32"), std::string::npos) << message;
+  }
+  fs::remove_all(dir);
+}
+
+// --resume given plain weights says what the file is and how to start from it, in config terms.
+TEST(Checkpoint, WeightsGivenToResumeSuggestModelWeights) {
+  const fs::path dir = fresh_dir("weights");
+  fs::create_directories(dir);
+  TinyRun run;
+  const fs::path weights = dir / "weights.safetensors";
+  nn::save_safetensors(weights, run.model->state_dict(), {{"format", "pt"}});
+  const std::string message = error_of([&] { load_checkpoint(weights, *run.engine, run.generators()); });
+  EXPECT_NE(message.find("is a weights file"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.weights = \"" + weights.string() + "\""), std::string::npos) << message;
+  EXPECT_EQ(message.find("nn::"), std::string::npos) << "names a C++ API: " << message;
+  // `colossal export` of the same file speaks of export.
+  const std::string exported = error_of([&] { load_checkpoint_model_state(weights); });
+  EXPECT_NE(exported.find("export"), std::string::npos) << exported;
+  EXPECT_EQ(exported.find("resume"), std::string::npos) << exported;
+  const std::string missing = error_of([&] { find_checkpoint(dir / "absent.safetensors", "export"); });
+  EXPECT_NE(missing.find("export: "), std::string::npos) << missing;
+  EXPECT_NE(missing.find("absent.safetensors does not exist"), std::string::npos) << missing;
+  EXPECT_EQ(missing.find("resume"), std::string::npos) << missing;
+  fs::remove_all(dir);
+}
+
+// A folder whose newest checkpoint cannot be read is an error naming it, not a silent step back to
+// an older one; an unreadable file older than the newest readable checkpoint is skipped.
+TEST(Checkpoint, UnreadableNewestCheckpointIsAnErrorNotSkipped) {
+  const fs::path dir = fresh_dir("unreadable");
+  fs::create_directories(dir);
+  TinyRun run;
+  save_checkpoint(dir / checkpoint_file_name({1, 0, 5}), *run.engine, run.generators(), {{1, 0, 5}, 2, {}});
+  save_checkpoint(dir / checkpoint_file_name({2, 0, 10}), *run.engine, run.generators(), {{2, 0, 10}, 4, {}});
+  const fs::path newest = dir / "epoch2-step10.safetensors";
+  fs::resize_file(newest, fs::file_size(newest) / 2);  // a disk that filled up mid-write, say
+
+  std::string message = error_of([&] { find_checkpoint(dir); });
+  EXPECT_NE(message.find("epoch2-step10.safetensors"), std::string::npos) << message;
+  EXPECT_NE(message.find("cannot be read"), std::string::npos) << message;
+  EXPECT_NE(message.find("truncated"), std::string::npos) << "the reader's reason: " << message;
+  EXPECT_NE(message.find((dir / "epoch1-step5.safetensors").string()), std::string::npos)
+      << "the way to take the older one on purpose: " << message;
+
+  // Older than the newest readable one: reported, skipped.
+  save_checkpoint(dir / checkpoint_file_name({3, 0, 15}), *run.engine, run.generators(), {{3, 0, 15}, 6, {}});
+  EXPECT_EQ(find_checkpoint(dir).filename(), "epoch3-step15.safetensors");
+
+  // Under a name that tells no position, its date decides: written last, it is the newest.
+  fs::copy_file(newest, dir / "renamed.safetensors");
+  message = error_of([&] { find_checkpoint(dir); });
+  EXPECT_NE(message.find("renamed.safetensors"), std::string::npos) << message;
+
+  // Nothing readable at all: the unreadable file is named, not "no checkpoint".
+  fs::remove(dir / "renamed.safetensors");
+  fs::remove(dir / "epoch1-step5.safetensors");
+  fs::remove(dir / "epoch3-step15.safetensors");
+  message = error_of([&] { find_checkpoint(dir); });
+  EXPECT_NE(message.find("no readable colossal checkpoint"), std::string::npos) << message;
+  EXPECT_NE(message.find("epoch2-step10.safetensors"), std::string::npos) << message;
+  fs::remove_all(dir);
+}
+
+// A checkpoint that cannot be written is an error naming the file and the system's reason, and
+// leaves the previous file under that name and no temporary behind.
+TEST(Checkpoint, FailedSaveNamesTheFileAndTheReasonAndKeepsTheOldOne) {
+  const fs::path dir = fresh_dir("full");
+  fs::create_directories(dir);
+  TinyRun run;
+  const fs::path path = dir / "c.safetensors";
+  save_checkpoint(path, *run.engine, run.generators(), {});
+  const auto size = fs::file_size(path);
+  std::string message;
+  {
+    const testing::FileSizeLimit limit(size / 2);  // as a disk with half a checkpoint free
+    message = error_of([&] { save_checkpoint(path, *run.engine, run.generators(), {{0, 0, 1}, 0, {}}); });
+  }
+  EXPECT_NE(message.find("checkpoint " + path.string() + " not saved"), std::string::npos) << message;
+  EXPECT_NE(message.find("File too large"), std::string::npos) << message;
+  EXPECT_EQ(fs::file_size(path), size);
+  int64_t files = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir)) ++files;
+  EXPECT_EQ(files, 1) << "a temporary file was left behind";
+
+  // A folder that cannot be made (a file is in the way) is a colossal::Error too, with the reason.
+  std::ofstream(dir / "blocker") << "x";
+  message = error_of([&] { save_checkpoint(dir / "blocker" / "c.safetensors", *run.engine, run.generators(), {}); });
+  EXPECT_NE(message.find("blocker"), std::string::npos) << message;
+  EXPECT_NE(message.find("Not a directory"), std::string::npos) << message;
+  fs::remove_all(dir);
+}
+
+// NaN weights are never written as something to resume from.
+TEST(Checkpoint, RefusesToSaveNonFiniteWeights) {
+  const fs::path dir = fresh_dir("nan");
+  TinyRun run;
+  run.model->named_parameters().at(2).second.detach().fill_(std::nan(""));  // "2.weight"
+  const std::string message = error_of([&] {
+    save_checkpoint(dir / "c.safetensors", *run.engine, run.generators(), {{0, 3, 3}, 1, {}});
+  });
+  EXPECT_NE(message.find("\"model.2.weight\""), std::string::npos) << message;
+  EXPECT_NE(message.find("NaN"), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(dir / "c.safetensors"));
   fs::remove_all(dir);
 }
 

@@ -1,7 +1,11 @@
 // Helpers shared by the engine tests: a seeded f64 Linear model, an MSE criterion, deterministic
-// batches, and a small in-memory classification dataset for the Trainer.
+// batches, a small in-memory classification dataset for the Trainer, and a file-size limit that
+// makes writes fail as on a full disk.
 #pragma once
 
+#include <sys/resource.h>  // setrlimit(RLIMIT_FSIZE)
+
+#include <csignal>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -66,6 +70,31 @@ class TinyClassificationDataset : public data::Dataset {
 
  private:
   int64_t size_;
+};
+
+/// While alive, writes that would grow any file of this process past `bytes` fail with EFBIG
+/// ("File too large"), as writes to a full disk fail with ENOSPC: the same failed write() reaches
+/// the writer, without needing a small filesystem. SIGXFSZ, which would kill the process, is
+/// ignored meanwhile.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    previous_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    ::getrlimit(RLIMIT_FSIZE, &previous_);
+    rlimit limit = previous_;
+    limit.rlim_cur = bytes;
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &previous_);
+    std::signal(SIGXFSZ, previous_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit previous_{};
+  void (*previous_handler_)(int) = SIG_DFL;
 };
 
 }  // namespace colossal::engine::testing

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "colossal/core/error.h"
+#include "engine_test_util.h"  // FileSizeLimit
 
 namespace colossal::engine {
 namespace {
@@ -245,6 +246,26 @@ TEST(EventFileWriter, UnwritableLogDirThrows) {
   const fs::path blocker = dir.path() / "file";
   write_bytes(blocker, "not a directory");
   EXPECT_THROW(EventFileWriter((blocker / "logs").string()), Error);
+}
+
+// A disk that fills while training: the flush that cannot write names the file and the system's
+// reason (here EFBIG from a file-size limit, the same failed write() a full disk gives as ENOSPC).
+TEST(EventFileWriter, FailedWriteNamesTheFileAndTheReason) {
+  TempDir dir;
+  EventFileWriter writer(dir.path().string());
+  writer.flush();  // the version record is on the disk
+  std::string message;
+  {
+    const testing::FileSizeLimit limit(fs::file_size(writer.path()) + 64);
+    try {
+      for (int step = 0; step < 64; ++step) writer.add_scalar("train/loss", 1.0, step);
+      writer.flush();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+  }
+  EXPECT_NE(message.find(writer.path()), std::string::npos) << message;
+  EXPECT_NE(message.find("File too large"), std::string::npos) << message;
 }
 
 // ---- read_event_file

@@ -1,13 +1,18 @@
 // Hub weights: the golden GPT-2 and ViT parameters, packaged as transformers and timm files are
 // (a "transformer." prefix, a tied lm_head.weight, old causal-mask buffers), load into our models
 // bit for bit; what cannot be mapped fails naming the file and the key; export writes what the
-// libraries read (Hub names, {"format": "pt"}).
+// libraries read (Hub names, {"format": "pt"}); f16/bf16 files widen into an f32 model exactly and
+// are reported, other dtypes and training checkpoints are refused with the reason.
 #include "colossal/nn/hub_weights.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "colossal/autograd/engine.h"  // golden_util.h needs backward
 #include "colossal/core/error.h"
@@ -129,6 +134,79 @@ TEST(HubWeights, VitTimmNamesRoundTripThroughExport) {
   EXPECT_EQ(testing::sorted_keys(exported.tensors), testing::sorted_keys(params));
   EXPECT_EQ(exported.tensors.at("blocks.0.attn.qkv.weight").dtype(), DType::bf16);
   EXPECT_EQ(exported.tensors.at("blocks.0.attn.qkv.weight").shape(), params.at("blocks.0.attn.qkv.weight").shape());
+}
+
+models::ViTConfig tiny_vit_config() {
+  models::ViTConfig config = models::ViTConfig::vit_tiny_patch4_32(10);
+  config.img_size = 32;
+  config.patch_size = 8;
+  config.embed_dim = 64;
+  config.depth = 2;
+  config.num_heads = 4;
+  config.mlp_ratio = 4.0;
+  return config;
+}
+
+// The Hub ships fp16 and bf16 weights for some models: into an f32 model they widen exactly, and
+// the report lists each cast. A narrowing or kind-changing dtype (F64 or I32 where the model holds
+// F32) is an error naming the tensor, the file and both dtypes, and loads nothing.
+TEST(HubWeights, SixteenBitWidensExactlyOtherDtypesFailNamingBoth) {
+  const SafetensorsFile golden = testing::load_golden("vit_tiny.safetensors");
+  const StateDict params = testing::with_prefix(golden.tensors, "param.", DType::f32);
+  const fs::path path = temp_file("vit_dtypes.safetensors");
+  for (const DType half : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(safetensors_dtype_name(half));
+    StateDict stored;
+    for (const auto& [name, tensor] : params) stored.insert(name, tensor.to(half));
+    save_safetensors(path, stored, {{"format", "pt"}});
+    models::VisionTransformer model(tiny_vit_config());
+    const HubImportReport report = import_hub_weights(model, path);
+    EXPECT_EQ(report.cast.size(), params.size());
+    const std::string expected_cast = "cls_token " + safetensors_dtype_name(half) + " -> F32";
+    EXPECT_NE(std::find(report.cast.begin(), report.cast.end(), expected_cast), report.cast.end())
+        << "no \"" << expected_cast << "\" in the report";
+    expect_equal_state(model.state_dict(), stored);  // every 16-bit value is an f32 value
+    EXPECT_EQ(model.state_dict().at("cls_token").dtype(), DType::f32);
+  }
+
+  models::VisionTransformer model(tiny_vit_config());
+  std::map<std::string, std::vector<double>> before;
+  for (const auto& [name, tensor] : model.state_dict()) before[name] = tensor.to(DType::f64).to_vector<double>();
+  const Tensor& qkv = params.at("blocks.0.attn.qkv.weight");
+  std::vector<int32_t> bits(static_cast<size_t>(qkv.numel()), 1065353216);  // 1.0f read as an integer
+  for (const auto& [name, value, stored_as] : std::vector<std::tuple<std::string, Tensor, std::string>>{
+           {"blocks.0.attn.qkv.weight", core::from_vector(bits, qkv.shape()), "I32"},
+           {"head.bias", params.at("head.bias").to(DType::f64), "F64"}}) {
+    SCOPED_TRACE(name);
+    StateDict stored = params;
+    stored.insert_or_assign(name, value);
+    save_safetensors(path, stored);
+    const std::string message = error_of([&] { import_hub_weights(model, path); });
+    EXPECT_NE(message.find(path.filename().string()), std::string::npos) << message;
+    EXPECT_NE(message.find("'" + name + "' is stored as " + stored_as + " but the model holds F32"), std::string::npos)
+        << message;
+  }
+  fs::remove(path);
+  for (const auto& [name, tensor] : model.state_dict()) {
+    EXPECT_EQ(tensor.to(DType::f64).to_vector<double>(), before.at(name)) << name << " changed by a failed load";
+  }
+}
+
+// model.weights given a training checkpoint says what it is and how to get weights out of it.
+TEST(HubWeights, TrainingCheckpointIsNamedWithExportAsTheWayOut) {
+  const SafetensorsFile golden = testing::load_golden("vit_tiny.safetensors");
+  StateDict checkpoint;
+  for (const auto& [name, tensor] : testing::with_prefix(golden.tensors, "param.", DType::f32)) {
+    checkpoint.insert("model." + name, tensor);
+  }
+  const fs::path path = temp_file("epoch4-step100.safetensors");
+  save_safetensors(path, checkpoint, {{"format", kCheckpointFormat}, {"format_version", "1"}});
+  models::VisionTransformer model(tiny_vit_config());
+  const std::string message = error_of([&] { import_hub_weights(model, path); });
+  fs::remove(path);
+  EXPECT_NE(message.find("is a colossal training checkpoint"), std::string::npos) << message;
+  EXPECT_NE(message.find("colossal export " + path.string() + " -o model.safetensors"), std::string::npos) << message;
+  EXPECT_NE(message.find("--resume"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ std::optional<DType> export_dtype(const std::string& name) {
 }
 
 void run_export(const ExportOptions& o) {
-  const std::filesystem::path checkpoint = engine::find_checkpoint(o.checkpoint);
+  const std::filesystem::path checkpoint = engine::find_checkpoint(o.checkpoint, "export");
   const nn::StateDict state = engine::load_checkpoint_model_state(checkpoint);
   nn::export_hub_weights(state, o.output, export_dtype(o.dtype));
   int64_t elements = 0;

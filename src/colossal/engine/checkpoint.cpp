@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <regex>
+#include <set>
 #include <system_error>
 #include <type_traits>
 #include <utility>
@@ -10,8 +13,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"
+#include "colossal/engine/hooks.h"  // NonFiniteLossHook
 #include "colossal/nn/safetensors.h"
+#include "colossal/ops/elementwise.h"  // sub, add
+#include "colossal/ops/reduction.h"    // sum
 
 namespace colossal::engine {
 
@@ -26,11 +33,16 @@ namespace colossal::engine {
 // gradient is in flight. Tensors are stored in their own dtypes, so f32/f64 state round-trips
 // exactly; tests/engine/checkpoint_test.cpp checks the losses after a resume against an
 // uninterrupted run with ==.
+// For the same reason a load never converts: a tensor whose dtype in the file differs from the
+// one the model, optimizer, scheduler or loss scaler holds (F16 where F32 belongs, I32 bits where
+// F32 belongs) is an error naming both, since a cast would either change the values (narrowing,
+// reinterpreting) or hide that the file came from another configuration. Weights from elsewhere
+// go through model.weights (nn::import_hub_weights), whose rules are looser.
 
 namespace {
 
 constexpr const char* kFormatKey = "format";
-constexpr const char* kFormat = "colossal-checkpoint";
+constexpr const char* kFormat = nn::kCheckpointFormat;
 constexpr const char* kVersionKey = "format_version";
 constexpr const char* kVersion = "1";
 constexpr const char* kModelPrefix = "model.";
@@ -83,16 +95,108 @@ uint64_t parse_u64(const std::filesystem::path& path, const std::string& key, st
   return value;
 }
 
-void check_format(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata) {
+/// Throws unless `metadata` is a colossal checkpoint's of the version this build reads; `purpose`
+/// ("resume", "export") says what the file was given for, to word the advice.
+void check_format(const std::filesystem::path& path, const std::map<std::string, std::string>& metadata,
+                  std::string_view purpose) {
   auto format = metadata.find(kFormatKey);
-  COLOSSAL_CHECK(format != metadata.end() && format->second == kFormat,
-                 "{} is a safetensors file but not a colossal training checkpoint (its metadata has no format = "
-                 "\"{}\"); weights alone load with nn::load_safetensors",
-                 path.string(), kFormat);
+  if (format == metadata.end() || format->second != kFormat) {
+    if (purpose == "export") {
+      COLOSSAL_FAIL(
+          "export: {} is not a colossal training checkpoint (its safetensors metadata has no format = \"{}\"); a "
+          "weights file needs no export: transformers and timm read it as it is, and a run starts from it with "
+          "model.weights = \"{}\"",
+          path.string(), kFormat, path.string());
+    }
+    COLOSSAL_FAIL(
+        "{}: {} is a weights file (safetensors without training state: no optimizer, scheduler or position), not a "
+        "colossal training checkpoint, so there is nothing to resume; to start a new run from these weights set "
+        "model.weights = \"{}\" in the config (or --set 'model.weights=\"{}\"') and leave out --resume",
+        purpose, path.string(), path.string(), path.string());
+  }
   auto version = metadata.find(kVersionKey);
   COLOSSAL_CHECK(version != metadata.end() && version->second == kVersion,
                  "checkpoint {}: format_version \"{}\" is not one this build reads (it reads \"{}\")", path.string(),
                  version == metadata.end() ? "" : version->second, kVersion);
+}
+
+/// Throws when `stored` (the file's tensor `key`) is not of dtype `expected` (what `holder` keeps).
+void check_dtype(const std::string& where, const std::string& key, const Tensor& stored, DType expected,
+                 const char* holder) {
+  COLOSSAL_CHECK(stored.dtype() == expected,
+                 "{}: tensor \"{}\" is stored as {} but the {} holds it as {}; a checkpoint restores training state "
+                 "exactly and is never cast (was it written with other fp16 / bf16 settings, or changed since?)",
+                 where, key, nn::safetensors_dtype_name(stored.dtype()), holder, nn::safetensors_dtype_name(expected));
+}
+
+/// The dtype the engine's optimizer keeps under `key` (a key of its state_dict), or nullopt for a
+/// key it does not have: Optimizer::load_state_dict names those. Moments have their parameter's
+/// dtype and are created lazily, so a fresh optimizer's state_dict does not list them yet.
+std::optional<DType> optimizer_dtype(optim::Optimizer& optimizer, const optim::StateDict& own, const std::string& key) {
+  if (auto it = own.find(key); it != own.end()) return it->second.dtype();
+  static const std::regex state_key(R"(state\.(\d{1,18})\.(.+))");
+  std::smatch match;
+  if (!std::regex_match(key, match, state_key)) return std::nullopt;
+  if (match[2] == "step") return DType::i64;
+  int64_t index = std::stoll(match[1]);
+  for (const optim::ParamGroup& group : optimizer.param_groups()) {
+    if (index < static_cast<int64_t>(group.params.size())) return group.params[static_cast<size_t>(index)].dtype();
+    index -= static_cast<int64_t>(group.params.size());
+  }
+  return std::nullopt;
+}
+
+/// Checks the dtype of every tensor of the checkpoint against what `engine` holds (see Note
+/// [Bit-exact resume]); keys the engine does not know are left to the loaders, which name them.
+void check_dtypes(const std::string& where, Engine& engine, const nn::StateDict& model,
+                  const optim::StateDict& optimizer, const optim::StateDict& scheduler,
+                  const optim::StateDict& amp_state) {
+  const nn::StateDict own_model = engine.model().state_dict();
+  for (const auto& [name, tensor] : model) {
+    if (const Tensor* own = own_model.find(name))
+      check_dtype(where, kModelPrefix + name, tensor, own->dtype(), "model");
+  }
+  const optim::StateDict own_optimizer = engine.optimizer().state_dict();
+  for (const auto& [key, tensor] : optimizer) {
+    if (auto dtype = optimizer_dtype(engine.optimizer(), own_optimizer, key)) {
+      check_dtype(where, kOptimizerPrefix + key, tensor, *dtype, "optimizer");
+    }
+  }
+  if (optim::LRScheduler* lr_scheduler = engine.lr_scheduler()) {
+    const optim::StateDict own = lr_scheduler->state_dict();
+    for (const auto& [key, tensor] : scheduler) {
+      if (auto it = own.find(key); it != own.end()) {
+        check_dtype(where, kSchedulerPrefix + key, tensor, it->second.dtype(), "lr_scheduler");
+      }
+    }
+  }
+  if (amp::MixedPrecisionOptimizer* amp = engine.amp()) {
+    const optim::StateDict own = amp->state_dict();
+    for (const auto& [key, tensor] : amp_state) {
+      if (auto it = own.find(key); it != own.end()) {
+        check_dtype(where, kAmpPrefix + key, tensor, it->second.dtype(), "mixed-precision optimizer");
+      }
+    }
+  }
+}
+
+/// The first of `tensors` holding a NaN or an infinity, or nullopt. x - x is exactly 0 for a
+/// finite x and NaN otherwise, so one sum per tensor flags it, and one host read covers them all
+/// (the names are read one by one only when something is wrong).
+std::optional<std::string> first_non_finite(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  autograd::NoGradGuard no_grad;
+  std::vector<Tensor> flags;
+  Tensor total;
+  for (const auto& [name, tensor] : tensors) {
+    Tensor flag = ops::sum(ops::sub(tensor, tensor));
+    total = total.defined() ? ops::add(total, flag.device() == total.device() ? flag : flag.to(total.device())) : flag;
+    flags.push_back(flag);
+  }
+  if (!total.defined() || std::isfinite(total.item<double>())) return std::nullopt;
+  for (size_t i = 0; i < flags.size(); ++i) {
+    if (!std::isfinite(flags[i].item<double>())) return tensors[i].first;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -124,13 +228,41 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, const Na
     metadata[kRngPrefix + name] = fmt::format("{}:{}", state.seed, state.offset);
   }
   for (const auto& [key, value] : info.extra) metadata[kExtraPrefix + key] = value;
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  nn::save_safetensors(path, tensors, metadata);
+
+  // The second line of defence behind NonFiniteLossHook: NaN weights or moments are never written
+  // as something to resume from. Buffers are not checked: a mask may hold -inf by design.
+  std::set<std::string> parameters;
+  for (const auto& [name, param] : engine.model().named_parameters()) parameters.insert(kModelPrefix + name);
+  std::vector<std::pair<std::string, Tensor>> trained;
+  for (const auto& [name, tensor] : tensors) {
+    const bool state = parameters.contains(name) || name.starts_with(std::string(kOptimizerPrefix) + "state.") ||
+                       name.starts_with(std::string(kAmpPrefix) + "master.");
+    if (state && core::is_floating(tensor.dtype())) trained.emplace_back(name, tensor);
+  }
+  if (std::optional<std::string> bad = first_non_finite(trained)) {
+    COLOSSAL_FAIL(
+        "checkpoint {} not saved: tensor \"{}\" holds NaN or infinite values: the training had diverged by step "
+        "{}, and resuming from this state would go on from broken weights (lower optimizer.lr, enable "
+        "clip_grad_norm, check the data and the starting weights)",
+        path.string(), *bad, info.position.step);
+  }
+
+  try {
+    if (path.has_parent_path()) {
+      std::error_code error;
+      std::filesystem::create_directories(path.parent_path(), error);
+      COLOSSAL_CHECK(!error, "cannot create the folder {}: {}", path.parent_path().string(), error.message());
+    }
+    nn::save_safetensors(path, tensors, metadata);
+  } catch (const Error& e) {
+    COLOSSAL_FAIL("checkpoint {} not saved (earlier checkpoints are left as they were): {}", path.string(), e.what());
+  }
 }
 
 CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine, const NamedGenerators& generators) {
+  // The header first: a weights file given to --resume is named as such before its data is read.
+  check_format(path, nn::read_safetensors_header(path).metadata, "resume");
   nn::SafetensorsFile file = nn::load_safetensors(path);
-  check_format(path, file.metadata);
   const std::string where = fmt::format("checkpoint {}", path.string());
 
   nn::StateDict model = take_prefixed<nn::StateDict>(file.tensors, kModelPrefix);
@@ -146,6 +278,7 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
       (amp != nullptr) == !amp_state.empty(),
       "{}: the checkpoint was written {} mixed precision but this run has it {} (fp16.mode / bf16 must match)", where,
       amp_state.empty() ? "without" : "with", amp != nullptr ? "on" : "off");
+  check_dtypes(where, engine, model, optimizer, scheduler, amp_state);
   try {
     engine.model().load_state_dict(model, /*strict=*/true);
   } catch (const Error& e) {
@@ -203,8 +336,8 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
 }
 
 nn::StateDict load_checkpoint_model_state(const std::filesystem::path& path) {
+  check_format(path, nn::read_safetensors_header(path).metadata, "export");
   nn::SafetensorsFile file = nn::load_safetensors(path);
-  check_format(path, file.metadata);
   nn::StateDict model = take_prefixed<nn::StateDict>(file.tensors, kModelPrefix);
   COLOSSAL_CHECK(!model.empty(), "checkpoint {} holds no model tensors", path.string());
   // Under fp16/bf16 training the model holds 16-bit copies; the fp32 master weights are the truth.
@@ -221,37 +354,83 @@ std::string checkpoint_file_name(const TrainPosition& position) {
   return fmt::format("epoch{}-step{}.safetensors", position.epoch, position.step);
 }
 
-std::filesystem::path find_checkpoint(const std::filesystem::path& path) {
+namespace {
+
+/// (step, epoch) from a name checkpoint_file_name wrote ("epoch3-step1200.safetensors").
+std::optional<std::pair<int64_t, int64_t>> position_from_name(const std::filesystem::path& file) {
+  static const std::regex name(R"(epoch(\d{1,18})-step(\d{1,18})\.safetensors)");
+  std::smatch match;
+  const std::string text = file.filename().string();
+  if (!std::regex_match(text, match, name)) return std::nullopt;
+  return std::pair(std::stoll(match[2]), std::stoll(match[1]));
+}
+
+}  // namespace
+
+std::filesystem::path find_checkpoint(const std::filesystem::path& path, std::string_view purpose) {
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) {
-    COLOSSAL_CHECK(std::filesystem::is_regular_file(path, ec), "resume: {} is neither a checkpoint file nor a folder",
-                   path.string());
+    COLOSSAL_CHECK(std::filesystem::exists(path, ec),
+                   "{}: {} does not exist; give a checkpoint file or a folder of checkpoints (train.checkpoint_dir)",
+                   purpose, path.string());
+    COLOSSAL_CHECK(std::filesystem::is_regular_file(path, ec), "{}: {} is neither a checkpoint file nor a folder",
+                   purpose, path.string());
     return path;
   }
-  std::optional<std::filesystem::path> best;
-  int64_t best_step = -1, best_epoch = -1;
+  struct Candidate {
+    std::filesystem::path path;
+    std::pair<int64_t, int64_t> position;  // (step, epoch): the order checkpoints are taken in
+  };
+  struct Unreadable {
+    std::filesystem::path path;
+    std::string reason;
+  };
+  std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(path)) {
-    if (!entry.is_regular_file() || entry.path().extension() != ".safetensors") continue;
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());  // the directory's order is arbitrary; messages should not be
+  std::optional<Candidate> best;
+  std::vector<Unreadable> unreadable;
+  for (const std::filesystem::path& file : files) {
     std::map<std::string, std::string> metadata;
     try {
-      metadata = nn::read_safetensors_header(entry.path()).metadata;
-    } catch (const Error&) {
-      continue;  // not a readable safetensors file: not a candidate
+      metadata = nn::read_safetensors_header(file).metadata;
+    } catch (const Error& e) {
+      unreadable.push_back({file, e.what()});
+      continue;
     }
     auto format = metadata.find(kFormatKey);
-    if (format == metadata.end() || format->second != kFormat) continue;
-    const int64_t step = parse_int(entry.path(), metadata, "step");
-    const int64_t epoch = parse_int(entry.path(), metadata, "epoch");
-    if (std::pair(step, epoch) > std::pair(best_step, best_epoch)) {
-      best = entry.path();
-      best_step = step;
-      best_epoch = epoch;
-    }
+    if (format == metadata.end() || format->second != kFormat) continue;  // weights, exports: not checkpoints
+    const std::pair position(parse_int(file, metadata, "step"), parse_int(file, metadata, "epoch"));
+    if (!best || position > best->position) best = Candidate{file, position};
   }
-  COLOSSAL_CHECK(best.has_value(),
-                 "resume: folder {} holds no colossal checkpoint (*.safetensors with format = \"{}\")", path.string(),
-                 kFormat);
-  return *best;
+  // Note [Unreadable checkpoints]
+  // A file that cannot be read (truncated by a full disk, damaged by a copy) may be the newest
+  // checkpoint. Resuming from an older one instead would quietly repeat or lose training, so a file
+  // newer than the chosen checkpoint, by the position in its name or, for another name, by its
+  // modification time, is an error naming it and why; an older one is only reported.
+  for (const Unreadable& u : unreadable) {
+    COLOSSAL_CHECK(best.has_value(), "{}: folder {} holds no readable colossal checkpoint: {} cannot be read: {}",
+                   purpose, path.string(), u.path.string(), u.reason);
+    const auto by_name = position_from_name(u.path);
+    const bool newer =
+        by_name ? *by_name > best->position
+                : std::filesystem::last_write_time(u.path, ec) > std::filesystem::last_write_time(best->path, ec);
+    COLOSSAL_CHECK(!newer,
+                   "{}: the newest checkpoint in {}, {}{}, cannot be read: {}. Taking the newest readable one, {} "
+                   "(step {}), instead would silently lose the training in between; to use it anyway give {} "
+                   "itself, or move {} out of the folder",
+                   purpose, path.string(), u.path.filename().string(),
+                   by_name ? fmt::format(" (step {} by its name)", by_name->first) : std::string(" (by its date)"),
+                   u.reason, best->path.filename().string(), best->position.first, best->path.string(),
+                   u.path.filename().string());
+    fmt::print(stderr, "{}: warning: skipping {}, which cannot be read ({}); {} is newer and is used\n", purpose,
+               u.path.string(), u.reason, best->path.filename().string());
+  }
+  COLOSSAL_CHECK(best.has_value(), "{}: folder {} holds no colossal checkpoint (*.safetensors with format = \"{}\")",
+                 purpose, path.string(), kFormat);
+  return best->path;
 }
 
 // ---- SaveCheckpointHook
@@ -285,6 +464,11 @@ void SaveCheckpointHook::after_train_epoch(Trainer& trainer) {
 }
 
 void SaveCheckpointHook::save(Trainer& trainer, const TrainPosition& position) {
+  // Whatever the hooks' priorities, the losses recorded since the last look are judged before
+  // they become a checkpoint (Note [Non-finite losses] in hooks.cpp).
+  for (const std::shared_ptr<Hook>& hook : trainer.hooks()) {
+    if (auto* guard = dynamic_cast<NonFiniteLossHook*>(hook.get())) guard->check(trainer);
+  }
   CheckpointInfo info{position, trainer.engine().num_updates(), extra_};
   const std::filesystem::path path = dir_ / checkpoint_file_name(position);
   save_checkpoint(path, trainer.engine(), generators_, info);

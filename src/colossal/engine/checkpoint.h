@@ -4,8 +4,8 @@
 // master weights ("amp.<key>"), and in the header's metadata the position
 // (epoch, iteration within it, step, optimizer updates), the state of every named random generator
 // (dropout, ...), and what the writer wants to check on resume (steps per epoch, the config).
-// Files are written under a temporary name and renamed, so a crash never leaves half a checkpoint.
-// See Note [Bit-exact resume] in checkpoint.cpp.
+// Files are written under a temporary name, synced and renamed, so a crash or a full disk never
+// leaves half a checkpoint under a checkpoint's name. See Note [Bit-exact resume] in checkpoint.cpp.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "colossal/core/random.h"  // Generator
@@ -36,14 +37,22 @@ struct CheckpointInfo {
 
 /// Writes `engine`'s model, optimizer and scheduler state, the generators' states and `info` to
 /// `path` (temporary name, then rename). The engine must be at an accumulation-window boundary
-/// (engine.micro_step() == 0): gradients in flight are not part of a checkpoint.
+/// (engine.micro_step() == 0): gradients in flight are not part of a checkpoint. Refuses, naming
+/// the tensor, parameters, optimizer moments or fp32 master weights holding NaN or infinity (a
+/// diverged run is not something to resume). Any failure (the folder cannot be made, the disk is
+/// full) throws naming the file and the system's reason, and leaves earlier files untouched.
 void save_checkpoint(const std::filesystem::path& path, Engine& engine, const NamedGenerators& generators,
                      const CheckpointInfo& info);
 
 /// Restores what save_checkpoint wrote into `engine` (whose model, optimizer and scheduler must be
 /// built as the writer's were) and the generators, and returns the recorded info. Throws naming the
-/// file and the key when something is missing, extra, of another shape, or not a colossal checkpoint;
-/// the engine may then be partly loaded and should not be used.
+/// file and the key when something is missing, extra, of another shape, or not a colossal checkpoint
+/// (a plain weights file is named as such, with model.weights as the way to start from it).
+/// Dtypes must match exactly: a tensor stored in another dtype than the model, optimizer, scheduler
+/// or mixed-precision state holds (F16 or I32 where F32 belongs) is an error naming the tensor, the
+/// file and both dtypes, never a cast, because resuming restores training state bit for bit. The
+/// dtypes are checked before anything is loaded; a later failure may leave the engine partly
+/// loaded, and it should not be used then.
 CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine, const NamedGenerators& generators);
 
 /// The model's state dict stored in the checkpoint at `path` (its "model." tensors, names without
@@ -52,8 +61,13 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
 nn::StateDict load_checkpoint_model_state(const std::filesystem::path& path);
 
 /// `path` itself when it is a file; for a directory, its checkpoint with the most training steps
-/// (file names from checkpoint_file_name). Throws naming the directory when it holds none.
-std::filesystem::path find_checkpoint(const std::filesystem::path& path);
+/// (file names from checkpoint_file_name). Throws naming the directory when it holds none, and
+/// naming the file and why when a *.safetensors file in it cannot be read and is newer than the
+/// checkpoint it would choose (by the position in its name, else by its modification time): going
+/// on from an older checkpoint would silently lose training. Older unreadable files are reported
+/// on stderr and skipped; readable files that are not checkpoints (weights, exports) are skipped.
+/// `purpose` ("resume", "export") starts every message.
+std::filesystem::path find_checkpoint(const std::filesystem::path& path, std::string_view purpose = "resume");
 
 /// "epoch3.safetensors" at an epoch's end, "epoch3-step1200.safetensors" inside epoch 3 (1-based
 /// epochs, as logged); names sort by (epoch, step) in find_checkpoint.
@@ -62,7 +76,8 @@ std::string checkpoint_file_name(const TrainPosition& position);
 /// Colossal-AI's SaveCheckpointHook: saves into `dir` after every `epoch_interval`-th training
 /// epoch (0: never) and, when `step_interval` > 0, after every step_interval-th optimizer update
 /// inside an epoch, keeping the newest `keep` files (0: all). Runs last (priority 100) so that the
-/// scheduler has stepped.
+/// scheduler has stepped. Before each save it has every NonFiniteLossHook of the trainer check the
+/// losses since its last look, so a diverged state is never saved.
 class SaveCheckpointHook : public Hook {
  public:
   SaveCheckpointHook(std::filesystem::path dir, NamedGenerators generators, int64_t epoch_interval,

@@ -2,7 +2,9 @@
 #include "colossal/engine/hooks.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>  // strerror
 #include <iostream>
 #include <utility>
 
@@ -164,8 +166,13 @@ MetricsJsonlHook::MetricsJsonlHook(std::string path, int64_t log_interval, bool 
 }
 
 void MetricsJsonlHook::before_train(Trainer& trainer) {
-  file_ = std::ofstream(path_, std::ios::out | (append_ ? std::ios::app : std::ios::trunc));
-  COLOSSAL_CHECK(file_.good(), "MetricsJsonlHook: cannot open '{}' for writing", path_);
+  errno = 0;
+  file_.reset(std::fopen(path_.c_str(), append_ ? "a" : "w"));
+  if (file_ == nullptr) {
+    const int error = errno;
+    COLOSSAL_FAIL("metrics file '{}': cannot open it for writing: {}; give a writable path", path_,
+                  std::strerror(error));
+  }
   start_ = std::chrono::steady_clock::now();
   first_step_ = trainer.cur_step();
   epochs_written_ = 0;
@@ -187,7 +194,7 @@ void MetricsJsonlHook::after_train_iter(Trainer& trainer, const Tensor&, const T
   const int64_t step = trainer.cur_step() + 1;
   if (log_interval_ == 0 || step % log_interval_ != 0 || !loss.defined()) return;
   nlohmann::json line = {{"event", "step"},
-                         {"epoch", trainer.cur_epoch()},
+                         {"epoch", trainer.cur_epoch() + 1},
                          {"step", step},
                          {"loss", loss.item<double>()},
                          {"lr", std::isnan(iter_lr_) ? nlohmann::json(nullptr) : nlohmann::json(iter_lr_)}};
@@ -197,7 +204,7 @@ void MetricsJsonlHook::after_train_iter(Trainer& trainer, const Tensor&, const T
     line["loss_scale"] = engine.amp()->loss_scale();
     if (engine.last_step_updated()) line["skipped"] = engine.last_step_skipped();
   }
-  file_ << line.dump() << '\n' << std::flush;
+  write_line(line.dump());
 }
 
 void MetricsJsonlHook::after_train_epoch(Trainer& trainer) {
@@ -214,14 +221,14 @@ void MetricsJsonlHook::write_epoch(Trainer& trainer, bool tested) {
   const MetricTable empty;
   const MetricTable& test = tested ? trainer.test_metrics() : empty;
   nlohmann::json line = {{"event", "epoch"},
-                         {"epoch", trainer.cur_epoch()},
+                         {"epoch", trainer.cur_epoch() + 1},
                          {"step", trainer.cur_step()},
                          {"train_loss", metric_or_null(train, "loss")},
                          {"test_loss", metric_or_null(test, "loss")},
                          {"test_accuracy", metric_or_null(test, "accuracy")},
                          {"samples_per_s", metric_or_null(train, "throughput")}};
   if (auto it = train.find("lr"); it != train.end()) line["lr"] = it->second;
-  file_ << line.dump() << '\n' << std::flush;
+  write_line(line.dump());
   ++epochs_written_;
 
   if (auto it = train.find("loss"); it != train.end()) final_train_loss_ = it->second;
@@ -241,8 +248,10 @@ void MetricsJsonlHook::after_train(Trainer& trainer) {
   const nlohmann::json mean_throughput = throughput_count_ > 0
                                              ? nlohmann::json(throughput_sum_ / static_cast<double>(throughput_count_))
                                              : nlohmann::json(nullptr);
+  // After the last epoch cur_epoch() is the number of epochs completed, those before a resume included.
   nlohmann::json summary = {{"event", "summary"},
-                            {"epochs", epochs_written_},
+                            {"epochs", trainer.cur_epoch()},
+                            {"epochs_this_run", epochs_written_},
                             {"steps", trainer.cur_step()},
                             {"steps_this_run", trainer.cur_step() - first_step_},
                             {"train_loss", optional_or_null(final_train_loss_)},
@@ -251,8 +260,170 @@ void MetricsJsonlHook::after_train(Trainer& trainer) {
                             {"best_test_accuracy", optional_or_null(best_test_accuracy_)},
                             {"samples_per_s", mean_throughput},
                             {"wall_s", seconds_since(start_)}};
-  file_ << summary.dump() << '\n' << std::flush;
-  file_.close();
+  write_line(summary.dump());
+  std::FILE* file = file_.release();
+  errno = 0;
+  if (file != nullptr && std::fclose(file) != 0) {
+    const int error = errno;
+    COLOSSAL_FAIL("metrics file '{}': closing it failed: {}; the file may be incomplete", path_, std::strerror(error));
+  }
+}
+
+void MetricsJsonlHook::write_line(const std::string& line) {
+  COLOSSAL_CHECK(file_ != nullptr, "metrics file '{}': written before before_train opened it", path_);
+  errno = 0;
+  const bool written = std::fwrite(line.data(), 1, line.size(), file_.get()) == line.size() &&
+                       std::fputc('\n', file_.get()) != EOF && std::fflush(file_.get()) == 0;
+  if (!written) {
+    const int error = errno;
+    COLOSSAL_FAIL("metrics file '{}': writing failed: {}; free space on its disk or give another path", path_,
+                  error != 0 ? std::strerror(error) : "unknown error");
+  }
+}
+
+// ---- NonFiniteLossHook
+
+// Note [Non-finite losses]
+// A NaN or infinite training loss means the weights, the data or the arithmetic have gone wrong;
+// without amp the update that follows spreads the NaN into every weight, so every later step, the
+// epoch's mean loss and any checkpoint are garbage while the run goes on to exit 0. Reading each
+// loss on the host would catch it at once but would make every step wait for the GPU. Instead each
+// loss is copied into a device buffer (a copy_ into a slot: one small launch, no wait), and the
+// buffer is read where the host waits anyway: at the log interval (the log hooks read the loss
+// there), at an epoch's end (LossHook reads the mean), before a checkpoint (which copies the whole
+// state to the host) and at the end. The buffer keeps every loss since the last read, so the error
+// names the first bad step exactly, not only the interval it fell in.
+// fp16 loss scaling (naive and torch modes) makes overflow part of normal training: the scaler
+// skips the update and lowers the scale. The loss itself is computed before scaling, though, so a
+// non-finite loss means the forward pass overflowed or met NaN weights, which a lower scale does
+// not cure; a few such skipped updates are let through (a transient overflow), a long streak is
+// not. An applied update after a non-finite loss is an error in every mode.
+
+namespace {
+
+constexpr int64_t kLossChunk = 256;  // losses per device buffer: 1 KiB in f32
+
+const char* non_finite_name(double value) {
+  return std::isnan(value) ? "NaN" : (value > 0 ? "+inf" : "-inf");
+}
+
+constexpr const char* kNonFiniteAdvice =
+    "lower the learning rate (optimizer.lr) or lengthen its warmup, enable gradient clipping (clip_grad_norm), "
+    "and check the data and any weights the run started from (model.weights, --resume) for NaN or inf values";
+
+}  // namespace
+
+NonFiniteLossHook::NonFiniteLossHook(int64_t check_interval, int64_t max_skipped_in_a_row, int priority)
+    : Hook(priority), check_interval_(check_interval), max_skipped_in_a_row_(max_skipped_in_a_row) {
+  COLOSSAL_CHECK(check_interval_ >= 0, "NonFiniteLossHook: check_interval must be >= 0 (0: not by iteration), got {}",
+                 check_interval_);
+  COLOSSAL_CHECK(max_skipped_in_a_row_ >= 1, "NonFiniteLossHook: max_skipped_in_a_row must be >= 1, got {}",
+                 max_skipped_in_a_row_);
+}
+
+void NonFiniteLossHook::before_train(Trainer&) {
+  chunks_.clear();
+  records_.clear();
+  pending_.clear();
+  skipped_in_a_row_ = 0;
+}
+
+void NonFiniteLossHook::after_train_iter(Trainer& trainer, const Tensor&, const Tensor&, const Tensor& loss) {
+  Engine& engine = trainer.engine();
+  if (loss.defined()) {
+    COLOSSAL_CHECK(loss.numel() == 1, "NonFiniteLossHook: the loss must be one value, got shape {}", loss.shape());
+    const auto slot = static_cast<int64_t>(records_.size());
+    if (slot / kLossChunk == static_cast<int64_t>(chunks_.size())) {
+      // f64 losses (CPU reference runs) keep their range; 16-bit ones widen exactly to f32.
+      const DType dtype = loss.dtype() == DType::f64 ? DType::f64 : DType::f32;
+      chunks_.push_back(core::empty({kLossChunk}, TensorOptions(dtype, loss.device())));
+    }
+    autograd::NoGradGuard no_grad;
+    chunks_[static_cast<size_t>(slot / kLossChunk)].select(0, slot % kLossChunk).copy_(loss.detach().reshape({}));
+    records_.push_back({trainer.cur_step() + 1, trainer.cur_epoch() + 1, Outcome::pending, 0.0});
+  }
+  if (engine.last_step_updated()) {
+    // This iteration ended its window: every iteration still pending fed this update.
+    const Outcome outcome = engine.last_step_skipped() ? Outcome::skipped : Outcome::applied;
+    for (std::vector<Record>* records : {&records_, &pending_}) {
+      for (auto it = records->rbegin(); it != records->rend() && it->outcome == Outcome::pending; ++it) {
+        it->outcome = outcome;
+      }
+    }
+  }
+  if (check_interval_ > 0 && (trainer.cur_step() + 1) % check_interval_ == 0) check(trainer);
+}
+
+void NonFiniteLossHook::after_train_epoch(Trainer& trainer) {
+  // The Trainer drops a window the epoch left open: its iterations never reach an update.
+  for (std::vector<Record>* records : {&records_, &pending_}) {
+    for (auto it = records->rbegin(); it != records->rend() && it->outcome == Outcome::pending; ++it) {
+      it->outcome = Outcome::dropped;
+    }
+  }
+  check(trainer);
+}
+
+void NonFiniteLossHook::after_train(Trainer& trainer) {
+  check(trainer);
+}
+
+void NonFiniteLossHook::check(Trainer& trainer) {
+  std::vector<Record> read = std::move(pending_);
+  pending_.clear();
+  if (!records_.empty()) {
+    // One wait for the device, at a point where the caller waits anyway (see the Note).
+    std::vector<double> losses;
+    for (size_t c = 0; c * kLossChunk < records_.size(); ++c) {
+      const std::vector<double> chunk = chunks_[c].to(core::kCpu).to_vector<double>();
+      losses.insert(losses.end(), chunk.begin(), chunk.end());
+    }
+    for (size_t i = 0; i < records_.size(); ++i) {
+      records_[i].loss = losses[i];
+      read.push_back(records_[i]);
+    }
+    records_.clear();
+  }
+  for (const Record& record : read) {
+    if (record.outcome == Outcome::pending && trainer.engine().amp() != nullptr) {
+      pending_.push_back(record);  // judged once its window's update says whether it was skipped
+      continue;
+    }
+    judge(trainer, record);
+  }
+}
+
+void NonFiniteLossHook::judge(Trainer& trainer, const Record& record) {
+  const bool finite = std::isfinite(record.loss);
+  const bool can_skip = trainer.engine().amp() != nullptr;
+  if (can_skip && record.outcome == Outcome::dropped) return;  // never reached the weights
+  if (can_skip && record.outcome == Outcome::skipped) {
+    // Count skipped windows with a non-finite loss in a row: one per window, at its last iteration
+    // (the one whose record comes last); a finite skipped window ends the streak.
+    if (!finite) {
+      if (++skipped_in_a_row_ >= max_skipped_in_a_row_) {
+        COLOSSAL_FAIL(
+            "the training loss was non-finite ({}) on {} iterations in a row whose fp16 updates the loss scaler "
+            "skipped, the last at step {} (epoch {}/{}); loss scaling cannot cure a loss that overflows before "
+            "it is scaled (NaN weights, or a forward pass beyond fp16's range: try bf16 = true). The run stops "
+            "here without saving this state. Otherwise {}",
+            non_finite_name(record.loss), skipped_in_a_row_, record.step, record.epoch, trainer.max_epochs(),
+            kNonFiniteAdvice);
+      }
+    } else {
+      skipped_in_a_row_ = 0;
+    }
+    return;
+  }
+  if (finite) {
+    skipped_in_a_row_ = 0;
+    return;
+  }
+  COLOSSAL_FAIL(
+      "the training loss became {} at step {} (epoch {}/{}){}; the run stops here and saves no checkpoint of "
+      "this state. To fix it, {}",
+      non_finite_name(record.loss), record.step, record.epoch, trainer.max_epochs(),
+      can_skip ? " on an update the fp16 loss scaler did not skip" : "", kNonFiniteAdvice);
 }
 
 }  // namespace colossal::engine

@@ -1,15 +1,17 @@
 // The stock hooks of Colossal-AI's trainer: per-epoch loss and top-1 accuracy, LR scheduling by
-// epoch or by step, throughput, a log line per epoch, and a JSONL metrics file (one object per
-// epoch, then a summary) that scripts and dashboards read.
+// epoch or by step, throughput, a log line per epoch, a JSONL metrics file (one object per
+// epoch, then a summary) that scripts and dashboards read, and the guard that stops a run whose
+// loss became NaN or infinite.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
+#include <cstdio>
 #include <iosfwd>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "colossal/engine/hook.h"
 #include "colossal/optim/lr_scheduler.h"
@@ -117,10 +119,16 @@ class LogMetricByEpochHook : public Hook {
 ///     {"event": "epoch", "epoch": e, "step": s, "train_loss": ..., "test_loss": ..., "test_accuracy": ...,
 ///      "samples_per_s": ..., ["lr": ...]}
 ///   at after_train
-///     {"event": "summary", "epochs": N, "steps": S, "steps_this_run": ..., "train_loss": ..., "test_loss": ...,
-///      "test_accuracy": ..., "best_test_accuracy": ..., "samples_per_s": ..., "wall_s": ...}
-/// with e 0-based, s counting training iterations, losses and accuracy those of the last epoch (the
-/// summary's samples_per_s the mean over epochs), and null for a metric no hook produced.
+///     {"event": "summary", "epochs": E, "epochs_this_run": ..., "steps": S, "steps_this_run": ...,
+///      "train_loss": ..., "test_loss": ..., "test_accuracy": ..., "best_test_accuracy": ...,
+///      "samples_per_s": ..., "wall_s": ...}
+/// with e 1-based as the console prints it ("Epoch 1/3"), s counting training iterations (the
+/// one just done included), E the epochs completed in all (a resumed run counts those before
+/// it), losses and accuracy those of the last epoch (the summary's samples_per_s the mean over
+/// epochs), and null for a metric no hook produced.
+/// Every write is checked: a failed open, write or flush (a full disk, /dev/full, a removed
+/// mount) throws colossal::Error naming the file and the system's reason, which ends the run
+/// with an error instead of a silently empty file.
 class MetricsJsonlHook : public Hook {
  public:
   explicit MetricsJsonlHook(std::string path, int64_t log_interval = 0, bool append = false, int priority = 10);
@@ -134,18 +142,74 @@ class MetricsJsonlHook : public Hook {
 
  private:
   void write_epoch(Trainer& trainer, bool tested);
+  /// Appends `line` and a newline and flushes; throws naming the file and strerror on failure.
+  void write_line(const std::string& line);
+
+  struct CloseFile {
+    void operator()(std::FILE* file) const { std::fclose(file); }
+  };
 
   double iter_lr_ = 0.0;  // the lr of the current iteration's update
   std::string path_;
   int64_t log_interval_;
   bool append_;
-  std::ofstream file_;
+  std::unique_ptr<std::FILE, CloseFile> file_;  // stdio, so that every failure comes with its errno
   std::chrono::steady_clock::time_point start_;
   int64_t first_step_ = 0;
   int64_t epochs_written_ = 0;
   std::optional<double> final_train_loss_, final_test_loss_, final_test_accuracy_, best_test_accuracy_;
   double throughput_sum_ = 0.0;
   int64_t throughput_count_ = 0;
+};
+
+/// Stops a run whose training loss became NaN or infinite, before the broken state is logged as
+/// a result or saved as a checkpoint; see Note [Non-finite losses] in hooks.cpp.
+/// Each iteration's loss is copied into a buffer on its own device (one small copy, no host
+/// synchronisation); the host reads the buffer only where a host read happens anyway: every
+/// `check_interval` training iterations (pass train.log_interval; 0: not by iteration), at the
+/// end of every epoch, at the end of training, and when SaveCheckpointHook is about to save
+/// (it calls check()). A non-finite loss then throws colossal::Error naming the first such
+/// step (1-based iteration, as the JSONL "step") and epoch (1-based, as logged) and what to do.
+/// Under mixed precision (Engine::amp()) an update the fp16 loss scaler skipped for overflow is
+/// normal and the losses of its window are let through, but `max_skipped_in_a_row` iterations in
+/// a row with a non-finite loss, all in skipped updates, stop the run too: the loss is computed
+/// before any scaling, so a lower scale cannot cure it (NaN weights, or a forward pass beyond
+/// fp16's range). Micro-steps of a window that never reached its update (dropped at an epoch's
+/// end) are let through under mixed precision and judged like updates without it.
+/// Priority 50: after the logging hooks (priority <= 10), so the log lines of the failing
+/// interval are written, and before SaveCheckpointHook (100) at after_train_iter and
+/// after_train_epoch. Install it on every rank of a data-parallel run: the reported loss is the
+/// group's mean, so all ranks stop at the same check.
+class NonFiniteLossHook : public Hook {
+ public:
+  explicit NonFiniteLossHook(int64_t check_interval = 0, int64_t max_skipped_in_a_row = 16, int priority = 50);
+  std::string name() const override { return "NonFiniteLossHook"; }
+  void before_train(Trainer& trainer) override;
+  void after_train_iter(Trainer& trainer, const Tensor& output, const Tensor& target, const Tensor& loss) override;
+  void after_train_epoch(Trainer& trainer) override;
+  void after_train(Trainer& trainer) override;
+  /// Reads the losses recorded since the last check (one copy to the host per buffer chunk) and
+  /// throws if one of them is non-finite on an update that was not skipped (see above).
+  void check(Trainer& trainer);
+  /// Iterations recorded and not yet read by check().
+  int64_t unchecked() const { return static_cast<int64_t>(records_.size()); }
+
+ private:
+  /// What became of the update an iteration's gradients went into.
+  enum class Outcome { pending, applied, skipped, dropped };
+  struct Record {
+    int64_t step;   // 1-based iteration number
+    int64_t epoch;  // 1-based
+    Outcome outcome;
+    double loss;  // set once read from the device
+  };
+  void judge(Trainer& trainer, const Record& record);
+
+  int64_t check_interval_, max_skipped_in_a_row_;
+  std::vector<Tensor> chunks_;   // device buffers of kChunk losses each, filled in order
+  std::vector<Record> records_;  // the unread iterations, one per buffered loss
+  std::vector<Record> pending_;  // read, but their window has not reached its update yet
+  int64_t skipped_in_a_row_ = 0;
 };
 
 }  // namespace colossal::engine

@@ -7,7 +7,9 @@
 
 #include <array>
 #include <bit>
+#include <cerrno>
 #include <chrono>
+#include <cstring>  // strerror
 #include <ctime>
 #include <filesystem>
 #include <iterator>
@@ -286,6 +288,19 @@ uint32_t mask_crc32c(uint32_t crc) {
 
 // ---- EventFileWriter
 
+namespace {
+
+/// Throws naming the event file and the system's reason for the failed `what` (read from errno
+/// right after the failing call, which the callers clear before it).
+[[noreturn]] void fail_io(const std::string& path, const char* what) {
+  const int error = errno;
+  COLOSSAL_FAIL("TensorBoard event file '{}': {} failed: {}{}", path, what,
+                error != 0 ? std::strerror(error) : "unknown error",
+                error == ENOSPC || error == EDQUOT ? " (free space on its disk or choose another train.log_dir)" : "");
+}
+
+}  // namespace
+
 EventFileWriter::EventFileWriter(const std::string& log_dir) {
   std::error_code error;
   std::filesystem::create_directories(log_dir, error);
@@ -296,8 +311,9 @@ EventFileWriter::EventFileWriter(const std::string& log_dir) {
           .string();
   path_ = base;
   for (int suffix = 1; std::filesystem::exists(path_); ++suffix) path_ = fmt::format("{}.{}", base, suffix);
+  errno = 0;
   file_.open(path_, std::ios::out | std::ios::binary | std::ios::trunc);
-  COLOSSAL_CHECK(file_.is_open(), "EventFileWriter: cannot open '{}' for writing", path_);
+  if (!file_.is_open()) fail_io(path_, "opening it for writing");
   write_record(encode_version_event(unix_seconds_now()));
 }
 
@@ -316,16 +332,23 @@ void EventFileWriter::add_scalar(const std::string& tag, double value, int64_t s
 
 void EventFileWriter::flush() {
   if (!file_.is_open()) return;
+  errno = 0;
   file_.flush();
-  COLOSSAL_CHECK(file_.good(), "EventFileWriter: flushing '{}' failed", path_);
+  if (!file_.good()) fail_io(path_, "writing");
 }
 
 void EventFileWriter::close() {
   if (!file_.is_open()) return;
+  errno = 0;
   file_.flush();
-  const bool good = file_.good();
+  if (!file_.good()) {
+    const int error = errno;
+    file_.close();  // a closed writer refuses further scalars instead of failing on each
+    errno = error;
+    fail_io(path_, "writing");
+  }
   file_.close();
-  COLOSSAL_CHECK(good, "EventFileWriter: writing '{}' failed", path_);
+  if (file_.fail()) fail_io(path_, "closing");
 }
 
 void EventFileWriter::write_record(const std::string& payload) {
@@ -335,8 +358,9 @@ void EventFileWriter::write_record(const std::string& payload) {
   ProtoWriter length_crc, payload_crc;
   length_crc.fixed(mask_crc32c(crc32c(header.bytes().data(), 8)), 4);
   payload_crc.fixed(mask_crc32c(crc32c(payload.data(), payload.size())), 4);
+  errno = 0;
   file_ << header.bytes() << length_crc.bytes() << payload << payload_crc.bytes();
-  COLOSSAL_CHECK(file_.good(), "EventFileWriter: writing '{}' failed", path_);
+  if (!file_.good()) fail_io(path_, "writing");
 }
 
 // ---- read_event_file

@@ -25,7 +25,8 @@ inline constexpr const char* kEventFileVersion = "brain.Event:2";
 /// when that name is taken, ".1", ".2", ... is appended so that two writers never share a file).
 /// The first record carries file_version; each add_scalar appends one Event with one summary value.
 /// Records are buffered: flush() makes them visible to TensorBoard, and close() / the destructor
-/// flush too.
+/// flush too. A failed open, write, flush or close (a full disk) throws colossal::Error naming the
+/// file and the system's reason (the destructor, which must not throw, swallows it).
 class EventFileWriter {
  public:
   explicit EventFileWriter(const std::string& log_dir);

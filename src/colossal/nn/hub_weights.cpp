@@ -2,6 +2,7 @@
 #include "colossal/nn/hub_weights.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // join
 
 #include <regex>
 
@@ -53,11 +54,56 @@ StateDict hub_to_model_names(const Module& model, const StateDict& hub, HubImpor
   return renamed;
 }
 
+bool widens_exactly(DType stored, DType model) {
+  if (stored == model) return true;
+  // f16 and bf16 each fit in f32 (and f64) exactly, f32 in f64; nothing else converts without loss.
+  switch (model) {
+    case DType::f64:
+      return stored == DType::f32 || stored == DType::f16 || stored == DType::bf16;
+    case DType::f32:
+      return stored == DType::f16 || stored == DType::bf16;
+    default:
+      return false;
+  }
+}
+
 HubImportReport import_hub_weights(Module& model, const std::filesystem::path& path) {
+  // The header first: a training checkpoint is told apart before gigabytes of optimizer state are read.
+  const SafetensorsHeader header = read_safetensors_header(path);
+  if (auto format = header.metadata.find("format");
+      format != header.metadata.end() && format->second == kCheckpointFormat) {
+    COLOSSAL_FAIL(
+        "model.weights {} is a colossal training checkpoint (model, optimizer and scheduler state), not a weights "
+        "file; write its weights with `colossal export {} -o model.safetensors` and set model.weights to that file, "
+        "or continue that run with --resume {}",
+        path.string(), path.string(), path.string());
+  }
   SafetensorsFile file = load_safetensors(path);
   HubImportReport report;
   try {
     StateDict state = hub_to_model_names(model, file.tensors, &report);
+    // Dtypes before anything is loaded (load_state_dict would cast whatever it is given).
+    const StateDict own = model.state_dict();
+    std::vector<std::string> mistyped;
+    for (const auto& [name, tensor] : state) {
+      const Tensor* dst = own.find(name);
+      if (dst == nullptr || tensor.dtype() == dst->dtype()) continue;
+      const std::string change = fmt::format("{} {} -> {}", name, safetensors_dtype_name(tensor.dtype()),
+                                             safetensors_dtype_name(dst->dtype()));
+      if (widens_exactly(tensor.dtype(), dst->dtype())) {
+        report.cast.push_back(change);
+      } else {
+        mistyped.push_back(fmt::format("\n  '{}' is stored as {} but the model holds {}", name,
+                                       safetensors_dtype_name(tensor.dtype()), safetensors_dtype_name(dst->dtype())));
+      }
+    }
+    if (!mistyped.empty()) {
+      COLOSSAL_FAIL(
+          "{} tensor(s) of another dtype than the model's, and no exact conversion exists (only f16/bf16 -> f32/f64 "
+          "and f32 -> f64 are taken); nothing was loaded. Convert the file to the model's dtype first, or check that "
+          "it holds the weights its name says:{}",
+          mistyped.size(), fmt::join(mistyped, ""));
+    }
     model.load_state_dict(state, /*strict=*/true);
   } catch (const Error& e) {
     COLOSSAL_FAIL("loading weights from {}: {}", path.string(), e.what());

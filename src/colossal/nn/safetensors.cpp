@@ -2,7 +2,8 @@
 // storage, and the write-to-temporary-then-rename writer.
 #include "colossal/nn/safetensors.h"
 
-#include <unistd.h>  // getpid
+#include <fcntl.h>   // open
+#include <unistd.h>  // getpid, fsync, close
 
 #include <algorithm>
 #include <array>
@@ -256,22 +257,44 @@ void save_safetensors(const std::filesystem::path& path, const StateDict& tensor
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
 
   const std::filesystem::path temporary = path.string() + fmt::format(".tmp.{}", static_cast<long>(::getpid()));
+  // errno is read right after the call that failed, before anything else can change it.
+  const auto fail = [&](const char* what) {
+    const int error = errno;
+    COLOSSAL_FAIL("{}: cannot {} '{}': {}{}", where, what, temporary.string(),
+                  error != 0 ? std::strerror(error) : "unknown error",
+                  error == ENOSPC || error == EDQUOT ? " (free space on that disk, or write elsewhere)" : "");
+  };
   try {
+    errno = 0;
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    COLOSSAL_CHECK(out.is_open(), "{}: cannot create '{}': {}", where, temporary.string(), std::strerror(errno));
+    if (!out.is_open()) fail("create");
     std::array<char, 8> length_bytes{};
     for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
     out.write(length_bytes.data(), 8);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    if (!out.good()) fail("write");
     for (const Pending& p : pending) {
       const Tensor cpu =
           core::contiguous_raw(p.tensor.device().is_cpu() ? p.tensor : core::to_device_raw(p.tensor, core::kCpu));
+      errno = 0;
       out.write(static_cast<const char*>(cpu.raw_data()), static_cast<std::streamsize>(cpu.nbytes()));
+      if (!out.good()) fail("write");
     }
+    errno = 0;
     out.flush();
-    COLOSSAL_CHECK(out.good(), "{}: writing '{}' failed: {}", where, temporary.string(), std::strerror(errno));
+    if (!out.good()) fail("write");
     out.close();
-    COLOSSAL_CHECK(!out.fail(), "{}: closing '{}' failed: {}", where, temporary.string(), std::strerror(errno));
+    if (out.fail()) fail("close");
+    // On the disk before the rename, so that after a power cut the name holds the old file or the
+    // whole new one (ext4 and xfs may otherwise commit the rename before the data).
+    errno = 0;
+    const int fd = ::open(temporary.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("reopen");
+    const bool synced = ::fsync(fd) == 0;
+    const int sync_error = errno;
+    ::close(fd);
+    errno = sync_error;
+    if (!synced) fail("sync");
     std::error_code error;
     std::filesystem::rename(temporary, path, error);
     COLOSSAL_CHECK(!error, "{}: renaming '{}' over it failed: {}", where, temporary.string(), error.message());

@@ -13,6 +13,10 @@
 
 namespace colossal::nn {
 
+/// The metadata value `format` of colossal's training checkpoints (engine/checkpoint.h); readers of
+/// plain weights use it to tell a checkpoint given in a weights file's place.
+inline constexpr const char* kCheckpointFormat = "colossal-checkpoint";
+
 /// One tensor's entry in a safetensors header.
 struct SafetensorsEntry {
   std::string name;
@@ -49,8 +53,10 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& path);
 SafetensorsFile load_safetensors(const std::filesystem::path& path);
 
 /// Writes `tensors` (any device, dtype and strides; none may be undefined) and `metadata` to path.
-/// The file is written under a temporary name beside path and renamed over it only once complete,
-/// so a failure never leaves a truncated file under path. Tensors are laid out largest element
+/// The file is written under a temporary name beside path, synced to the disk and renamed over it
+/// only once complete, so a failure (a full disk, a crash, a power cut) never leaves a truncated
+/// file under path; a failed write throws naming both files and the system's reason (strerror)
+/// and removes the temporary. Tensors are laid out largest element
 /// first (then in the dict's order), so each starts aligned to its element size, as the reference
 /// writer does; the header is padded with spaces to a multiple of 8 bytes.
 void save_safetensors(const std::filesystem::path& path, const StateDict& tensors,
