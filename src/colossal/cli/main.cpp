@@ -1,5 +1,6 @@
 // The colossal program. `colossal info` says what this build was compiled with; `colossal train`
-// runs the built-in training job (for now the synthetic MLP of train_mlp.h, on the CPU).
+// trains from a TOML config (or, without one, runs the built-in MLP demo of train_mlp.h); `run`
+// launches ranks, `tokenize` and `export` prepare data and checkpoints.
 #include <fmt/format.h>
 #include <omp.h>
 #include <unistd.h>  // execv
@@ -13,6 +14,7 @@
 #include "colossal/cli/export.h"
 #include "colossal/cli/run.h"
 #include "colossal/cli/tokenize.h"
+#include "colossal/cli/train_args.h"
 #include "colossal/cli/train_command.h"
 #include "colossal/cli/train_mlp.h"
 #include "colossal/comm/library_versions.h"
@@ -84,7 +86,6 @@ void ensure_passive_openmp_wait(char** argv) {
 
 int main(int argc, char** argv) {
   colossal::cli::ensure_passive_openmp_wait(argv);
-  using colossal::cli::MlpTrainConfig;
   CLI::App app{"colossal: native C++ training of large neural networks"};
   app.require_subcommand(1);
 
@@ -93,42 +94,21 @@ int main(int argc, char** argv) {
   colossal::cli::add_export_command(app);
   colossal::cli::add_run_command(app);
 
-  MlpTrainConfig config;
-  CLI::App* train = app.add_subcommand("train", "Train a 2-layer MLP on a synthetic classification task (CPU)");
-  train->add_option("--steps", config.steps, "SGD steps")->capture_default_str();
-  train->add_option("--batch-size", config.batch_size, "Examples per step")->capture_default_str();
-  train->add_option("--lr", config.lr, "Learning rate")->capture_default_str();
-  train->add_option("--hidden", config.hidden, "Hidden layer width")->capture_default_str();
-  train->add_option("--seed", config.seed, "Seed of the task and of the run")->capture_default_str();
-  std::string config_path, metrics_path;
-  std::vector<std::string> overrides;
-  train->add_option("--config", config_path, "Train from a TOML config (configs/*.toml) instead of the MLP job")
-      ->check(CLI::ExistingFile);
-  train->add_option("--set", overrides, "Override a config key: key=value (repeatable; needs --config)")
-      ->allow_extra_args(false);
-  train->add_option("--metrics", metrics_path,
-                    "With --config: write JSONL metrics: a line every train.log_interval steps, one per epoch, then a "
-                    "summary");
-  std::string resume_path;
-  train->add_option("--resume", resume_path,
-                    "With --config: continue from a checkpoint file, or from the newest one in a checkpoint folder "
-                    "(same as --set train.resume_from=PATH)");
-  train->add_option("--log-every", config.log_every, "Print the loss every N steps (0: only the last)")
-      ->capture_default_str();
+  colossal::cli::TrainArgs train_args;
+  CLI::App* train = colossal::cli::add_train_command(app, train_args);
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (info->parsed()) colossal::cli::print_info();
     if (train->parsed()) {
-      if (!config_path.empty()) {
-        if (!resume_path.empty()) overrides.push_back("train.resume_from=" + colossal::cli::toml_string(resume_path));
-        return colossal::cli::train_from_config(config_path, overrides, metrics_path);
+      if (!train_args.config_path.empty()) {
+        std::vector<std::string> overrides = train_args.overrides;
+        if (!train_args.resume_path.empty()) {
+          overrides.push_back("train.resume_from=" + colossal::cli::toml_string(train_args.resume_path));
+        }
+        return colossal::cli::train_from_config(train_args.config_path, overrides, train_args.metrics_path);
       }
-      if (!overrides.empty() || !metrics_path.empty() || !resume_path.empty()) {
-        fmt::print(stderr, "colossal: --set, --metrics and --resume need --config\n");
-        return 2;
-      }
-      colossal::cli::run_train(config);
+      colossal::cli::run_train(train_args.mlp);
     }
   } catch (const colossal::Error& e) {
     fmt::print(stderr, "colossal: {}\n", e.what());
