@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "colossal/comm/launch_env.h"  // the variables' names
 #include "colossal/core/error.h"
 
 namespace colossal::comm {
@@ -47,17 +48,17 @@ class EnvReader {
  public:
   EnvReader(const EnvLookup& lookup, std::string_view launcher) : lookup_(lookup), launcher_(launcher) {}
 
-  std::optional<std::string> get(const std::string& name) const {
-    std::optional<std::string> value = lookup_(name);
+  std::optional<std::string> get(std::string_view name) const {
+    std::optional<std::string> value = lookup_(std::string(name));
     if (value && value->empty()) return std::nullopt;  // VAR= counts as unset
     return value;
   }
-  bool has(const std::string& name) const { return get(name).has_value(); }
+  bool has(std::string_view name) const { return get(name).has_value(); }
 
   /// Throws naming every variable of `names` that is unset.
-  void require(const std::vector<std::string>& names, std::string_view why) const {
-    std::vector<std::string> missing;
-    for (const std::string& name : names) {
+  void require(const std::vector<std::string_view>& names, std::string_view why) const {
+    std::vector<std::string_view> missing;
+    for (const std::string_view name : names) {
       if (!has(name)) missing.push_back(name);
     }
     COLOSSAL_CHECK(missing.empty(), "{}: {} set, so this is a {} environment, but {} {} missing; {} sets all of {}",
@@ -65,7 +66,7 @@ class EnvReader {
                    fmt::join(names, ", "));
   }
 
-  int integer(const std::string& name) const {
+  int integer(std::string_view name) const {
     const std::string text = get(name).value_or("");
     int value = 0;
     const char* end = text.data() + text.size();
@@ -74,7 +75,7 @@ class EnvReader {
     return value;
   }
 
-  int port(const std::string& name) const {
+  int port(std::string_view name) const {
     const int value = integer(name);
     COLOSSAL_CHECK(value >= 1 && value <= 65535, "{}: {}={} is not a TCP port (1 to 65535)", launcher_, name, value);
     return value;
@@ -99,39 +100,39 @@ void check_ranks(const DistEnv& env, std::string_view launcher, std::string_view
 }
 
 /// torchrun and our launcher: the same six variables (ours adds COLOSSAL_LAUNCHER=1).
-DistEnv parse_torchrun_like(const EnvReader& env, EnvSource source, std::string_view why) {
-  env.require({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}, why);
+DistEnv parse_torchrun_like(const EnvReader& vars, EnvSource source, std::string_view why) {
+  vars.require({env::kRank, env::kLocalRank, env::kWorldSize, env::kLocalWorldSize, env::kMasterAddr, env::kMasterPort},
+               why);
   DistEnv out;
   out.source = source;
-  out.rank = env.integer("RANK");
-  out.world_size = env.integer("WORLD_SIZE");
-  out.local_rank = env.integer("LOCAL_RANK");
-  out.local_world_size = env.integer("LOCAL_WORLD_SIZE");
-  out.master_addr = *env.get("MASTER_ADDR");
-  out.master_port = env.port("MASTER_PORT");
+  out.rank = vars.integer(env::kRank);
+  out.world_size = vars.integer(env::kWorldSize);
+  out.local_rank = vars.integer(env::kLocalRank);
+  out.local_world_size = vars.integer(env::kLocalWorldSize);
+  out.master_addr = *vars.get(env::kMasterAddr);
+  out.master_port = vars.port(env::kMasterPort);
   const std::string_view name = env_source_name(source);
-  check_ranks(out, name, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  check_ranks(out, name, env::kRank, env::kWorldSize, env::kLocalRank, env::kLocalWorldSize);
   COLOSSAL_CHECK(source != EnvSource::torchrun || out.master_port < 65535,
-                 "torchrun: MASTER_PORT=65535 leaves no port for the rendezvous (it uses MASTER_PORT + 1, since "
-                 "torchrun's store holds MASTER_PORT); pick a lower --master_port");
+                 "torchrun: {}=65535 leaves no port for the rendezvous (it uses {} + 1, since torchrun's store holds "
+                 "{}); pick a lower --master_port",
+                 env::kMasterPort, env::kMasterPort, env::kMasterPort);
   return out;
 }
 
-DistEnv parse_openmpi(const EnvReader& env) {
-  env.require(
-      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-      "OMPI_COMM_WORLD_RANK is");
+DistEnv parse_openmpi(const EnvReader& vars) {
+  vars.require({env::kOmpiRank, env::kOmpiSize, env::kOmpiLocalRank, env::kOmpiLocalSize},
+               fmt::format("{} is", env::kOmpiRank));
   DistEnv out;
   out.source = EnvSource::openmpi;
-  out.rank = env.integer("OMPI_COMM_WORLD_RANK");
-  out.world_size = env.integer("OMPI_COMM_WORLD_SIZE");
-  out.local_rank = env.integer("OMPI_COMM_WORLD_LOCAL_RANK");
-  out.local_world_size = env.integer("OMPI_COMM_WORLD_LOCAL_SIZE");
+  out.rank = vars.integer(env::kOmpiRank);
+  out.world_size = vars.integer(env::kOmpiSize);
+  out.local_rank = vars.integer(env::kOmpiLocalRank);
+  out.local_world_size = vars.integer(env::kOmpiLocalSize);
   // Under MPI the NCCL id travels by MPI_Bcast; MASTER_ADDR/PORT only matter if a user set them.
-  if (env.has("MASTER_ADDR")) out.master_addr = *env.get("MASTER_ADDR");
-  if (env.has("MASTER_PORT")) out.master_port = env.port("MASTER_PORT");
-  check_ranks(out, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-              "OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (vars.has(env::kMasterAddr)) out.master_addr = *vars.get(env::kMasterAddr);
+  if (vars.has(env::kMasterPort)) out.master_port = vars.port(env::kMasterPort);
+  check_ranks(out, "openmpi", env::kOmpiRank, env::kOmpiSize, env::kOmpiLocalRank, env::kOmpiLocalSize);
   return out;
 }
 
@@ -160,47 +161,48 @@ std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
   return std::nullopt;
 }
 
-DistEnv parse_slurm(const EnvReader& env) {
-  env.require({"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}, "SLURM_PROCID is");
+DistEnv parse_slurm(const EnvReader& vars) {
+  vars.require({env::kSlurmProcId, env::kSlurmNtasks, env::kSlurmLocalId}, fmt::format("{} is", env::kSlurmProcId));
   DistEnv out;
   out.source = EnvSource::slurm;
-  out.rank = env.integer("SLURM_PROCID");
-  out.world_size = env.integer("SLURM_NTASKS");
-  out.local_rank = env.integer("SLURM_LOCALID");
+  out.rank = vars.integer(env::kSlurmProcId);
+  out.world_size = vars.integer(env::kSlurmNtasks);
+  out.local_rank = vars.integer(env::kSlurmLocalId);
   // Tasks on this node: the step's distribution (srun), else the job's, indexed by SLURM_NODEID.
   std::optional<int> local = std::nullopt;
-  for (const char* list_var : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
-    if (local || !env.has(list_var)) continue;
-    const int node = env.has("SLURM_NODEID") ? env.integer("SLURM_NODEID") : 0;
-    local = slurm_tasks_on_node(*env.get(list_var), node);
+  for (const std::string_view list_var : {env::kSlurmStepTasksPerNode, env::kSlurmTasksPerNode}) {
+    if (local || !vars.has(list_var)) continue;
+    const int node = vars.has(env::kSlurmNodeId) ? vars.integer(env::kSlurmNodeId) : 0;
+    local = slurm_tasks_on_node(*vars.get(list_var), node);
     COLOSSAL_CHECK(local.has_value(),
                    "slurm: cannot read node {}'s task count from {}='{}' (expected a list like 2(x3),1)", node,
-                   list_var, *env.get(list_var));
+                   list_var, *vars.get(list_var));
   }
-  if (!local && env.has("SLURM_NTASKS_PER_NODE")) local = env.integer("SLURM_NTASKS_PER_NODE");
+  if (!local && vars.has(env::kSlurmNtasksPerNode)) local = vars.integer(env::kSlurmNtasksPerNode);
   COLOSSAL_CHECK(local.has_value(),
-                 "slurm: cannot tell how many tasks run on this node: none of SLURM_STEP_TASKS_PER_NODE, "
-                 "SLURM_TASKS_PER_NODE (with SLURM_NODEID) or SLURM_NTASKS_PER_NODE is set; start the job with srun");
+                 "slurm: cannot tell how many tasks run on this node: none of {}, {} (with {}) or {} is set; start "
+                 "the job with srun",
+                 env::kSlurmStepTasksPerNode, env::kSlurmTasksPerNode, env::kSlurmNodeId, env::kSlurmNtasksPerNode);
   out.local_world_size = *local;
-  check_ranks(out, "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "the tasks-per-node count");
+  check_ranks(out, "slurm", env::kSlurmProcId, env::kSlurmNtasks, env::kSlurmLocalId, "the tasks-per-node count");
 
-  if (env.has("MASTER_ADDR")) {
-    out.master_addr = *env.get("MASTER_ADDR");
+  if (vars.has(env::kMasterAddr)) {
+    out.master_addr = *vars.get(env::kMasterAddr);
   } else {
     std::optional<std::string> nodes;
-    for (const char* list_var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-      if (!nodes) nodes = env.get(list_var);
+    for (const std::string_view list_var : {env::kSlurmStepNodeList, env::kSlurmJobNodeList, env::kSlurmNodeList}) {
+      if (!nodes) nodes = vars.get(list_var);
     }
     COLOSSAL_CHECK(nodes.has_value() || out.world_size == 1,
-                   "slurm: no MASTER_ADDR and no node list (SLURM_STEP_NODELIST, SLURM_JOB_NODELIST) to find rank "
-                   "0's host; export MASTER_ADDR");
+                   "slurm: no {} and no node list ({}, {}) to find rank 0's host; export {}", env::kMasterAddr,
+                   env::kSlurmStepNodeList, env::kSlurmJobNodeList, env::kMasterAddr);
     if (nodes) out.master_addr = first_slurm_host(*nodes);
   }
-  if (env.has("MASTER_PORT")) {
-    out.master_port = env.port("MASTER_PORT");
-  } else if (env.has("SLURM_JOB_ID")) {
+  if (vars.has(env::kMasterPort)) {
+    out.master_port = vars.port(env::kMasterPort);
+  } else if (vars.has(env::kSlurmJobId)) {
     // Jobs sharing a node get different ports; 20000-39999 stays clear of the ephemeral range.
-    out.master_port = 20000 + env.integer("SLURM_JOB_ID") % 20000;
+    out.master_port = 20000 + vars.integer(env::kSlurmJobId) % 20000;
   }
   return out;
 }
@@ -234,21 +236,24 @@ std::string first_slurm_host(std::string_view host_list) {
 }
 
 DistEnv parse_dist_env(const EnvLookup& lookup) {
-  if (lookup("COLOSSAL_LAUNCHER").value_or("") == "1") {
-    return parse_torchrun_like(EnvReader(lookup, "launcher"), EnvSource::launcher, "COLOSSAL_LAUNCHER=1 is");
+  if (lookup(std::string(env::kColossalLauncher)).value_or("") == "1") {
+    return parse_torchrun_like(EnvReader(lookup, "launcher"), EnvSource::launcher,
+                               fmt::format("{}=1 is", env::kColossalLauncher));
   }
   const EnvReader torchrun(lookup, "torchrun");
-  if (torchrun.has("RANK") || torchrun.has("WORLD_SIZE")) {
-    return parse_torchrun_like(torchrun, EnvSource::torchrun, torchrun.has("RANK") ? "RANK is" : "WORLD_SIZE is");
+  if (torchrun.has(env::kRank) || torchrun.has(env::kWorldSize)) {
+    return parse_torchrun_like(torchrun, EnvSource::torchrun,
+                               fmt::format("{} is", torchrun.has(env::kRank) ? env::kRank : env::kWorldSize));
   }
   const EnvReader openmpi(lookup, "openmpi");
-  if (openmpi.has("OMPI_COMM_WORLD_RANK") || openmpi.has("OMPI_COMM_WORLD_SIZE")) return parse_openmpi(openmpi);
+  if (openmpi.has(env::kOmpiRank) || openmpi.has(env::kOmpiSize)) return parse_openmpi(openmpi);
   const EnvReader slurm(lookup, "slurm");
-  if (slurm.has("SLURM_PROCID")) return parse_slurm(slurm);
+  if (slurm.has(env::kSlurmProcId)) return parse_slurm(slurm);
 
   DistEnv single;
-  if (auto addr = lookup("MASTER_ADDR"); addr && !addr->empty()) single.master_addr = *addr;
-  if (lookup("MASTER_PORT").value_or("") != "") single.master_port = EnvReader(lookup, "single").port("MASTER_PORT");
+  if (auto addr = lookup(std::string(env::kMasterAddr)); addr && !addr->empty()) single.master_addr = *addr;
+  if (lookup(std::string(env::kMasterPort)).value_or("") != "")
+    single.master_port = EnvReader(lookup, "single").port(env::kMasterPort);
   return single;
 }
 

@@ -26,17 +26,18 @@
 #include <thread>
 #include <utility>
 
+#include "colossal/comm/launch_env.h"  // the variables' names in messages
 #include "colossal/core/error.h"
 
 namespace colossal::comm {
 
 std::chrono::milliseconds default_rendezvous_timeout() {
-  const char* text = std::getenv("COLOSSAL_RENDEZVOUS_TIMEOUT");
+  const char* text = std::getenv(std::string(env::kRendezvousTimeout).c_str());
   if (text == nullptr || *text == '\0') return std::chrono::seconds(300);
   char* end = nullptr;
   const double seconds = std::strtod(text, &end);
   COLOSSAL_CHECK(end != text && *end == '\0' && std::isfinite(seconds) && seconds > 0,
-                 "COLOSSAL_RENDEZVOUS_TIMEOUT='{}' is not a positive number of seconds", text);
+                 "{}='{}' is not a positive number of seconds", env::kRendezvousTimeout, text);
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
 }
 
@@ -201,8 +202,8 @@ Socket listen_on(const RendezvousOptions& o) {
   }
   COLOSSAL_FAIL(
       "rendezvous: rank 0 cannot listen on port {} ({}); the port must be free on rank 0's host: pick another "
-      "MASTER_PORT (under torchrun the rendezvous takes MASTER_PORT + 1)",
-      o.port, errno_text(last_error));
+      "{} (under torchrun the rendezvous takes {} + 1)",
+      o.port, errno_text(last_error), env::kMasterPort, env::kMasterPort);
 }
 
 std::vector<uint8_t> serve(const RendezvousOptions& o, const std::vector<uint8_t>& blob, Clock::time_point deadline) {
@@ -221,10 +222,9 @@ std::vector<uint8_t> serve(const RendezvousOptions& o, const std::vector<uint8_t
       }
       COLOSSAL_FAIL(
           "rendezvous: rank{} {} of {} never connected to rank 0 at {}:{} within {}; check that every rank was "
-          "started, that it can reach {}:{} (MASTER_ADDR, MASTER_PORT) and agrees on WORLD_SIZE; "
-          "COLOSSAL_RENDEZVOUS_TIMEOUT sets the wait in seconds",
+          "started, that it can reach {}:{} ({}, {}) and agrees on {}; {} sets the wait in seconds",
           missing.size() == 1 ? "" : "s", list_ranks(missing), o.world_size, o.addr, o.port, seconds_text(o.timeout),
-          o.addr, o.port);
+          o.addr, o.port, env::kMasterAddr, env::kMasterPort, env::kWorldSize, env::kRendezvousTimeout);
     }
     COLOSSAL_CHECK(ready == Io::ok, "rendezvous: rank 0 failed waiting for connections on port {}: {}", o.port,
                    errno_text(error));
@@ -241,14 +241,13 @@ std::vector<uint8_t> serve(const RendezvousOptions& o, const std::vector<uint8_t
                    "rendezvous: rank {} speaks rendezvous version {}, rank 0 version {}; run the same "
                    "colossal build on every rank",
                    rank, version, kVersion);
-    COLOSSAL_CHECK(
-        world_size == o.world_size,
-        "rendezvous: rank {} says the world has {} ranks, rank 0 says {}; every rank needs the same WORLD_SIZE", rank,
-        world_size, o.world_size);
+    COLOSSAL_CHECK(world_size == o.world_size,
+                   "rendezvous: rank {} says the world has {} ranks, rank 0 says {}; every rank needs the same {}",
+                   rank, world_size, o.world_size, env::kWorldSize);
     COLOSSAL_CHECK(rank >= 1 && rank < o.world_size, "rendezvous: a peer claims rank {}, outside ranks 1 to {}", rank,
                    o.world_size - 1);
     COLOSSAL_CHECK(!peers[static_cast<size_t>(rank)].valid(),
-                   "rendezvous: two processes claim rank {}; every rank needs its own RANK", rank);
+                   "rendezvous: two processes claim rank {}; every rank needs its own {}", rank, env::kRank);
     peers[static_cast<size_t>(rank)] = std::move(peer);
     arrived++;
   }
@@ -334,9 +333,10 @@ std::vector<uint8_t> join(const RendezvousOptions& o, Clock::time_point deadline
     if (s.valid()) break;
     COLOSSAL_CHECK(Clock::now() < deadline,
                    "rendezvous: rank {} could not reach rank 0 at {}:{} within {} (last error: {}); check that rank 0 "
-                   "was started and that MASTER_ADDR/MASTER_PORT name its host and a port this host can reach; "
-                   "COLOSSAL_RENDEZVOUS_TIMEOUT sets the wait in seconds",
-                   o.rank, o.addr, o.port, seconds_text(o.timeout), last_error);
+                   "was started and that {}/{} name its host and a port this host can reach; {} sets the wait in "
+                   "seconds",
+                   o.rank, o.addr, o.port, seconds_text(o.timeout), last_error, env::kMasterAddr, env::kMasterPort,
+                   env::kRendezvousTimeout);
     std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(
         backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())));
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(1));
@@ -355,8 +355,8 @@ std::vector<uint8_t> join(const RendezvousOptions& o, Clock::time_point deadline
                    o.addr, o.port, what, o.rank);
     COLOSSAL_CHECK(result != Io::timeout,
                    "rendezvous: rank {} is connected to rank 0 at {}:{} but {} did not come within {}; rank 0 is "
-                   "still waiting for other ranks (COLOSSAL_RENDEZVOUS_TIMEOUT sets the wait in seconds)",
-                   o.rank, o.addr, o.port, what, seconds_text(o.timeout));
+                   "still waiting for other ranks ({} sets the wait in seconds)",
+                   o.rank, o.addr, o.port, what, seconds_text(o.timeout), env::kRendezvousTimeout);
     COLOSSAL_CHECK(result == Io::ok, "rendezvous: rank {} failed reading {} from {}:{}: {}", o.rank, what, o.addr,
                    o.port, errno_text(error));
   };
@@ -368,8 +368,8 @@ std::vector<uint8_t> join(const RendezvousOptions& o, Clock::time_point deadline
   const uint32_t length = ntohl(header[1]);
   COLOSSAL_CHECK(ntohl(header[0]) == kMagic && length <= kMaxBlob,
                  "rendezvous: {}:{} answered rank {} with something that is not colossal's rendezvous; is another "
-                 "service listening on that port (under torchrun its store holds MASTER_PORT)?",
-                 o.addr, o.port, o.rank);
+                 "service listening on that port (under torchrun its store holds {})?",
+                 o.addr, o.port, o.rank, env::kMasterPort);
   std::vector<uint8_t> blob(length);
   check_read(read_exact(s.fd(), blob.data(), blob.size(), answer_deadline, &error), "the id");
   return blob;
