@@ -1,11 +1,15 @@
-// Tests of `colossal run` (cli/run.h) on `sh -c` ranks: the environment each rank sees, "[rank N] "
-// prefixes on whole lines, the job stopped within seconds when one rank fails (exit code, signal,
-// a rank that ignores SIGTERM), Ctrl-C forwarded, a program that cannot start, option errors, the
-// command line, and the same under mpirun when Open MPI is installed.
+// Tests of `colossal run` (cli/run.h) on `sh -c` ranks: the environment each rank sees (and that
+// bootstrap reads it back), "[rank N] " prefixes on whole lines, the job stopped within seconds when
+// one rank fails (exit code, signal, a rank that ignores SIGTERM), Ctrl-C forwarded, a program that
+// cannot start, option errors, the command line, the job dying with a SIGKILLed launcher, and the
+// same under mpirun when Open MPI is installed.
 #include "colossal/cli/run.h"
 
+#include <fcntl.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -21,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include "colossal/comm/bootstrap.h"     // parse_dist_env: what the ranks read
+#include "colossal/comm/launch_env.h"    // the variables' names
 #include "colossal/core/build_config.h"  // COLOSSAL_WITH_MPI
 #include "colossal/core/cuda_device.h"   // is_available
 #include "colossal/core/error.h"
@@ -323,6 +330,176 @@ TEST(RunMpi, MoreThanOneNodeNeedsTheProcessesBackendOrAHostfile) {
   LaunchOptions o = mpi(2);
   o.nnodes = 2;
   EXPECT_THROW(launch(o, sh("true")), Error);
+}
+
+// ---- what the ranks bootstrap from ----------------------------------------------------------------
+
+/// Each rank's environment, from the "[rank N] NAME=value" lines that `env` printed.
+std::map<int, std::map<std::string, std::string>> rank_environments(const std::vector<std::string>& lines) {
+  static const std::regex line(R"(^\[rank (\d+)\] ([A-Za-z_][A-Za-z0-9_]*)=(.*)$)");
+  std::map<int, std::map<std::string, std::string>> environments;
+  std::smatch m;
+  for (const std::string& l : lines) {
+    if (std::regex_match(l, m, line)) environments[std::stoi(m[1].str())][m[2].str()] = m[3].str();
+  }
+  return environments;
+}
+
+/// Every rank reads back, through bootstrap (comm/bootstrap.h), the place the launcher gave it.
+void expect_ranks_bootstrap_from_the_launcher(const LaunchOptions& options, std::string_view backend) {
+  const Captured run = run_launcher(options, {"env"});
+  ASSERT_EQ(run.result.exit_code, 0) << joined(run.err);
+  const auto environments = rank_environments(run.out);
+  ASSERT_EQ(environments.size(), static_cast<size_t>(options.nproc_per_node)) << joined(run.out);
+  for (const auto& [rank, variables] : environments) {
+    const comm::DistEnv env = comm::parse_dist_env(variables);
+    EXPECT_EQ(env.source, comm::EnvSource::launcher) << env.describe();
+    EXPECT_EQ(env.rank, rank);
+    EXPECT_EQ(env.local_rank, rank);
+    EXPECT_EQ(env.world_size, options.nproc_per_node);
+    EXPECT_EQ(env.local_world_size, options.nproc_per_node);
+    EXPECT_EQ(env.master_port, options.master_port);
+    EXPECT_EQ(variables.at(std::string(comm::env::kLaunchBackend)), backend);
+  }
+}
+
+TEST(RunProcesses, RanksBootstrapFromWhatTheLauncherSets) {
+  LaunchOptions o = processes(2);
+  o.master_port = 29611;
+  expect_ranks_bootstrap_from_the_launcher(o, "processes");
+}
+
+TEST(RunMpi, RanksBootstrapFromWhatTheLauncherSets) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on PATH";
+  LaunchOptions o = mpi(2);
+  o.master_port = 29612;
+  expect_ranks_bootstrap_from_the_launcher(o, "mpi");
+}
+
+// ---- the launcher's death ------------------------------------------------------------------------
+// `kill -9` of the launcher must take the job with it (Note [Children die with the launcher] in
+// run.cpp). The launcher runs in a forked copy of this test, which is then killed; every process of
+// the job carries a marker in its environment (mpirun passes ours on to the ranks), found by
+// scanning /proc.
+
+/// Reads a /proc file whole; empty when the process is gone or the file unreadable.
+std::string read_proc_file(const std::filesystem::path& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) return "";
+  std::string text;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, file)) > 0;) text.append(buffer, n);
+  std::fclose(file);
+  return text;
+}
+
+/// Live (not zombie) processes whose environment holds `marker`, as "pid comm".
+std::vector<std::pair<pid_t, std::string>> marked_processes(const std::string& marker) {
+  std::vector<std::pair<pid_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    const std::string environment = read_proc_file(entry.path() / "environ");
+    if (environment.find(marker) == std::string::npos) continue;
+    // "pid (comm) S ...": the state follows the last ')'.
+    const std::string stat = read_proc_file(entry.path() / "stat");
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z') continue;
+    std::string comm = read_proc_file(entry.path() / "comm");
+    if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+    found.emplace_back(std::stoi(name), comm);
+  }
+  return found;
+}
+
+/// Kills what is left of a job this test started, also when an expectation failed on the way.
+class JobCleanup {
+ public:
+  explicit JobCleanup(std::string marker) : marker_(std::move(marker)) {}
+  ~JobCleanup() {
+    if (launcher_ > 0) {
+      ::kill(launcher_, SIGKILL);
+      ::waitpid(launcher_, nullptr, 0);
+    }
+    for (const auto& [pid, comm] : marked_processes(marker_)) ::kill(pid, SIGKILL);
+  }
+  JobCleanup(const JobCleanup&) = delete;
+  JobCleanup& operator=(const JobCleanup&) = delete;
+
+  void set_launcher(pid_t pid) { launcher_ = pid; }
+  void launcher_reaped() { launcher_ = -1; }
+
+ private:
+  std::string marker_;
+  pid_t launcher_ = -1;
+};
+
+std::string describe(const std::vector<std::pair<pid_t, std::string>>& processes) {
+  std::string text;
+  for (const auto& [pid, comm] : processes) text += fmt::format("{} ({}) ", pid, comm);
+  return text;
+}
+
+/// Starts a launcher of ranks that are shells running `sleep` (so each rank has a child of its own)
+/// in a child process, SIGKILLs it once the sleeps run, and checks that no process of the job is
+/// left a few seconds later.
+void expect_job_dies_with_its_launcher(LaunchOptions options) {
+  static int job = 0;
+  const std::string variable = "COLOSSAL_RUN_TEST_JOB";
+  const std::string value = fmt::format("{}-{}", ::getpid(), job++);
+  const std::string marker = variable + "=" + value;
+  JobCleanup cleanup(marker);
+  std::fflush(nullptr);  // nothing buffered may be written twice
+  const pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    ::setenv(variable.c_str(), value.c_str(), 1);
+    const int null = ::open("/dev/null", O_WRONLY);
+    options.output_fd = null;
+    options.error_fd = null;
+    try {
+      launch(options, sh("sleep 30; :"));
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  cleanup.set_launcher(launcher);
+
+  const auto count_sleeps = [&] {
+    const auto processes = marked_processes(marker);
+    return std::count_if(processes.begin(), processes.end(), [](const auto& p) { return p.second == "sleep"; });
+  };
+  const auto start = std::chrono::steady_clock::now();
+  while (count_sleeps() < options.nproc_per_node &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(count_sleeps(), options.nproc_per_node)
+      << "the ranks never started: " << describe(marked_processes(marker));
+
+  ::kill(launcher, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+  cleanup.launcher_reaped();
+  // The ranks are told by the kernel at once and their groups by the watchdog; mpirun stops its
+  // ranks before it exits (about a second here). 5 s leaves room for a loaded machine; a broken
+  // launcher leaves the 30 s sleeps.
+  const auto killed = std::chrono::steady_clock::now();
+  std::vector<std::pair<pid_t, std::string>> left = marked_processes(marker);
+  while (!left.empty() && std::chrono::steady_clock::now() - killed < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    left = marked_processes(marker);
+  }
+  EXPECT_TRUE(left.empty()) << "still running after the launcher was killed: " << describe(left);
+}
+
+TEST(RunProcesses, RanksDieWithAKilledLauncher) {
+  expect_job_dies_with_its_launcher(processes(2));
+}
+
+TEST(RunMpi, MpirunAndItsRanksDieWithAKilledLauncher) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on PATH";
+  expect_job_dies_with_its_launcher(mpi(2));
 }
 
 }  // namespace

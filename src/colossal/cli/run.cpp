@@ -6,10 +6,10 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
-#include <sched.h>   // sched_getaffinity
-#include <signal.h>  // sigaction, kill
-#include <spawn.h>   // posix_spawnp
-#include <string.h>  // strsignal, strerror
+#include <sched.h>      // sched_getaffinity
+#include <signal.h>     // sigaction, kill
+#include <string.h>     // strsignal, strerror
+#include <sys/prctl.h>  // PR_SET_PDEATHSIG
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +26,7 @@
 #include <regex>
 #include <utility>
 
+#include "colossal/comm/launch_env.h"    // the variables each rank gets
 #include "colossal/core/build_config.h"  // COLOSSAL_WITH_MPI
 #include "colossal/core/cuda_device.h"   // is_available
 #include "colossal/core/error.h"         // colossal::Error
@@ -35,6 +36,7 @@ extern char** environ;
 namespace colossal::cli {
 namespace {
 
+namespace launch_env = comm::env;
 using Clock = std::chrono::steady_clock;
 
 // ---- output -------------------------------------------------------------------------------------
@@ -277,48 +279,199 @@ std::vector<std::string> child_environment(const std::vector<std::pair<std::stri
   return env;
 }
 
-/// Starts argv in a new process group with stdin from /dev/null and stdout/stderr into fresh
-/// pipes; returns the error text when it cannot be started.
-std::optional<std::string> spawn(Child& child, const std::vector<std::string>& argv,
-                                 const std::vector<std::string>& env) {
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return fmt::format("pipe: {}", strerror(errno));
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(out[0]);
-    ::close(out[1]);
-    return fmt::format("pipe: {}", strerror(errno));
+/// The full path of program (searched on PATH unless it names a path), or empty.
+std::string find_program(const std::string& program) {
+  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0 ? program : "";
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (!dirs.empty()) {
+    const size_t colon = dirs.find(':');
+    const std::string dir(dirs.substr(0, colon));
+    dirs.remove_prefix(colon == std::string_view::npos ? dirs.size() : colon + 1);
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate)) return candidate;
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  posix_spawnattr_setpgroup(&attributes, 0);
-  sigset_t defaults, empty;
-  sigemptyset(&defaults);
-  for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&defaults, signo);
-  posix_spawnattr_setsigdefault(&attributes, &defaults);
-  sigemptyset(&empty);
-  posix_spawnattr_setsigmask(&attributes, &empty);
+  return "";
+}
 
+// Note [Children die with the launcher]
+// `kill -9` of the launcher must not leave a job training on (and writing checkpoints) with nobody
+// watching it, but SIGKILL gives the launcher no chance to stop anything. So each child is forked
+// with PR_SET_PDEATHSIG: the kernel signals it when the launcher's thread that forked it ends, however
+// it ends (launch() runs on the thread that calls it, so that thread must live as long as the job).
+// The flag is set between fork and exec, and the child then compares getppid() with the launcher's
+// pid: had the launcher died in between, the child would already have been reparented and no signal
+// would come. A rank gets SIGKILL; mpirun gets SIGTERM, because its ranks are its children in process
+// groups of their own (no orted on the local node in Open MPI 4.1), which SIGTERM makes it kill
+// (with whatever each started) while SIGKILL leaves them running: measured with mpirun -np 2 of
+// `sh -c 'sleep 300'`, both shells and sleeps were gone a moment after SIGTERM and reparented to
+// init after SIGKILL. The flag is not inherited across fork, so what a rank starts itself (a shell
+// script's programs) would outlive it: a JobWatchdog, a process forked at the start of each launch
+// that only waits for the launcher's end of a pipe to close, then sends each child's process group
+// SIGKILL (each rank leads one, and its own children stay in it unless they move out). mpirun needs
+// no watchdog, as it stops its ranks' groups itself, and must not get a second SIGTERM: Open MPI
+// takes a second one as "exit now" and leaves the ranks running (seen with the watchdog's SIGTERM
+// arriving just after the kernel's).
+
+/// The process that stops the job's process groups when the launcher dies without saying it is done
+/// (Note [Children die with the launcher]). It is forked, not exec'd, so it runs only
+/// async-signal-safe calls, in a fixed table (a launcher with other threads may have held a lock at
+/// the fork). It leaves the launcher's session, so that a signal to the launcher's process group or
+/// terminal does not take it along.
+class JobWatchdog {
+ public:
+  JobWatchdog() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw Error(fmt::format("pipe: {}", strerror(errno)));
+    pid_ = ::fork();
+    if (pid_ == 0) watch(fds[0]);
+    const int fork_error = errno;
+    ::close(fds[0]);
+    if (pid_ < 0) {
+      ::close(fds[1]);
+      throw Error(fmt::format("fork: {}", strerror(fork_error)));
+    }
+    fd_ = fds[1];
+  }
+  ~JobWatchdog() {
+    send({0, 0});  // done: the launcher has stopped and reaped its children itself
+    ::close(fd_);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  JobWatchdog(const JobWatchdog&) = delete;
+  JobWatchdog& operator=(const JobWatchdog&) = delete;
+
+  /// Should the launcher die, send signo to process group `group`.
+  void guard(pid_t group, int signo) { send({group, signo}); }
+  /// The group's leader has been reaped: its id may be reused, so it is no longer signalled.
+  void release(pid_t group) { send({group, 0}); }
+
+ private:
+  struct Record {
+    int32_t group;  ///< 0: done
+    int32_t signo;  ///< 0: release
+  };
+  static constexpr int kMaxGroups = 4096;
+
+  void send(Record record) {
+    // 8 bytes: one atomic pipe write, never split between reads.
+    while (::write(fd_, &record, sizeof record) < 0 && errno == EINTR) {
+    }
+  }
+
+  [[noreturn]] static void watch(int fd) {
+    ::setsid();
+    struct sigaction default_action = {};
+    default_action.sa_handler = SIG_DFL;
+    sigemptyset(&default_action.sa_mask);
+    for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(signo, &default_action, nullptr);
+    ::dup2(fd, 0);
+    ::close_range(1, ~0U, 0);  // the ranks' pipes, the launcher's output: nothing of ours to hold
+    Record groups[kMaxGroups];
+    int count = 0;
+    Record batch[64];
+    for (;;) {
+      const ssize_t n = ::read(0, batch, sizeof batch);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // the launcher is gone
+      for (ssize_t k = 0; k < n / static_cast<ssize_t>(sizeof(Record)); ++k) {
+        const Record r = batch[k];
+        if (r.group == 0) ::_exit(0);
+        if (r.signo == 0) {
+          for (int g = 0; g < count; ++g) {
+            if (groups[g].group == r.group) groups[g] = groups[--count];
+          }
+        } else if (count < kMaxGroups) {
+          groups[count++] = r;
+        }
+      }
+    }
+    for (int g = 0; g < count; ++g) ::kill(-groups[g].group, groups[g].signo);
+    ::_exit(0);
+  }
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
+/// Starts argv in a new process group with stdin from /dev/null and stdout/stderr into fresh
+/// pipes, to receive death_signal when the launcher dies (Note [Children die with the launcher]);
+/// returns the error text when it cannot be started.
+std::optional<std::string> spawn(Child& child, const std::vector<std::string>& argv,
+                                 const std::vector<std::string>& env, int death_signal) {
+  // Everything the child needs is prepared here: between fork and exec only async-signal-safe calls
+  // are allowed (other threads' locks may be held forever in the child).
+  // A path is left to exec, which says why it cannot run it; a bare name is searched on PATH.
+  const std::string program = argv[0].find('/') != std::string::npos ? argv[0] : find_program(argv[0]);
+  if (program.empty()) return fmt::format("{}: {}", argv[0], strerror(ENOENT));
   std::vector<char*> c_argv, c_env;
   for (const std::string& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
   c_argv.push_back(nullptr);
   for (const std::string& e : env) c_env.push_back(const_cast<char*>(e.c_str()));
   c_env.push_back(nullptr);
-  const int rc = posix_spawnp(&child.pid, argv[0].c_str(), &actions, &attributes, c_argv.data(), c_env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
-  ::close(out[1]);
-  ::close(err[1]);
-  if (rc != 0) {
-    ::close(out[0]);
-    ::close(err[0]);
-    return fmt::format("{}: {}", argv[0], strerror(rc));
+
+  int out[2], err[2], exec_error[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return fmt::format("pipe: {}", strerror(errno));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    const int saved = errno;
+    for (int fd : out) ::close(fd);
+    return fmt::format("pipe: {}", strerror(saved));
   }
+  // Closed by a successful exec; carries exec's errno otherwise.
+  if (::pipe2(exec_error, O_CLOEXEC) != 0) {
+    const int saved = errno;
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    return fmt::format("pipe: {}", strerror(saved));
+  }
+  const pid_t launcher = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    if (::prctl(PR_SET_PDEATHSIG, death_signal) != 0 || ::getppid() != launcher) ::_exit(127);
+    // dup2 onto itself would keep O_CLOEXEC (a launcher started with its stdout closed).
+    const auto move_to = [](int from, int to) {
+      if (from == to) {
+        ::fcntl(to, F_SETFD, 0);
+      } else {
+        ::dup2(from, to);
+      }
+    };
+    const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null >= 0) move_to(null, 0);
+    move_to(out[1], 1);
+    move_to(err[1], 2);
+    // The launcher catches or ignores these (SignalCapture); the rank must get the defaults.
+    struct sigaction default_action = {};
+    default_action.sa_handler = SIG_DFL;
+    sigemptyset(&default_action.sa_mask);
+    for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(signo, &default_action, nullptr);
+    sigset_t empty;
+    sigemptyset(&empty);
+    ::sigprocmask(SIG_SETMASK, &empty, nullptr);
+    ::execve(program.c_str(), c_argv.data(), c_env.data());
+    const int error = errno;
+    [[maybe_unused]] const ssize_t n = ::write(exec_error[1], &error, sizeof error);
+    ::_exit(127);
+  }
+  const int fork_error = errno;
+  // Also here, so that a signal to the group cannot miss a child that has not run yet.
+  if (pid > 0) ::setpgid(pid, pid);
+  for (int fd : {out[1], err[1], exec_error[1]}) ::close(fd);
+  int error = pid < 0 ? fork_error : 0;
+  if (pid > 0) {
+    ssize_t n;
+    do {
+      n = ::read(exec_error[0], &error, sizeof error);
+    } while (n < 0 && errno == EINTR);
+    if (n != static_cast<ssize_t>(sizeof error)) error = 0;  // exec closed the pipe: it ran
+    if (error != 0) ::waitpid(pid, nullptr, 0);
+  }
+  ::close(exec_error[0]);
+  if (error != 0) {
+    for (int fd : {out[0], err[0]}) ::close(fd);
+    return fmt::format("{}: {}", pid < 0 ? "fork" : argv[0], strerror(error));
+  }
+  child.pid = pid;
   child.fds[0] = out[0];
   child.fds[1] = err[0];
   child.running = true;
@@ -458,21 +611,6 @@ bool failed(int status) {
   return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-/// The full path of program (searched on PATH unless it names a path), or empty.
-std::string find_program(const std::string& program) {
-  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0 ? program : "";
-  const char* path = std::getenv("PATH");
-  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
-  while (!dirs.empty()) {
-    const size_t colon = dirs.find(':');
-    const std::string dir(dirs.substr(0, colon));
-    dirs.remove_prefix(colon == std::string_view::npos ? dirs.size() : colon + 1);
-    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate)) return candidate;
-  }
-  return "";
-}
-
 int available_cores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
@@ -499,17 +637,18 @@ void check_options(const LaunchOptions& o, const std::vector<std::string>& comma
 /// Variables every rank gets from either backend (RANK and LOCAL_RANK are per rank).
 std::vector<std::pair<std::string, std::string>> common_environment(const LaunchOptions& o, LaunchBackend backend) {
   std::vector<std::pair<std::string, std::string>> env = {
-      {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
-      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
-      {"GROUP_RANK", std::to_string(o.node_rank)},
-      {"MASTER_ADDR", o.master_addr},
-      {"MASTER_PORT", std::to_string(o.master_port)},
-      {"COLOSSAL_LAUNCHER", "1"},
-      {"COLOSSAL_LAUNCH_BACKEND", std::string(to_string(backend))},
+      {std::string(launch_env::kWorldSize), std::to_string(o.nnodes * o.nproc_per_node)},
+      {std::string(launch_env::kLocalWorldSize), std::to_string(o.nproc_per_node)},
+      {std::string(launch_env::kGroupRank), std::to_string(o.node_rank)},
+      {std::string(launch_env::kMasterAddr), o.master_addr},
+      {std::string(launch_env::kMasterPort), std::to_string(o.master_port)},
+      {std::string(launch_env::kColossalLauncher), "1"},
+      {std::string(launch_env::kLaunchBackend), std::string(to_string(backend))},
   };
   // Ranks sharing the cores should not each start a thread per core.
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
-    env.emplace_back("OMP_NUM_THREADS", std::to_string(std::max(1, available_cores() / o.nproc_per_node)));
+  const std::string omp_threads(launch_env::kOmpNumThreads);
+  if (std::getenv(omp_threads.c_str()) == nullptr) {
+    env.emplace_back(omp_threads, std::to_string(std::max(1, available_cores() / o.nproc_per_node)));
   }
   return env;
 }
@@ -520,6 +659,7 @@ LaunchResult launch_processes(const LaunchOptions& o, const std::vector<std::str
   const std::vector<std::pair<std::string, std::string>> common = common_environment(o, result.backend);
 
   SignalCapture signals;
+  JobWatchdog watchdog;  // after SignalCapture: its last write must not meet a default SIGPIPE
   std::vector<Child> children(static_cast<size_t>(o.nproc_per_node));
   std::vector<std::array<std::unique_ptr<LinePrefixer>, 2>> prefixers(children.size());
   for (size_t i = 0; i < children.size(); ++i) {
@@ -535,18 +675,21 @@ LaunchResult launch_processes(const LaunchOptions& o, const std::vector<std::str
   std::optional<std::string> spawn_error;
   for (size_t i = 0; i < children.size() && !spawn_error; ++i) {
     auto env = common;
-    env.emplace_back("RANK", std::to_string(children[i].rank));
-    env.emplace_back("LOCAL_RANK", std::to_string(i));
-    if (auto error = spawn(children[i], command, child_environment(env))) {
+    env.emplace_back(launch_env::kRank, std::to_string(children[i].rank));
+    env.emplace_back(launch_env::kLocalRank, std::to_string(i));
+    if (auto error = spawn(children[i], command, child_environment(env), SIGKILL)) {
       spawn_error = fmt::format("cannot start rank {}: {}", children[i].rank, *error);
       result.failed_rank = children[i].rank;
       result.ranks_stopped = supervisor.running_count();
       supervisor.stop();
+    } else {
+      watchdog.guard(children[i].pid, SIGKILL);
     }
   }
 
   int failed_index = -1;
   supervisor.run([&](size_t i) {
+    watchdog.release(children[i].pid);
     if (failed_index >= 0 || spawn_error || supervisor.interrupt_signal() != 0 || !failed(children[i].status)) return;
     failed_index = static_cast<int>(i);
     result.ranks_stopped = supervisor.running_count();
@@ -685,15 +828,17 @@ LaunchResult launch_mpi(const LaunchOptions& o, const std::vector<std::string>& 
   argv.insert(argv.end(), o.mpirun_args.begin(), o.mpirun_args.end());
   // Each rank takes our variables from Open MPI's, runs the command and leaves a failure's status
   // behind (Note [Naming the failed rank under mpirun]).
-  argv.insert(argv.end(),
-              {"sh", "-c",
-               "RANK=$OMPI_COMM_WORLD_RANK LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK "
-               "WORLD_SIZE=$OMPI_COMM_WORLD_SIZE LOCAL_WORLD_SIZE=$OMPI_COMM_WORLD_LOCAL_SIZE; "
-               "export RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE; "
-               "d=$1; shift; \"$@\"; c=$?; "
-               "if [ $c -ne 0 ]; then echo $c > \"$d/.rank.$RANK\" && mv \"$d/.rank.$RANK\" \"$d/rank.$RANK\"; "
-               "fi; exit $c",
-               "colossal-rank", status_dir.path().string()});
+  const std::string rank_step = fmt::format(
+      "{rank}=${ompi_rank} {local_rank}=${ompi_local_rank} {world}=${ompi_size} {local_world}=${ompi_local_size}; "
+      "export {rank} {local_rank} {world} {local_world}; "
+      "d=$1; shift; \"$@\"; c=$?; "
+      "if [ $c -ne 0 ]; then echo $c > \"$d/.rank.${rank}\" && mv \"$d/.rank.${rank}\" \"$d/rank.${rank}\"; "
+      "fi; exit $c",
+      fmt::arg("rank", launch_env::kRank), fmt::arg("local_rank", launch_env::kLocalRank),
+      fmt::arg("world", launch_env::kWorldSize), fmt::arg("local_world", launch_env::kLocalWorldSize),
+      fmt::arg("ompi_rank", launch_env::kOmpiRank), fmt::arg("ompi_local_rank", launch_env::kOmpiLocalRank),
+      fmt::arg("ompi_size", launch_env::kOmpiSize), fmt::arg("ompi_local_size", launch_env::kOmpiLocalSize));
+  argv.insert(argv.end(), {"sh", "-c", rank_step, "colossal-rank", status_dir.path().string()});
   argv.insert(argv.end(), command.begin(), command.end());
 
   SignalCapture signals;
@@ -701,7 +846,7 @@ LaunchResult launch_mpi(const LaunchOptions& o, const std::vector<std::string>& 
   MpiOutputRouter router(o.output_fd, o.error_fd);
   Supervisor supervisor(children, o.grace_seconds, signals,
                         [&](size_t, bool from_stderr, std::string_view bytes) { router.feed(from_stderr, bytes); });
-  if (auto error = spawn(children[0], argv, child_environment(env))) {
+  if (auto error = spawn(children[0], argv, child_environment(env), SIGTERM)) {
     throw Error(fmt::format("cannot start mpirun: {}", *error));
   }
   // mpirun aborts the job once a rank has failed; should it still be running a grace period later,
@@ -777,16 +922,19 @@ CLI::App* add_run_command(CLI::App& app) {
   auto options = std::make_shared<LaunchOptions>();
   auto command = std::make_shared<std::vector<std::string>>();
   CLI::App* run = app.add_subcommand("run", "Start the ranks of a distributed job on this node and watch over them");
-  run->footer(
-      "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, "
-      "COLOSSAL_LAUNCHER=1 and COLOSSAL_LAUNCH_BACKEND, and OMP_NUM_THREADS = cores / ranks unless set; every line "
-      "it prints appears as \"[rank N] ...\". When a rank fails the others are stopped (SIGTERM, then SIGKILL after "
-      "the grace period) and run exits with the failing rank's code.\n"
+  run->footer(fmt::format(
+      "Each rank gets {}, {}, {}, {}, {}, {}, {}, {}=1 and {}, and {} = cores / ranks unless set; every line it "
+      "prints appears as \"[rank N] ...\". When a rank fails the others are stopped (SIGTERM, then SIGKILL after "
+      "the grace period) and run exits with the failing rank's code; when the launcher dies, even by SIGKILL, the "
+      "ranks die with it.\n"
       "Backends: processes starts each rank itself (one launcher per node with --nnodes/--node_rank); mpi runs "
       "mpirun -np N --oversubscribe (how CPU ranks join an MPI job); auto is mpi when no GPU is visible and mpirun "
       "is available, processes otherwise.\n"
       "Example:\n"
-      "  colossal run --nproc_per_node 4 -- colossal train --config configs/gpt2_tokens.toml");
+      "  colossal run --nproc_per_node 4 -- colossal train --config configs/gpt2_tokens.toml",
+      launch_env::kRank, launch_env::kLocalRank, launch_env::kWorldSize, launch_env::kLocalWorldSize,
+      launch_env::kGroupRank, launch_env::kMasterAddr, launch_env::kMasterPort, launch_env::kColossalLauncher,
+      launch_env::kLaunchBackend, launch_env::kOmpNumThreads));
   run->add_option("--nproc_per_node,--nproc-per-node", options->nproc_per_node, "Ranks to start on this node")
       ->capture_default_str();
   run->add_option("--nnodes", options->nnodes, "Nodes in the job, each running its own `colossal run`")

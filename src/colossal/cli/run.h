@@ -78,7 +78,9 @@ LaunchBackend resolve_backend(LaunchBackend requested, const std::string& mpirun
 /// cores / local ranks unless already set. Every line a rank prints goes to output_fd (stdout) or
 /// error_fd (stderr) as "[rank N] line", whole lines at a time. SIGINT, SIGTERM and SIGHUP received
 /// meanwhile are forwarded to the ranks (a second one kills them); the handlers are process-wide,
-/// so run one launch() at a time. Throws colossal::Error for bad options (no command, sizes out of
+/// so run one launch() at a time. Should the launcher die, even by SIGKILL, the ranks die with it
+/// (Note [Children die with the launcher] in run.cpp): keep the calling thread alive until launch()
+/// returns, as the kernel ties the ranks to it. Throws colossal::Error for bad options (no command, sizes out of
 /// range, mpi without mpirun).
 LaunchResult launch(const LaunchOptions& options, const std::vector<std::string>& command);
 
