@@ -143,6 +143,24 @@ TEST(MetricsJsonlHook, ResumedRunCountsEpochsFromOneAndInAll) {
   EXPECT_EQ(lines[4]["steps_this_run"].get<int64_t>(), 3);
 }
 
+// train.max_steps cuts the first epoch after 2 of its 3 iterations: the summary counts that epoch,
+// as its epoch line does.
+TEST(MetricsJsonlHook, EpochCutByMaxStepsCounts) {
+  SmallFit fit;
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() /
+      ("colossal_jsonl_hook_test_cut_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + ".jsonl");
+  Trainer trainer(fit.engine);
+  trainer.fit(fit.loader, 3, nullptr, 1, {std::make_shared<MetricsJsonlHook>(path.string())}, false,
+              FitLimits{.max_updates = 2});
+  const std::vector<nlohmann::json> lines = read_lines(path);
+  std::filesystem::remove(path);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["epoch"].get<int64_t>(), 1);
+  EXPECT_EQ(lines[1]["epochs"].get<int64_t>(), 1);
+  EXPECT_EQ(lines[1]["steps"].get<int64_t>(), 2);
+}
+
 // /dev/full accepts the open and fails every write with ENOSPC, as a full disk does: the run stops
 // with an error naming the file and the reason instead of finishing with an empty file.
 TEST(MetricsJsonlHook, FailedWriteStopsTheRunNamingTheFileAndTheReason) {

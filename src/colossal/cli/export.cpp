@@ -60,7 +60,9 @@ CLI::App* add_export_command(CLI::App& app) {
     try {
       run_export(*options);
     } catch (const Error& e) {
-      fmt::print(stderr, "colossal export: {}\n", e.what());
+      // Messages about the checkpoint argument already start with "export: " (find_checkpoint's purpose).
+      const std::string message = e.what();
+      fmt::print(stderr, "colossal {}{}\n", message.starts_with("export: ") ? "" : "export: ", message);
       std::exit(1);
     }
   });

@@ -176,6 +176,7 @@ void MetricsJsonlHook::before_train(Trainer& trainer) {
   start_ = std::chrono::steady_clock::now();
   first_step_ = trainer.cur_step();
   epochs_written_ = 0;
+  last_epoch_ = 0;
   final_train_loss_.reset();
   final_test_loss_.reset();
   final_test_accuracy_.reset();
@@ -230,6 +231,7 @@ void MetricsJsonlHook::write_epoch(Trainer& trainer, bool tested) {
   if (auto it = train.find("lr"); it != train.end()) line["lr"] = it->second;
   write_line(line.dump());
   ++epochs_written_;
+  last_epoch_ = trainer.cur_epoch() + 1;
 
   if (auto it = train.find("loss"); it != train.end()) final_train_loss_ = it->second;
   if (auto it = test.find("loss"); it != test.end()) final_test_loss_ = it->second;
@@ -248,9 +250,10 @@ void MetricsJsonlHook::after_train(Trainer& trainer) {
   const nlohmann::json mean_throughput = throughput_count_ > 0
                                              ? nlohmann::json(throughput_sum_ / static_cast<double>(throughput_count_))
                                              : nlohmann::json(nullptr);
-  // After the last epoch cur_epoch() is the number of epochs completed, those before a resume included.
+  // The last epoch trained, numbered as its line; a run that trained none (resumed at its end) is
+  // where the loop left cur_epoch(): the epochs completed before it.
   nlohmann::json summary = {{"event", "summary"},
-                            {"epochs", trainer.cur_epoch()},
+                            {"epochs", epochs_written_ > 0 ? last_epoch_ : trainer.cur_epoch()},
                             {"epochs_this_run", epochs_written_},
                             {"steps", trainer.cur_step()},
                             {"steps_this_run", trainer.cur_step() - first_step_},

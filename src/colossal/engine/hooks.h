@@ -123,8 +123,9 @@ class LogMetricByEpochHook : public Hook {
 ///      "train_loss": ..., "test_loss": ..., "test_accuracy": ..., "best_test_accuracy": ...,
 ///      "samples_per_s": ..., "wall_s": ...}
 /// with e 1-based as the console prints it ("Epoch 1/3"), s counting training iterations (the
-/// one just done included), E the epochs completed in all (a resumed run counts those before
-/// it), losses and accuracy those of the last epoch (the summary's samples_per_s the mean over
+/// one just done included), E the number of the last epoch trained (that of the last epoch line;
+/// an epoch cut short by train.max_steps counts, and a resumed run counts the epochs before it),
+/// losses and accuracy those of the last epoch (the summary's samples_per_s the mean over
 /// epochs), and null for a metric no hook produced.
 /// Every write is checked: a failed open, write or flush (a full disk, /dev/full, a removed
 /// mount) throws colossal::Error naming the file and the system's reason, which ends the run
@@ -157,6 +158,7 @@ class MetricsJsonlHook : public Hook {
   std::chrono::steady_clock::time_point start_;
   int64_t first_step_ = 0;
   int64_t epochs_written_ = 0;
+  int64_t last_epoch_ = 0;  // 1-based, of the last epoch line
   std::optional<double> final_train_loss_, final_test_loss_, final_test_accuracy_, best_test_accuracy_;
   double throughput_sum_ = 0.0;
   int64_t throughput_count_ = 0;
