@@ -1,14 +1,11 @@
-// Data parallelism under MPI (2 and 4 ranks): training a replicated model on each rank's share of a
-// global batch equals serial training on the whole global batch, step by step, with AdamW, with
-// gradient accumulation (no_sync), with clipping, and with small buckets (many all-reduces in
-// flight); every replica starts equal whatever it initialised; naive fp16 skips an overflowing step
-// on every rank and backs the scale off everywhere.
+// DataParallel under MPI (2 and 4 ranks), what the layout harness does not cover: every replica
+// starts equal whatever it initialised (the broadcast), buckets follow reverse registration order and
+// small buckets give the same result, a rank can report its own loss, and naive fp16 skips an
+// overflowing step on every rank. The equivalence with serial training (losses, gradients and
+// parameters at every step, with accumulation and clipping, MLP, ViT and GPT-2) is
+// tests/parallel/layout_equivalence_mpi_test.cpp, through tests/support/layout_harness.h.
 //
-// Tolerance: 1e-5 relative (by norm) on the loss and the parameters in f32. Both sides compute the
-// same sums in a different order (per-rank means averaged against one mean over the global batch),
-// which leaves ~1e-7 relative differences per step; a few AdamW steps (whose m / sqrt(v) can amplify
-// relative error where v is small) keep them well under 1e-5, while a wrong scaling (sum instead of
-// mean, a missed micro-step) is off by 10% or more.
+// Tolerance: 1e-5 relative on losses and parameters in f32, as the harness (layout_harness.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,6 +24,7 @@
 #include "colossal/optim/adam.h"
 #include "colossal/optim/sgd.h"
 #include "colossal/parallel/dp/data_parallel.h"
+#include "colossal/parallel/parallel_context.h"
 
 namespace colossal::parallel {
 namespace {
@@ -88,75 +86,47 @@ std::unique_ptr<engine::Engine> make_engine(std::shared_ptr<nn::Module> model, e
   return std::make_unique<engine::Engine>(std::move(model), optimizer, ce, options);
 }
 
-double relative_error(const std::vector<float>& got, const std::vector<float>& expected) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    diff += std::pow(static_cast<double>(got[i]) - expected[i], 2);
-    norm += std::pow(static_cast<double>(expected[i]), 2);
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+/// The context of a data-parallel run over the whole world.
+std::shared_ptr<const ParallelContext> data_parallel_context() {
+  return std::make_shared<const ParallelContext>(ParallelContext::create(config::ParallelConfig{}, world_group()));
 }
 
-/// Trains serially on the global batch and data-parallel on this rank's share for `steps` optimizer
-/// steps of `accumulation` micro-steps each, comparing the global loss of every micro-step and the
-/// parameters at the end.
-void expect_data_parallel_equals_serial(int64_t steps, int64_t accumulation, std::optional<double> clip,
-                                        int64_t bucket_bytes, bool adamw = false) {
-  const int rank = world().rank(), size = world().size();
-  engine::EngineOptions serial_options;
-  serial_options.gradient_accumulation = accumulation;
-  serial_options.clip_grad_norm = clip;
-  engine::EngineOptions dp_options = serial_options;
-  dp_options.data_parallel_group = world_group();
-  dp_options.data_parallel.bucket_bytes = bucket_bytes;
-
-  auto serial_model = make_mlp(7);
-  auto serial = make_engine(serial_model, serial_options, adamw);
+TEST(DataParallel, ReplicasStartEqualWhateverEachRankInitialised) {
   // Each rank initialises differently: the broadcast from rank 0 must make them equal to seed 7's.
-  auto dp_model = make_mlp(static_cast<uint64_t>(7 + rank * 1000));
-  auto dp = make_engine(dp_model, dp_options, adamw);
+  auto reference = make_mlp(7);
+  auto model = make_mlp(static_cast<uint64_t>(7 + world().rank() * 1000));
+  engine::EngineOptions options;
+  options.context = data_parallel_context();
+  auto dp = make_engine(model, options);
+  ASSERT_NE(dp->data_parallel(), nullptr);
   ASSERT_GT(dp->data_parallel()->num_buckets(), 0);
-  for (const auto& [name, p] : dp_model->named_parameters()) {
-    EXPECT_EQ(p.to_vector<float>(), serial_model->state_dict().at(name).to_vector<float>()) << name << " not broadcast";
+  for (const auto& [name, p] : model->named_parameters()) {
+    EXPECT_EQ(p.to_vector<float>(), reference->state_dict().at(name).to_vector<float>()) << name << " not broadcast";
   }
-
-  for (int64_t step = 0; step < steps; ++step) {
-    for (int64_t micro = 0; micro < accumulation; ++micro) {
-      auto [gx, gy] = rows(step, micro, 0, kPerRank * size);
-      const double serial_loss = serial->step(gx, gy).item<double>();
-      auto [x, y] = rows(step, micro, rank * kPerRank, (rank + 1) * kPerRank);
-      // The Engine reports the group's mean loss (equal shares: the mean of the means), on every rank.
-      const Tensor loss = dp->step(x, y);
-      EXPECT_NEAR(loss.item<double>(), serial_loss, kTolerance * std::abs(serial_loss))
-          << "step " << step << " micro " << micro;
-    }
-    EXPECT_EQ(dp->num_updates(), serial->num_updates());
-  }
-  for (const auto& [name, p] : dp_model->named_parameters()) {
-    EXPECT_LE(relative_error(p.to_vector<float>(), serial_model->state_dict().at(name).to_vector<float>()), kTolerance)
-        << name;
-  }
-}
-
-TEST(DataParallel, EqualsSerialTrainingOnTheGlobalBatch) {
-  expect_data_parallel_equals_serial(/*steps=*/4, /*accumulation=*/1, std::nullopt, int64_t{25} << 20);
-}
-
-TEST(DataParallel, EqualsSerialWithAdamW) {
-  expect_data_parallel_equals_serial(4, 1, std::nullopt, int64_t{25} << 20, /*adamw=*/true);
 }
 
 TEST(DataParallel, SmallBucketsGiveTheSameResult) {
-  // 256 bytes: every parameter in a bucket of its own, four all-reduces in flight per backward.
-  expect_data_parallel_equals_serial(3, 1, std::nullopt, 256);
-}
-
-TEST(DataParallel, GradientAccumulationEqualsSerial) {
-  expect_data_parallel_equals_serial(3, /*accumulation=*/3, std::nullopt, 512);
-}
-
-TEST(DataParallel, ClippingEqualsSerial) {
-  expect_data_parallel_equals_serial(3, 2, /*clip=*/0.05, int64_t{25} << 20);
+  // 256 bytes: every parameter in a bucket of its own, four all-reduces in flight per backward; the
+  // parameters after three steps equal those of one 25 MiB bucket bit for bit (the same sums).
+  std::vector<std::vector<float>> results;
+  for (int64_t bucket_bytes : {int64_t{256}, int64_t{25} << 20}) {
+    engine::EngineOptions options;
+    options.context = data_parallel_context();
+    options.data_parallel.bucket_bytes = bucket_bytes;
+    auto model = make_mlp(7);
+    auto dp = make_engine(model, options);
+    const int rank = world().rank();
+    for (int64_t step = 0; step < 3; ++step) {
+      auto [x, y] = rows(step, 0, rank * kPerRank, (rank + 1) * kPerRank);
+      dp->step(x, y);
+    }
+    std::vector<float> flat;
+    for (const auto& [name, p] : model->named_parameters()) {
+      for (float v : p.to_vector<float>()) flat.push_back(v);
+    }
+    results.push_back(flat);
+  }
+  EXPECT_EQ(results[0], results[1]);
 }
 
 TEST(DataParallel, ReportsThisRanksLossWhenAskedTo) {
@@ -164,7 +134,7 @@ TEST(DataParallel, ReportsThisRanksLossWhenAskedTo) {
   // rank's share computes (the update itself is the same either way).
   const int rank = world().rank();
   engine::EngineOptions options;
-  options.data_parallel_group = world_group();
+  options.context = data_parallel_context();
   options.report_mean_loss = false;
   auto local = make_engine(make_mlp(7), engine::EngineOptions{});
   auto dp = make_engine(make_mlp(7), options);
@@ -190,7 +160,7 @@ TEST(DataParallel, BucketsFollowReverseRegistrationOrder) {
 TEST(DataParallel, NaiveFp16SkipsAnOverflowOnEveryRank) {
   const int rank = world().rank(), size = world().size();
   engine::EngineOptions options;
-  options.data_parallel_group = world_group();
+  options.context = data_parallel_context();
   options.amp = amp::AmpOptions::for_mode(amp::AmpMode::naive);
   options.amp->scaler.hysteresis = 1;
   auto model = make_mlp(7);

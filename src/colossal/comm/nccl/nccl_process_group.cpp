@@ -2,6 +2,8 @@
 // ordered against the caller's stream with CUDA events; unique-id exchange; ncclCommSplit.
 #include "colossal/comm/nccl/nccl_process_group.h"
 
+#include "colossal/comm/launch_env.h"
+
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -257,8 +259,8 @@ ncclUniqueId exchange_unique_id(const DistEnv& env, std::chrono::milliseconds re
   COLOSSAL_CHECK(
       env.source != EnvSource::openmpi || env.local_world_size == env.world_size || env.master_addr != "127.0.0.1",
       "nccl: under mpirun on several nodes this build (without MPI) needs rank 0's host for the TCP "
-      "rendezvous: pass MASTER_ADDR and MASTER_PORT to every rank (mpirun -x), or build with MPI [{}]",
-      env.describe());
+      "rendezvous: pass {} and {} to every rank (mpirun -x), or build with MPI [{}]",
+      env::kMasterAddr, env::kMasterPort, env.describe());
   RendezvousOptions options;
   options.addr = env.master_addr;
   options.port = env.rendezvous_port();

@@ -1,0 +1,268 @@
+// The layout-equivalence harness: see layout_harness.h.
+//
+// Tolerance (f32, the default 1e-5, relative by norm): the serial and the data-parallel run compute
+// the same sums in another order (a mean over the global batch against per-rank means averaged by
+// an all-reduce, partial gradients summed per rank first), which leaves ~1e-7 relative differences
+// per step; a few AdamW steps, whose m / sqrt(v) can amplify a relative error where v is small, keep
+// them well under 1e-5, while a wrong scaling (a sum for a mean, a micro-step missed or counted
+// twice, a rank's share dropped) is off by 10% or more. 16-bit cases pass their own tolerance,
+// justified where they are declared.
+//
+// The default optimizer is SGD with momentum, whose update is proportional to the gradient, so a
+// parameter differs from the serial one as much as its gradients did. AdamW divides by sqrt(v): a
+// parameter whose gradient is zero up to rounding (the key bias of attention, which adds the same
+// score to every key and so cancels in the softmax) gets a full-size update of the rounding noise's
+// sign, and such parameters differ by ~1e-4 between any two summation orders. AdamW is checked on
+// the MLP, whose gradients are all well away from zero (HarnessCase::make_optimizer).
+#include "layout_harness.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "colossal/amp/mixed_precision_optimizer.h"
+#include "colossal/nn/activation.h"
+#include "colossal/nn/linear.h"
+#include "colossal/nn/models/gpt2.h"
+#include "colossal/nn/models/vit.h"
+#include "colossal/ops/nn_functional.h"
+#include "colossal/ops/shape.h"
+#include "colossal/optim/adam.h"
+#include "colossal/optim/sgd.h"
+#include "colossal/parallel/parallel_context.h"
+
+namespace colossal::testing {
+namespace {
+
+using Values = std::map<std::string, std::vector<double>>;
+
+std::vector<double> host_f64(const Tensor& t) {
+  return t.detach().to(Device{}).to(DType::f64).contiguous().to_vector<double>();
+}
+
+double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12);
+}
+
+/// What one run recorded at each update: the micro-steps' losses, the gradients the update used,
+/// the parameters after it.
+struct Trace {
+  std::vector<std::vector<double>> losses;
+  std::vector<Values> grads, params;
+};
+
+std::optional<amp::AmpOptions> amp_options(Precision p) {
+  switch (p) {
+    case Precision::f32:
+      return std::nullopt;
+    case Precision::bf16:
+      return amp::AmpOptions::for_mode(amp::AmpMode::bf16);
+    case Precision::fp16:
+      return amp::AmpOptions::for_mode(amp::AmpMode::naive);
+  }
+  return std::nullopt;
+}
+
+/// Trains c for c.steps updates on rows [share * rank, share * (rank + 1)) of each global batch,
+/// through an Engine over `context` (null: serial).
+Trace run(const HarnessCase& c, std::shared_ptr<const parallel::ParallelContext> context, Device device, int64_t rank,
+          int64_t share) {
+  core::Generator init(1234);
+  std::shared_ptr<nn::Module> model = c.build_model(init);
+  model->to(device);
+  std::shared_ptr<optim::Optimizer> optimizer;
+  if (c.make_optimizer) {
+    optimizer = c.make_optimizer(*model);
+  } else {
+    optimizer = std::make_shared<optim::Sgd>(model->parameters(), optim::SgdOptions{.lr = 0.05, .momentum = 0.9});
+  }
+  Trace trace;
+  engine::EngineOptions options;
+  options.context = std::move(context);
+  options.gradient_accumulation = c.accumulation;
+  options.clip_grad_norm = c.clip;
+  options.amp = amp_options(c.precision);
+  options.before_update = [&trace](engine::Engine& e) {
+    Values grads;
+    for (const auto& [name, p] : e.model().named_parameters()) {
+      if (p.grad().defined()) grads[name] = host_f64(p.grad());
+    }
+    trace.grads.push_back(std::move(grads));
+  };
+  engine::Engine engine(model, optimizer, c.criterion, options);
+  for (int64_t step = 0; step < c.steps; ++step) {
+    std::vector<double> losses;
+    for (int64_t micro = 0; micro < c.accumulation; ++micro) {
+      auto [x, y] = c.rows(step, micro, rank * share, (rank + 1) * share);
+      losses.push_back(engine.step(x.to(device), y.to(device)).to(Device{}).item<double>());
+    }
+    trace.losses.push_back(std::move(losses));
+    Values params;
+    for (const auto& [name, p] : engine.model().named_parameters()) params[name] = host_f64(p);
+    trace.params.push_back(std::move(params));
+  }
+  return trace;
+}
+
+void compare(const std::string& where, const Values& got, const Values& want, double tolerance, double& worst,
+             std::string& worst_name, int64_t& count, int64_t step) {
+  EXPECT_EQ(got.size(), want.size()) << where << ": the runs have different tensors at step " << step;
+  for (const auto& [name, values] : want) {
+    auto it = got.find(name);
+    if (it == got.end()) {
+      ADD_FAILURE() << where << ": step " << step << ": " << name << " is missing from the layout run";
+      continue;
+    }
+    const double error = relative_error(it->second, values);
+    ++count;
+    if (error > worst) {
+      worst = error;
+      worst_name = fmt::format("step {} {}", step, name);
+    }
+    EXPECT_LE(error, tolerance) << where << ": step " << step << ": " << name << " differs by " << error
+                                << " (relative, by norm)";
+  }
+}
+
+}  // namespace
+
+std::string Layout::name() const {
+  return fmt::format("dp{}", data);
+}
+
+HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& layout,
+                                           const std::shared_ptr<comm::ProcessGroup>& world) {
+  HarnessReport report;
+  const std::string where = fmt::format("{} {} ({} ranks)", c.name, layout.name(), world->size());
+  config::ParallelConfig pc;
+  pc.data = layout.data;
+  auto context = std::make_shared<const parallel::ParallelContext>(parallel::ParallelContext::create(pc, world));
+  const int dp = context->size(parallel::GroupKind::kData);
+  if (c.global_batch % dp != 0) {
+    ADD_FAILURE() << where << ": global batch " << c.global_batch << " does not split over " << dp << " ranks";
+    return report;
+  }
+  const Device device = world->device();
+  const Trace serial = run(c, nullptr, device, 0, c.global_batch);
+  const Trace parallel =
+      run(c, context, device, context->rank(parallel::GroupKind::kData), c.global_batch / dp);
+
+  for (int64_t step = 0; step < c.steps; ++step) {
+    const auto s = static_cast<size_t>(step);
+    for (size_t m = 0; m < serial.losses[s].size(); ++m) {
+      const double want = serial.losses[s][m], got = parallel.losses[s][m];
+      const double error = std::abs(got - want) / std::max(std::abs(want), 1e-12);
+      report.loss = std::max(report.loss, error);
+      EXPECT_LE(error, c.tolerance) << where << ": step " << step << " micro-step " << m << ": loss " << got
+                                    << ", serial " << want;
+    }
+    if (parallel.grads.size() != serial.grads.size()) {
+      ADD_FAILURE() << where << ": " << parallel.grads.size() << " updates against the serial run's " << serial.grads.size();
+      return report;
+    }
+    compare(where + " gradient", parallel.grads[s], serial.grads[s], c.tolerance, report.grad, report.worst_grad,
+            report.compared_tensors, step);
+    compare(where + " parameter", parallel.params[s], serial.params[s], c.tolerance, report.param, report.worst_param,
+            report.compared_tensors, step);
+  }
+  return report;
+}
+
+// ---- shared cases
+
+HarnessCase mlp_case() {
+  HarnessCase c;
+  c.name = "mlp";
+  static constexpr int64_t kIn = 6, kHidden = 16, kClasses = 3;
+  c.build_model = [](core::Generator& init) -> std::shared_ptr<nn::Module> {
+    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(kIn, kHidden, true, &init), std::make_shared<nn::GELU>(),
+        std::make_shared<nn::Linear>(kHidden, kClasses, true, &init)});
+  };
+  c.rows = [](int64_t step, int64_t micro, int64_t begin, int64_t end) {
+    std::vector<float> x;
+    std::vector<int64_t> y;
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t f = 0; f < kIn; ++f) {
+        x.push_back(static_cast<float>(std::sin(0.7 * static_cast<double>(r + 3 * f) + 1.3 * static_cast<double>(step) +
+                                                0.5 * static_cast<double>(micro))));
+      }
+      y.push_back((r + step + micro) % kClasses);
+    }
+    return std::pair{core::from_vector<float>(x, {end - begin, kIn}), core::from_vector<int64_t>(y, {end - begin})};
+  };
+  c.criterion = [](const Tensor& out, const Tensor& target) { return ops::cross_entropy(out, target); };
+  return c;
+}
+
+HarnessCase vit_case() {
+  HarnessCase c;
+  c.name = "vit";
+  c.build_model = [](core::Generator& init) -> std::shared_ptr<nn::Module> {
+    nn::models::ViTConfig v;
+    v.img_size = 8;
+    v.patch_size = 4;
+    v.in_chans = 1;
+    v.num_classes = 4;
+    v.embed_dim = 16;
+    v.depth = 2;
+    v.num_heads = 2;
+    v.mlp_ratio = 2.0;
+    return std::make_shared<nn::models::VisionTransformer>(v, &init);
+  };
+  c.rows = [](int64_t step, int64_t micro, int64_t begin, int64_t end) {
+    std::vector<float> x;
+    std::vector<int64_t> y;
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t p = 0; p < 64; ++p) {
+        x.push_back(static_cast<float>(std::cos(0.37 * static_cast<double>(p * (r + 1)) +
+                                                0.9 * static_cast<double>(step) + 0.4 * static_cast<double>(micro))));
+      }
+      y.push_back((2 * r + step + micro) % 4);
+    }
+    return std::pair{core::from_vector<float>(x, {end - begin, 1, 8, 8}), core::from_vector<int64_t>(y, {end - begin})};
+  };
+  c.criterion = [](const Tensor& out, const Tensor& target) { return ops::cross_entropy(out, target); };
+  return c;
+}
+
+HarnessCase gpt2_case() {
+  HarnessCase c;
+  c.name = "gpt2";
+  static constexpr int64_t kVocab = 32, kT = 16;
+  c.build_model = [](core::Generator& init) -> std::shared_ptr<nn::Module> {
+    nn::models::GPT2Config g;
+    g.vocab_size = kVocab;
+    g.n_positions = kT;
+    g.n_embd = 16;
+    g.n_layer = 2;
+    g.n_head = 2;
+    g.dropout = 0.0;
+    return std::make_shared<nn::models::GPT2>(g, &init);
+  };
+  c.rows = [](int64_t step, int64_t micro, int64_t begin, int64_t end) {
+    std::vector<int64_t> x, y;
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t t = 0; t <= kT; ++t) {
+        const int64_t token = (7 * r + 3 * t * t + 5 * step + 11 * micro) % kVocab;
+        if (t < kT) x.push_back(token);
+        if (t > 0) y.push_back(token);
+      }
+    }
+    return std::pair{core::from_vector<int64_t>(x, {end - begin, kT}), core::from_vector<int64_t>(y, {end - begin, kT})};
+  };
+  c.criterion = [](const Tensor& logits, const Tensor& target) { return nn::models::lm_cross_entropy(logits, target); };
+  return c;
+}
+
+}  // namespace colossal::testing

@@ -1,0 +1,83 @@
+// The layout-equivalence harness (the OneFlow habit): one training problem run twice on every rank,
+// serially (the whole global batch through the serial model) and under a parallel layout (each rank
+// its share, through the Engine with a ParallelContext), comparing at every optimizer step the
+// loss, the gradients the update uses (after the gradient handler) and the updated parameters.
+// Every parallel mode adds its layouts here: today data parallelism (dp, with accumulation,
+// clipping and mixed precision); tensor, pipeline and ZeRO layouts extend Layout and the gathering
+// of their shards back to serial names.
+//
+// Ranks: MPI ranks on the CPU (the mpi-labelled tests), NCCL ranks on GPUs where the world group is
+// NCCL. The serial run happens on the same device as the layout run.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "colossal/comm/process_group.h"
+#include "colossal/core/random.h"
+#include "colossal/core/tensor.h"
+#include "colossal/engine/engine.h"
+#include "colossal/nn/module.h"
+#include "colossal/optim/optimizer.h"
+
+namespace colossal::testing {
+
+enum class Precision {
+  f32,   ///< everything in f32
+  bf16,  ///< bf16 model, f32 master weights (amp bf16)
+  fp16,  ///< f16 model, f32 masters, dynamic loss scale (amp naive)
+};
+
+struct Layout {
+  int data = 1;  ///< data-parallel ranks (the world must hold data * pipeline * tensor)
+  // pipeline, tensor and zero join with their issues.
+  std::string name() const;  ///< "dp2"
+};
+
+struct HarnessCase {
+  std::string name;
+  /// The serial model, on the CPU in f32, initialised from `init`. Equal seeds must give equal
+  /// models (every rank builds its own). Models with dropout must have it off: the serial run draws
+  /// one mask for the global batch, a rank one for its share.
+  std::function<std::shared_ptr<nn::Module>(core::Generator& init)> build_model;
+  /// Rows [begin, end) of the global batch of micro-step `micro` of update `step`: (input, target)
+  /// on the CPU. Must depend only on its arguments.
+  std::function<std::pair<Tensor, Tensor>(int64_t step, int64_t micro, int64_t begin, int64_t end)> rows;
+  engine::Criterion criterion;
+  /// The optimizer over the model's parameters (after the model moved to its device); default SGD
+  /// with momentum 0.9, lr 0.05 (see layout_harness.cpp for why not AdamW by default).
+  std::function<std::shared_ptr<optim::Optimizer>(nn::Module& model)> make_optimizer;
+  int64_t global_batch = 8;  ///< rows of one micro-step over all data-parallel ranks
+  int64_t steps = 3;         ///< optimizer updates
+  int64_t accumulation = 1;  ///< micro-steps per update
+  std::optional<double> clip;
+  Precision precision = Precision::f32;
+  /// Largest relative difference (by norm, per tensor; per value for losses) allowed between the
+  /// serial and the layout run. The default suits f32 (see layout_harness.cpp).
+  double tolerance = 1e-5;
+};
+
+/// The largest relative differences seen, and where.
+struct HarnessReport {
+  double loss = 0, grad = 0, param = 0;
+  std::string worst_grad, worst_param;  ///< "step 2 h.0.attn.c_attn.weight"
+  int64_t compared_tensors = 0;
+};
+
+/// Runs `c` serially and under `layout` over `world` (every rank of it calls this together) and
+/// adds a GoogleTest failure for each step whose loss, gradients or parameters differ by more than
+/// c.tolerance, naming the layout, the step and the tensor. Returns the largest differences.
+HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& layout,
+                                           const std::shared_ptr<comm::ProcessGroup>& world);
+
+/// Cases the data-parallel tests (and later layouts) share: a GELU MLP, a two-block ViT on 8x8
+/// images, a two-block GPT-2 on 16-token windows; dropout off, deterministic rows.
+HarnessCase mlp_case();
+HarnessCase vit_case();
+HarnessCase gpt2_case();
+
+}  // namespace colossal::testing
