@@ -181,7 +181,8 @@ class MetricsJsonlHook : public Hook {
 /// Priority 50: after the logging hooks (priority <= 10), so the log lines of the failing
 /// interval are written, and before SaveCheckpointHook (100) at after_train_iter and
 /// after_train_epoch. Install it on every rank of a data-parallel run: the reported loss is the
-/// group's mean, so all ranks stop at the same check.
+/// group's mean, so every rank sees the same losses and stops at the same interval or epoch check
+/// (a rank that also saves checkpoints checks before each save as well, and may stop first).
 class NonFiniteLossHook : public Hook {
  public:
   explicit NonFiniteLossHook(int64_t check_interval = 0, int64_t max_skipped_in_a_row = 16, int priority = 50);
@@ -208,7 +209,7 @@ class NonFiniteLossHook : public Hook {
   void judge(Trainer& trainer, const Record& record);
 
   int64_t check_interval_, max_skipped_in_a_row_;
-  std::vector<Tensor> chunks_;   // device buffers of kChunk losses each, filled in order
+  std::vector<Tensor> chunks_;   // device buffers of kLossChunk losses each, filled in order
   std::vector<Record> records_;  // the unread iterations, one per buffered loss
   std::vector<Record> pending_;  // read, but their window has not reached its update yet
   int64_t skipped_in_a_row_ = 0;
