@@ -324,25 +324,9 @@ TEST(TrainConfigErrors, BadChoicesListTheChoicesAndSuggest) {
 }
 
 TEST(TrainConfigErrors, RulesBetweenKeys) {
-  // Tensor parallel sizes each mode can use, with the nearest valid sizes.
-  EXPECT_CONFIG_ERROR(
-      "[parallel.tensor]\nsize = 6\nmode = \"2d\"\n", {},
-      "test.toml:2: parallel.tensor.size = 6 does not suit parallel.tensor.mode = \"2d\", which needs a "
-      "square number (q*q): nearest valid sizes 4 or 9");
-  EXPECT_CONFIG_ERROR("[parallel.tensor]\nsize = 10\nmode = \"3d\"\n", {},
-                      "a cube (d*d*d): nearest valid sizes 8 or 27");
-  EXPECT_CONFIG_ERROR("[parallel.tensor]\nsize = 12\nmode = \"2.5d\"\ndepth = 2\n", {},
-                      "depth * q * q with parallel.tensor.depth = 2: nearest valid sizes 8 or 18");
-  EXPECT_NO_THROW(parse("[parallel.tensor]\nsize = 18\nmode = \"2.5d\"\ndepth = 2\n"));
-  EXPECT_NO_THROW(parse("[parallel.tensor]\nsize = 6\nmode = \"1d\"\n"));
-  // The interleaved schedule.
-  EXPECT_CONFIG_ERROR("[parallel]\nnum_chunks = 2\n", {}, "needs parallel.pipeline > 1");
-  EXPECT_CONFIG_ERROR("[parallel]\npipeline = 4\nnum_chunks = 2\nnum_microbatches = 6\n[data]\nbatch_size = 12\n", {},
-                      "parallel.num_microbatches = 6 must be a multiple of parallel.pipeline = 4 for the interleaved "
-                      "schedule (parallel.num_chunks = 2): nearest valid 4 or 8");
-  EXPECT_CONFIG_ERROR("[parallel]\npipeline = 2\nnum_microbatches = 4\n[data]\nbatch_size = 30\n", {},
-                      "test.toml:5: data.batch_size = 30 does not split into parallel.num_microbatches = 4 equal "
-                      "microbatches: nearest valid batch sizes 28 or 32");
+  // The parallel layout's rules (tensor sizes per mode, pipelines, microbatches) belong to the
+  // parallel layer, which passes them to config loading: tests/parallel/layout_test.cpp.
+  EXPECT_NO_THROW(parse("[parallel.tensor]\nsize = 6\nmode = \"2d\"\n"));
   // Precision, ZeRO, data, optimizer, schedule, loop.
   EXPECT_CONFIG_ERROR("bf16 = true\n[fp16]\nmode = \"torch\"\n", {}, "both ask for mixed precision");
   EXPECT_CONFIG_ERROR("[zero]\nplacement_policy = \"cpu\"\nstage = 2\n", {},
@@ -396,11 +380,28 @@ TEST(TrainConfigErrors, FileErrorsNameThePath) {
 TEST(TrainConfigErrors, ValidateChecksConfigsBuiltInCode) {
   TrainConfig c;
   c.optimizer.lr = 0;
-  c.parallel.tensor = {.size = 5, .mode = TensorParallelMode::k3d};
   c.data.transforms = {"flip"};
   EXPECT_ERROR_CONTAINS(validate(c), "optimizer.lr = 0.0 is out of range: must be > 0");
   EXPECT_ERROR_CONTAINS(validate(c), "data.transforms[0] = \"flip\" is not one of");
-  EXPECT_ERROR_CONTAINS(validate(c), "parallel.tensor.size = 5 does not suit parallel.tensor.mode = \"3d\"");
+}
+
+TEST(TrainConfigErrors, RulesOwnedByOtherLayersRunAfterConfigsOwnWithTheKeysOrigin) {
+  // A layer above config (the parallel layout's rules) passes its rule to load_config: it runs once
+  // the values bound and config's own rules found nothing, and its message gets the key's origin.
+  const ConfigRule rule = [](const TrainConfig& c, const std::function<void(std::string_view, std::string)>& report) {
+    if (c.parallel.pipeline == 3) report("parallel.pipeline", "three stages are not allowed here");
+  };
+  EXPECT_NO_THROW(parse_config("[parallel]\npipeline = 2\n", {}, "test.toml", {rule}));
+  try {
+    parse_config("[parallel]\npipeline = 3\n", {}, "test.toml", {rule});
+    FAIL() << "the owned rule did not run";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "test.toml:2: three stages are not allowed here");
+  }
+  TrainConfig c;
+  c.parallel.pipeline = 3;
+  EXPECT_ERROR_CONTAINS(validate(c, {rule}), "three stages are not allowed here");
+  EXPECT_NO_THROW(validate(c));
 }
 
 TEST(TrainConfig, EnumNames) {

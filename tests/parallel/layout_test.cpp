@@ -3,6 +3,7 @@
 // initializers, the partition property, pipeline neighbours, validation messages and seeds.
 #include "colossal/parallel/layout.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "colossal/core/error.h"
+#include "colossal/parallel/layout_rules.h"
 
 namespace colossal::parallel {
 namespace {
@@ -396,47 +398,59 @@ TEST(ParallelLayout, PipelineNeighboursFormARingWithinThePipelineGroup) {
 
 // ---- validation --------------------------------------------------------------------------------
 
+// The rules and their wording live in parallel/layout_rules.h (one check for config loading and for
+// launch); ParallelLayout applies them with the world size.
+
 TEST(ParallelLayoutValidation, TwoDimensionalNeedsASquare) {
   EXPECT_EQ(error_of(make_config(1, 6, TensorParallelMode::k2d), 6),
-            "parallel.tensor.size = 6 with mode \"2d\" must be a square (q*q); nearest: 4 or 9");
+            "parallel.tensor.size = 6 does not suit parallel.tensor.mode = \"2d\", which needs a square (q*q): nearest "
+            "valid sizes 4 or 9");
   EXPECT_EQ(error_of(make_config(1, 2, TensorParallelMode::k2d), 2),
-            "parallel.tensor.size = 2 with mode \"2d\" must be a square (q*q); nearest: 1 or 4");
+            "parallel.tensor.size = 2 does not suit parallel.tensor.mode = \"2d\", which needs a square (q*q): nearest "
+            "valid sizes 1 or 4");
 }
 
 TEST(ParallelLayoutValidation, TwoAndAHalfDimensionalNeedsDepthTimesASquare) {
   EXPECT_EQ(error_of(make_config(1, 12, TensorParallelMode::k2p5d, 2), 12),
-            "parallel.tensor.size = 12 with mode \"2.5d\" and parallel.tensor.depth = 2 must be depth*q*q (2*q*q); "
-            "nearest: 8 or 18");
-  EXPECT_EQ(error_of(make_config(1, 4, TensorParallelMode::k2p5d, 0), 4),
-            "parallel.tensor.depth = 0 must be at least 1 for mode \"2.5d\"");
+            "parallel.tensor.size = 12 does not suit parallel.tensor.mode = \"2.5d\", which needs depth * q * q with "
+            "parallel.tensor.depth = 2: nearest valid sizes 8 or 18");
+  EXPECT_EQ(error_of(make_config(1, 4, TensorParallelMode::k2p5d, 0), 4), "parallel.tensor.depth = 0 must be >= 1");
   // One tensor rank splits nothing, so the depth does not matter.
   EXPECT_EQ(error_of(make_config(1, 1, TensorParallelMode::k2p5d, 2), 1), "");
 }
 
 TEST(ParallelLayoutValidation, ThreeDimensionalNeedsACube) {
   EXPECT_EQ(error_of(make_config(1, 16, TensorParallelMode::k3d), 16),
-            "parallel.tensor.size = 16 with mode \"3d\" must be a cube (d*d*d); nearest: 8 or 27");
+            "parallel.tensor.size = 16 does not suit parallel.tensor.mode = \"3d\", which needs a cube (d*d*d): nearest "
+            "valid sizes 8 or 27");
   EXPECT_EQ(error_of(make_config(1, 4, TensorParallelMode::k3d), 4),
-            "parallel.tensor.size = 4 with mode \"3d\" must be a cube (d*d*d); nearest: 1 or 8");
+            "parallel.tensor.size = 4 does not suit parallel.tensor.mode = \"3d\", which needs a cube (d*d*d): nearest "
+            "valid sizes 1 or 8");
 }
 
 TEST(ParallelLayoutValidation, WorldMustDivideByPipelineTimesTensor) {
-  EXPECT_EQ(error_of(make_config(2, 4), 12),
-            "the world size 12 must be a multiple of parallel.pipeline * parallel.tensor.size = 2 * 4 = 8 (the ranks "
-            "form data x pipeline x tensor); nearest valid world sizes: 8 or 16, or choose pipeline and tensor sizes "
-            "whose product divides 12");
-  EXPECT_EQ(error_of(make_config(1, 4), 2),
-            "the world size 2 must be a multiple of parallel.pipeline * parallel.tensor.size = 1 * 4 = 4 (the ranks "
-            "form data x pipeline x tensor); nearest valid world sizes: 4, or choose pipeline and tensor sizes whose "
-            "product divides 2");
+  const std::string m = error_of(make_config(2, 4), 12);
+  EXPECT_THAT(m, ::testing::HasSubstr("must be a multiple of parallel.pipeline * parallel.tensor.size = 2 * 4 = 8, "
+                                      "but 12 processes were started"));
+  EXPECT_THAT(m, ::testing::HasSubstr("colossal run --nproc_per_node 8 -- colossal train --config"));
+  EXPECT_THAT(m, ::testing::HasSubstr("(nearest valid: 8 or 16), or choose pipeline and tensor sizes whose product "
+                                      "divides 12"));
+  EXPECT_THAT(error_of(make_config(1, 4), 2),
+              ::testing::HasSubstr("parallel.tensor.size = 1 * 4 = 4, but 2 processes were started"));
 }
 
 TEST(ParallelLayoutValidation, ExplicitDataSizeMustFillTheWorld) {
   ParallelConfig c = make_config(2, 2);
   c.data = 3;
-  EXPECT_EQ(error_of(c, 8),
-            "parallel.data = 3 needs parallel.data * parallel.pipeline * parallel.tensor.size = 3 * 2 * 2 = 12 ranks, "
-            "but the world has 8; set parallel.data = 2, or 0 to derive it from the world size");
+  const std::string m = error_of(c, 8);
+  EXPECT_THAT(m, ::testing::HasSubstr("parallel.data = 3 with parallel.pipeline = 2 and parallel.tensor.size = 2 needs "
+                                      "12 processes (data x pipeline x tensor), but 8 processes were started: start 12 "
+                                      "processes"));
+  EXPECT_THAT(m, ::testing::HasSubstr("or set parallel.data = 2 (or 0: derived from the processes started)"));
+  c = make_config(1, 1);
+  c.data = 2;
+  EXPECT_THAT(error_of(c, 1), ::testing::HasSubstr("needs 2 processes, but this is a single process: start 2 "
+                                                   "processes: `colossal run --nproc_per_node 2"));
 }
 
 TEST(ParallelLayoutValidation, InterleavedScheduleNeedsMicrobatchesInRoundsOfStages) {
@@ -445,7 +459,7 @@ TEST(ParallelLayoutValidation, InterleavedScheduleNeedsMicrobatchesInRoundsOfSta
   c.num_microbatches = 6;
   EXPECT_EQ(error_of(c, 4),
             "parallel.num_microbatches = 6 must be a multiple of parallel.pipeline = 4 for the interleaved schedule "
-            "(parallel.num_chunks = 2); nearest: 4 or 8");
+            "(parallel.num_chunks = 2): nearest valid 4 or 8");
   c.num_microbatches = 8;
   EXPECT_EQ(error_of(c, 4), "");
   ParallelConfig no_pipeline = make_config(1, 1);
@@ -455,12 +469,33 @@ TEST(ParallelLayoutValidation, InterleavedScheduleNeedsMicrobatchesInRoundsOfSta
 }
 
 TEST(ParallelLayoutValidation, SizesMustBePositive) {
-  EXPECT_EQ(error_of(make_config(0, 1), 4), "parallel.pipeline = 0 must be at least 1");
-  EXPECT_EQ(error_of(make_config(1, 0), 4), "parallel.tensor.size = 0 must be at least 1");
+  EXPECT_EQ(error_of(make_config(0, 1), 4), "parallel.pipeline = 0 must be >= 1");
+  EXPECT_EQ(error_of(make_config(1, 0), 4), "parallel.tensor.size = 0 must be >= 1");
   EXPECT_EQ(error_of(make_config(1, 1), 0), "the world size must be at least 1 (got 0)");
   ParallelConfig c = make_config(1, 1);
   c.data = -1;
-  EXPECT_EQ(error_of(c, 4), "parallel.data = -1 must be positive, or 0 to derive it from the world size");
+  EXPECT_EQ(error_of(c, 4), "parallel.data = -1 must be >= 0 (0: all the processes not used by pipeline and tensor)");
+}
+
+TEST(ParallelLayoutValidation, ConfigLoadingRunsTheSameRulesWithTheKeysOrigin) {
+  // The rule config loading runs (without a world) gives the same wording, prefixed with where the key
+  // was set.
+  try {
+    config::parse_config("[parallel.tensor]\nsize = 6\nmode = \"2d\"\n", {}, "test.toml", {layout_config_rule()});
+    FAIL() << "a 2d tensor size of 6 loaded";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "test.toml:2: parallel.tensor.size = 6 does not suit parallel.tensor.mode = \"2d\", which needs a square "
+              "(q*q): nearest valid sizes 4 or 9");
+  }
+  try {
+    config::parse_config("[parallel]\npipeline = 2\nnum_microbatches = 4\n[data]\nbatch_size = 6\n", {}, "test.toml",
+                         {layout_config_rule()});
+    FAIL() << "a batch of 6 split into 4 microbatches loaded";
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("test.toml:5: data.batch_size = 6 does not split into "
+                                                            "parallel.num_microbatches = 4 equal microbatches"));
+  }
 }
 
 // ---- seeds -------------------------------------------------------------------------------------

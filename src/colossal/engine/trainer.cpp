@@ -33,8 +33,8 @@ void Trainer::fit(data::DataLoader& train_loader, int64_t epochs, data::DataLoad
   const auto done = [&] { return limits.max_updates > 0 && engine_.num_updates() >= limits.max_updates; };
   for (cur_epoch_ = start.epoch; cur_epoch_ < epochs && !done(); ++cur_epoch_) {
     testing_this_epoch_ = test_loader != nullptr && cur_epoch_ % test_interval == 0;
-    train_epoch(train_loader, cur_epoch_ == start.epoch ? start.iter : 0, display_progress, limits.max_updates);
-    if (testing_this_epoch_ && (!epoch_cut_ || limits.test_cut_epoch)) test_epoch(*test_loader, display_progress);
+    train_epoch(train_loader, cur_epoch_ == start.epoch ? start.iter : 0, display_progress, limits);
+    if (testing_this_epoch_) test_epoch(*test_loader, display_progress);
     if (epoch_cut_) break;
   }
   call_hooks([&](Hook& h) { h.after_train(*this); });
@@ -51,7 +51,8 @@ std::string Trainer::pass_label(const char* pass) const {
   return fmt::format("epoch {}/{} {}", cur_epoch_ + 1, max_epochs_, pass);
 }
 
-void Trainer::train_epoch(data::DataLoader& loader, int64_t first_iter, bool display_progress, int64_t max_updates) {
+void Trainer::train_epoch(data::DataLoader& loader, int64_t first_iter, bool display_progress, FitLimits limits) {
+  const int64_t max_updates = limits.max_updates;
   epoch_cut_ = false;
   engine_.train();
   loader.set_epoch(cur_epoch_);
@@ -77,6 +78,8 @@ void Trainer::train_epoch(data::DataLoader& loader, int64_t first_iter, bool dis
     }
   }
   if (bar) bar->finish();
+  // A cut epoch is tested only when the limits say so; the hooks see the decision.
+  if (epoch_cut_ && !limits.test_cut_epoch) testing_this_epoch_ = false;
   call_hooks([&](Hook& h) { h.after_train_epoch(*this); });
 }
 

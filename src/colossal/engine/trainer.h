@@ -79,7 +79,8 @@ class Trainer {
   }
   /// Whether the current epoch's training pass stopped early at FitLimits::max_updates.
   bool epoch_cut() const { return epoch_cut_; }
-  /// Whether the current epoch runs a test pass.
+  /// Whether the current epoch runs a test pass (false from its after_train_epoch on when the epoch
+  /// was cut short and FitLimits::test_cut_epoch is off).
   bool testing_this_epoch() const { return testing_this_epoch_; }
   /// Metrics of the current epoch, written by metric hooks (cleared at each before_*_epoch).
   MetricTable& train_metrics() { return train_metrics_; }
@@ -87,7 +88,7 @@ class Trainer {
   const std::vector<std::shared_ptr<Hook>>& hooks() const { return hooks_; }
 
  private:
-  void train_epoch(data::DataLoader& loader, int64_t first_iter, bool display_progress, int64_t max_updates);
+  void train_epoch(data::DataLoader& loader, int64_t first_iter, bool display_progress, FitLimits limits);
   std::string pass_label(const char* pass) const;
   void test_epoch(data::DataLoader& loader, bool display_progress);
   template <class Fn>

@@ -150,9 +150,10 @@ void TrainingRun::build_data_and_model() {
   if (!c.model.weights.empty()) {
     const nn::HubImportReport report = nn::import_hub_weights(*model_, c.model.weights);
     if (writer_) {
-      fmt::print("model.weights: loaded {}{}{}\n", c.model.weights,
+      fmt::print("model.weights: loaded {}{}{}{}\n", c.model.weights,
                  report.stripped_transformer_prefix ? " (names without \"transformer.\")" : "",
-                 report.dropped.empty() ? "" : fmt::format("; left out {}", fmt::join(report.dropped, ", ")));
+                 report.dropped.empty() ? "" : fmt::format("; left out {}", fmt::join(report.dropped, ", ")),
+                 report.cast.empty() ? "" : fmt::format("; widened {}", fmt::join(report.cast, ", ")));
     }
   }
   model_->to(device_);
@@ -316,7 +317,8 @@ RunResult TrainingRun::fit() {
   result.steps = trainer_->cur_step();
   result.updates = engine_->num_updates();
   if (writer_ && options_.verbose) {
-    if (trainer_->epoch_cut() && test_loader_ && !limits.test_cut_epoch && trainer_->testing_this_epoch()) {
+    if (trainer_->epoch_cut() && test_loader_ && !limits.test_cut_epoch &&
+        trainer_->cur_epoch() % std::max<int64_t>(1, c.train.test_interval) == 0) {
       fmt::print("test: not run after epoch {}, which train.max_steps = {} cut short (test passes follow whole "
                  "epochs)\n",
                  trainer_->cur_epoch() + 1, plan_.max_updates);

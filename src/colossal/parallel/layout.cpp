@@ -164,7 +164,7 @@ const std::vector<GroupKind>& all_group_kinds() {
 }
 
 ParallelLayout::ParallelLayout(const config::ParallelConfig& config, int world_size) {
-  COLOSSAL_CHECK(world_size >= 1, "the world size must be at least 1 (got {})", world_size);
+  if (world_size < 1) throw Error(fmt::format("the world size must be at least 1 (got {})", world_size));
   require_layout(config, world_size);  // parallel/layout_rules.h: every rule, one wording
   const config::TensorParallelConfig& tensor = config.tensor;
   const int size = tensor.size;

@@ -129,8 +129,8 @@ std::vector<LayoutProblem> check_layout(const config::ParallelConfig& config, in
     if (config.data > 0 && config.data * model != world) {
       const int64_t needed = config.data * model;
       fail("parallel.data",
-           fmt::format("parallel.data * parallel.pipeline * parallel.tensor.size = {} * {} * {} needs {} "
-                       "processes, but {}: {}{}",
+           fmt::format("parallel.data = {} with parallel.pipeline = {} and parallel.tensor.size = {} needs {} "
+                       "processes (data x pipeline x tensor), but {}: {}{}",
                        config.data, config.pipeline, size, needed, started, how_to_start(needed),
                        world % model == 0 ? fmt::format(", or set parallel.data = {} (or 0: derived from the "
                                                         "processes started)",

@@ -1,0 +1,101 @@
+// The same global batch whatever the layout, through the command line as a user runs it:
+//   colossal run --nproc_per_node 2 -- colossal train --config C --set parallel.data=2 --set data.batch_size=8
+// gives, step by step, the losses of
+//   colossal train --config C --set data.batch_size=16
+// (fp32; 1e-5 relative, the layout harness's f32 tolerance: the same sums in another order). The
+// ranks take every other sample of the serial run's shuffled order, so global batch k holds the
+// serial batch k's samples; a wrong split (another order, a rank's share twice) changes the loss by
+// percents.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kConfig = R"(
+[model]
+name = "vit"
+options = { patch_size = 4, embed_dim = 16, depth = 1, num_heads = 2, mlp_ratio = 2.0 }
+
+[data]
+dataset = "synthetic"
+batch_size = 16
+options = { size = 96, test_size = 16, image_size = 8, channels = 1, num_classes = 4 }
+
+[optimizer]
+name = "adamw"
+lr = 2e-3
+
+[lr_scheduler]
+name = "cosine"
+warmup_steps = 2
+
+[train]
+epochs = 2
+device = "cpu"
+progress = false
+log_interval = 1
+test_interval = 0
+)";
+
+std::map<int64_t, double> step_losses(const fs::path& metrics) {
+  std::map<int64_t, double> losses;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["event"] == "step") losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return losses;
+}
+
+int run(const std::string& command, const fs::path& log) {
+  return std::system((command + " > '" + log.string() + "' 2>&1").c_str());
+}
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(TrainLayout, TwoDataParallelRanksGiveTheSerialRunsLosses) {
+  const fs::path dir = fs::temp_directory_path() / ("colossal_train_layout_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "c.toml") << kConfig;
+  const std::string bin = COLOSSAL_BINARY;
+  const std::string config = (dir / "c.toml").string();
+
+  ASSERT_EQ(run(bin + " train --config " + config + " --set data.batch_size=16 --metrics " +
+                    (dir / "serial.jsonl").string(),
+                dir / "serial.log"),
+            0)
+      << read(dir / "serial.log");
+  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + " train --config " + config +
+                    " --set parallel.data=2 --set data.batch_size=8 --metrics " + (dir / "dp2.jsonl").string(),
+                dir / "dp2.log"),
+            0)
+      << read(dir / "dp2.log");
+
+  const std::map<int64_t, double> serial = step_losses(dir / "serial.jsonl"), dp = step_losses(dir / "dp2.jsonl");
+  ASSERT_EQ(serial.size(), 12u) << read(dir / "serial.log");  // 96 / 16 = 6 steps an epoch, 2 epochs
+  ASSERT_EQ(dp.size(), serial.size()) << read(dir / "dp2.log");
+  double worst = 0;
+  for (const auto& [step, loss] : serial) {
+    const double error = std::abs(dp.at(step) - loss) / std::abs(loss);
+    worst = std::max(worst, error);
+    EXPECT_LE(error, 1e-5) << "step " << step << ": dp2 " << dp.at(step) << ", serial " << loss;
+  }
+  std::printf("dp2 x B8 against B16: %zu steps, largest relative difference %.2e\n", serial.size(), worst);
+  fs::remove_all(dir);
+}
+
+}  // namespace
