@@ -1,4 +1,4 @@
-// Tests of the run builders (cli/builders.h): each model builds from a config, token files give
+// Tests of the run builders (initialize/builders.h): each model builds from a config, token files give
 // next-token samples and the LM loss, data.transforms wire augmentations into the training set only,
 // mixup gives soft targets and a soft-target loss, bad options fail naming the key, and the configs
 // in configs/ load and build (on stand-in data) and take two optimizer steps.

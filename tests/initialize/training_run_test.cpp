@@ -106,7 +106,7 @@ TEST(TrainingRun, LayoutRulesRunAtConfigLoadWithOneWording) {
     FAIL() << "ran parallel.data = 2 in one process";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("needs 2 processes, but this is a single process"), std::string::npos) << m;
+    EXPECT_NE(m.find("needs 2 processes (data x pipeline x tensor), but this is a single process"), std::string::npos) << m;
     EXPECT_NE(m.find("colossal run --nproc_per_node 2 -- colossal train --config"), std::string::npos) << m;
   }
 }

@@ -449,7 +449,7 @@ TEST(ParallelLayoutValidation, ExplicitDataSizeMustFillTheWorld) {
   EXPECT_THAT(m, ::testing::HasSubstr("or set parallel.data = 2 (or 0: derived from the processes started)"));
   c = make_config(1, 1);
   c.data = 2;
-  EXPECT_THAT(error_of(c, 1), ::testing::HasSubstr("needs 2 processes, but this is a single process: start 2 "
+  EXPECT_THAT(error_of(c, 1), ::testing::HasSubstr("needs 2 processes (data x pipeline x tensor), but this is a single process: start 2 "
                                                    "processes: `colossal run --nproc_per_node 2"));
 }
 

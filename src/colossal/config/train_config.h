@@ -144,7 +144,7 @@ struct DataConfig {
   int num_workers = 0;     ///< loader threads; 0: load on the training thread
   bool shuffle = true;     ///< reshuffle the training set each epoch (by train.seed and the epoch)
   bool drop_last = true;   ///< skip a last incomplete batch
-  bool pin_memory = true;  ///< stage batches in pinned host memory for asynchronous copies
+  bool pin_memory = true;  ///< on a GPU, stage batches in pinned host memory for asynchronous copies (CPU runs: unused)
   int seq_len = 0;         ///< tokens: tokens per sample; 0: the model's context length
   /// Applied in order to training images: "random_crop", "random_flip", "resize", "center_crop",
   /// "normalize", "auto_augment", "mixup"; their parameters (crop padding, normalize mean/std,
@@ -197,7 +197,7 @@ struct TrainLoopConfig {
   /// A checkpoint file, or a checkpoint_dir whose newest checkpoint is taken, to continue from;
   /// empty: start fresh.
   std::string resume_from;
-  std::string log_dir;         ///< TensorBoard events and JSON-lines metrics; empty: console only
+  std::string log_dir;         ///< TensorBoard event files (JSON-lines metrics: --metrics FILE); empty: console only
   double label_smoothing = 0;  ///< cross-entropy label smoothing
   DeviceKind device = DeviceKind::kAuto;
   bool progress = true;  ///< a progress bar per pass on stderr (redrawn on a terminal, every 10% otherwise)

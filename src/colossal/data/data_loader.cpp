@@ -150,10 +150,10 @@ DataLoader::DataLoader(std::shared_ptr<Dataset> dataset, DataLoaderOptions optio
         core::cuda::is_available(), "DataLoader: device is {} but {}; leave device unset to get CPU batches",
         *options_.device,
         core::cuda::device_count() == 0 ? "no GPU is visible (or this build has no CUDA)" : "CUDA is unusable");
-    options_.pin_memory = true;
+    if (!options_.pin_memory.has_value()) options_.pin_memory = true;
     device_stage_ = std::make_unique<DeviceStage>(*options_.device);
   }
-  if (options_.pin_memory) {
+  if (options_.pin_memory.value_or(false)) {
     COLOSSAL_CHECK(core::cuda::is_available(),
                    "DataLoader: pin_memory needs CUDA, but no GPU is visible (or this build has no CUDA); set "
                    "pin_memory = false");

@@ -31,9 +31,12 @@ struct DataLoaderOptions {
   /// prefetch_factor): bounds memory at num_workers * prefetch_factor batches.
   int64_t prefetch_factor = 2;
   /// Collate into page-locked host memory (needs CUDA) so host-to-device copies run asynchronously.
-  bool pin_memory = false;
+  /// Unset: pinned when `device` is set, pageable otherwise; false with a device copies from
+  /// pageable memory (the copy then stages through the driver, which the host waits for).
+  std::optional<bool> pin_memory;
   /// A CUDA device to deliver batches on. Copies run on a side stream; each batch is handed out only
-  /// after the consumer's current stream has been told to wait for its copy. Implies pin_memory.
+  /// after the consumer's current stream has been told to wait for its copy. Pinned staging unless
+  /// pin_memory is false.
   /// Keep the same current stream through a pass (see Note [Device prefetch]).
   std::optional<Device> device;
   /// Collation; empty means stack_collate.
