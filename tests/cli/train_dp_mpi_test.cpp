@@ -12,12 +12,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "metrics_jsonl.h"
+
 #include "../comm/mpi_test_main.h"
 #include "colossal/cli/train_command.h"
 #include "colossal/core/error.h"
 
 namespace colossal::cli {
 namespace {
+
+using colossal::testing::read_jsonl;
+using colossal::testing::step_losses;
 
 namespace fs = std::filesystem;
 using comm::testing::world;
@@ -61,16 +66,6 @@ fs::path shared_dir(const std::string& name) {
   }
   world().barrier();
   return dir;
-}
-
-std::map<int64_t, double> step_losses(const fs::path& metrics) {
-  std::map<int64_t, double> losses;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j["event"] == "step") losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return losses;
 }
 
 TEST(TrainDataParallel, RankZeroWritesAndResumeRepeatsTheLosses) {

@@ -17,7 +17,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "metrics_jsonl.h"
+
 namespace {
+
+using colossal::testing::read_jsonl;
+using colossal::testing::step_losses;
 
 namespace fs = std::filesystem;
 
@@ -46,16 +51,6 @@ progress = false
 log_interval = 1
 test_interval = 0
 )";
-
-std::map<int64_t, double> step_losses(const fs::path& metrics) {
-  std::map<int64_t, double> losses;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j["event"] == "step") losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return losses;
-}
 
 int run(const std::string& command, const fs::path& log) {
   return std::system((command + " > '" + log.string() + "' 2>&1").c_str());

@@ -16,11 +16,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "metrics_jsonl.h"
+
 #include "colossal/core/error.h"
 #include "colossal/parallel/layout_rules.h"
 
 namespace colossal::initialize {
 namespace {
+
+using colossal::testing::read_jsonl;
+using colossal::testing::step_losses;
 
 namespace fs = std::filesystem;
 
@@ -55,21 +60,6 @@ fs::path fresh_dir(const std::string& name) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
-}
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
-std::map<int64_t, double> step_losses(const fs::path& path) {
-  std::map<int64_t, double> losses;
-  for (const nlohmann::json& j : read_jsonl(path)) {
-    if (j["event"] == "step") losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return losses;
 }
 
 std::string toml_path(const fs::path& p) {
