@@ -9,6 +9,10 @@ bash scripts/install-deps.sh
 
 export CCACHE_DIR="${CCACHE_DIR:-${HOME:-/root}/.cache/ccache}"
 mkdir -p "$CCACHE_DIR"
+# Cache hits across checkouts in other folders (CI builds a fresh clone elsewhere): paths are made
+# relative to the checkout, and the compiler's working folder (in the debug info) is not hashed.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-true}"
+export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-20G}"
 # mpi-labelled tests start ranks with mpirun; Open MPI refuses to run as root unless told it may.
 if [[ $(id -u) -eq 0 ]]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

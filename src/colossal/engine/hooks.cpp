@@ -194,10 +194,14 @@ void MetricsJsonlHook::before_train_iter(Trainer& trainer) {
 void MetricsJsonlHook::after_train_iter(Trainer& trainer, const Tensor&, const Tensor&, const Tensor& loss) {
   const int64_t step = trainer.cur_step() + 1;
   if (log_interval_ == 0 || step % log_interval_ != 0 || !loss.defined()) return;
+  // The loss is read first: reading it waits for the step, so wall_s (seconds since training
+  // began) is when the step finished, and differences of wall_s time steady-state steps.
+  const double loss_value = loss.item<double>();
   nlohmann::json line = {{"event", "step"},
                          {"epoch", trainer.cur_epoch() + 1},
                          {"step", step},
-                         {"loss", loss.item<double>()},
+                         {"loss", loss_value},
+                         {"wall_s", seconds_since(start_)},
                          {"lr", std::isnan(iter_lr_) ? nlohmann::json(nullptr) : nlohmann::json(iter_lr_)}};
   Engine& engine = trainer.engine();
   if (auto norm = engine.last_grad_norm(); norm && engine.last_step_updated()) line["grad_norm"] = *norm;

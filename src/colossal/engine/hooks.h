@@ -112,9 +112,10 @@ class LogMetricByEpochHook : public Hook {
 /// Writes `path` (truncated at before_train, or appended to when `append`, as a resumed run does),
 /// one JSON object per line, flushed as written so that a crashed run keeps what it logged:
 ///   every `log_interval` training iterations (0: never)
-///     {"event": "step", "epoch": e, "step": s, "loss": ..., "lr": ..., ["grad_norm": ...],
+///     {"event": "step", "epoch": e, "step": s, "loss": ..., "wall_s": ..., "lr": ..., ["grad_norm": ...],
 ///      ["loss_scale": ..., "skipped": bool (mixed precision)]}
-///   (lr: the one this iteration's update used)
+///   (lr: the one this iteration's update used; wall_s: seconds since before_train when the step
+///   finished: reading the loss waits for it, so differences time steady-state steps)
 ///   after each epoch (after its test pass, if any)
 ///     {"event": "epoch", "epoch": e, "step": s, "train_loss": ..., "test_loss": ..., "test_accuracy": ...,
 ///      "samples_per_s": ..., ["lr": ...]}

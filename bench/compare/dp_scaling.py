@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Data-parallel scaling of GPT-2 124M through `colossal train`, beside PyTorch DDP's, in one call on
+one machine (issue 17's table; docs/benchmarks.md).
+
+    bench/compare/dp_scaling.py --colossal build-gpu/src/colossal/cli/colossal [--gpus 1,2]
+                                [--steps 300] [--warmup 100] [--no-torch] [--out DIR]
+
+Ours: `colossal train --config configs/gpt2_tokens.toml` (one GPU) and `colossal run --nproc_per_node
+N -- colossal train ...` with bf16 (fp32 masters), data.batch_size 16 x T 1024 per GPU,
+gradient_accumulation 1, no clipping, dropout 0, on a file of random tokens made here, bounded by
+train.max_steps. Time per step: the metrics file's step lines carry wall_s (seconds since training
+began, read when the line is written, which waits for the step); ms/step is the slope between the
+first logged step at or after --warmup and the last. Torch: bench/compare/ddp_step.py under torchrun,
+the same shapes (its own timing over --steps after --warmup). Scaling = t(1 GPU) / t(N GPUs): the
+fraction of N x one GPU's throughput that N GPUs keep (per-GPU batch fixed)."""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def make_tokens(path, count=4_000_000, vocab=50257):
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    rng.integers(0, vocab, size=count, dtype=np.uint16).tofile(path)
+
+
+def ours(colossal, gpus, steps, warmup, out):
+    metrics = os.path.join(out, f"ours_{gpus}.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    train = [colossal, "train", "--config", os.path.join(ROOT, "configs", "gpt2_tokens.toml"),
+             "--set", f"data.path=\"{os.path.join(out, 'tokens.bin')}\"", "--set", "data.test_path=\"\"",
+             "--set", "data.batch_size=16", "--set", "gradient_accumulation=1", "--set", "clip_grad_norm=0.0",
+             "--set", "bf16=true", "--set", "model.options={ vocab_multiple = 64, dropout = 0.0 }",
+             "--set", f"train.max_steps={steps}", "--set", "train.log_interval=10", "--set", "train.progress=false",
+             "--set", "lr_scheduler.warmup_steps=10", "--metrics", metrics]
+    command = train if gpus == 1 else [colossal, "run", "--nproc_per_node", str(gpus), "--"] + train
+    log = os.path.join(out, f"ours_{gpus}.log")
+    with open(log, "w") as f:
+        rc = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, NCCL_NVLS_ENABLE="0")).returncode
+    if rc != 0:
+        print(open(log).read()[-4000:])
+        raise SystemExit(f"colossal train on {gpus} GPU(s) failed (rc {rc}); log {log}")
+    points = []
+    for line in open(metrics):
+        j = json.loads(line)
+        if j.get("event") == "step" and "wall_s" in j:
+            points.append((j["step"], j["wall_s"]))
+    points = [p for p in points if p[0] >= warmup]
+    if len(points) < 2:
+        raise SystemExit(f"too few step lines after warm-up in {metrics}")
+    (s0, t0), (s1, t1) = points[0], points[-1]
+    ms = 1e3 * (t1 - t0) / (s1 - s0)
+    return dict(impl="colossal", gpus=gpus, ms_per_step=ms, tokens_per_s=gpus * 16 * 1024 / (ms * 1e-3),
+                steps_timed=s1 - s0)
+
+
+def torch_ddp(gpus, steps, warmup, out):
+    torchrun = shutil.which("torchrun") or None
+    command = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
+        "--standalone", f"--nproc_per_node={gpus}", os.path.join(HERE, "ddp_step.py"), "--steps", str(steps - warmup),
+        "--warmup", str(warmup)]
+    result = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
+    if result.returncode != 0:
+        print(result.stdout[-3000:], result.stderr[-3000:])
+        raise SystemExit(f"torch DDP on {gpus} GPU(s) failed")
+    rows = [json.loads(l) for l in result.stdout.splitlines() if l.startswith("{")]
+    return rows[-1]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--colossal", required=True)
+    parser.add_argument("--gpus", default="1,2")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/dp-scaling"))
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    make_tokens(os.path.join(args.out, "tokens.bin"))
+    gpus = [int(g) for g in args.gpus.split(",")]
+    rows = []
+    for n in gpus:
+        rows.append(ours(args.colossal, n, args.steps, args.warmup, args.out))
+        print(json.dumps(rows[-1]), flush=True)
+        if not args.no_torch:
+            rows.append(torch_ddp(n, args.steps, args.warmup, args.out))
+            print(json.dumps(rows[-1]), flush=True)
+    with open(os.path.join(args.out, "dp-scaling.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    print(f"\n{'impl':10} {'GPUs':>4} {'ms/step':>9} {'tokens/s':>11} {'scaling':>8}")
+    for impl in ("colossal", "torch-ddp"):
+        base = next((r for r in rows if r["impl"] == impl and r["gpus"] == 1), None)
+        for r in (r for r in rows if r["impl"] == impl):
+            scaling = base["ms_per_step"] / r["ms_per_step"] if base else float("nan")
+            print(f"{impl:10} {r['gpus']:>4} {r['ms_per_step']:>9.2f} {r['tokens_per_s']:>11.0f} {scaling:>8.3f}")
+
+
+if __name__ == "__main__":
+    main()
