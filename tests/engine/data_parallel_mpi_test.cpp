@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -127,6 +128,35 @@ TEST(DataParallel, SmallBucketsGiveTheSameResult) {
     results.push_back(flat);
   }
   EXPECT_EQ(results[0], results[1]);
+}
+
+TEST(DataParallel, GradientsAreViewsOfTheirBuckets) {
+  // Note [Gradients as bucket views]: after the reduction each gradient lies in its bucket, one after
+  // the other in bucket order, so nothing was copied back out of the buckets.
+  engine::EngineOptions options;
+  options.context = data_parallel_context();
+  int64_t checked = 0;
+  options.before_update = [&checked](engine::Engine& e) {
+    std::map<std::string, Tensor> params;
+    for (const auto& [name, p] : e.model().named_parameters()) params[name] = p;
+    for (const std::vector<std::string>& bucket : e.data_parallel()->bucket_names()) {
+      for (size_t i = 0; i + 1 < bucket.size(); ++i) {
+        const Tensor& a = params.at(bucket[i]).grad();
+        const Tensor& b = params.at(bucket[i + 1]).grad();
+        ASSERT_TRUE(a.defined() && b.defined());
+        EXPECT_EQ(static_cast<const char*>(a.raw_data()) + a.nbytes(), static_cast<const char*>(b.raw_data()))
+            << bucket[i] << " and " << bucket[i + 1] << " are not neighbours in their bucket";
+        ++checked;
+      }
+    }
+  };
+  auto dp = make_engine(make_mlp(7), options);
+  const int rank = world().rank();
+  for (int64_t step = 0; step < 2; ++step) {
+    auto [x, y] = rows(step, 0, rank * kPerRank, (rank + 1) * kPerRank);
+    dp->step(x, y);
+  }
+  EXPECT_GT(checked, 0);
 }
 
 TEST(DataParallel, ReportsThisRanksLossWhenAskedTo) {

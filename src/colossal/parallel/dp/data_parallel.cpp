@@ -19,8 +19,16 @@ namespace colossal::parallel {
 // full AND every bucket before it has been launched; buckets are laid out in reverse registration
 // order, which is close to the order backward produces gradients, so in practice each launches as
 // soon as it fills and the all-reduce overlaps the rest of backward. A bucket is one flat buffer of
-// its parameters' dtype and device: its gradients are copied in when it launches and copied back,
-// averaged, in finish().
+// its parameters' dtype and device.
+//
+// Note [Gradients as bucket views]
+// When a bucket launches, each of its gradients is copied into the bucket's slice for it and the
+// parameter's .grad becomes a view of that slice (torch DDP's gradient_as_bucket_view), so the
+// all-reduce averages the gradients in place and finish() has nothing to copy back: one copy of the
+// gradients per step instead of two. A gradient that already is its slice's view (kept from the last
+// window, or accumulated into in place) is not copied at all. The optimizer and the mixed-precision
+// wrapper read the views like any gradient; zero_grad drops them, and the next window's launch makes
+// them again.
 
 struct DataParallel::Bucket {
   std::vector<std::string> names;
@@ -108,14 +116,16 @@ void DataParallel::launch_ready_in_order() {
 void DataParallel::launch(Bucket& bucket) {
   autograd::NoGradGuard no_grad;
   for (size_t i = 0; i < bucket.params.size(); ++i) {
-    const Tensor& param = bucket.params[i];
+    Tensor& param = bucket.params[i];
     Tensor slice = bucket.flat.narrow(0, bucket.offsets[i], param.numel());
     const Tensor grad = param.grad();
+    if (grad.defined() && grad.raw_data() == slice.raw_data() && grad.is_contiguous()) continue;  // already the view
     if (grad.defined()) {
       slice.copy_(grad.reshape({param.numel()}));
     } else {
       slice.zero_();  // an unused parameter contributes nothing (finish() launches these)
     }
+    param.set_grad(slice.view(param.shape()));  // Note [Gradients as bucket views]
   }
   bucket.work = group_->all_reduce(bucket.flat, comm::ReduceOp::avg, /*async=*/true);
   bucket.launched = true;
@@ -127,18 +137,10 @@ void DataParallel::finish() {
   for (; next_launch_ < buckets_.size(); ++next_launch_) launch(*buckets_[next_launch_]);
   autograd::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
+    // The gradients are views of the bucket (Note [Gradients as bucket views]): once the caller's
+    // stream waits for the all-reduce, they hold the averages.
     bucket->work.wait();
-    for (size_t i = 0; i < bucket->params.size(); ++i) {
-      Tensor& param = bucket->params[i];
-      const Tensor averaged = bucket->flat.narrow(0, bucket->offsets[i], param.numel()).reshape(param.shape());
-      Tensor grad = param.grad();
-      if (grad.defined()) {
-        grad.copy_(averaged);
-      } else {
-        param.set_grad(averaged.clone());
-      }
-      bucket->ready[i] = false;
-    }
+    for (size_t i = 0; i < bucket->params.size(); ++i) bucket->ready[i] = false;
     bucket->num_ready = 0;
     bucket->launched = false;
     bucket->work = comm::Work();
