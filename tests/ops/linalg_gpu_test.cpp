@@ -655,9 +655,12 @@ TEST(LinalgGpu, BadInputIsAClearError) {
   Tensor out = core::empty({2, 4}, TensorOptions(DType::f32, gpu));
   EXPECT_ERROR_CONTAINS(ops::batched_gemm_stub(gpu, out, cpu_a, gpu_b, 0.0),
                         "a [2, 3] is on cpu but the output [2, 4] is on cuda:0");
+  // Two GPUs: the same checks, naming both devices (and the operands' shapes, as every message above).
   if (core::cuda::device_count() > 1) {
     Tensor other = core::ones({3, 4}, TensorOptions(DType::f32, core::cuda_device(1)));
-    EXPECT_ERROR_CONTAINS(ops::matmul(gpu_a, other), "a is on cuda:0 but b is on cuda:1");
+    EXPECT_ERROR_CONTAINS(ops::matmul(gpu_a, other), "matmul: a [2, 3] is on cuda:0 but b [3, 4] is on cuda:1");
+    EXPECT_ERROR_CONTAINS(ops::batched_gemm_stub(gpu, out, gpu_a, other, 0.0),
+                          "b [3, 4] is on cuda:1 but the output [2, 4] is on cuda:0");
   }
 }
 
