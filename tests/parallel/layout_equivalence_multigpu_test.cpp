@@ -1,0 +1,69 @@
+// The layout-equivalence harness over NCCL: one process per GPU (started by `colossal run
+// --nproc_per_node N --backend processes`, label multigpu, run by tools/gpu-check where 2+ GPUs
+// exist). Each rank runs the serial model on the global batch and the data-parallel model on its
+// share, both on its GPU, and compares every step's loss, gradients and parameters.
+//
+// f32 with TF32 off (ops::Float32MatmulPrecision::highest): 1e-5 relative, the harness's f32
+// tolerance (the same sums in another order: GEMMs of another batch size, the all-reduce's order).
+// f32 with TF32 on (the default, as torch's "high"): each GEMM rounds its inputs to 10 mantissa bits
+// (relative 2^-11 = 4.9e-4), and the serial run's batch-8 GEMMs round other partial sums than the
+// data-parallel run's batch-4 ones, so the runs differ by a few 1e-4 from the first step and the
+// difference compounds through the steps; the test states the measured difference and bounds it by
+// 2e-2 over three steps (a missing average is off by >= 0.5).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "colossal/ops/linalg.h"
+#include "layout_harness.h"
+#include "multigpu_main.h"
+
+namespace colossal::testing {
+namespace {
+
+/// The NCCL world (multigpu_main.h) as the harness takes it.
+std::shared_ptr<comm::ProcessGroup> world() {
+  return std::shared_ptr<comm::ProcessGroup>(&comm::testing::world(), [](comm::ProcessGroup*) {});
+}
+
+void run_case(HarnessCase c, ops::Float32MatmulPrecision precision, const char* label) {
+  const ops::Float32MatmulPrecision before = ops::float32_matmul_precision();
+  ops::set_float32_matmul_precision(precision);
+  const HarnessReport report = expect_layout_matches_serial(c, Layout{.data = world()->size()}, world());
+  ops::set_float32_matmul_precision(before);
+  EXPECT_GT(report.compared_tensors, 0);
+  if (world()->rank() == 0) {
+    std::printf("%s dp%d %s: max relative difference loss %.2e, gradient %.2e (%s), parameter %.2e (%s)\n",
+                c.name.c_str(), world()->size(), label, report.loss, report.grad, report.worst_grad.c_str(),
+                report.param, report.worst_param.c_str());
+  }
+}
+
+TEST(LayoutEquivalenceNccl, DataParallelF32WithoutTf32) {
+  for (HarnessCase c : {mlp_case(), vit_case(), gpt2_case()}) {
+    c.accumulation = 2;
+    c.clip = 0.1;
+    run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off)");
+  }
+}
+
+TEST(LayoutEquivalenceNccl, DataParallelF32WithTf32StatesTheDifference) {
+  HarnessCase c = gpt2_case();
+  c.tolerance = 2e-2;
+  run_case(c, ops::Float32MatmulPrecision::high, "f32 (TF32 on)");
+}
+
+TEST(LayoutEquivalenceNccl, DataParallelBf16) {
+  HarnessCase c = gpt2_case();
+  c.precision = Precision::bf16;
+  c.tolerance = 3e-2;  // as the MPI case (tests/parallel/layout_equivalence_mpi_test.cpp)
+  run_case(c, ops::Float32MatmulPrecision::high, "bf16");
+}
+
+}  // namespace
+}  // namespace colossal::testing
+
+int main(int argc, char** argv) {
+  return colossal::comm::testing::run_multigpu_tests(argc, argv);
+}
