@@ -83,9 +83,7 @@ std::shared_ptr<ProcessGroup> init_nccl(const InitOptions& options, const DistEn
 #endif
 }
 
-}  // namespace
-
-std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options, const DistEnv& env) {
+std::shared_ptr<ProcessGroup> make_world(const InitOptions& options, const DistEnv& env) {
   switch (options.backend) {
     case Backend::mpi:
       return init_mpi(env);
@@ -100,6 +98,17 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options, con
       "no communication backend can run here: this build has {} and {}; build with Open MPI (-DCOLOSSAL_MPI=ON) for "
       "CPU tensors, or run a CUDA build with NCCL on a machine with GPUs",
       COLOSSAL_WITH_NCCL ? "NCCL but no GPU is visible" : "no NCCL", COLOSSAL_WITH_MPI ? "MPI" : "no MPI");
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options, const DistEnv& env) {
+  // Read before the world is made, so that a bad COLOSSAL_COLLECTIVE_TIMEOUT fails before the ranks
+  // wait for each other.
+  const std::chrono::milliseconds timeout = resolve_collective_timeout(options.timeout);
+  std::shared_ptr<ProcessGroup> world = make_world(options, env);
+  world->set_timeout(timeout);
+  return world;
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(Backend backend) {

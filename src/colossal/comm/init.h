@@ -9,6 +9,7 @@
 
 #include "colossal/comm/bootstrap.h"
 #include "colossal/comm/process_group.h"
+#include "colossal/comm/timeout.h"  // kDefaultCollectiveTimeout
 
 namespace colossal::comm {
 
@@ -30,6 +31,10 @@ struct InitOptions {
   /// NCCL outside MPI: how long the TCP rendezvous waits for every rank; zero means
   /// default_rendezvous_timeout() (COLOSSAL_RENDEZVOUS_TIMEOUT, else 300 s).
   std::chrono::milliseconds rendezvous_timeout{0};
+  /// How long any operation of the world may stay outstanding before this rank ends with a message
+  /// naming it (comm/watchdog.h); sub-groups inherit it. COLOSSAL_COLLECTIVE_TIMEOUT, when set,
+  /// overrides it. `colossal train` passes parallel.timeout_s.
+  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
 };
 
 /// The world group, from this process's environment (read_dist_env()).

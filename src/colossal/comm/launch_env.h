@@ -37,6 +37,12 @@ inline constexpr std::string_view kLaunchBackend = "COLOSSAL_LAUNCH_BACKEND";
 /// comm/tcp_rendezvous.cpp (default_rendezvous_timeout).
 inline constexpr std::string_view kRendezvousTimeout = "COLOSSAL_RENDEZVOUS_TIMEOUT";
 
+/// Seconds any collective or send/recv may stay outstanding before the rank ends with a message
+/// naming it (comm/watchdog.h; default 300). Set by the user (or a test); read when a world group is
+/// made (comm/timeout.cpp, resolve_collective_timeout), where it overrides the program's choice:
+/// parallel.timeout_s under `colossal train`, InitOptions::timeout elsewhere.
+inline constexpr std::string_view kCollectiveTimeout = "COLOSSAL_COLLECTIVE_TIMEOUT";
+
 /// OpenMP threads per rank: `colossal run` sets cores / local ranks unless the user has; libgomp
 /// reads it.
 inline constexpr std::string_view kOmpNumThreads = "OMP_NUM_THREADS";

@@ -3,6 +3,8 @@
 // new group, at which rank, with which world ranks).
 #include "colossal/comm/process_group.h"
 
+#include "colossal/comm/timeout.h"  // kDefaultCollectiveTimeout
+
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -31,7 +33,7 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
 }
 
-ProcessGroup::ProcessGroup(int rank, int size) : rank_(rank), size_(size) {
+ProcessGroup::ProcessGroup(int rank, int size) : rank_(rank), size_(size), timeout_(kDefaultCollectiveTimeout) {
   COLOSSAL_CHECK(size >= 1 && rank >= 0 && rank < size, "ProcessGroup: rank {} is outside a group of {} ranks", rank,
                  size);
   global_ranks_.resize(static_cast<size_t>(size));
@@ -42,6 +44,18 @@ void ProcessGroup::set_global_ranks(std::vector<int> global_ranks) {
   COLOSSAL_CHECK(static_cast<int>(global_ranks.size()) == size_, "ProcessGroup: {} world ranks given for a group of {}",
                  global_ranks.size(), size_);
   global_ranks_ = std::move(global_ranks);
+  description_.reset();
+}
+
+void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
+  COLOSSAL_CHECK(timeout.count() > 0, "set_timeout: the collective timeout must be positive, got {} ms [{}]",
+                 timeout.count(), describe());
+  timeout_ = timeout;
+}
+
+const std::shared_ptr<const std::string>& ProcessGroup::shared_description() const {
+  if (!description_) description_ = std::make_shared<const std::string>(describe());
+  return description_;
 }
 
 std::string ProcessGroup::describe() const {
@@ -51,6 +65,21 @@ std::string ProcessGroup::describe() const {
   return fmt::format("{} group of {} rank{} (world ranks {}{}), this is rank {}", backend_name(), size_,
                      size_ == 1 ? "" : "s", fmt::join(listed, ", "), global_ranks_.size() > kMaxListed ? ", ..." : "",
                      rank_);
+}
+
+std::string describe_p2p(const std::vector<P2POp>& ops) {
+  constexpr size_t kMaxListed = 4;
+  if (ops.empty()) return "batch_send_recv of no ops";
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ops.size() && i < kMaxListed; ++i) {
+    const P2POp& p2p = ops[i];
+    const bool is_send = p2p.kind == P2POp::Kind::send;
+    parts.push_back(fmt::format("{} of a {} tensor of shape {} {} rank {} (tag {})", is_send ? "send" : "recv",
+                                p2p.tensor.dtype(), p2p.tensor.shape(), is_send ? "to" : "from", p2p.peer, p2p.tag));
+  }
+  if (ops.size() == 1) return parts[0];
+  return fmt::format("batch_send_recv of {} ops ({}{})", ops.size(), fmt::join(parts, "; "),
+                     ops.size() > kMaxListed ? "; ..." : "");
 }
 
 // ---- argument checks
@@ -277,6 +306,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split_checked(int color, int key, in
   world.reserve(members.size());
   for (int p : members) world.push_back(static_cast<int>(entries[static_cast<size_t>(p)].global_rank));
   child->set_global_ranks(std::move(world));
+  child->timeout_ = timeout_;
   return child;
 }
 

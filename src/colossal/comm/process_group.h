@@ -3,6 +3,7 @@
 // handles; sub-groups), implemented by the MPI backend (CPU tensors) and the NCCL backend (GPU tensors).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -69,6 +70,11 @@ struct P2POp {
 /// the same order, with tensors of the same shape and dtype (the shapes named per call). Tensors must
 /// be contiguous, live on device(), and are updated in place. One thread issues a group's calls.
 ///
+/// Every operation has a timeout (timeout()): when it has not completed that long after it was
+/// issued, the rank prints which operation on which group it waited for and exits with
+/// kCollectiveTimeoutExitCode (comm/timeout.h), rather than hang because a peer skipped the call,
+/// died, or a link stalled (comm/watchdog.h).
+///
 /// Reductions: sum, avg (sum divided by size(), in the tensor's dtype: integer division for integer
 /// dtypes; NCCL's float avg multiplies by 1/size, which can differ in the last bit), max and min, over
 /// f32, f64, f16, bf16, i32, i64 and u8; bool takes max (or) and min (and). f16 and bf16 reduce pairwise
@@ -91,6 +97,14 @@ class ProcessGroup {
   const std::vector<int>& global_ranks() const { return global_ranks_; }
   /// "mpi group of 4 ranks (world ranks 0, 1, 2, 3), this is rank 1": for messages.
   std::string describe() const;
+
+  /// How long an operation of this group may stay outstanding before the watchdog ends the process.
+  /// A world group gets resolve_collective_timeout(InitOptions::timeout) (comm/timeout.h: 300 s
+  /// unless COLOSSAL_COLLECTIVE_TIMEOUT or the program says otherwise); split() and new_group() give
+  /// their groups their parent's.
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  /// Sets the timeout of operations issued from now on; it must be positive.
+  void set_timeout(std::chrono::milliseconds timeout);
 
   // ---- collectives
   /// Reduces `tensor` over the group; every rank ends with the result.
@@ -153,10 +167,20 @@ class ProcessGroup {
   /// split() with the rank list's hash (0 for split itself) every caller must agree on.
   std::shared_ptr<ProcessGroup> split_checked(int color, int key, int64_t list_hash);
 
+  /// describe(), made once for the operations the watchdog watches (they share it).
+  const std::shared_ptr<const std::string>& shared_description() const;
+  friend class WatchedOperation;
+
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> global_ranks_;
+  std::chrono::milliseconds timeout_;
+  mutable std::shared_ptr<const std::string> description_;  ///< reset when the world ranks change
 };
+
+/// "send of a f32 tensor of shape [4] to rank 1 (tag 0)", or "batch_send_recv of 2 ops (...)" listing
+/// the first few: for messages.
+std::string describe_p2p(const std::vector<P2POp>& ops);
 
 /// True when two tensors' bytes overlap (backends stage an input that aliases its output).
 bool overlaps(const Tensor& a, const Tensor& b);

@@ -148,6 +148,8 @@ void visit_fields(Config& c, Visitor& v) {
   v("parallel.tensor.size", c.parallel.tensor.size, IntRange{1, kMaxRanks});
   v("parallel.tensor.mode", c.parallel.tensor.mode);
   v("parallel.tensor.depth", c.parallel.tensor.depth, IntRange{1, kMaxRanks});
+  // Up to a week (comm::kMaxCollectiveTimeoutSeconds): anything longer is a typo, not a wait.
+  v("parallel.timeout_s", c.parallel.timeout_s, FloatRange{0, 7 * 24 * 3600, /*min_open=*/true});
 
   v("fp16.mode", c.fp16.mode);
   v("fp16.initial_scale", c.fp16.initial_scale, FloatRange{0, kInf, true});

@@ -82,6 +82,10 @@ struct ParallelConfig {
   /// Model chunks per pipeline stage (NUM_CHUNKS); more than 1 selects the interleaved 1F1B
   /// schedule, which needs num_microbatches to be a multiple of pipeline.
   int num_chunks = 1;
+  /// Seconds any collective or send/recv may stay outstanding before a rank ends with a message
+  /// naming it, rather than hang on a peer that skipped it or died (comm/watchdog.h); the environment
+  /// variable COLOSSAL_COLLECTIVE_TIMEOUT overrides it.
+  double timeout_s = 300;
 
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };

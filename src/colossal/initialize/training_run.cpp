@@ -99,6 +99,7 @@ std::shared_ptr<comm::ProcessGroup> make_world(const TrainConfig& c, const RunOp
   if (env.world_size == 1) return comm::single_process_group(pick_device(c));
   comm::InitOptions init;
   if (c.train.device == config::DeviceKind::kCpu) init.backend = comm::Backend::mpi;
+  init.timeout = comm::collective_timeout_from_seconds(c.parallel.timeout_s, "parallel.timeout_s");
   return comm::init_process_group(init, env);
 }
 

@@ -3,8 +3,15 @@
 // checking a receive got the size it expected). Tensors stay referenced until the requests finish.
 #include "colossal/comm/mpi/mpi_process_group.h"
 
+#include "colossal/comm/timeout.h"   // resolve_collective_timeout
+#include "colossal/comm/watchdog.h"  // WatchedOperation, watch, check_deadline
+
+#include <algorithm>
 #include <climits>
 #include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -63,62 +70,135 @@ Tensor staged_copy(const Tensor& t) {
 
 using Finisher = std::function<void(const std::vector<MPI_Status>&)>;
 
-class MpiWork final : public Work::Impl {
+/// The requests of one operation, shared by its Work and, where another thread may call MPI, the
+/// watchdog (Note [Collective watchdog] in comm/watchdog.cpp). MPI forbids testing one request from
+/// two threads at once, so both test under mutex_; the watchdog only ever tries it.
+class MpiOperation final : public WatchedOperation {
  public:
-  MpiWork(std::string what, std::vector<MPI_Request> requests, std::vector<Tensor> keep_alive, Finisher finish)
-      : what_(std::move(what)),
+  MpiOperation(const ProcessGroup& group, std::string operation, std::vector<MPI_Request> requests)
+      : WatchedOperation(group, std::move(operation)),
         requests_(std::move(requests)),
         statuses_(requests_.size()),
-        keep_alive_(std::move(keep_alive)),
-        finish_(std::move(finish)) {}
+        watched_(mpi::background_calls_possible()) {}
+
+  /// Whether the watchdog's thread polls this operation (and so drives its progress).
+  bool watched() const { return watched_; }
+
+  bool poll() noexcept override {
+    const mpi::BackgroundCall call;
+    if (!call) return false;
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    return lock && test_locked();
+  }
+
+  /// Tests once from the host; true when finished (result() and statuses() are then final).
+  bool test() {
+    std::lock_guard lock(mutex_);
+    return test_locked();
+  }
+
+  /// Waits until the requests finish, ending the process when the deadline passes first. Without
+  /// the watchdog's polls nothing progresses MPI before the host waits, so the deadline then counts
+  /// from the first host wait rather than from the call.
+  void wait() {
+    if (test()) return;
+    const Clock::time_point deadline = host_deadline();
+    for (;;) {
+      // Yield rather than spin: ranks often share cores (mpirun --oversubscribe), and a busy loop
+      // would take the core the peer needs to reach the collective.
+      std::this_thread::yield();
+      if (test()) return;
+      check_deadline(*this, deadline);
+    }
+  }
+
+  /// For a host that polls: ends the process when the operation is still outstanding past its
+  /// deadline (counted as in wait()).
+  void check_host_deadline() { check_deadline(*this, host_deadline()); }
+
+  int result() const { return result_; }
+  const std::vector<MPI_Status>& statuses() const { return statuses_; }
+
+ private:
+  bool test_locked() {
+    if (finished_) return true;
+    int flag = 0;
+    result_ = MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, statuses_.data());
+    // A failed test finishes the operation too: its error is the result.
+    finished_ = result_ != MPI_SUCCESS || flag != 0;
+    return finished_;
+  }
+
+  Clock::time_point host_deadline() {
+    if (watched_) return deadline();
+    if (!first_host_wait_) first_host_wait_ = Clock::now();
+    return std::max(deadline(), *first_host_wait_ + timeout());
+  }
+
+  std::mutex mutex_;
+  std::vector<MPI_Request> requests_;
+  std::vector<MPI_Status> statuses_;
+  int result_ = MPI_SUCCESS;
+  bool finished_ = false;
+  const bool watched_;
+  std::optional<Clock::time_point> first_host_wait_;
+};
+
+class MpiWork final : public Work::Impl {
+ public:
+  MpiWork(std::shared_ptr<MpiOperation> operation, std::vector<Tensor> keep_alive, Finisher finish)
+      : operation_(std::move(operation)), keep_alive_(std::move(keep_alive)), finish_(std::move(finish)) {}
 
   ~MpiWork() override {
-    // The buffers must outlive the requests: an abandoned Work still waits for them.
-    if (!done_ && !mpi_finalized()) {
-      MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
-    }
+    // The buffers must outlive the requests: an abandoned Work still waits for them (within the
+    // timeout, like any wait).
+    if (!done_ && !mpi_finalized()) operation_->wait();
   }
 
   void wait() override {
     if (done_) return;
-    const int rc = MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses_.data());
-    complete(rc);
+    operation_->wait();
+    complete();
   }
   void synchronize() override { wait(); }
   bool is_completed() override {
     if (done_) return true;
-    int flag = 0;
-    const int rc = MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, statuses_.data());
-    if (rc == MPI_SUCCESS && !flag) return false;
-    complete(rc);
+    if (!operation_->test()) {
+      operation_->check_host_deadline();
+      return false;
+    }
+    complete();
     return true;
   }
 
  private:
-  void complete(int rc) {
+  void complete() {
     done_ = true;
+    int rc = operation_->result();
     if (rc == MPI_ERR_IN_STATUS) {
-      for (const MPI_Status& status : statuses_) {
+      for (const MPI_Status& status : operation_->statuses()) {
         if (status.MPI_ERROR != MPI_SUCCESS && status.MPI_ERROR != MPI_ERR_PENDING) rc = status.MPI_ERROR;
       }
     }
-    COLOSSAL_CHECK(rc == MPI_SUCCESS, "MPI error in {}: {}", what_, mpi::error_text(rc));
-    if (finish_) finish_(statuses_);
+    COLOSSAL_CHECK(rc == MPI_SUCCESS, "MPI error in {} [{}]: {}", operation_->operation(), operation_->group(),
+                   mpi::error_text(rc));
+    if (finish_) finish_(operation_->statuses());
     keep_alive_.clear();
   }
 
-  std::string what_;
-  std::vector<MPI_Request> requests_;
-  std::vector<MPI_Status> statuses_;
+  std::shared_ptr<MpiOperation> operation_;
   std::vector<Tensor> keep_alive_;
   Finisher finish_;
   bool done_ = false;
 };
 
-Work make_work(std::string what, std::vector<MPI_Request> requests, std::vector<Tensor> keep_alive,
-               Finisher finish = nullptr) {
-  return Work(
-      std::make_shared<MpiWork>(std::move(what), std::move(requests), std::move(keep_alive), std::move(finish)));
+/// The Work of `requests`, watched under `group`'s timeout. `what` names the call and its tensors
+/// for the timeout message.
+Work make_work(const ProcessGroup& group, std::string what, std::vector<MPI_Request> requests,
+               std::vector<Tensor> keep_alive, Finisher finish = nullptr) {
+  auto operation = std::make_shared<MpiOperation>(group, std::move(what), std::move(requests));
+  if (operation->watched()) watch(operation);
+  return Work(std::make_shared<MpiWork>(std::move(operation), std::move(keep_alive), std::move(finish)));
 }
 
 }  // namespace
@@ -127,7 +207,9 @@ std::shared_ptr<MpiProcessGroup> MpiProcessGroup::create_world() {
   mpi::ensure_initialized();
   MPI_Comm comm = MPI_COMM_NULL;
   COLOSSAL_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "duplicating MPI_COMM_WORLD for the world group");
-  return std::make_shared<MpiProcessGroup>(comm);
+  auto world = std::make_shared<MpiProcessGroup>(comm);
+  world->set_timeout(resolve_collective_timeout(kDefaultCollectiveTimeout));
+  return world;
 }
 
 MpiProcessGroup::MpiProcessGroup(MPI_Comm comm) : ProcessGroup(comm_rank(comm), comm_size(comm)), comm_(comm) {
@@ -148,7 +230,10 @@ Work MpiProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
                      tensor.shape(), describe());
   Finisher finish;
   if (op == ReduceOp::avg) finish = [tensor, n = size()](const auto&) { divide_in_place(tensor, n); };
-  return make_work("all_reduce", {request}, {tensor}, std::move(finish));
+  return make_work(
+      *this,
+      fmt::format("all_reduce ({}) of a {} tensor of shape {}", reduce_op_name(op), tensor.dtype(), tensor.shape()),
+      {request}, {tensor}, std::move(finish));
 }
 
 Work MpiProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) {
@@ -165,7 +250,10 @@ Work MpiProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& inpu
       output.shape(), describe());
   Finisher finish;
   if (op == ReduceOp::avg) finish = [output, n = size()](const auto&) { divide_in_place(output, n); };
-  return make_work("reduce_scatter", {request}, {output, source}, std::move(finish));
+  return make_work(*this,
+                   fmt::format("reduce_scatter ({}) of a {} input of shape {} into {}", reduce_op_name(op),
+                               input.dtype(), input.shape(), output.shape()),
+                   {request}, {output, source}, std::move(finish));
 }
 
 Work MpiProcessGroup::do_all_gather(const Tensor& output, const Tensor& input) {
@@ -180,7 +268,9 @@ Work MpiProcessGroup::do_all_gather(const Tensor& output, const Tensor& input) {
                                     type, comm_, &request),
                      "all_gather of a {} input of shape {} into {} [{}]", input.dtype(), input.shape(), output.shape(),
                      describe());
-  return make_work("all_gather", {request}, {output, source});
+  return make_work(
+      *this, fmt::format("all_gather of a {} input of shape {} into {}", input.dtype(), input.shape(), output.shape()),
+      {request}, {output, source});
 }
 
 Work MpiProcessGroup::do_broadcast(const Tensor& tensor, int root) {
@@ -189,7 +279,9 @@ Work MpiProcessGroup::do_broadcast(const Tensor& tensor, int root) {
   COLOSSAL_MPI_CHECK(MPI_Ibcast(tensor.raw_data(), count, mpi::datatype(tensor.dtype()), root, comm_, &request),
                      "broadcast from rank {} of a {} tensor of shape {} [{}]", root, tensor.dtype(), tensor.shape(),
                      describe());
-  return make_work("broadcast", {request}, {tensor});
+  return make_work(
+      *this, fmt::format("broadcast from rank {} of a {} tensor of shape {}", root, tensor.dtype(), tensor.shape()),
+      {request}, {tensor});
 }
 
 Work MpiProcessGroup::do_reduce(const Tensor& tensor, int root, ReduceOp op) {
@@ -204,7 +296,10 @@ Work MpiProcessGroup::do_reduce(const Tensor& tensor, int root, ReduceOp op) {
       tensor.shape(), describe());
   Finisher finish;
   if (op == ReduceOp::avg && is_root) finish = [tensor, n = size()](const auto&) { divide_in_place(tensor, n); };
-  return make_work("reduce", {request}, {tensor}, std::move(finish));
+  return make_work(*this,
+                   fmt::format("reduce ({}) to rank {} of a {} tensor of shape {}", reduce_op_name(op), root,
+                               tensor.dtype(), tensor.shape()),
+                   {request}, {tensor}, std::move(finish));
 }
 
 Work MpiProcessGroup::do_batch_send_recv(const std::vector<P2POp>& ops) {
@@ -253,8 +348,7 @@ Work MpiProcessGroup::do_batch_send_recv(const std::vector<P2POp>& ops) {
                      ops[i].tensor.dtype(), group);
     }
   };
-  return make_work(ops.size() == 1 ? (ops[0].kind == P2POp::Kind::send ? "send" : "recv") : "batch_send_recv",
-                   std::move(requests), std::move(tensors), std::move(finish));
+  return make_work(*this, describe_p2p(ops), std::move(requests), std::move(tensors), std::move(finish));
 }
 
 Work MpiProcessGroup::do_all_to_all(const Tensor& output, const Tensor& input) {
@@ -265,13 +359,14 @@ Work MpiProcessGroup::do_all_to_all(const Tensor& output, const Tensor& input) {
   MPI_Request request = MPI_REQUEST_NULL;
   COLOSSAL_MPI_CHECK(MPI_Ialltoall(source.raw_data(), chunk, type, output.raw_data(), chunk, type, comm_, &request),
                      "all_to_all of a {} tensor of shape {} [{}]", input.dtype(), input.shape(), describe());
-  return make_work("all_to_all", {request}, {output, source});
+  return make_work(*this, fmt::format("all_to_all of a {} tensor of shape {}", input.dtype(), input.shape()), {request},
+                   {output, source});
 }
 
 Work MpiProcessGroup::do_barrier() {
   MPI_Request request = MPI_REQUEST_NULL;
   COLOSSAL_MPI_CHECK(MPI_Ibarrier(comm_, &request), "barrier [{}]", describe());
-  return make_work("barrier", {request}, {});
+  return make_work(*this, "barrier", {request}, {});
 }
 
 std::shared_ptr<ProcessGroup> MpiProcessGroup::do_split(int color, int key) {

@@ -1,6 +1,7 @@
 // MpiProcessGroup: the ProcessGroup of CPU tensors over an MPI communicator (Open MPI). Every
-// collective is a nonblocking MPI call (MPI_Iallreduce, ...) behind a Work; sub-groups come from
-// MPI_Comm_split. Used for CPU training and tests, and by the NCCL backend's bootstrap under mpirun.
+// collective is a nonblocking MPI call (MPI_Iallreduce, ...) behind a Work, waited on within the
+// group's timeout (comm/watchdog.h); sub-groups come from MPI_Comm_split. Used for CPU training and tests, and by the
+// NCCL backend's bootstrap under mpirun.
 #pragma once
 
 #include <memory>
@@ -13,7 +14,8 @@ namespace colossal::comm {
 class MpiProcessGroup final : public ProcessGroup {
  public:
   /// Every rank of MPI_COMM_WORLD, on a duplicate of it (so our traffic never matches the program's
-  /// own MPI messages). Starts MPI if nobody has (mpi::ensure_initialized).
+  /// own MPI messages). Starts MPI if nobody has (mpi::ensure_initialized). Its timeout is
+  /// COLOSSAL_COLLECTIVE_TIMEOUT when set, else kDefaultCollectiveTimeout (comm/timeout.h).
   static std::shared_ptr<MpiProcessGroup> create_world();
   /// Takes ownership of `comm` (freed with the group) and makes its errors return rather than abort.
   explicit MpiProcessGroup(MPI_Comm comm);

@@ -2,6 +2,7 @@
 // (comm/mpi/mpi_runtime.h).
 #include "colossal/comm/mpi/mpi_runtime.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 
@@ -13,6 +14,11 @@ namespace {
 
 std::mutex init_mutex;
 bool we_initialized = false;
+std::atomic<bool> thread_multiple{false};
+// Held by BackgroundCall while another thread is inside MPI, and by finalize_at_exit, which sets
+// finalizing: MPI_Finalize must not run beside another thread's MPI call.
+std::mutex background_mutex;
+bool finalizing = false;
 bool types_ready = false;
 // f16 and bf16 are 2-byte types MPI does not know; separate handles let the reduction functions
 // tell them apart.
@@ -21,6 +27,8 @@ MPI_Datatype bf16_type = MPI_DATATYPE_NULL;
 MPI_Op half_sum = MPI_OP_NULL, half_max = MPI_OP_NULL, half_min = MPI_OP_NULL;
 
 void finalize_at_exit() {
+  std::lock_guard lock(background_mutex);
+  finalizing = true;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -78,6 +86,7 @@ void ensure_initialized() {
     // Async Work may be waited on from a thread other than the one that issued it.
     COLOSSAL_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "starting MPI");
     we_initialized = true;
+    thread_multiple = provided == MPI_THREAD_MULTIPLE;
     std::atexit(finalize_at_exit);
   }
   if (!types_ready) {
@@ -89,6 +98,20 @@ void ensure_initialized() {
 bool initialized_by_colossal() {
   std::lock_guard lock(init_mutex);
   return we_initialized;
+}
+
+bool background_calls_possible() {
+  return thread_multiple.load();
+}
+
+BackgroundCall::BackgroundCall() : lock_(background_mutex, std::try_to_lock) {
+  granted_ = lock_.owns_lock() && !finalizing && thread_multiple.load();
+  if (granted_) {
+    // A program may finalize MPI itself rather than leave it to us at exit.
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    granted_ = finalized == 0;
+  }
 }
 
 std::string error_text(int code) {

@@ -9,6 +9,7 @@
 #endif
 #include <mpi.h>
 
+#include <mutex>
 #include <string>
 
 #include "colossal/comm/process_group.h"  // ReduceOp
@@ -22,6 +23,24 @@ namespace colossal::comm::mpi {
 void ensure_initialized();
 /// True when colossal called MPI_Init_thread (and will call MPI_Finalize at exit).
 bool initialized_by_colossal();
+
+/// Permission for a thread other than the caller's to call MPI now (the watchdog polling requests,
+/// comm/watchdog.h): granted when colossal started MPI with MPI_THREAD_MULTIPLE, so it also knows
+/// when MPI ends, and MPI is not being finalized. While one is held and granted, colossal's
+/// MPI_Finalize at exit waits; it never waits itself (a busy finalize just says no).
+class BackgroundCall {
+ public:
+  BackgroundCall();
+  explicit operator bool() const { return granted_; }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+  bool granted_ = false;
+};
+
+/// Whether BackgroundCall can ever be granted in this process (colossal started MPI with
+/// MPI_THREAD_MULTIPLE); the MPI backend hands its requests to the watchdog only then.
+bool background_calls_possible();
 
 /// The text of an MPI error code.
 std::string error_text(int code);

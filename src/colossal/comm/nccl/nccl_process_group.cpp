@@ -3,12 +3,16 @@
 #include "colossal/comm/nccl/nccl_process_group.h"
 
 #include "colossal/comm/launch_env.h"
+#include "colossal/comm/timeout.h"   // resolve_collective_timeout
+#include "colossal/comm/watchdog.h"  // WatchedOperation, watch, add_stop_hook
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -28,7 +32,11 @@
 //   3. records a completion event there.
 // Work::wait() makes the caller's current stream (and the stream current at the call, if another)
 // wait on that event; no host blocking, as in PyTorch. Work::synchronize() blocks the host, polling
-// ncclCommGetAsyncError so a dead peer turns into an error instead of a hang.
+// ncclCommGetAsyncError so a dead peer turns into an error instead of a hang, and the deadline.
+// Every call is also handed to the watchdog (Note [Collective watchdog] in comm/watchdog.cpp), which
+// queries the completion event from its thread: the host that only made a stream wait, and later
+// blocks inside CUDA behind a collective a peer never joined, still ends within the timeout, after
+// the stop hook aborted every communicator of the process (abort_all_communicators).
 // Memory: tensors belong to the stream current when they were allocated (core/storage.cpp) and are
 // freed in its order. The Work keeps the tensors alive until that stream waits for the collective
 // (wait(), or the Work's destructor, which enqueues the same wait), so a freed tensor's memory cannot
@@ -55,6 +63,9 @@ struct NcclCommState {
   int rank = 0;
   int size = 1;
   std::atomic<bool> aborted{false};
+  /// ncclCommAbort frees the communicator: the calls that read it from any thread besides enqueuing
+  /// (the async-error checks, the watchdog's included) hold this and test `aborted` first.
+  std::mutex abort_mutex;
 
   NcclCommState(ncclComm_t c, Device d) : comm(c), device(d) {
     core::cuda::DeviceGuard guard(device);
@@ -73,20 +84,42 @@ struct NcclCommState {
     }
   }
 
-  void abort() {
-    if (!aborted.exchange(true)) ncclCommAbort(comm);
+  /// Any thread: the watchdog's stop hook calls it while the owner may be blocked in CUDA.
+  void abort() noexcept {
+    std::lock_guard lock(abort_mutex);
+    if (aborted.exchange(true)) return;
+    cudaSetDevice(device.index);  // the hook's thread may have another device current, or none
+    ncclCommAbort(comm);
   }
 
   /// Throws (after aborting the communicator) when NCCL failed in the background, e.g. a peer died.
-  void check_async_error(std::string_view what) {
-    COLOSSAL_CHECK(!aborted.load(), "{}: the NCCL communicator was aborted", what);
+  /// `operation` and `group` name the call for the message.
+  void check_async_error(std::string_view operation, std::string_view group) {
+    std::unique_lock lock(abort_mutex);
+    COLOSSAL_CHECK(!aborted.load(), "{} [{}]: the NCCL communicator was aborted", operation, group);
     ncclResult_t state = ncclSuccess;
-    COLOSSAL_NCCL_CHECK(ncclCommGetAsyncError(comm, &state), "{}", what);
+    COLOSSAL_NCCL_CHECK(ncclCommGetAsyncError(comm, &state), "{} [{}]", operation, group);
     if (state != ncclSuccess && state != ncclInProgress) {
       const std::string detail = ncclGetLastError(comm);
+      lock.unlock();
       abort();
-      COLOSSAL_FAIL("{}: NCCL failed asynchronously: {} ({}); the communicator was aborted", what,
+      COLOSSAL_FAIL("{} [{}]: NCCL failed asynchronously: {} ({}); the communicator was aborted", operation, group,
                     ncclGetErrorString(state), detail);
+    }
+  }
+
+  /// The watchdog's form of check_async_error: the error's text, or nullopt when there is none or
+  /// the communicator is busy being aborted. Never blocks, never throws.
+  std::optional<std::string> async_error() noexcept {
+    std::unique_lock lock(abort_mutex, std::try_to_lock);
+    if (!lock || aborted.load()) return std::nullopt;
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return std::nullopt;
+    if (state == ncclSuccess || state == ncclInProgress) return std::nullopt;
+    try {
+      return fmt::format("NCCL {} ({})", ncclGetErrorString(state), ncclGetLastError(comm));
+    } catch (...) {
+      return std::string(ncclGetErrorString(state));
     }
   }
 };
@@ -95,6 +128,31 @@ struct NcclCommState {
 namespace {
 
 using detail::NcclCommState;
+
+// Every communicator of the process, so that a rank ending on a timeout stops them all: a
+// collective on one group may be queued behind the hung one of another.
+std::mutex live_states_mutex;
+std::vector<std::weak_ptr<NcclCommState>> live_states;
+
+void abort_all_communicators() noexcept {
+  std::vector<std::shared_ptr<NcclCommState>> states;
+  {
+    std::unique_lock lock(live_states_mutex, std::try_to_lock);
+    if (!lock) return;  // a group being made right now; the process ends anyway
+    for (const auto& weak : live_states) {
+      if (auto state = weak.lock()) states.push_back(std::move(state));
+    }
+  }
+  for (const auto& state : states) state->abort();
+}
+
+void register_communicator(const std::shared_ptr<NcclCommState>& state) {
+  static std::once_flag hook_added;
+  std::call_once(hook_added, [] { add_stop_hook(abort_all_communicators); });
+  std::lock_guard lock(live_states_mutex);
+  std::erase_if(live_states, [](const std::weak_ptr<NcclCommState>& weak) { return weak.expired(); });
+  live_states.push_back(state);
+}
 
 cudaStream_t as_cuda(core::Stream s) {
   return static_cast<cudaStream_t>(s.handle);
@@ -149,13 +207,42 @@ Tensor staged_copy(const Tensor& t) {
   return copy;
 }
 
+/// One call as the watchdog sees it: the completion event recorded after it on the group's stream.
+class NcclOperation final : public WatchedOperation {
+ public:
+  /// Creates the event, so the group's device must be current.
+  NcclOperation(const ProcessGroup& group, std::string operation, std::shared_ptr<NcclCommState> state)
+      : WatchedOperation(group, std::move(operation)), state_(std::move(state)) {}
+
+  core::cuda::Event& done() { return done_; }
+  NcclCommState& state() { return *state_; }
+
+  bool poll() noexcept override {
+    // An aborted communicator drops its work; whoever aborted it has reported why.
+    if (state_->aborted.load()) return true;
+    // The watchdog's thread picks the device itself: its first CUDA call would otherwise make a
+    // context on GPU 0 in every rank's process.
+    if (cudaSetDevice(state_->device.index) != cudaSuccess) return true;
+    try {
+      return done_.query();
+    } catch (...) {
+      return true;  // a failed device: the owner's next CUDA call reports it
+    }
+  }
+
+  std::optional<std::string> transport_error() noexcept override { return state_->async_error(); }
+
+ private:
+  std::shared_ptr<NcclCommState> state_;
+  core::cuda::Event done_;
+};
+
 class NcclWork final : public Work::Impl {
  public:
-  NcclWork(std::shared_ptr<NcclCommState> state, core::Stream caller, std::string what, std::vector<Tensor> tensors,
+  NcclWork(std::shared_ptr<NcclOperation> operation, core::Stream caller, std::vector<Tensor> tensors,
            bool host_blocking)
-      : state_(std::move(state)),
+      : operation_(std::move(operation)),
         caller_(caller),
-        what_(std::move(what)),
         tensors_(std::move(tensors)),
         host_blocking_(host_blocking) {}
 
@@ -163,65 +250,67 @@ class NcclWork final : public Work::Impl {
     if (tensors_.empty()) return;
     try {
       // Order the tensors' frees (on the caller's stream) after the collective. See the Note above.
-      core::cuda::DeviceGuard guard(state_->device);
-      done_.block(caller_);
+      core::cuda::DeviceGuard guard(state().device);
+      operation_->done().block(caller_);
     } catch (...) {
     }
   }
 
-  core::cuda::Event& done() { return done_; }
-
   void wait() override {
     if (host_blocking_) return synchronize();
-    state_->check_async_error(what_);
-    core::cuda::DeviceGuard guard(state_->device);
-    const core::Stream current = core::cuda::current_stream(state_->device);
-    done_.block(current);
-    if (current != caller_) done_.block(caller_);
+    check_async_error();
+    core::cuda::DeviceGuard guard(state().device);
+    const core::Stream current = core::cuda::current_stream(state().device);
+    operation_->done().block(current);
+    if (current != caller_) operation_->done().block(caller_);
     tensors_.clear();
   }
 
   void synchronize() override {
-    core::cuda::DeviceGuard guard(state_->device);
-    while (!done_.query()) {
-      state_->check_async_error(what_);
+    core::cuda::DeviceGuard guard(state().device);
+    while (!operation_->done().query()) {
+      check_async_error();
+      check_deadline(*operation_);
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     tensors_.clear();
   }
 
   bool is_completed() override {
-    state_->check_async_error(what_);
-    core::cuda::DeviceGuard guard(state_->device);
-    if (!done_.query()) return false;
+    check_async_error();
+    core::cuda::DeviceGuard guard(state().device);
+    if (!operation_->done().query()) return false;
     tensors_.clear();
     return true;
   }
 
  private:
-  std::shared_ptr<NcclCommState> state_;
+  NcclCommState& state() { return operation_->state(); }
+  void check_async_error() { state().check_async_error(operation_->operation(), operation_->group()); }
+
+  std::shared_ptr<NcclOperation> operation_;
   core::Stream caller_;
-  std::string what_;
   std::vector<Tensor> tensors_;
   bool host_blocking_ = false;
-  core::cuda::Event done_;  // created with the group's device current (see launch())
 };
 
 /// Runs `enqueue(comm, stream)` on the group's stream between the two events of Note [NCCL stream
-/// ordering] and returns the Work waiting for it.
+/// ordering], hands the call to the watchdog and returns the Work waiting for it. `what` names the
+/// call and its tensors; the group is `group`, whose communicator `state` is.
 template <class Enqueue>
-Work launch(const std::shared_ptr<NcclCommState>& state, std::string what, std::vector<Tensor> tensors,
-            Enqueue&& enqueue, bool host_blocking = false) {
-  state->check_async_error(what);
+Work launch(const ProcessGroup& group, const std::shared_ptr<NcclCommState>& state, std::string what,
+            std::vector<Tensor> tensors, Enqueue&& enqueue, bool host_blocking = false) {
   core::cuda::DeviceGuard guard(state->device);
+  auto operation = std::make_shared<NcclOperation>(group, std::move(what), state);
+  state->check_async_error(operation->operation(), operation->group());
   const core::Stream caller = core::cuda::current_stream(state->device);
   core::cuda::Event ready;
   ready.record(caller);
   ready.block(state->stream);
   enqueue(state->comm, as_cuda(state->stream));
-  auto work = std::make_shared<NcclWork>(state, caller, std::move(what), std::move(tensors), host_blocking);
-  work->done().record(state->stream);
-  return Work(std::move(work));
+  operation->done().record(state->stream);
+  watch(operation);
+  return Work(std::make_shared<NcclWork>(std::move(operation), caller, std::move(tensors), host_blocking));
 }
 
 /// ncclGroupStart/End around `body`, ending the group even when an enqueue throws.
@@ -286,14 +375,18 @@ std::shared_ptr<NcclProcessGroup> NcclProcessGroup::create_world(const DistEnv& 
   ncclComm_t comm = nullptr;
   COLOSSAL_NCCL_CHECK(ncclCommInitRank(&comm, env.world_size, id, env.rank), "joining the world on {} [{}]", device,
                       env.describe());
-  return std::make_shared<NcclProcessGroup>(comm, device);
+  auto world = std::make_shared<NcclProcessGroup>(comm, device);
+  world->set_timeout(resolve_collective_timeout(kDefaultCollectiveTimeout));
+  return world;
 }
 
 NcclProcessGroup::NcclProcessGroup(ncclComm* comm, Device device)
     : NcclProcessGroup(std::make_shared<NcclCommState>(comm, device)) {}
 
 NcclProcessGroup::NcclProcessGroup(std::shared_ptr<NcclCommState> state)
-    : ProcessGroup(state->rank, state->size), state_(std::move(state)) {}
+    : ProcessGroup(state->rank, state->size), state_(std::move(state)) {
+  register_communicator(state_);
+}
 
 NcclProcessGroup::~NcclProcessGroup() = default;
 
@@ -308,12 +401,12 @@ void NcclProcessGroup::abort() {
 }
 
 Work NcclProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
-  const std::string what = fmt::format("all_reduce ({}) of a {} tensor of shape {} [{}]", reduce_op_name(op),
-                                       tensor.dtype(), tensor.shape(), describe());
-  return launch(state_, what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
+  const std::string what =
+      fmt::format("all_reduce ({}) of a {} tensor of shape {}", reduce_op_name(op), tensor.dtype(), tensor.shape());
+  return launch(*this, state_, what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
     COLOSSAL_NCCL_CHECK(ncclAllReduce(tensor.raw_data(), tensor.raw_data(), count(tensor), nccl_type(tensor.dtype()),
                                       nccl_op(op), comm, stream),
-                        "{}", what);
+                        "{} [{}]", what, describe());
   });
 }
 
@@ -322,12 +415,12 @@ Work NcclProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& inp
   const auto* my_chunk = static_cast<const char*>(input.raw_data()) + static_cast<size_t>(rank()) * output.nbytes();
   const bool in_place = output.numel() > 0 && output.raw_data() == my_chunk;
   const Tensor source = !in_place && overlaps(output, input) ? staged_copy(input) : input;
-  const std::string what = fmt::format("reduce_scatter ({}) of a {} input of shape {} into {} [{}]", reduce_op_name(op),
-                                       input.dtype(), input.shape(), output.shape(), describe());
-  return launch(state_, what, {output, source}, [&](ncclComm_t comm, cudaStream_t stream) {
+  const std::string what = fmt::format("reduce_scatter ({}) of a {} input of shape {} into {}", reduce_op_name(op),
+                                       input.dtype(), input.shape(), output.shape());
+  return launch(*this, state_, what, {output, source}, [&](ncclComm_t comm, cudaStream_t stream) {
     COLOSSAL_NCCL_CHECK(ncclReduceScatter(source.raw_data(), output.raw_data(), count(output), nccl_type(input.dtype()),
                                           nccl_op(op), comm, stream),
-                        "{}", what);
+                        "{} [{}]", what, describe());
   });
 }
 
@@ -335,42 +428,42 @@ Work NcclProcessGroup::do_all_gather(const Tensor& output, const Tensor& input) 
   const auto* my_chunk = static_cast<const char*>(output.raw_data()) + static_cast<size_t>(rank()) * input.nbytes();
   const bool in_place = input.numel() > 0 && input.raw_data() == my_chunk;
   const Tensor source = !in_place && overlaps(output, input) ? staged_copy(input) : input;
-  const std::string what = fmt::format("all_gather of a {} input of shape {} into {} [{}]", input.dtype(),
-                                       input.shape(), output.shape(), describe());
-  return launch(state_, what, {output, source}, [&](ncclComm_t comm, cudaStream_t stream) {
+  const std::string what =
+      fmt::format("all_gather of a {} input of shape {} into {}", input.dtype(), input.shape(), output.shape());
+  return launch(*this, state_, what, {output, source}, [&](ncclComm_t comm, cudaStream_t stream) {
     COLOSSAL_NCCL_CHECK(
-        ncclAllGather(source.raw_data(), output.raw_data(), count(input), nccl_type(input.dtype()), comm, stream), "{}",
-        what);
+        ncclAllGather(source.raw_data(), output.raw_data(), count(input), nccl_type(input.dtype()), comm, stream),
+        "{} [{}]", what, describe());
   });
 }
 
 Work NcclProcessGroup::do_broadcast(const Tensor& tensor, int root) {
-  const std::string what = fmt::format("broadcast from rank {} of a {} tensor of shape {} [{}]", root, tensor.dtype(),
-                                       tensor.shape(), describe());
-  return launch(state_, what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
+  const std::string what =
+      fmt::format("broadcast from rank {} of a {} tensor of shape {}", root, tensor.dtype(), tensor.shape());
+  return launch(*this, state_, what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
     COLOSSAL_NCCL_CHECK(ncclBroadcast(tensor.raw_data(), tensor.raw_data(), count(tensor), nccl_type(tensor.dtype()),
                                       root, comm, stream),
-                        "{}", what);
+                        "{} [{}]", what, describe());
   });
 }
 
 Work NcclProcessGroup::do_reduce(const Tensor& tensor, int root, ReduceOp op) {
-  const std::string what = fmt::format("reduce ({}) to rank {} of a {} tensor of shape {} [{}]", reduce_op_name(op),
-                                       root, tensor.dtype(), tensor.shape(), describe());
+  const std::string what = fmt::format("reduce ({}) to rank {} of a {} tensor of shape {}", reduce_op_name(op), root,
+                                       tensor.dtype(), tensor.shape());
   // recvbuff is only written on the root, so the other ranks' tensors stay unchanged.
-  return launch(state_, what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
+  return launch(*this, state_, what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
     COLOSSAL_NCCL_CHECK(ncclReduce(tensor.raw_data(), tensor.raw_data(), count(tensor), nccl_type(tensor.dtype()),
                                    nccl_op(op), root, comm, stream),
-                        "{}", what);
+                        "{} [{}]", what, describe());
   });
 }
 
 Work NcclProcessGroup::do_batch_send_recv(const std::vector<P2POp>& ops) {
   std::vector<Tensor> tensors;
   for (const P2POp& p2p : ops) tensors.push_back(p2p.tensor);
-  const std::string what = fmt::format("{} op(s) of send/recv [{}]", ops.size(), describe());
+  const std::string what = describe_p2p(ops);
   // NCCL has no tags: a send matches the receive its peer issues in the same order.
-  return launch(state_, what, std::move(tensors), [&](ncclComm_t comm, cudaStream_t stream) {
+  return launch(*this, state_, what, std::move(tensors), [&](ncclComm_t comm, cudaStream_t stream) {
     grouped(what, [&] {
       for (const P2POp& p2p : ops) {
         if (p2p.kind == P2POp::Kind::send) {
@@ -392,17 +485,16 @@ Work NcclProcessGroup::do_all_to_all(const Tensor& output, const Tensor& input) 
   const size_t chunk = count(input) / static_cast<size_t>(size());
   const size_t chunk_bytes = chunk * input.element_size();
   const ncclDataType_t type = nccl_type(input.dtype());
-  const std::string what =
-      fmt::format("all_to_all of a {} tensor of shape {} [{}]", input.dtype(), input.shape(), describe());
-  return launch(state_, what, {output, source}, [&](ncclComm_t comm, cudaStream_t stream) {
+  const std::string what = fmt::format("all_to_all of a {} tensor of shape {}", input.dtype(), input.shape());
+  return launch(*this, state_, what, {output, source}, [&](ncclComm_t comm, cudaStream_t stream) {
     grouped(what, [&] {
       for (int peer = 0; peer < size(); ++peer) {
         const size_t offset = static_cast<size_t>(peer) * chunk_bytes;
         COLOSSAL_NCCL_CHECK(
-            ncclSend(static_cast<const char*>(source.raw_data()) + offset, chunk, type, peer, comm, stream), "{}",
-            what);
+            ncclSend(static_cast<const char*>(source.raw_data()) + offset, chunk, type, peer, comm, stream), "{} [{}]",
+            what, describe());
         COLOSSAL_NCCL_CHECK(ncclRecv(static_cast<char*>(output.raw_data()) + offset, chunk, type, peer, comm, stream),
-                            "{}", what);
+                            "{} [{}]", what, describe());
       }
     });
   });
@@ -411,18 +503,18 @@ Work NcclProcessGroup::do_all_to_all(const Tensor& output, const Tensor& input) 
 Work NcclProcessGroup::do_barrier() {
   // NCCL has no barrier: a one-element all-reduce, whose Work blocks the host.
   Tensor token = zeros({1}, TensorOptions(DType::f32, device()));
-  const std::string what = fmt::format("barrier [{}]", describe());
+  const std::string what = std::string("barrier");
   return launch(
-      state_, what, {token},
+      *this, state_, what, {token},
       [&](ncclComm_t comm, cudaStream_t stream) {
         COLOSSAL_NCCL_CHECK(ncclAllReduce(token.raw_data(), token.raw_data(), 1, ncclFloat32, ncclSum, comm, stream),
-                            "{}", what);
+                            "{} [{}]", what, describe());
       },
       /*host_blocking=*/true);
 }
 
 std::shared_ptr<ProcessGroup> NcclProcessGroup::do_split(int color, int key) {
-  state_->check_async_error("split");
+  state_->check_async_error("split", describe());
   core::cuda::DeviceGuard guard(state_->device);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   ncclComm_t child = nullptr;

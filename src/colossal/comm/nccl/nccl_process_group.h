@@ -22,7 +22,8 @@ class NcclProcessGroup final : public ProcessGroup {
  public:
   /// The world of `env` on `device`: rank 0 makes the unique id and every rank joins
   /// (ncclCommInitRank). Under Open MPI (env.source == openmpi, in builds with MPI) the id travels by
-  /// MPI_Bcast; otherwise by the TCP rendezvous on env.master_addr:env.rendezvous_port().
+  /// MPI_Bcast; otherwise by the TCP rendezvous on env.master_addr:env.rendezvous_port(). Its timeout
+  /// is COLOSSAL_COLLECTIVE_TIMEOUT when set, else kDefaultCollectiveTimeout (comm/timeout.h).
   static std::shared_ptr<NcclProcessGroup> create_world(const DistEnv& env, Device device,
                                                         std::chrono::milliseconds rendezvous_timeout);
   /// Takes ownership of `comm`, whose GPU is `device`.
