@@ -16,9 +16,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "colossal/comm/init.h"               // init_process_group, read_dist_env
-#include "colossal/comm/library_versions.h"   // nccl_version
-#include "colossal/core/cuda_device.h"        // Event, current_stream, set_device, properties
+#include "colossal/comm/init.h"              // init_process_group, read_dist_env
+#include "colossal/comm/library_versions.h"  // nccl_version
+#include "colossal/core/cuda_device.h"       // Event, current_stream, set_device, properties
 
 using namespace colossal;
 
@@ -123,8 +123,7 @@ struct Measurement {
   double busbw_gbps = 0;
 };
 
-Measurement measure(comm::ProcessGroup& group, const std::string& op, DType dtype, int64_t size_mib,
-                    const Options& o) {
+Measurement measure(comm::ProcessGroup& group, const std::string& op, DType dtype, int64_t size_mib, const Options& o) {
   const int ranks = group.size();
   const Device device = group.device();
   // The full buffer is the size asked for, less what keeps its length divisible by the group (the
@@ -201,8 +200,8 @@ int main(int argc, char** argv) {
         for (int64_t size_mib : o.sizes_mib) {
           const Measurement m = measure(*world, op, dtype, size_mib, o);
           if (!printer) continue;
-          fmt::print("{:<15} {:>5} {:>8} {:>12.1f} {:>12.1f} {:>12.1f}\n", m.op, m.dtype, size_mib,
-                     m.ms_per_call * 1e3, m.algbw_gbps, m.busbw_gbps);
+          fmt::print("{:<15} {:>5} {:>8} {:>12.1f} {:>12.1f} {:>12.1f}\n", m.op, m.dtype, size_mib, m.ms_per_call * 1e3,
+                     m.algbw_gbps, m.busbw_gbps);
           std::fflush(stdout);
           if (jsonl.is_open()) {
             const nlohmann::json line = {{"impl", "colossal"},

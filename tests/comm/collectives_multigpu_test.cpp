@@ -9,7 +9,7 @@
 #include <chrono>
 #include <thread>
 
-#include "collective_reference.h"  // input_value, input_slice, make_input, reference_values, values_equal
+#include "collective_reference.h"        // input_value, input_slice, make_input, reference_values, values_equal
 #include "colossal/core/build_config.h"  // COLOSSAL_WITH_MPI
 #include "colossal/core/cuda_device.h"   // device_count, StreamGuard, create_stream
 #include "gradcheck.h"                   // EXPECT_ERROR_CONTAINS
@@ -281,8 +281,7 @@ TEST(NcclCollectives, BarrierHoldsEveryRankUntilTheLastArrives) {
     const auto start = std::chrono::steady_clock::now();
     Work work = world().barrier(async);
     work.wait();  // host-blocking for barriers
-    const auto waited =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     EXPECT_TRUE(work.is_completed());
     if (rank == 0) {
       EXPECT_GE(waited.count(), (kDelay / 2).count());
@@ -367,9 +366,9 @@ TEST(NcclWork, TensorOnAnotherRanksGpuIsRefusedByName) {
   const int devices = core::cuda::device_count();
   if (devices < 2) GTEST_SKIP() << "needs a second GPU";
   const Device other = core::cuda_device((gpu().index + 1) % devices);
-  EXPECT_ERROR_CONTAINS(world().all_reduce(zeros({3}, TensorOptions(DType::f32, other))),
-                        fmt::format("all_reduce: tensor (shape [3]) is on {}, but this nccl group works on {}", other,
-                                    gpu()));
+  EXPECT_ERROR_CONTAINS(
+      world().all_reduce(zeros({3}, TensorOptions(DType::f32, other))),
+      fmt::format("all_reduce: tensor (shape [3]) is on {}, but this nccl group works on {}", other, gpu()));
 }
 
 // ---- sub-groups ---------------------------------------------------------------------------------
@@ -409,8 +408,8 @@ void expect_collectives_work(ProcessGroup& group) {
   if (n >= 2) {
     const int next = (my_rank + 1) % n, previous = (my_rank + n - 1) % n;
     Tensor incoming = gpu_zeros({7}, DType::f16);
-    group.batch_send_recv({{P2POp::Kind::send, gpu_input(DType::f16, me, {7}), next, 0},
-                           {P2POp::Kind::recv, incoming, previous, 0}});
+    group.batch_send_recv(
+        {{P2POp::Kind::send, gpu_input(DType::f16, me, {7}), next, 0}, {P2POp::Kind::recv, incoming, previous, 0}});
     EXPECT_TRUE(values_equal(incoming, input_slice(DType::f16, members[static_cast<size_t>(previous)], 7)))
         << group.describe();
   }

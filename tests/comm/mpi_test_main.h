@@ -9,9 +9,9 @@
 
 #include <memory>
 
-#include "colossal/comm/mpi/mpi_process_group.h"
 #include "collective_reference.h"  // input_value, make_input, reference_value, values_equal, ...
-#include "rank_report.h"           // print_failures_only_unless_rank_zero, any_rank_failed
+#include "colossal/comm/mpi/mpi_process_group.h"
+#include "rank_report.h"  // print_failures_only_unless_rank_zero, any_rank_failed
 
 namespace colossal::comm::testing {
 
