@@ -94,17 +94,18 @@ inline std::vector<int> iota_ranks(int size) {
   return ranks;
 }
 
-/// Compares `actual` (on any device) with `expected`, each element within `tolerance` relative to the
-/// expected value (0: exactly), and reports the first mismatch only.
+/// Compares `actual` (on any device) with `expected`, each element equal, both NaN, or within
+/// tolerance * |expected| + absolute (0, 0: exactly), and reports the first mismatch only.
 inline ::testing::AssertionResult values_near(const Tensor& actual, const std::vector<double>& expected,
-                                              double tolerance) {
+                                              double tolerance, double absolute = 0.0) {
   const std::vector<double> got = actual.to(core::kCpu).to_vector<double>();
   if (got.size() != expected.size()) {
     return ::testing::AssertionFailure() << got.size() << " elements, expected " << expected.size();
   }
   for (size_t i = 0; i < got.size(); ++i) {
     const bool both_nan = std::isnan(got[i]) && std::isnan(expected[i]);
-    if (got[i] != expected[i] && !both_nan && !(std::abs(got[i] - expected[i]) <= tolerance * std::abs(expected[i]))) {
+    if (got[i] != expected[i] && !both_nan &&
+        !(std::abs(got[i] - expected[i]) <= tolerance * std::abs(expected[i]) + absolute)) {
       return ::testing::AssertionFailure() << "element " << i << " is " << got[i] << ", expected " << expected[i]
                                            << " (" << got.size() << " elements)";
     }

@@ -52,6 +52,8 @@ std::string seconds_text(std::chrono::milliseconds d) {
   return fmt::format("{:g} s", static_cast<double>(d.count()) / 1000.0);
 }
 
+void wait_if_ending();
+
 class Watchdog {
  public:
   static Watchdog& instance() {
@@ -66,6 +68,7 @@ class Watchdog {
       incoming_.push_back(std::move(operation));
       if (!started_) {
         started_ = true;
+        std::atexit(&wait_if_ending);
         std::thread([this] { run(); }).detach();
       }
     }
@@ -126,9 +129,20 @@ class Watchdog {
   std::vector<std::function<void()>> hooks_;
 };
 
+/// Set once a thread has decided to end the process (end_process).
+std::atomic<bool> ending{false};
+
+/// Registered with std::atexit when the watchdog starts: a thread that returns from main or calls
+/// exit() while the watchdog is ending the process waits here for the watchdog's _Exit, so the exit
+/// code is the timeout's. (The stop hooks' ncclCommAbort releases a host stuck in CUDA behind the
+/// hung collective, and that thread may otherwise reach exit first with its own code.)
+void wait_if_ending() {
+  if (!ending.load()) return;
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
 /// Prints `message`, stops the transports and exits; the first caller wins.
 [[noreturn]] void end_process(const std::string& message) {
-  static std::atomic<bool> ending{false};
   if (ending.exchange(true)) {
     // Another thread is ending the process already: its exit will end this thread too.
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
