@@ -46,6 +46,9 @@ void StepTiming::mark(Mark mark) {
     if (!sampling_) return;
     // A few hundred samples are plenty; the oldest go.
     if (samples_.size() >= 256) samples_.pop_front();
+    // Events belong to the device current when they are made: make them on ours (a rank of a
+    // data-parallel run works on cuda:N while the thread's current device may still be cuda:0).
+    core::cuda::DeviceGuard guard(device_);
     samples_.push_back(std::make_unique<Sample>());
     samples_.back()->start.record(stream);
     return;
