@@ -33,12 +33,6 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
     context_ = parallel::ParallelContext::single_process(params.empty() ? Device{} : params.front().device());
   }
   schedule_ = options_.schedule ? options_.schedule : std::make_shared<NonPipelineSchedule>();
-  if (options_.step_timing_interval > 0) {
-    const std::vector<Tensor> params = model_->parameters();
-    if (!params.empty() && params.front().device().is_cuda()) {
-      step_timing_ = std::make_unique<StepTiming>(params.front().device(), options_.step_timing_interval);
-    }
-  }
   if (options_.amp) amp_ = std::make_unique<amp::MixedPrecisionOptimizer>(model_, optimizer_, *options_.amp);
   // After the mixed-precision conversion: the gradient hooks sit on the tensors backward fills.
   if (options_.gradient_handler) {
@@ -80,7 +74,6 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
   last_step_updated_ = micro_step_ + 1 == options_.gradient_accumulation;
   // Gradients are reduced once per window, by the last micro-step's backward.
   if (gradient_handler_) gradient_handler_->set_sync(last_step_updated_);
-  if (step_timing_ && micro_step_ == 0) step_timing_->mark(StepTiming::Mark::step_start);
   Tensor reported = schedule_->forward_backward(*this, input, target);
   ++micro_step_;
   if (last_step_updated_) update();
@@ -92,9 +85,7 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
 }
 
 void Engine::update() {
-  if (step_timing_) step_timing_->mark(StepTiming::Mark::backward_end);
   if (gradient_handler_) gradient_handler_->finish();
-  if (step_timing_) step_timing_->mark(StepTiming::Mark::reduced);
   if (options_.before_update) options_.before_update(*this);
   if (amp_) {
     // Clipping sees the unscaled fp32 gradients; a skipped step still advances the schedule, as
@@ -112,7 +103,6 @@ void Engine::update() {
   zero_grad();
   if (lr_scheduler_) lr_scheduler_->step();
   ++num_updates_;
-  if (step_timing_) step_timing_->mark(StepTiming::Mark::updated);
 }
 
 Tensor NonPipelineSchedule::forward_backward(Engine& engine, const Tensor& input, const Tensor& target) {

@@ -16,7 +16,6 @@
 #include "colossal/optim/lr_scheduler.h"
 #include "colossal/optim/optimizer.h"
 #include "colossal/engine/schedule.h"
-#include "colossal/engine/step_timing.h"
 #include "colossal/parallel/dp/data_parallel.h"
 #include "colossal/parallel/gradient_handler.h"
 #include "colossal/parallel/gradient_statistics.h"
@@ -57,9 +56,6 @@ struct EngineOptions {
   /// gradients are the update's), before unscaling, clipping and the optimizer step: the layout
   /// harness reads the gradients here.
   std::function<void(Engine& engine)> before_update;
-  /// Time the phases of every N-th optimizer step with CUDA events (engine/step_timing.h); 0: off.
-  /// Only on a CUDA model.
-  int64_t step_timing_interval = 0;
   /// With data parallelism, step() returns the mean of the data group's losses (one all-reduce of a
   /// scalar per micro-step): with equal shares that is the loss of the global batch, the number the
   /// serial run reports, and every rank's hooks and logs see it. false returns this rank's own loss.
@@ -116,8 +112,6 @@ class Engine {
   /// Over which groups the overflow flag and the clipping norm are reduced.
   const parallel::GradientStatistics& gradient_statistics() const { return *gradient_statistics_; }
   Schedule& schedule() { return *schedule_; }
-  /// The phase timing (options.step_timing_interval), or null when off.
-  const StepTiming* step_timing() const { return step_timing_.get(); }
   /// Optimizer updates so far (skipped fp16 steps included, as the scheduler counts them); a
   /// checkpoint restores the count.
   int64_t num_updates() const { return num_updates_; }
@@ -148,7 +142,6 @@ class Engine {
   std::unique_ptr<parallel::GradientHandler> gradient_handler_;
   std::unique_ptr<parallel::GradientStatistics> gradient_statistics_;
   std::shared_ptr<Schedule> schedule_;
-  std::unique_ptr<StepTiming> step_timing_;
 
   void update();
 };

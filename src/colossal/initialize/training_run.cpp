@@ -214,7 +214,6 @@ void TrainingRun::build_engine() {
   // return an f32 loss: the f32 copy of the logits would change nothing. Soft (mixup) targets must
   // share the logits' dtype, so those keep the f32 output.
   if (eo.amp && !datasets_.batch_transform) eo.amp->output_to_f32 = false;
-  eo.step_timing_interval = engine::step_timing_interval_from_env();
   engine_ = std::make_unique<engine::Engine>(model_, optimizer, make_criterion(c, datasets_), eo, scheduler);
   trainer_ = std::make_unique<engine::Trainer>(*engine_);
 }
@@ -316,10 +315,6 @@ RunResult TrainingRun::fit() {
                 c.train.progress && writer_, limits);
   RunResult result;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  if (const engine::StepTiming* timing = engine_->step_timing()) {
-    // Every rank: the ranks of a data-parallel run differ in what they wait for.
-    fmt::print("step timing (rank {}): {}\n", context_->global_rank(), timing->summary().describe());
-  }
   result.steps = trainer_->cur_step();
   result.updates = engine_->num_updates();
   if (writer_ && options_.verbose) {
