@@ -1,0 +1,147 @@
+// 1D tensor-parallel linear layers: see linear_1d.h.
+#include "colossal/parallel/tp/linear_1d.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/error.h"
+#include "colossal/ops/elementwise.h"  // add
+#include "colossal/ops/linalg.h"       // linear
+#include "colossal/parallel/tp/mappings.h"
+
+namespace colossal::parallel::tp {
+namespace {
+
+/// Features along `dim` of a weight in `layout`: out is dim 0 of [out, in] and dim 1 of [in, out].
+int out_dim(WeightLayout layout) {
+  return layout == WeightLayout::kOutIn ? 0 : 1;
+}
+int in_dim(WeightLayout layout) {
+  return layout == WeightLayout::kOutIn ? 1 : 0;
+}
+
+/// This rank's 1/size of `t` along `dim`, as a tensor of its own (a parameter, not a view of the
+/// serial one).
+Tensor shard(const Tensor& t, int dim, const comm::ProcessGroup& group, const char* layer, const char* what) {
+  const int64_t n = t.shape()[static_cast<size_t>(dim)];
+  COLOSSAL_CHECK(n % group.size() == 0,
+                 "{}: the {} ({} of them, dim {} of the weight of shape {}) do not split over the {} ranks of the "
+                 "tensor-parallel group; choose a parallel.tensor.size that divides {}",
+                 layer, what, n, dim, t.shape(), group.size(), n);
+  const int64_t part = n / group.size();
+  autograd::NoGradGuard no_grad;
+  return t.detach().narrow(dim, group.rank() * part, part).contiguous().clone();
+}
+
+/// y = x W^T or x W for a weight in `layout`.
+Tensor affine(const Tensor& x, const Tensor& weight, const Tensor& bias, WeightLayout layout) {
+  return ops::linear(x, layout == WeightLayout::kOutIn ? weight : weight.t(), bias);
+}
+
+const char* layout_name(WeightLayout layout) {
+  return layout == WeightLayout::kOutIn ? "[out, in]" : "[in, out]";
+}
+
+}  // namespace
+
+// ---- column
+
+ColumnParallelLinear::ColumnParallelLinear(const Tensor& weight, const Tensor& bias, WeightLayout layout,
+                                           std::shared_ptr<comm::ProcessGroup> group, bool gather_output)
+    : group_(std::move(group)), layout_(layout), gather_output_(gather_output) {
+  COLOSSAL_CHECK(group_ != nullptr, "ColumnParallelLinear needs the tensor-parallel group");
+  COLOSSAL_CHECK(weight.dim() == 2, "ColumnParallelLinear: the weight must be 2-D, got shape {}", weight.shape());
+  out_features_ = weight.shape()[static_cast<size_t>(out_dim(layout))];
+  in_features_ = weight.shape()[static_cast<size_t>(in_dim(layout))];
+  COLOSSAL_CHECK(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == out_features_),
+                 "ColumnParallelLinear: the bias of shape {} does not match {} output features", bias.shape(),
+                 out_features_);
+  weight_ =
+      &register_parameter("weight", shard(weight, out_dim(layout), *group_, "ColumnParallelLinear", "output features"));
+  bias_ = &register_parameter(
+      "bias", bias.defined() ? shard(bias, 0, *group_, "ColumnParallelLinear", "output features") : Tensor());
+}
+
+std::shared_ptr<ColumnParallelLinear> ColumnParallelLinear::from(const nn::Linear& serial,
+                                                                 std::shared_ptr<comm::ProcessGroup> group,
+                                                                 bool gather_output) {
+  return std::make_shared<ColumnParallelLinear>(serial.weight(), serial.bias(), WeightLayout::kOutIn, std::move(group),
+                                                gather_output);
+}
+
+std::shared_ptr<ColumnParallelLinear> ColumnParallelLinear::from(const nn::Conv1D& serial,
+                                                                 std::shared_ptr<comm::ProcessGroup> group,
+                                                                 bool gather_output) {
+  return std::make_shared<ColumnParallelLinear>(serial.weight(), serial.bias(), WeightLayout::kInOut, std::move(group),
+                                                gather_output);
+}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x) {
+  // Every rank needs the whole input; the input's gradient is the sum of every shard's part.
+  Tensor y = affine(copy_to_region(x, *group_), *weight_, *bias_, layout_);
+  return gather_output_ ? gather_from_region(y, -1, *group_) : y;
+}
+
+std::string ColumnParallelLinear::extra_repr() const {
+  return fmt::format("in_features={}, out_features={} ({} on each of {} ranks), layout {}, gather_output={}",
+                     in_features_, out_features_, out_features_per_rank(), group_->size(), layout_name(layout_),
+                     gather_output_);
+}
+
+// ---- row
+
+RowParallelLinear::RowParallelLinear(const Tensor& weight, const Tensor& bias, WeightLayout layout,
+                                     std::shared_ptr<comm::ProcessGroup> group, bool input_is_parallel)
+    : group_(std::move(group)), layout_(layout), input_is_parallel_(input_is_parallel) {
+  COLOSSAL_CHECK(group_ != nullptr, "RowParallelLinear needs the tensor-parallel group");
+  COLOSSAL_CHECK(weight.dim() == 2, "RowParallelLinear: the weight must be 2-D, got shape {}", weight.shape());
+  out_features_ = weight.shape()[static_cast<size_t>(out_dim(layout))];
+  in_features_ = weight.shape()[static_cast<size_t>(in_dim(layout))];
+  COLOSSAL_CHECK(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == out_features_),
+                 "RowParallelLinear: the bias of shape {} does not match {} output features", bias.shape(),
+                 out_features_);
+  weight_ =
+      &register_parameter("weight", shard(weight, in_dim(layout), *group_, "RowParallelLinear", "input features"));
+  Tensor replicated;
+  if (bias.defined()) {
+    autograd::NoGradGuard no_grad;
+    replicated = bias.detach().contiguous().clone();
+  }
+  bias_ = &register_parameter("bias", replicated);
+}
+
+std::shared_ptr<RowParallelLinear> RowParallelLinear::from(const nn::Linear& serial,
+                                                           std::shared_ptr<comm::ProcessGroup> group,
+                                                           bool input_is_parallel) {
+  return std::make_shared<RowParallelLinear>(serial.weight(), serial.bias(), WeightLayout::kOutIn, std::move(group),
+                                             input_is_parallel);
+}
+
+std::shared_ptr<RowParallelLinear> RowParallelLinear::from(const nn::Conv1D& serial,
+                                                           std::shared_ptr<comm::ProcessGroup> group,
+                                                           bool input_is_parallel) {
+  return std::make_shared<RowParallelLinear>(serial.weight(), serial.bias(), WeightLayout::kInOut, std::move(group),
+                                             input_is_parallel);
+}
+
+Tensor RowParallelLinear::forward(const Tensor& x) {
+  const Tensor local = input_is_parallel_ ? x : scatter_to_region(x, -1, *group_);
+  COLOSSAL_CHECK(local.shape().back() == in_features_per_rank(),
+                 "RowParallelLinear: this rank's input has {} features in its last dimension (shape {}), but its "
+                 "shard takes {} of the layer's {}{}",
+                 local.shape().back(), local.shape(), in_features_per_rank(), in_features_,
+                 input_is_parallel_ ? " (input_is_parallel: pass the column layer's split output)" : "");
+  // The partial products sum over the group; the bias is added once, after the sum.
+  Tensor y = reduce_from_region(affine(local, *weight_, Tensor(), layout_), *group_);
+  return bias_->defined() ? ops::add(y, *bias_) : y;
+}
+
+std::string RowParallelLinear::extra_repr() const {
+  return fmt::format("in_features={} ({} on each of {} ranks), out_features={}, layout {}, input_is_parallel={}",
+                     in_features_, in_features_per_rank(), group_->size(), out_features_, layout_name(layout_),
+                     input_is_parallel_);
+}
+
+}  // namespace colossal::parallel::tp

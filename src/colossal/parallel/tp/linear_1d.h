@@ -1,0 +1,95 @@
+// 1D tensor-parallel linear layers (Megatron-LM's ColumnParallelLinear and RowParallelLinear,
+// Colossal-AI's Linear1D_Col / Linear1D_Row): a serial layer's weight split over the tensor-parallel
+// group, each rank holding one shard, the communication done by the autograd pairs of
+// parallel/tp/mappings.h. A transformer's MLP is a column layer (output features split, no gather)
+// followed by a row layer (input features split): one all-reduce forward and one backward.
+//
+// Built from a serial layer (nn::Linear, weight [out, in], or Hugging Face's nn::Conv1D, weight [in,
+// out]): each rank copies its shard, so the parallel model starts as the serial one and a test can
+// compare the two directly. Parameter names stay the serial layer's ("weight", "bias"), holding the
+// shard.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "colossal/comm/process_group.h"
+#include "colossal/nn/linear.h"
+#include "colossal/nn/module.h"
+
+namespace colossal::parallel::tp {
+
+/// How a layer stores its weight.
+enum class WeightLayout {
+  kOutIn,  ///< [out, in]: torch.nn.Linear, timm (y = x W^T + b)
+  kInOut,  ///< [in, out]: Hugging Face's Conv1D, GPT-2 (y = x W + b)
+};
+
+/// y = x A + b with A's output features split over the group: rank r computes outputs
+/// [r * out / tp, (r + 1) * out / tp). The input is replicated (copy_to_region: its gradient is
+/// all-reduced in backward); the output is this rank's slice of the last dimension, or, with
+/// gather_output, the whole output (gather_from_region).
+class ColumnParallelLinear : public nn::Module {
+ public:
+  /// The shard of `weight` (in `layout`) and `bias` (undefined: none) for this rank of `group`.
+  /// Throws naming the sizes when the output features do not divide by the group's size.
+  ColumnParallelLinear(const Tensor& weight, const Tensor& bias, WeightLayout layout,
+                       std::shared_ptr<comm::ProcessGroup> group, bool gather_output = false);
+  static std::shared_ptr<ColumnParallelLinear> from(const nn::Linear& serial, std::shared_ptr<comm::ProcessGroup> group,
+                                                    bool gather_output = false);
+  static std::shared_ptr<ColumnParallelLinear> from(const nn::Conv1D& serial, std::shared_ptr<comm::ProcessGroup> group,
+                                                    bool gather_output = false);
+
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const Tensor& weight() const { return *weight_; }  ///< this rank's shard, in the serial layout
+  const Tensor& bias() const { return *bias_; }
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }  ///< the whole layer's
+  int64_t out_features_per_rank() const { return out_features_ / group_->size(); }
+
+ private:
+  std::shared_ptr<comm::ProcessGroup> group_;
+  WeightLayout layout_;
+  bool gather_output_;
+  int64_t in_features_, out_features_;
+  Tensor* weight_;
+  Tensor* bias_;
+};
+
+/// y = x A + b with A's input features split over the group: rank r multiplies inputs
+/// [r * in / tp, (r + 1) * in / tp) by its rows of A, and the partial products are summed
+/// (reduce_from_region: an all-reduce forward, identity backward). The input is this rank's slice of
+/// the last dimension (input_is_parallel, after a column layer) or the whole input, of which each
+/// rank takes its slice (scatter_to_region). The bias is replicated and added once, after the sum.
+class RowParallelLinear : public nn::Module {
+ public:
+  /// Throws naming the sizes when the input features do not divide by the group's size.
+  RowParallelLinear(const Tensor& weight, const Tensor& bias, WeightLayout layout,
+                    std::shared_ptr<comm::ProcessGroup> group, bool input_is_parallel = true);
+  static std::shared_ptr<RowParallelLinear> from(const nn::Linear& serial, std::shared_ptr<comm::ProcessGroup> group,
+                                                 bool input_is_parallel = true);
+  static std::shared_ptr<RowParallelLinear> from(const nn::Conv1D& serial, std::shared_ptr<comm::ProcessGroup> group,
+                                                 bool input_is_parallel = true);
+
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const Tensor& weight() const { return *weight_; }     ///< this rank's shard, in the serial layout
+  const Tensor& bias() const { return *bias_; }         ///< replicated on every rank of the group
+  int64_t in_features() const { return in_features_; }  ///< the whole layer's
+  int64_t out_features() const { return out_features_; }
+  int64_t in_features_per_rank() const { return in_features_ / group_->size(); }
+
+ private:
+  std::shared_ptr<comm::ProcessGroup> group_;
+  WeightLayout layout_;
+  bool input_is_parallel_;
+  int64_t in_features_, out_features_;
+  Tensor* weight_;
+  Tensor* bias_;
+};
+
+}  // namespace colossal::parallel::tp

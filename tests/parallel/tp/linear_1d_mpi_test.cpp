@@ -1,0 +1,172 @@
+// 1D tensor-parallel linear layers (parallel/tp/linear_1d.h) under MPI, the whole world as the
+// tensor-parallel group (2 and 4 ranks): a column layer followed by a row layer (a transformer's
+// MLP) computes the serial MLP's output, input gradient and, shard by shard, its weight gradients,
+// in both weight layouts; a column layer that gathers its output and a row layer that scatters its
+// input equal their serial layers alone; sizes that do not split are errors naming them.
+//
+// Tolerance: f64, 1e-12 relative by norm. The shards sum the same products as the serial GEMMs,
+// split into tp partial sums added by the all-reduce: rounding of order 1e-16 per operation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../../comm/mpi_test_main.h"
+#include "colossal/autograd/engine.h"
+#include "colossal/autograd/grad_mode.h"
+#include "colossal/core/error.h"
+#include "colossal/core/random.h"
+#include "colossal/nn/linear.h"
+#include "colossal/ops/elementwise.h"
+#include "colossal/ops/reduction.h"
+#include "colossal/parallel/tp/linear_1d.h"
+#include "gradcheck.h"  // EXPECT_ERROR_CONTAINS
+
+namespace colossal::parallel::tp {
+namespace {
+
+using comm::testing::world;
+
+constexpr double kTolerance = 1e-12;
+constexpr int64_t kIn = 6, kHidden = 8, kOut = 4;
+
+std::shared_ptr<comm::ProcessGroup> tp_group() {
+  return std::shared_ptr<comm::ProcessGroup>(&world(), [](comm::ProcessGroup*) {});
+}
+
+/// [2, 3, n] inputs that vary with everything, in f64, requiring grad.
+Tensor input(int64_t n) {
+  std::vector<double> v;
+  for (int64_t i = 0; i < 2 * 3 * n; ++i) v.push_back(std::sin(0.37 * static_cast<double>(i) + 0.2));
+  Tensor x = core::from_vector<double>(v, {2, 3, n});
+  x.set_requires_grad(true);
+  return x;
+}
+
+/// sum(y * c) with a fixed c: a loss whose gradient with respect to y is c.
+Tensor weighted_sum(const Tensor& y) {
+  std::vector<double> c;
+  for (int64_t i = 0; i < y.numel(); ++i) c.push_back(std::cos(0.11 * static_cast<double>(i)));
+  return ops::sum(ops::mul(y, core::from_vector<double>(c, y.shape())));
+}
+
+double relative_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.contiguous().to_vector<double>(), w = want.contiguous().to_vector<double>();
+  EXPECT_EQ(g.size(), w.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
+    diff += (g[i] - w[i]) * (g[i] - w[i]);
+    norm += w[i] * w[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-300);
+}
+
+/// This rank's 1/size slice of `t` along `dim`.
+Tensor my_slice(const Tensor& t, int dim) {
+  const int64_t part = t.shape()[static_cast<size_t>(dim)] / world().size();
+  return t.narrow(dim, world().rank() * part, part);
+}
+
+template <class Layer>
+std::shared_ptr<Layer> serial_layer(int64_t in, int64_t out, uint64_t seed) {
+  core::Generator g(seed);
+  std::shared_ptr<Layer> layer;
+  if constexpr (std::is_same_v<Layer, nn::Linear>) {
+    layer = std::make_shared<nn::Linear>(in, out, true, &g);
+  } else {
+    layer = std::make_shared<nn::Conv1D>(in, out, &g);
+    // Conv1D starts with a zero bias; give it values so the bias paths are checked.
+    autograd::NoGradGuard no_grad;
+    layer->bias().copy_(core::randn({out}, {}, &g));
+  }
+  layer->to(DType::f64);
+  return layer;
+}
+
+template <class Layer>
+void expect_mlp_equals_serial(int out_dim_of_weight) {
+  auto fc = serial_layer<Layer>(kIn, kHidden, 11);
+  auto proj = serial_layer<Layer>(kHidden, kOut, 12);
+  Tensor xs = input(kIn);
+  Tensor ys = proj->forward(ops::gelu(fc->forward(xs)));
+  autograd::backward(weighted_sum(ys));
+
+  auto col = ColumnParallelLinear::from(*fc, tp_group());
+  auto row = RowParallelLinear::from(*proj, tp_group());
+  Tensor xp = input(kIn);
+  Tensor yp = row->forward(ops::gelu(col->forward(xp)));
+  autograd::backward(weighted_sum(yp));
+
+  const int in_dim_of_weight = 1 - out_dim_of_weight;
+  EXPECT_LE(relative_error(yp, ys), kTolerance) << "output";
+  EXPECT_LE(relative_error(xp.grad(), xs.grad()), kTolerance) << "input gradient";
+  EXPECT_LE(relative_error(col->weight().grad(), my_slice(fc->weight().grad(), out_dim_of_weight)), kTolerance)
+      << "column shard's weight gradient";
+  EXPECT_LE(relative_error(col->bias().grad(), my_slice(fc->bias().grad(), 0)), kTolerance)
+      << "column shard's bias gradient";
+  EXPECT_LE(relative_error(row->weight().grad(), my_slice(proj->weight().grad(), in_dim_of_weight)), kTolerance)
+      << "row shard's weight gradient";
+  EXPECT_LE(relative_error(row->bias().grad(), proj->bias().grad()), kTolerance) << "row layer's replicated bias";
+}
+
+TEST(Linear1d, ColumnThenRowEqualsTheSerialMlp) {
+  expect_mlp_equals_serial<nn::Linear>(/*out_dim_of_weight=*/0);
+}
+
+TEST(Linear1d, ColumnThenRowEqualsTheSerialMlpInConv1dLayout) {
+  expect_mlp_equals_serial<nn::Conv1D>(/*out_dim_of_weight=*/1);
+}
+
+TEST(Linear1d, ColumnGatheringItsOutputEqualsTheSerialLayer) {
+  auto serial = serial_layer<nn::Linear>(kIn, kOut, 21);
+  Tensor xs = input(kIn);
+  Tensor ys = serial->forward(xs);
+  autograd::backward(weighted_sum(ys));
+  auto col = ColumnParallelLinear::from(*serial, tp_group(), /*gather_output=*/true);
+  EXPECT_EQ(col->out_features_per_rank(), kOut / world().size());
+  Tensor xp = input(kIn);
+  Tensor yp = col->forward(xp);
+  autograd::backward(weighted_sum(yp));
+  EXPECT_EQ(yp.shape(), ys.shape());
+  EXPECT_LE(relative_error(yp, ys), kTolerance);
+  EXPECT_LE(relative_error(xp.grad(), xs.grad()), kTolerance);
+  EXPECT_LE(relative_error(col->weight().grad(), my_slice(serial->weight().grad(), 0)), kTolerance);
+}
+
+TEST(Linear1d, RowScatteringItsInputEqualsTheSerialLayer) {
+  auto serial = serial_layer<nn::Conv1D>(kHidden, kOut, 31);
+  Tensor xs = input(kHidden);
+  Tensor ys = serial->forward(xs);
+  autograd::backward(weighted_sum(ys));
+  auto row = RowParallelLinear::from(*serial, tp_group(), /*input_is_parallel=*/false);
+  Tensor xp = input(kHidden);
+  Tensor yp = row->forward(xp);
+  autograd::backward(weighted_sum(yp));
+  EXPECT_LE(relative_error(yp, ys), kTolerance);
+  EXPECT_LE(relative_error(xp.grad(), xs.grad()), kTolerance);
+  EXPECT_LE(relative_error(row->weight().grad(), my_slice(serial->weight().grad(), 0)), kTolerance);
+}
+
+TEST(Linear1d, FeaturesThatDoNotSplitAreNamed) {
+  const int64_t odd = world().size() + 1;  // never divisible by the group's size (>= 2)
+  auto serial = serial_layer<nn::Linear>(kIn, odd, 41);
+  EXPECT_ERROR_CONTAINS(ColumnParallelLinear::from(*serial, tp_group()),
+                        "ColumnParallelLinear: the output features (" + std::to_string(odd) + " of them");
+  auto wide = serial_layer<nn::Linear>(odd, kOut, 42);
+  EXPECT_ERROR_CONTAINS(RowParallelLinear::from(*wide, tp_group()),
+                        "RowParallelLinear: the input features (" + std::to_string(odd) + " of them");
+  // A row layer given the whole input where it expects its slice says so.
+  auto proj = serial_layer<nn::Linear>(kHidden, kOut, 43);
+  auto row = RowParallelLinear::from(*proj, tp_group());
+  EXPECT_ERROR_CONTAINS(row->forward(input(kHidden)), "input_is_parallel");
+}
+
+}  // namespace
+}  // namespace colossal::parallel::tp
+
+int main(int argc, char** argv) {
+  return colossal::comm::testing::run_mpi_tests(argc, argv);
+}
