@@ -1,0 +1,127 @@
+// The vocab-parallel cross-entropy (parallel/tp/cross_entropy.h) under MPI, the whole world as the
+// tensor-parallel group (2 and 4 ranks): on each rank's slice of the vocabulary it gives the serial
+// ops::cross_entropy's value and, slice by slice, its gradient — with mean, sum and no reduction,
+// label smoothing, ignored targets, targets on every rank's slice, and 3-d logits.
+//
+// Tolerance: f64, 1e-12 relative. Both compute log-sum-exp from the row maximum; the parallel one
+// sums the exponentials per slice first (a different order of the same additions).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "../../comm/mpi_test_main.h"
+#include "colossal/autograd/engine.h"
+#include "colossal/ops/nn_functional.h"
+#include "colossal/parallel/tp/cross_entropy.h"
+#include "gradcheck.h"  // EXPECT_ERROR_CONTAINS
+
+namespace colossal::parallel::tp {
+namespace {
+
+using comm::testing::world;
+
+constexpr double kTolerance = 1e-12;
+
+/// Logits [rows, vocab] (f64, varied) and targets hitting every rank's slice, two of them ignored.
+Tensor serial_logits(int64_t rows, int64_t vocab) {
+  std::vector<double> v;
+  for (int64_t i = 0; i < rows * vocab; ++i) v.push_back(3.0 * std::sin(0.71 * static_cast<double>(i) + 0.3));
+  Tensor t = core::from_vector<double>(v, {rows, vocab});
+  t.set_requires_grad(true);
+  return t;
+}
+
+Tensor targets(int64_t rows, int64_t vocab, int64_t ignore) {
+  std::vector<int64_t> v;
+  for (int64_t r = 0; r < rows; ++r) v.push_back(r % 5 == 3 ? ignore : (r * 7 + 2) % vocab);
+  return core::from_vector<int64_t>(v, {rows});
+}
+
+/// This rank's slice of the vocabulary, as a leaf of its own.
+Tensor my_slice(const Tensor& full) {
+  const int64_t local = full.shape().back() / world().size();
+  Tensor s = full.detach().narrow(full.dim() - 1, world().rank() * local, local).contiguous().clone();
+  s.set_requires_grad(true);
+  return s;
+}
+
+double relative_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.contiguous().to_vector<double>(), w = want.contiguous().to_vector<double>();
+  EXPECT_EQ(g.size(), w.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
+    diff += (g[i] - w[i]) * (g[i] - w[i]);
+    norm += w[i] * w[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-300);
+}
+
+/// Upstream gradient: 1 for a scalar loss, varied per row for reduction none.
+Tensor upstream(const Tensor& loss) {
+  if (loss.dim() == 0) return core::from_vector<double>({1.7}, {});
+  std::vector<double> v;
+  for (int64_t i = 0; i < loss.numel(); ++i) v.push_back(0.5 + 0.25 * static_cast<double>(i % 3));
+  return core::from_vector<double>(v, loss.shape());
+}
+
+void expect_matches_serial(const ops::CrossEntropyOptions& options, int64_t rows = 10) {
+  const int64_t vocab = 8 * world().size();
+  Tensor full = serial_logits(rows, vocab);
+  const Tensor target = targets(rows, vocab, options.ignore_index);
+  Tensor serial = ops::cross_entropy(full, target, options);
+  autograd::backward({serial}, {upstream(serial)});
+
+  Tensor shard = my_slice(full);
+  Tensor parallel = vocab_parallel_cross_entropy(shard, target, world(), options);
+  autograd::backward({parallel}, {upstream(parallel)});
+
+  EXPECT_LE(relative_error(parallel, serial), kTolerance) << "loss";
+  const int64_t local = vocab / world().size();
+  EXPECT_LE(relative_error(shard.grad(), full.grad().narrow(1, world().rank() * local, local)), kTolerance)
+      << "this rank's slice of the gradient";
+}
+
+TEST(VocabParallelCrossEntropy, MeanEqualsTheSerialLossAndGradient) {
+  expect_matches_serial({});
+}
+
+TEST(VocabParallelCrossEntropy, SumAndNoReduction) {
+  expect_matches_serial({.reduction = ops::Reduction::sum});
+  expect_matches_serial({.reduction = ops::Reduction::none});
+}
+
+TEST(VocabParallelCrossEntropy, LabelSmoothingAndIgnoredTargets) {
+  expect_matches_serial({.ignore_index = -100, .label_smoothing = 0.1});
+  expect_matches_serial({.ignore_index = 5, .label_smoothing = 0.2, .reduction = ops::Reduction::sum});
+}
+
+TEST(VocabParallelCrossEntropy, LanguageModelShapes) {
+  // [B, T, V/tp] logits against [B, T] targets, as GPT-2's head gives them.
+  const int64_t vocab = 8 * world().size();
+  Tensor full = serial_logits(2 * 5, vocab);
+  const Tensor target = targets(2 * 5, vocab, -100);
+  Tensor serial = ops::cross_entropy(full, target);
+  autograd::backward(serial);
+  Tensor shard = my_slice(full.detach().reshape({2, 5, vocab}));
+  Tensor parallel = vocab_parallel_cross_entropy(shard, target.reshape({2, 5}), world());
+  autograd::backward(parallel);
+  EXPECT_LE(relative_error(parallel, serial), kTolerance);
+  const int64_t local = vocab / world().size();
+  EXPECT_LE(relative_error(shard.grad().reshape({10, local}), full.grad().narrow(1, world().rank() * local, local)),
+            kTolerance);
+}
+
+TEST(VocabParallelCrossEntropy, MismatchedTargetIsNamed) {
+  Tensor shard = my_slice(serial_logits(4, 8 * world().size()));
+  EXPECT_ERROR_CONTAINS(vocab_parallel_cross_entropy(shard, core::zeros({5}, DType::i64), world()),
+                        "target of shape [5] does not match logits of shape [4, 8]");
+}
+
+}  // namespace
+}  // namespace colossal::parallel::tp
+
+int main(int argc, char** argv) {
+  return colossal::comm::testing::run_mpi_tests(argc, argv);
+}
