@@ -1,0 +1,67 @@
+// VocabParallelEmbedding: see embedding_1d.h.
+#include "colossal/parallel/tp/embedding_1d.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/error.h"
+#include "colossal/ops/elementwise.h"
+#include "colossal/ops/nn_functional.h"  // embedding
+#include "colossal/parallel/tp/mappings.h"
+
+namespace colossal::parallel::tp {
+
+VocabParallelEmbedding::VocabParallelEmbedding(const Tensor& weight, std::shared_ptr<comm::ProcessGroup> group)
+    : group_(std::move(group)) {
+  COLOSSAL_CHECK(group_ != nullptr, "VocabParallelEmbedding needs the tensor-parallel group");
+  COLOSSAL_CHECK(weight.dim() == 2, "VocabParallelEmbedding: the table must be 2-D [V, D], got shape {}",
+                 weight.shape());
+  num_embeddings_ = weight.shape()[0];
+  COLOSSAL_CHECK(num_embeddings_ % group_->size() == 0,
+                 "VocabParallelEmbedding: the vocabulary's {} rows do not split over the {} ranks of the "
+                 "tensor-parallel group; pad it to a multiple of {} (GPT-2: model.options.vocab_multiple)",
+                 num_embeddings_, group_->size(), group_->size());
+  const int64_t rows = num_embeddings_ / group_->size();
+  first_row_ = group_->rank() * rows;
+  Tensor shard;
+  {
+    autograd::NoGradGuard no_grad;
+    shard = weight.detach().narrow(0, first_row_, rows).contiguous().clone();
+  }
+  weight_ = &register_parameter("weight", shard);
+}
+
+std::shared_ptr<VocabParallelEmbedding> VocabParallelEmbedding::from(const nn::Embedding& serial,
+                                                                     std::shared_ptr<comm::ProcessGroup> group) {
+  COLOSSAL_CHECK(serial.padding_idx() < 0,
+                 "VocabParallelEmbedding: an embedding with a padding row ({}) is not supported; its row would "
+                 "get no gradient on one rank only",
+                 serial.padding_idx());
+  return std::make_shared<VocabParallelEmbedding>(serial.weight(), std::move(group));
+}
+
+Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
+  const int64_t rows = weight_->shape()[0];
+  Tensor local_ids, keep;
+  {
+    // Which ids are this rank's, and their row in its shard (row 0 for the others, whose
+    // embeddings are then zeroed: the index is only there to keep the lookup in range).
+    autograd::NoGradGuard no_grad;
+    const Tensor id = ids.to(DType::i64);
+    const Tensor mine = ops::mul(ops::gt(id, static_cast<double>(first_row_) - 0.5).to(DType::i64),
+                                 ops::lt(id, static_cast<double>(first_row_ + rows) - 0.5).to(DType::i64));
+    local_ids = ops::mul(ops::add(id, -static_cast<double>(first_row_)).to(DType::i64), mine);
+    keep = mine.to(weight_->dtype()).unsqueeze(-1);
+  }
+  // The masked lookups summed over the group: every id is on exactly one rank.
+  return reduce_from_region(ops::mul(ops::embedding(local_ids, *weight_), keep), *group_);
+}
+
+std::string VocabParallelEmbedding::extra_repr() const {
+  return fmt::format("{} rows ({} on each of {} ranks, this one from row {}), dim {}", num_embeddings_,
+                     weight_->shape()[0], group_->size(), first_row_, weight_->shape()[1]);
+}
+
+}  // namespace colossal::parallel::tp

@@ -1,0 +1,42 @@
+// Vocabulary-parallel embedding (Megatron-LM's VocabParallelEmbedding, Colossal-AI's
+// VocabParallelEmbedding1D): the embedding table's rows split over the tensor-parallel group. Rank r
+// holds rows [r * V/tp, (r + 1) * V/tp); each looks up the ids that fall in its rows (zero for the
+// others) and the partial embeddings are summed (reduce_from_region), so every rank ends with the
+// whole lookup. The backward is local: each shard's gradient gets only its own rows' contributions.
+// With the vocab-parallel cross-entropy (cross_entropy.h) a tied GPT-2 head never holds the whole
+// vocabulary on one rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "colossal/comm/process_group.h"
+#include "colossal/nn/embedding.h"
+#include "colossal/nn/module.h"
+
+namespace colossal::parallel::tp {
+
+class VocabParallelEmbedding : public nn::Module {
+ public:
+  /// This rank's rows of `weight` [V, D]. Throws naming the sizes when V does not divide by the
+  /// group's size (pad the vocabulary: GPT2Config::vocab_multiple).
+  VocabParallelEmbedding(const Tensor& weight, std::shared_ptr<comm::ProcessGroup> group);
+  static std::shared_ptr<VocabParallelEmbedding> from(const nn::Embedding& serial,
+                                                      std::shared_ptr<comm::ProcessGroup> group);
+
+  /// ids (i32/i64, any shape, indices into the whole vocabulary) -> [..., D], the same on every rank.
+  Tensor forward(const Tensor& ids) override;
+  std::string extra_repr() const override;
+
+  const Tensor& weight() const { return *weight_; }           ///< this rank's rows [V/tp, D]
+  int64_t num_embeddings() const { return num_embeddings_; }  ///< the whole vocabulary
+  int64_t first_row() const { return first_row_; }            ///< the first row this rank holds
+
+ private:
+  std::shared_ptr<comm::ProcessGroup> group_;
+  int64_t num_embeddings_, first_row_;
+  Tensor* weight_;
+};
+
+}  // namespace colossal::parallel::tp
