@@ -16,11 +16,13 @@
 #include "colossal/ops/nn_functional.h"
 #include "colossal/parallel/tp/cross_entropy.h"
 #include "gradcheck.h"  // EXPECT_ERROR_CONTAINS
+#include "tp_test_util.h"
 
 namespace colossal::parallel::tp {
 namespace {
 
 using comm::testing::world;
+using testing::relative_error;
 
 constexpr double kTolerance = 1e-12;
 
@@ -45,17 +47,6 @@ Tensor my_slice(const Tensor& full) {
   Tensor s = full.detach().narrow(full.dim() - 1, world().rank() * local, local).contiguous().clone();
   s.set_requires_grad(true);
   return s;
-}
-
-double relative_error(const Tensor& got, const Tensor& want) {
-  const std::vector<double> g = got.contiguous().to_vector<double>(), w = want.contiguous().to_vector<double>();
-  EXPECT_EQ(g.size(), w.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
-    diff += (g[i] - w[i]) * (g[i] - w[i]);
-    norm += w[i] * w[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-300);
 }
 
 /// Upstream gradient: 1 for a scalar loss, varied per row for reduction none.

@@ -17,32 +17,15 @@
 #include "colossal/ops/reduction.h"
 #include "colossal/parallel/tp/embedding_1d.h"
 #include "gradcheck.h"  // EXPECT_ERROR_CONTAINS
+#include "tp_test_util.h"
 
 namespace colossal::parallel::tp {
 namespace {
 
 using comm::testing::world;
-
-std::shared_ptr<comm::ProcessGroup> tp_group() {
-  return std::shared_ptr<comm::ProcessGroup>(&world(), [](comm::ProcessGroup*) {});
-}
-
-double relative_error(const Tensor& got, const Tensor& want) {
-  const std::vector<double> g = got.contiguous().to_vector<double>(), w = want.contiguous().to_vector<double>();
-  EXPECT_EQ(g.size(), w.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
-    diff += (g[i] - w[i]) * (g[i] - w[i]);
-    norm += w[i] * w[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-300);
-}
-
-Tensor weighted_sum(const Tensor& y) {
-  std::vector<double> c;
-  for (int64_t i = 0; i < y.numel(); ++i) c.push_back(std::cos(0.13 * static_cast<double>(i)));
-  return ops::sum(ops::mul(y, core::from_vector<double>(c, y.shape())));
-}
+using testing::relative_error;
+using testing::tp_group;
+using testing::weighted_sum;
 
 TEST(VocabParallelEmbedding, LookupAndGradientsEqualTheSerialTable) {
   const int64_t vocab = 6 * world().size(), dim = 5;

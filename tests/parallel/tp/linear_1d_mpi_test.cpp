@@ -24,18 +24,18 @@
 #include "colossal/ops/reduction.h"
 #include "colossal/parallel/tp/linear_1d.h"
 #include "gradcheck.h"  // EXPECT_ERROR_CONTAINS
+#include "tp_test_util.h"
 
 namespace colossal::parallel::tp {
 namespace {
 
 using comm::testing::world;
+using testing::relative_error;
+using testing::tp_group;
+using testing::weighted_sum;
 
 constexpr double kTolerance = 1e-12;
 constexpr int64_t kIn = 6, kHidden = 8, kOut = 4;
-
-std::shared_ptr<comm::ProcessGroup> tp_group() {
-  return std::shared_ptr<comm::ProcessGroup>(&world(), [](comm::ProcessGroup*) {});
-}
 
 /// [2, 3, n] inputs that vary with everything, in f64, requiring grad.
 Tensor input(int64_t n) {
@@ -44,24 +44,6 @@ Tensor input(int64_t n) {
   Tensor x = core::from_vector<double>(v, {2, 3, n});
   x.set_requires_grad(true);
   return x;
-}
-
-/// sum(y * c) with a fixed c: a loss whose gradient with respect to y is c.
-Tensor weighted_sum(const Tensor& y) {
-  std::vector<double> c;
-  for (int64_t i = 0; i < y.numel(); ++i) c.push_back(std::cos(0.11 * static_cast<double>(i)));
-  return ops::sum(ops::mul(y, core::from_vector<double>(c, y.shape())));
-}
-
-double relative_error(const Tensor& got, const Tensor& want) {
-  const std::vector<double> g = got.contiguous().to_vector<double>(), w = want.contiguous().to_vector<double>();
-  EXPECT_EQ(g.size(), w.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
-    diff += (g[i] - w[i]) * (g[i] - w[i]);
-    norm += w[i] * w[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-300);
 }
 
 /// This rank's 1/size slice of `t` along `dim`.
