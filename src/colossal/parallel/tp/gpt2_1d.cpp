@@ -1,0 +1,106 @@
+// GPT-2's block split over the tensor-parallel group: see gpt2_1d.h.
+#include "colossal/parallel/tp/gpt2_1d.h"
+
+#include <utility>
+
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/error.h"
+#include "colossal/nn/attention.h"  // multihead_attention
+#include "colossal/ops/elementwise.h"
+#include "colossal/ops/indexing.h"  // index_select
+
+namespace colossal::parallel::tp {
+namespace {
+
+/// A replicated copy of a serial layer norm (its own parameters, the same values).
+std::shared_ptr<nn::LayerNorm> copy_of(const nn::LayerNorm& serial, int64_t width) {
+  auto ln = std::make_shared<nn::LayerNorm>(width, serial.eps());
+  autograd::NoGradGuard no_grad;
+  ln->to(serial.weight().dtype());
+  ln->weight().copy_(serial.weight());
+  ln->bias().copy_(serial.bias());
+  return ln;
+}
+
+}  // namespace
+
+std::vector<int64_t> ParallelGPT2Attention::qkv_columns(int64_t n_embd, int64_t n_head, int rank, int size) {
+  COLOSSAL_CHECK(n_head % size == 0,
+                 "tensor-parallel attention: n_head = {} heads do not split over parallel.tensor.size = {} ranks; "
+                 "choose a tensor size that divides {}",
+                 n_head, size, n_head);
+  const int64_t width = n_embd / size;  // this rank's heads' columns in each of q, k and v
+  std::vector<int64_t> columns;
+  columns.reserve(static_cast<size_t>(3 * width));
+  for (int64_t part = 0; part < 3; ++part) {
+    for (int64_t c = 0; c < width; ++c) columns.push_back(part * n_embd + rank * width + c);
+  }
+  return columns;
+}
+
+ParallelGPT2Attention::ParallelGPT2Attention(const nn::models::GPT2Attention& serial,
+                                             const nn::models::GPT2Config& config,
+                                             std::shared_ptr<comm::ProcessGroup> group,
+                                             core::Generator* dropout_generator)
+    : Module("ParallelGPT2Attention"),
+      local_heads_(config.n_head / group->size()),
+      attn_dropout_(config.dropout),
+      dropout_generator_(dropout_generator) {
+  const int size = group->size();
+  // Reorder c_attn's columns so that each rank's contiguous shard is its heads' q, k and v: rank r's
+  // block [r * 3C/tp, (r + 1) * 3C/tp) of the reordered weight is qkv_columns(..., r, ...).
+  std::vector<int64_t> order;
+  for (int r = 0; r < size; ++r) {
+    const std::vector<int64_t> mine = qkv_columns(config.n_embd, config.n_head, r, size);
+    order.insert(order.end(), mine.begin(), mine.end());
+  }
+  Tensor weight, bias;
+  {
+    autograd::NoGradGuard no_grad;
+    const Tensor index =
+        core::from_vector<int64_t>(order, {static_cast<int64_t>(order.size())}).to(serial.c_attn()->weight().device());
+    weight = ops::index_select(serial.c_attn()->weight().detach(), 1, index);
+    bias = ops::index_select(serial.c_attn()->bias().detach(), 0, index);
+  }
+  c_attn_ =
+      register_module("c_attn", std::make_shared<ColumnParallelLinear>(weight, bias, WeightLayout::kInOut, group));
+  // The heads' outputs are concatenated in head order, so c_proj's input rows split as the heads do.
+  c_proj_ = register_module("c_proj", RowParallelLinear::from(*serial.c_proj(), group, /*input_is_parallel=*/true));
+  resid_dropout_ = register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, dropout_generator));
+}
+
+Tensor ParallelGPT2Attention::forward(const Tensor& x) {
+  const Tensor attended = nn::multihead_attention(c_attn_->forward(x), local_heads_, /*causal=*/true, attn_dropout_,
+                                                  is_training(), dropout_generator_);
+  return resid_dropout_->forward(c_proj_->forward(attended));
+}
+
+ParallelGPT2MLP::ParallelGPT2MLP(const nn::models::GPT2MLP& serial, const nn::models::GPT2Config& config,
+                                 std::shared_ptr<comm::ProcessGroup> group, core::Generator* dropout_generator)
+    : Module("ParallelGPT2MLP") {
+  c_fc_ = register_module("c_fc", ColumnParallelLinear::from(*serial.c_fc(), group));
+  c_proj_ = register_module("c_proj", RowParallelLinear::from(*serial.c_proj(), group, /*input_is_parallel=*/true));
+  dropout_ = register_module("dropout", std::make_shared<nn::Dropout>(config.dropout, dropout_generator));
+}
+
+Tensor ParallelGPT2MLP::forward(const Tensor& x) {
+  // GPT-2's gelu_new is the tanh approximation; elementwise, so it applies to each rank's features.
+  return dropout_->forward(c_proj_->forward(ops::gelu(c_fc_->forward(x), ops::GeluApproximation::tanh)));
+}
+
+ParallelGPT2Block::ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
+                                     std::shared_ptr<comm::ProcessGroup> group, core::Generator* dropout_generator)
+    : Module("ParallelGPT2Block") {
+  ln_1_ = register_module("ln_1", copy_of(*serial.ln_1(), config.n_embd));
+  attn_ = register_module("attn",
+                          std::make_shared<ParallelGPT2Attention>(*serial.attn(), config, group, dropout_generator));
+  ln_2_ = register_module("ln_2", copy_of(*serial.ln_2(), config.n_embd));
+  mlp_ = register_module("mlp", std::make_shared<ParallelGPT2MLP>(*serial.mlp(), config, group, dropout_generator));
+}
+
+Tensor ParallelGPT2Block::forward(const Tensor& x) {
+  const Tensor h = ops::add(x, attn_->forward(ln_1_->forward(x)));
+  return ops::add(h, mlp_->forward(ln_2_->forward(h)));
+}
+
+}  // namespace colossal::parallel::tp

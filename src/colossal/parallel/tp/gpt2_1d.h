@@ -1,0 +1,88 @@
+// GPT-2's transformer block split Megatron-style over the tensor-parallel group, built from a serial
+// nn::models::GPT2Block: attention with whole heads per rank (the fused c_attn's q, k and v columns
+// of this rank's heads, a column-parallel layer, then the row-parallel c_proj), and the MLP as a
+// column-parallel c_fc followed by a row-parallel c_proj. The layer norms are replicated. Two
+// all-reduces forward (one per sub-layer) and two backward, as in Megatron-LM.
+//
+// Dropout inside the parallel region draws from the generator given; the tensor-parallel RNG
+// tracker (a seed per tp rank inside the region, the data seed outside) is still to come, so runs
+// with dropout do not yet match Megatron's masks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "colossal/comm/process_group.h"
+#include "colossal/core/random.h"
+#include "colossal/nn/dropout.h"
+#include "colossal/nn/layer_norm.h"
+#include "colossal/nn/models/gpt2.h"
+#include "colossal/nn/module.h"
+#include "colossal/parallel/tp/linear_1d.h"
+
+namespace colossal::parallel::tp {
+
+/// GPT-2 attention with n_head / tp heads on each rank.
+class ParallelGPT2Attention : public nn::Module {
+ public:
+  /// Throws naming both when n_head does not divide by the group's size.
+  ParallelGPT2Attention(const nn::models::GPT2Attention& serial, const nn::models::GPT2Config& config,
+                        std::shared_ptr<comm::ProcessGroup> group, core::Generator* dropout_generator = nullptr);
+  /// x [B, T, n_embd], the same on every rank -> [B, T, n_embd], the same on every rank.
+  Tensor forward(const Tensor& x) override;
+
+  /// The columns of the serial c_attn ([n_embd, 3 n_embd]: q, then k, then v, each head's n_embd /
+  /// n_head columns in head order) that rank `rank` of `size` holds, in its order: its heads' q, then
+  /// their k, then their v, the layout multihead_attention reads.
+  static std::vector<int64_t> qkv_columns(int64_t n_embd, int64_t n_head, int rank, int size);
+
+  const std::shared_ptr<ColumnParallelLinear>& c_attn() const { return c_attn_; }
+  const std::shared_ptr<RowParallelLinear>& c_proj() const { return c_proj_; }
+
+ private:
+  int64_t local_heads_;
+  double attn_dropout_;
+  core::Generator* dropout_generator_;
+  std::shared_ptr<ColumnParallelLinear> c_attn_;
+  std::shared_ptr<RowParallelLinear> c_proj_;
+  std::shared_ptr<nn::Dropout> resid_dropout_;
+};
+
+/// GPT-2's MLP: c_fc column-parallel, tanh GELU on this rank's 4 n_embd / tp hidden features, c_proj
+/// row-parallel.
+class ParallelGPT2MLP : public nn::Module {
+ public:
+  ParallelGPT2MLP(const nn::models::GPT2MLP& serial, const nn::models::GPT2Config& config,
+                  std::shared_ptr<comm::ProcessGroup> group, core::Generator* dropout_generator = nullptr);
+  Tensor forward(const Tensor& x) override;
+
+  const std::shared_ptr<ColumnParallelLinear>& c_fc() const { return c_fc_; }
+  const std::shared_ptr<RowParallelLinear>& c_proj() const { return c_proj_; }
+
+ private:
+  std::shared_ptr<ColumnParallelLinear> c_fc_;
+  std::shared_ptr<RowParallelLinear> c_proj_;
+  std::shared_ptr<nn::Dropout> dropout_;
+};
+
+/// x + attn(ln_1(x)), then + mlp(ln_2(.)), with the serial block's parameter names.
+class ParallelGPT2Block : public nn::Module {
+ public:
+  ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
+                    std::shared_ptr<comm::ProcessGroup> group, core::Generator* dropout_generator = nullptr);
+  Tensor forward(const Tensor& x) override;
+
+  const std::shared_ptr<nn::LayerNorm>& ln_1() const { return ln_1_; }
+  const std::shared_ptr<ParallelGPT2Attention>& attn() const { return attn_; }
+  const std::shared_ptr<nn::LayerNorm>& ln_2() const { return ln_2_; }
+  const std::shared_ptr<ParallelGPT2MLP>& mlp() const { return mlp_; }
+
+ private:
+  std::shared_ptr<nn::LayerNorm> ln_1_;
+  std::shared_ptr<ParallelGPT2Attention> attn_;
+  std::shared_ptr<nn::LayerNorm> ln_2_;
+  std::shared_ptr<ParallelGPT2MLP> mlp_;
+};
+
+}  // namespace colossal::parallel::tp

@@ -1,0 +1,116 @@
+// GPT-2's block split over the tensor-parallel group (parallel/tp/gpt2_1d.h) under MPI, the whole
+// world as the group (2 and 4 ranks): built from a serial GPT2Block, it computes the serial block's
+// output and input gradient, and each shard's gradient is its part of the serial one (c_attn's in the
+// reordered q/k/v columns of this rank's heads); the replicated layer norms get the serial gradients.
+// Heads that do not split are named.
+//
+// Tolerance: f64, 1e-11 relative by norm (sums split into tp partial sums; the attention's softmax
+// and the layer norms add no error of their own beyond rounding).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "../../comm/mpi_test_main.h"
+#include "colossal/autograd/engine.h"
+#include "colossal/nn/models/gpt2.h"
+#include "colossal/ops/indexing.h"
+#include "colossal/parallel/tp/gpt2_1d.h"
+#include "gradcheck.h"  // EXPECT_ERROR_CONTAINS
+#include "tp_test_util.h"
+
+namespace colossal::parallel::tp {
+namespace {
+
+using comm::testing::world;
+using testing::relative_error;
+using testing::tp_group;
+using testing::weighted_sum;
+
+constexpr double kTolerance = 1e-11;
+
+nn::models::GPT2Config tiny_config() {
+  nn::models::GPT2Config c;
+  c.vocab_size = 32;
+  c.n_positions = 8;
+  c.n_embd = 16;
+  c.n_layer = 1;
+  c.n_head = 4;  // splits over 2 and 4 ranks
+  c.dropout = 0.0;
+  return c;
+}
+
+Tensor input(int64_t b, int64_t t, int64_t c) {
+  std::vector<double> v;
+  for (int64_t i = 0; i < b * t * c; ++i) v.push_back(std::sin(0.29 * static_cast<double>(i) + 0.1));
+  Tensor x = core::from_vector<double>(v, {b, t, c});
+  x.set_requires_grad(true);
+  return x;
+}
+
+/// This rank's 1/size of `t` along `dim`.
+Tensor my_slice(const Tensor& t, int dim) {
+  const int64_t part = t.shape()[static_cast<size_t>(dim)] / world().size();
+  return t.narrow(dim, world().rank() * part, part);
+}
+
+TEST(ParallelGpt2Block, EqualsTheSerialBlockWithShardedGradients) {
+  const nn::models::GPT2Config config = tiny_config();
+  core::Generator g(17);
+  nn::models::GPT2Block serial(config, &g, nullptr);
+  serial.to(DType::f64);
+  Tensor xs = input(2, 6, config.n_embd);
+  Tensor ys = serial.forward(xs);
+  autograd::backward(weighted_sum(ys));
+
+  ParallelGPT2Block parallel(serial, config, tp_group());
+  Tensor xp = input(2, 6, config.n_embd);
+  Tensor yp = parallel.forward(xp);
+  autograd::backward(weighted_sum(yp));
+
+  EXPECT_LE(relative_error(yp, ys), kTolerance) << "output";
+  EXPECT_LE(relative_error(xp.grad(), xs.grad()), kTolerance) << "input gradient";
+  // Attention: c_attn's shard holds this rank's heads' q, k and v columns.
+  const std::vector<int64_t> columns =
+      ParallelGPT2Attention::qkv_columns(config.n_embd, config.n_head, world().rank(), world().size());
+  const Tensor index = core::from_vector<int64_t>(columns, {static_cast<int64_t>(columns.size())});
+  EXPECT_LE(relative_error(parallel.attn()->c_attn()->weight().grad(),
+                           ops::index_select(serial.attn()->c_attn()->weight().grad(), 1, index)),
+            kTolerance)
+      << "c_attn weight";
+  EXPECT_LE(relative_error(parallel.attn()->c_attn()->bias().grad(),
+                           ops::index_select(serial.attn()->c_attn()->bias().grad(), 0, index)),
+            kTolerance)
+      << "c_attn bias";
+  EXPECT_LE(
+      relative_error(parallel.attn()->c_proj()->weight().grad(), my_slice(serial.attn()->c_proj()->weight().grad(), 0)),
+      kTolerance)
+      << "attn c_proj weight (rows: this rank's heads' outputs)";
+  EXPECT_LE(relative_error(parallel.attn()->c_proj()->bias().grad(), serial.attn()->c_proj()->bias().grad()),
+            kTolerance);
+  // MLP: c_fc by output columns, c_proj by input rows (Conv1D's [in, out] layout).
+  EXPECT_LE(relative_error(parallel.mlp()->c_fc()->weight().grad(), my_slice(serial.mlp()->c_fc()->weight().grad(), 1)),
+            kTolerance);
+  EXPECT_LE(
+      relative_error(parallel.mlp()->c_proj()->weight().grad(), my_slice(serial.mlp()->c_proj()->weight().grad(), 0)),
+      kTolerance);
+  // The replicated layer norms see the whole gradient on every rank.
+  EXPECT_LE(relative_error(parallel.ln_1()->weight().grad(), serial.ln_1()->weight().grad()), kTolerance);
+  EXPECT_LE(relative_error(parallel.ln_2()->bias().grad(), serial.ln_2()->bias().grad()), kTolerance);
+}
+
+TEST(ParallelGpt2Block, HeadsThatDoNotSplitAreNamed) {
+  nn::models::GPT2Config config = tiny_config();
+  config.n_head = 1;  // n_embd 16 in one head: never splits over 2 or more ranks
+  core::Generator g(3);
+  nn::models::GPT2Block serial(config, &g, nullptr);
+  EXPECT_ERROR_CONTAINS(ParallelGPT2Block(serial, config, tp_group()),
+                        "n_head = 1 heads do not split over parallel.tensor.size = " + std::to_string(world().size()));
+}
+
+}  // namespace
+}  // namespace colossal::parallel::tp
+
+int main(int argc, char** argv) {
+  return colossal::comm::testing::run_mpi_tests(argc, argv);
+}
