@@ -99,6 +99,42 @@ TEST(ParallelGpt2Block, EqualsTheSerialBlockWithShardedGradients) {
   EXPECT_LE(relative_error(parallel.ln_2()->bias().grad(), serial.ln_2()->bias().grad()), kTolerance);
 }
 
+TEST(ParallelGpt2, LossAndGradientsEqualTheSerialModel) {
+  nn::models::GPT2Config config = tiny_config();
+  config.n_layer = 2;
+  core::Generator g(23);
+  nn::models::GPT2 serial(config, &g, nullptr);
+  serial.to(DType::f64);
+  std::vector<int64_t> ids_v, targets_v;
+  for (int64_t i = 0; i < 2 * 6; ++i) {
+    ids_v.push_back((i * 7 + 3) % config.vocab_size);
+    targets_v.push_back((i * 11 + 5) % config.vocab_size);
+  }
+  const Tensor ids = core::from_vector<int64_t>(ids_v, {2, 6}), targets = core::from_vector<int64_t>(targets_v, {2, 6});
+  Tensor loss_s = nn::models::lm_cross_entropy(serial.forward(ids), targets);
+  autograd::backward(loss_s);
+
+  ParallelGPT2 parallel(serial, tp_group());
+  const Tensor logits = parallel.forward(ids);
+  EXPECT_EQ(logits.shape(), (Shape{2, 6, config.vocab_size / world().size()}));
+  Tensor loss_p = parallel.loss(logits, targets);
+  autograd::backward(loss_p);
+
+  EXPECT_LE(relative_error(loss_p, loss_s), kTolerance) << "loss";
+  // The tied wte: this rank's rows of the serial gradient (lookup and head contributions together).
+  EXPECT_LE(relative_error(parallel.wte()->weight().grad(), my_slice(serial.wte()->weight().grad(), 0)), kTolerance)
+      << "wte";
+  EXPECT_LE(relative_error(parallel.wpe()->weight().grad(), serial.wpe()->weight().grad()), kTolerance) << "wpe";
+  EXPECT_LE(relative_error(parallel.ln_f()->weight().grad(), serial.ln_f()->weight().grad()), kTolerance) << "ln_f";
+  const auto block = std::dynamic_pointer_cast<ParallelGPT2Block>((*parallel.h())[1]);
+  const auto serial_block = std::dynamic_pointer_cast<nn::models::GPT2Block>((*serial.h())[1]);
+  ASSERT_TRUE(block && serial_block);
+  EXPECT_LE(
+      relative_error(block->mlp()->c_fc()->weight().grad(), my_slice(serial_block->mlp()->c_fc()->weight().grad(), 1)),
+      kTolerance)
+      << "h.1.mlp.c_fc";
+}
+
 TEST(ParallelGpt2Block, HeadsThatDoNotSplitAreNamed) {
   nn::models::GPT2Config config = tiny_config();
   config.n_head = 1;  // n_embd 16 in one head: never splits over 2 or more ranks

@@ -8,6 +8,9 @@
 #include "colossal/nn/attention.h"  // multihead_attention
 #include "colossal/ops/elementwise.h"
 #include "colossal/ops/indexing.h"  // index_select
+#include "colossal/ops/linalg.h"    // linear
+#include "colossal/parallel/tp/cross_entropy.h"
+#include "colossal/parallel/tp/mappings.h"
 
 namespace colossal::parallel::tp {
 namespace {
@@ -101,6 +104,44 @@ ParallelGPT2Block::ParallelGPT2Block(const nn::models::GPT2Block& serial, const 
 Tensor ParallelGPT2Block::forward(const Tensor& x) {
   const Tensor h = ops::add(x, attn_->forward(ln_1_->forward(x)));
   return ops::add(h, mlp_->forward(ln_2_->forward(h)));
+}
+
+ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
+                           core::Generator* dropout_generator)
+    : Module("ParallelGPT2"), group_(std::move(group)) {
+  const nn::models::GPT2Config& config = serial.config();
+  wte_ = register_module("wte", VocabParallelEmbedding::from(*serial.wte(), group_));
+  wpe_ = register_module("wpe", std::make_shared<nn::Embedding>(config.n_positions, config.n_embd));
+  {
+    autograd::NoGradGuard no_grad;
+    wpe_->to(serial.wpe()->weight().dtype());
+    wpe_->weight().copy_(serial.wpe()->weight());
+  }
+  drop_ = register_module("drop", std::make_shared<nn::Dropout>(config.dropout, dropout_generator));
+  h_ = register_module("h", std::make_shared<nn::ModuleList>());
+  for (size_t i = 0; i < serial.h()->size(); ++i) {
+    const auto block = std::dynamic_pointer_cast<nn::models::GPT2Block>((*serial.h())[i]);
+    COLOSSAL_CHECK(block != nullptr, "ParallelGPT2: h.{} of the serial model is not a GPT2Block", i);
+    h_->push_back(std::make_shared<ParallelGPT2Block>(*block, config, group_, dropout_generator));
+  }
+  ln_f_ = register_module("ln_f", copy_of(*serial.ln_f(), config.n_embd));
+}
+
+Tensor ParallelGPT2::forward(const Tensor& ids) {
+  COLOSSAL_CHECK(ids.dim() == 2, "ParallelGPT2: expected token ids [B, T], got shape {}", ids.shape());
+  const int64_t tokens = ids.size(1);
+  COLOSSAL_CHECK(tokens <= wpe_->num_embeddings(), "ParallelGPT2: sequences of {} tokens exceed n_positions = {}",
+                 tokens, wpe_->num_embeddings());
+  const Tensor positions = core::arange(0.0, static_cast<double>(tokens), 1.0, TensorOptions(DType::i64, ids.device()));
+  Tensor hidden = drop_->forward(ops::add(wte_->forward(ids), wpe_->forward(positions)));
+  for (const auto& block : *h_) hidden = block->forward(hidden);
+  // The tied head: this rank's vocabulary rows times the (replicated) hidden states, whose gradient
+  // is the sum of every rank's part (copy_to_region).
+  return ops::linear(copy_to_region(ln_f_->forward(hidden), *group_), wte_->weight());
+}
+
+Tensor ParallelGPT2::loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  return vocab_parallel_cross_entropy(logits, targets, *group_, {.ignore_index = ignore_index});
 }
 
 }  // namespace colossal::parallel::tp

@@ -19,6 +19,7 @@
 #include "colossal/nn/layer_norm.h"
 #include "colossal/nn/models/gpt2.h"
 #include "colossal/nn/module.h"
+#include "colossal/parallel/tp/embedding_1d.h"
 #include "colossal/parallel/tp/linear_1d.h"
 
 namespace colossal::parallel::tp {
@@ -83,6 +84,36 @@ class ParallelGPT2Block : public nn::Module {
   std::shared_ptr<ParallelGPT2Attention> attn_;
   std::shared_ptr<nn::LayerNorm> ln_2_;
   std::shared_ptr<ParallelGPT2MLP> mlp_;
+};
+
+/// The whole GPT-2 language model over the tensor-parallel group, built from a serial GPT2: the tied
+/// wte split by vocabulary rows (VocabParallelEmbedding) serving both the lookup and the head, wpe
+/// and the final layer norm replicated, every block a ParallelGPT2Block. forward() returns this
+/// rank's slice of the logits [B, T, V/tp] (its vocabulary rows); loss() is the vocab-parallel
+/// cross-entropy of them, so no rank ever holds the whole vocabulary's logits.
+class ParallelGPT2 : public nn::Module {
+ public:
+  /// Throws naming the sizes when the (padded) vocabulary or the heads do not split over the group.
+  ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
+               core::Generator* dropout_generator = nullptr);
+  /// ids [B, T] -> this rank's logits [B, T, V/tp].
+  Tensor forward(const Tensor& ids) override;
+  /// The mean next-token loss of forward()'s logits against targets [B, T] (as
+  /// nn::models::lm_cross_entropy on the gathered logits), the same on every rank.
+  Tensor loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+  const std::shared_ptr<VocabParallelEmbedding>& wte() const { return wte_; }
+  const std::shared_ptr<nn::Embedding>& wpe() const { return wpe_; }
+  const std::shared_ptr<nn::ModuleList>& h() const { return h_; }
+  const std::shared_ptr<nn::LayerNorm>& ln_f() const { return ln_f_; }
+
+ private:
+  std::shared_ptr<comm::ProcessGroup> group_;
+  std::shared_ptr<VocabParallelEmbedding> wte_;
+  std::shared_ptr<nn::Embedding> wpe_;
+  std::shared_ptr<nn::Dropout> drop_;
+  std::shared_ptr<nn::ModuleList> h_;
+  std::shared_ptr<nn::LayerNorm> ln_f_;
 };
 
 }  // namespace colossal::parallel::tp
