@@ -185,6 +185,10 @@ void add_stop_hook(std::function<void()> hook) {
   Watchdog::instance().add_stop_hook(std::move(hook));
 }
 
+void stop_transports() noexcept {
+  Watchdog::instance().run_stop_hooks();
+}
+
 std::string timeout_message(const WatchedOperation& op, Clock::time_point now) {
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - op.issued());
   return fmt::format(

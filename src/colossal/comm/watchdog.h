@@ -94,4 +94,10 @@ inline void check_deadline(const WatchedOperation& operation) {
 /// ends the process and must not throw; after kStopHooksGrace the process exits whatever they do.
 void add_stop_hook(std::function<void()> hook);
 
+/// Runs the stop hooks now, on this thread: for a rank leaving on an error, before its groups are torn
+/// down. Tearing down an NCCL communicator waits for its operations in flight, which a peer that
+/// went on to a collective this rank will never join keeps waiting forever; aborted first, the
+/// teardown returns at once and the rank exits with its error (the launcher then stops the peers).
+void stop_transports() noexcept;
+
 }  // namespace colossal::comm

@@ -17,6 +17,7 @@
 #include "colossal/comm/bootstrap.h"
 #include "colossal/comm/init.h"
 #include "colossal/comm/single_process_group.h"
+#include "colossal/comm/watchdog.h"  // stop_transports
 #include "colossal/core/error.h"
 #include "colossal/data/sampler.h"
 #include "colossal/engine/checkpoint.h"
@@ -111,6 +112,17 @@ config::TrainConfig load_run_config(const fs::path& path, const std::vector<std:
 
 TrainingRun::TrainingRun(config::TrainConfig config, RunOptions options)
     : config_(std::move(config)), options_(std::move(options)) {
+  try {
+    assemble();
+  } catch (...) {
+    // Leaving on an error: stop the transports before the groups are torn down, which would
+    // otherwise wait for peers that went on (comm::stop_transports).
+    comm::stop_transports();
+    throw;
+  }
+}
+
+void TrainingRun::assemble() {
   const TrainConfig& c = config_;
   reject_unsupported(c);
   // The writer is the world's rank 0, known from the environment before any group exists: check
@@ -311,8 +323,13 @@ RunResult TrainingRun::fit() {
   engine::FitLimits limits;
   limits.max_updates = plan_.max_updates;
   limits.test_cut_epoch = c.train.epochs == 0;
-  trainer_->fit(*train_loader_, plan_.epochs, test_loader_.get(), std::max<int64_t>(1, c.train.test_interval), hooks_,
-                c.train.progress && writer_, limits);
+  try {
+    trainer_->fit(*train_loader_, plan_.epochs, test_loader_.get(), std::max<int64_t>(1, c.train.test_interval),
+                  hooks_, c.train.progress && writer_, limits);
+  } catch (...) {
+    comm::stop_transports();  // as in the constructor: no teardown waiting on peers
+    throw;
+  }
   RunResult result;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   result.steps = trainer_->cur_step();

@@ -80,6 +80,7 @@ class TrainingRun {
   const engine::TrainPosition& start() const { return start_; }
 
  private:
+  void assemble();
   void check_outputs() const;
   void build_data_and_model();
   void build_engine();
