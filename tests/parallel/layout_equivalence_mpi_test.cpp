@@ -87,6 +87,34 @@ TEST(LayoutEquivalence, DataParallelGpt2Bf16) {
   expect_case(c);
 }
 
+// Tensor parallelism (1D, Megatron-style GPT-2: heads, MLP, vocab-parallel embedding and loss) over
+// the whole world, and data x tensor at 4 ranks. Without clipping: the norm over shards that counts
+// replicated parameters once is still to come (issue 19).
+void expect_tensor_parallel(Layout layout, int64_t accumulation) {
+  HarnessCase c = gpt2_tp_case();
+  c.accumulation = accumulation;
+  const HarnessReport report = expect_layout_matches_serial(c, layout, world_group());
+  EXPECT_GT(report.compared_tensors, 0);
+  if (comm::testing::world().rank() == 0) {
+    std::printf("gpt2 %s: max relative difference loss %.2e, gradient %.2e (%s), parameter %.2e (%s)\n",
+                layout.name().c_str(), report.loss, report.grad, report.worst_grad.c_str(), report.param,
+                report.worst_param.c_str());
+  }
+}
+
+TEST(LayoutEquivalence, TensorParallelGpt2) {
+  expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 1);
+}
+
+TEST(LayoutEquivalence, TensorParallelGpt2WithAccumulation) {
+  expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 2);
+}
+
+TEST(LayoutEquivalence, DataTimesTensorParallelGpt2) {
+  if (comm::testing::world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  expect_tensor_parallel(Layout{.data = 2, .tensor = 2}, 2);
+}
+
 }  // namespace
 }  // namespace colossal::testing
 

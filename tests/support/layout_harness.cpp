@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 
 #include "colossal/amp/mixed_precision_optimizer.h"
+#include "colossal/core/error.h"
 #include "colossal/nn/activation.h"
 #include "colossal/nn/linear.h"
 #include "colossal/nn/models/gpt2.h"
@@ -35,6 +36,9 @@
 #include "colossal/optim/adam.h"
 #include "colossal/optim/sgd.h"
 #include "colossal/parallel/parallel_context.h"
+#include "colossal/parallel/tp/cross_entropy.h"
+#include "colossal/parallel/tp/gpt2_1d.h"
+#include "colossal/parallel/tp/shard_spec.h"
 
 namespace colossal::testing {
 namespace {
@@ -80,6 +84,21 @@ Trace run(const HarnessCase& c, std::shared_ptr<const parallel::ParallelContext>
   core::Generator init(1234);
   std::shared_ptr<nn::Module> model = c.build_model(init);
   model->to(device);
+  const bool tensor_parallel = context && context->layout().tensor_size() > 1;
+  std::map<std::string, parallel::tp::ShardSpec> specs;
+  std::shared_ptr<comm::ProcessGroup> tensor_group;
+  engine::Criterion criterion = c.criterion;
+  if (tensor_parallel) {
+    model = c.parallelize(*model, *context);
+    specs = parallel::tp::collect_shard_specs(*model);
+    tensor_group = context->group(parallel::GroupKind::kTensor);
+    if (c.parallel_criterion) criterion = c.parallel_criterion(*context);
+  }
+  // A tensor-parallel rank's value of a parameter (or gradient) as the serial tensor: its shard
+  // gathered over the tensor group (every rank gathers the same names in the same order).
+  const auto whole = [&](const std::string& name, const Tensor& t) {
+    return tensor_parallel ? parallel::tp::gather_shard(t, specs.at(name), *tensor_group) : t;
+  };
   std::shared_ptr<optim::Optimizer> optimizer;
   if (c.make_optimizer) {
     optimizer = c.make_optimizer(*model);
@@ -92,14 +111,14 @@ Trace run(const HarnessCase& c, std::shared_ptr<const parallel::ParallelContext>
   options.gradient_accumulation = c.accumulation;
   options.clip_grad_norm = c.clip;
   options.amp = amp_options(c.precision);
-  options.before_update = [&trace](engine::Engine& e) {
+  options.before_update = [&trace, &whole](engine::Engine& e) {
     Values grads;
     for (const auto& [name, p] : e.model().named_parameters()) {
-      if (p.grad().defined()) grads[name] = host_f64(p.grad());
+      if (p.grad().defined()) grads[name] = host_f64(whole(name, p.grad()));
     }
     trace.grads.push_back(std::move(grads));
   };
-  engine::Engine engine(model, optimizer, c.criterion, options);
+  engine::Engine engine(model, optimizer, criterion, options);
   for (int64_t step = 0; step < c.steps; ++step) {
     std::vector<double> losses;
     for (int64_t micro = 0; micro < c.accumulation; ++micro) {
@@ -108,7 +127,7 @@ Trace run(const HarnessCase& c, std::shared_ptr<const parallel::ParallelContext>
     }
     trace.losses.push_back(std::move(losses));
     Values params;
-    for (const auto& [name, p] : engine.model().named_parameters()) params[name] = host_f64(p);
+    for (const auto& [name, p] : engine.model().named_parameters()) params[name] = host_f64(whole(name, p));
     trace.params.push_back(std::move(params));
   }
   return trace;
@@ -137,7 +156,8 @@ void compare(const std::string& where, const Values& got, const Values& want, do
 }  // namespace
 
 std::string Layout::name() const {
-  return fmt::format("dp{}", data);
+  if (tensor == 1) return fmt::format("dp{}", data);
+  return data == 1 ? fmt::format("tp{}", tensor) : fmt::format("dp{}_tp{}", data, tensor);
 }
 
 HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& layout,
@@ -146,6 +166,11 @@ HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& l
   const std::string where = fmt::format("{} {} ({} ranks)", c.name, layout.name(), world->size());
   config::ParallelConfig pc;
   pc.data = layout.data;
+  pc.tensor.size = layout.tensor;
+  if (layout.tensor > 1 && !c.parallelize) {
+    ADD_FAILURE() << where << ": a tensor-parallel layout needs HarnessCase::parallelize";
+    return report;
+  }
   auto context = std::make_shared<const parallel::ParallelContext>(parallel::ParallelContext::create(pc, world));
   const int dp = context->size(parallel::GroupKind::kData);
   if (c.global_batch % dp != 0) {
@@ -154,8 +179,7 @@ HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& l
   }
   const Device device = world->device();
   const Trace serial = run(c, nullptr, device, 0, c.global_batch);
-  const Trace parallel =
-      run(c, context, device, context->rank(parallel::GroupKind::kData), c.global_batch / dp);
+  const Trace parallel = run(c, context, device, context->rank(parallel::GroupKind::kData), c.global_batch / dp);
 
   for (int64_t step = 0; step < c.steps; ++step) {
     const auto s = static_cast<size_t>(step);
@@ -167,7 +191,8 @@ HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& l
                                     << ", serial " << want;
     }
     if (parallel.grads.size() != serial.grads.size()) {
-      ADD_FAILURE() << where << ": " << parallel.grads.size() << " updates against the serial run's " << serial.grads.size();
+      ADD_FAILURE() << where << ": " << parallel.grads.size() << " updates against the serial run's "
+                    << serial.grads.size();
       return report;
     }
     compare(where + " gradient", parallel.grads[s], serial.grads[s], c.tolerance, report.grad, report.worst_grad,
@@ -259,9 +284,37 @@ HarnessCase gpt2_case() {
         if (t > 0) y.push_back(token);
       }
     }
-    return std::pair{core::from_vector<int64_t>(x, {end - begin, kT}), core::from_vector<int64_t>(y, {end - begin, kT})};
+    return std::pair{core::from_vector<int64_t>(x, {end - begin, kT}),
+                     core::from_vector<int64_t>(y, {end - begin, kT})};
   };
   c.criterion = [](const Tensor& logits, const Tensor& target) { return nn::models::lm_cross_entropy(logits, target); };
+  return c;
+}
+
+HarnessCase gpt2_tp_case() {
+  HarnessCase c = gpt2_case();
+  c.name = "gpt2";
+  c.build_model = [](core::Generator& init) -> std::shared_ptr<nn::Module> {
+    nn::models::GPT2Config g;
+    g.vocab_size = 32;
+    g.n_positions = 16;
+    g.n_embd = 16;
+    g.n_layer = 2;
+    g.n_head = 4;
+    g.dropout = 0.0;
+    return std::make_shared<nn::models::GPT2>(g, &init);
+  };
+  c.parallelize = [](nn::Module& serial, const parallel::ParallelContext& context) -> std::shared_ptr<nn::Module> {
+    auto* gpt2 = dynamic_cast<nn::models::GPT2*>(&serial);
+    if (gpt2 == nullptr) throw Error("gpt2_tp_case: the serial model is not a GPT2");
+    return std::make_shared<parallel::tp::ParallelGPT2>(*gpt2, context.group(parallel::GroupKind::kTensor));
+  };
+  c.parallel_criterion = [](const parallel::ParallelContext& context) -> engine::Criterion {
+    std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kTensor);
+    return [group](const Tensor& logits, const Tensor& targets) {
+      return parallel::tp::vocab_parallel_cross_entropy(logits, targets, *group);
+    };
+  };
   return c;
 }
 

@@ -23,6 +23,7 @@
 #include "colossal/engine/engine.h"
 #include "colossal/nn/module.h"
 #include "colossal/optim/optimizer.h"
+#include "colossal/parallel/parallel_context.h"
 
 namespace colossal::testing {
 
@@ -33,9 +34,10 @@ enum class Precision {
 };
 
 struct Layout {
-  int data = 1;  ///< data-parallel ranks (the world must hold data * pipeline * tensor)
-  // pipeline, tensor and zero join with their issues.
-  std::string name() const;  ///< "dp2"
+  int data = 1;    ///< data-parallel ranks (the world must hold data * pipeline * tensor)
+  int tensor = 1;  ///< tensor-parallel ranks (1D); needs HarnessCase::parallelize
+  // pipeline and zero join with their issues.
+  std::string name() const;  ///< "dp2", "tp2", "dp2_tp2"
 };
 
 struct HarnessCase {
@@ -48,6 +50,12 @@ struct HarnessCase {
   /// on the CPU. Must depend only on its arguments.
   std::function<std::pair<Tensor, Tensor>(int64_t step, int64_t micro, int64_t begin, int64_t end)> rows;
   engine::Criterion criterion;
+  /// For tensor-parallel layouts: the parallel model made from the serial one (on its device) for
+  /// this rank of the context's tensor group, and its criterion. Its parameters keep the serial
+  /// names, and the harness compares each, gathered by its shard spec (parallel/tp/shard_spec.h),
+  /// with the serial one.
+  std::function<std::shared_ptr<nn::Module>(nn::Module& serial, const parallel::ParallelContext& context)> parallelize;
+  std::function<engine::Criterion(const parallel::ParallelContext& context)> parallel_criterion;
   /// The optimizer over the model's parameters (after the model moved to its device); default SGD
   /// with momentum 0.9, lr 0.05 (see layout_harness.cpp for why not AdamW by default).
   std::function<std::shared_ptr<optim::Optimizer>(nn::Module& model)> make_optimizer;
@@ -79,5 +87,8 @@ HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& l
 HarnessCase mlp_case();
 HarnessCase vit_case();
 HarnessCase gpt2_case();
+/// gpt2_case with four heads (splits over 2 and 4 ranks), parallelized by parallel::tp::ParallelGPT2
+/// with the vocab-parallel cross-entropy.
+HarnessCase gpt2_tp_case();
 
 }  // namespace colossal::testing

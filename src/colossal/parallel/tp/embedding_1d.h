@@ -14,10 +14,11 @@
 #include "colossal/comm/process_group.h"
 #include "colossal/nn/embedding.h"
 #include "colossal/nn/module.h"
+#include "colossal/parallel/tp/shard_spec.h"
 
 namespace colossal::parallel::tp {
 
-class VocabParallelEmbedding : public nn::Module {
+class VocabParallelEmbedding : public nn::Module, public Sharded {
  public:
   /// This rank's rows of `weight` [V, D]. Throws naming the sizes when V does not divide by the
   /// group's size (pad the vocabulary: GPT2Config::vocab_multiple).
@@ -28,6 +29,8 @@ class VocabParallelEmbedding : public nn::Module {
   /// ids (i32/i64, any shape, indices into the whole vocabulary) -> [..., D], the same on every rank.
   Tensor forward(const Tensor& ids) override;
   std::string extra_repr() const override;
+  /// weight by rows.
+  std::map<std::string, ShardSpec> shard_specs() const override { return {{"weight", ShardSpec::shard(0)}}; }
 
   const Tensor& weight() const { return *weight_; }           ///< this rank's rows [V/tp, D]
   int64_t num_embeddings() const { return num_embeddings_; }  ///< the whole vocabulary

@@ -50,23 +50,16 @@ ParallelGPT2Attention::ParallelGPT2Attention(const nn::models::GPT2Attention& se
       attn_dropout_(config.dropout),
       dropout_generator_(dropout_generator) {
   const int size = group->size();
-  // Reorder c_attn's columns so that each rank's contiguous shard is its heads' q, k and v: rank r's
-  // block [r * 3C/tp, (r + 1) * 3C/tp) of the reordered weight is qkv_columns(..., r, ...).
+  // c_attn's output columns in the order that gives each rank's contiguous part its heads' q, k and v:
+  // rank r's block [r * 3C/tp, (r + 1) * 3C/tp) of this order is qkv_columns(..., r, ...).
   std::vector<int64_t> order;
   for (int r = 0; r < size; ++r) {
     const std::vector<int64_t> mine = qkv_columns(config.n_embd, config.n_head, r, size);
     order.insert(order.end(), mine.begin(), mine.end());
   }
-  Tensor weight, bias;
-  {
-    autograd::NoGradGuard no_grad;
-    const Tensor index =
-        core::from_vector<int64_t>(order, {static_cast<int64_t>(order.size())}).to(serial.c_attn()->weight().device());
-    weight = ops::index_select(serial.c_attn()->weight().detach(), 1, index);
-    bias = ops::index_select(serial.c_attn()->bias().detach(), 0, index);
-  }
-  c_attn_ =
-      register_module("c_attn", std::make_shared<ColumnParallelLinear>(weight, bias, WeightLayout::kInOut, group));
+  c_attn_ = register_module("c_attn", std::make_shared<ColumnParallelLinear>(
+                                          serial.c_attn()->weight(), serial.c_attn()->bias(), WeightLayout::kInOut,
+                                          group, /*gather_output=*/false, std::move(order)));
   // The heads' outputs are concatenated in head order, so c_proj's input rows split as the heads do.
   c_proj_ = register_module("c_proj", RowParallelLinear::from(*serial.c_proj(), group, /*input_is_parallel=*/true));
   resid_dropout_ = register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, dropout_generator));

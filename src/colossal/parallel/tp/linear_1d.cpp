@@ -24,15 +24,14 @@ int in_dim(WeightLayout layout) {
 
 /// This rank's 1/size of `t` along `dim`, as a tensor of its own (a parameter, not a view of the
 /// serial one).
-Tensor shard(const Tensor& t, int dim, const comm::ProcessGroup& group, const char* layer, const char* what) {
+Tensor shard(const Tensor& t, int dim, const comm::ProcessGroup& group, const char* layer, const char* what,
+             const std::vector<int64_t>& order = {}) {
   const int64_t n = t.shape()[static_cast<size_t>(dim)];
   COLOSSAL_CHECK(n % group.size() == 0,
                  "{}: the {} ({} of them, dim {} of the weight of shape {}) do not split over the {} ranks of the "
                  "tensor-parallel group; choose a parallel.tensor.size that divides {}",
                  layer, what, n, dim, t.shape(), group.size(), n);
-  const int64_t part = n / group.size();
-  autograd::NoGradGuard no_grad;
-  return t.detach().narrow(dim, group.rank() * part, part).contiguous().clone();
+  return shard_of(t, ShardSpec::shard(dim, order), group.rank(), group.size());
 }
 
 /// y = x W^T or x W for a weight in `layout`.
@@ -49,8 +48,9 @@ const char* layout_name(WeightLayout layout) {
 // ---- column
 
 ColumnParallelLinear::ColumnParallelLinear(const Tensor& weight, const Tensor& bias, WeightLayout layout,
-                                           std::shared_ptr<comm::ProcessGroup> group, bool gather_output)
-    : group_(std::move(group)), layout_(layout), gather_output_(gather_output) {
+                                           std::shared_ptr<comm::ProcessGroup> group, bool gather_output,
+                                           std::vector<int64_t> order)
+    : group_(std::move(group)), layout_(layout), gather_output_(gather_output), order_(std::move(order)) {
   COLOSSAL_CHECK(group_ != nullptr, "ColumnParallelLinear needs the tensor-parallel group");
   COLOSSAL_CHECK(weight.dim() == 2, "ColumnParallelLinear: the weight must be 2-D, got shape {}", weight.shape());
   out_features_ = weight.shape()[static_cast<size_t>(out_dim(layout))];
@@ -58,10 +58,19 @@ ColumnParallelLinear::ColumnParallelLinear(const Tensor& weight, const Tensor& b
   COLOSSAL_CHECK(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == out_features_),
                  "ColumnParallelLinear: the bias of shape {} does not match {} output features", bias.shape(),
                  out_features_);
-  weight_ =
-      &register_parameter("weight", shard(weight, out_dim(layout), *group_, "ColumnParallelLinear", "output features"));
+  COLOSSAL_CHECK(order_.empty() || static_cast<int64_t>(order_.size()) == out_features_,
+                 "ColumnParallelLinear: an order of {} output features for a layer of {}", order_.size(),
+                 out_features_);
+  weight_ = &register_parameter(
+      "weight", shard(weight, out_dim(layout), *group_, "ColumnParallelLinear", "output features", order_));
   bias_ = &register_parameter(
-      "bias", bias.defined() ? shard(bias, 0, *group_, "ColumnParallelLinear", "output features") : Tensor());
+      "bias", bias.defined() ? shard(bias, 0, *group_, "ColumnParallelLinear", "output features", order_) : Tensor());
+}
+
+std::map<std::string, ShardSpec> ColumnParallelLinear::shard_specs() const {
+  std::map<std::string, ShardSpec> specs = {{"weight", ShardSpec::shard(out_dim(layout_), order_)}};
+  if (bias_->defined()) specs.emplace("bias", ShardSpec::shard(0, order_));
+  return specs;
 }
 
 std::shared_ptr<ColumnParallelLinear> ColumnParallelLinear::from(const nn::Linear& serial,
@@ -110,6 +119,10 @@ RowParallelLinear::RowParallelLinear(const Tensor& weight, const Tensor& bias, W
     replicated = bias.detach().contiguous().clone();
   }
   bias_ = &register_parameter("bias", replicated);
+}
+
+std::map<std::string, ShardSpec> RowParallelLinear::shard_specs() const {
+  return {{"weight", ShardSpec::shard(in_dim(layout_))}};  // the bias is replicated
 }
 
 std::shared_ptr<RowParallelLinear> RowParallelLinear::from(const nn::Linear& serial,

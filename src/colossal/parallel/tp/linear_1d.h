@@ -11,12 +11,15 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "colossal/comm/process_group.h"
 #include "colossal/nn/linear.h"
 #include "colossal/nn/module.h"
+#include "colossal/parallel/tp/shard_spec.h"
 
 namespace colossal::parallel::tp {
 
@@ -30,12 +33,15 @@ enum class WeightLayout {
 /// [r * out / tp, (r + 1) * out / tp). The input is replicated (copy_to_region: its gradient is
 /// all-reduced in backward); the output is this rank's slice of the last dimension, or, with
 /// gather_output, the whole output (gather_from_region).
-class ColumnParallelLinear : public nn::Module {
+class ColumnParallelLinear : public nn::Module, public Sharded {
  public:
   /// The shard of `weight` (in `layout`) and `bias` (undefined: none) for this rank of `group`.
   /// Throws naming the sizes when the output features do not divide by the group's size.
+  /// `order`: the serial output features in the order the ranks' parts concatenate to (empty: the
+  /// natural order); attention's fused q/k/v uses it to give each rank its heads' q, k and v.
   ColumnParallelLinear(const Tensor& weight, const Tensor& bias, WeightLayout layout,
-                       std::shared_ptr<comm::ProcessGroup> group, bool gather_output = false);
+                       std::shared_ptr<comm::ProcessGroup> group, bool gather_output = false,
+                       std::vector<int64_t> order = {});
   static std::shared_ptr<ColumnParallelLinear> from(const nn::Linear& serial, std::shared_ptr<comm::ProcessGroup> group,
                                                     bool gather_output = false);
   static std::shared_ptr<ColumnParallelLinear> from(const nn::Conv1D& serial, std::shared_ptr<comm::ProcessGroup> group,
@@ -43,6 +49,8 @@ class ColumnParallelLinear : public nn::Module {
 
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
+  /// weight along its output dimension (in `order`), bias along 0.
+  std::map<std::string, ShardSpec> shard_specs() const override;
 
   const Tensor& weight() const { return *weight_; }  ///< this rank's shard, in the serial layout
   const Tensor& bias() const { return *bias_; }
@@ -54,6 +62,7 @@ class ColumnParallelLinear : public nn::Module {
   std::shared_ptr<comm::ProcessGroup> group_;
   WeightLayout layout_;
   bool gather_output_;
+  std::vector<int64_t> order_;
   int64_t in_features_, out_features_;
   Tensor* weight_;
   Tensor* bias_;
@@ -64,7 +73,7 @@ class ColumnParallelLinear : public nn::Module {
 /// (reduce_from_region: an all-reduce forward, identity backward). The input is this rank's slice of
 /// the last dimension (input_is_parallel, after a column layer) or the whole input, of which each
 /// rank takes its slice (scatter_to_region). The bias is replicated and added once, after the sum.
-class RowParallelLinear : public nn::Module {
+class RowParallelLinear : public nn::Module, public Sharded {
  public:
   /// Throws naming the sizes when the input features do not divide by the group's size.
   RowParallelLinear(const Tensor& weight, const Tensor& bias, WeightLayout layout,
@@ -76,6 +85,8 @@ class RowParallelLinear : public nn::Module {
 
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
+  /// weight along its input dimension; the bias replicated.
+  std::map<std::string, ShardSpec> shard_specs() const override;
 
   const Tensor& weight() const { return *weight_; }     ///< this rank's shard, in the serial layout
   const Tensor& bias() const { return *bias_; }         ///< replicated on every rank of the group

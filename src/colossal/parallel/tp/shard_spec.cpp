@@ -1,0 +1,66 @@
+// Shard specs: see shard_spec.h.
+#include "colossal/parallel/tp/shard_spec.h"
+
+#include <numeric>
+
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/error.h"
+#include "colossal/ops/indexing.h"  // index_select
+#include "colossal/ops/shape.h"
+
+namespace colossal::parallel::tp {
+namespace {
+
+Tensor index_tensor(const std::vector<int64_t>& order, Device device) {
+  return core::from_vector<int64_t>(order, {static_cast<int64_t>(order.size())}).to(device);
+}
+
+}  // namespace
+
+std::map<std::string, ShardSpec> collect_shard_specs(nn::Module& model) {
+  std::map<std::string, ShardSpec> specs;
+  for (const auto& [name, parameter] : model.named_parameters()) specs.emplace(name, ShardSpec::replicate());
+  for (const auto& [prefix, module] : model.named_modules()) {
+    const auto* sharded = dynamic_cast<const Sharded*>(module);
+    if (sharded == nullptr) continue;
+    for (const auto& [name, spec] : sharded->shard_specs()) {
+      const std::string full = prefix.empty() ? name : prefix + "." + name;
+      auto it = specs.find(full);
+      COLOSSAL_CHECK(it != specs.end(),
+                     "collect_shard_specs: module '{}' names a parameter '{}' the model does not have", prefix, name);
+      it->second = spec;
+    }
+  }
+  return specs;
+}
+
+Tensor shard_of(const Tensor& serial, const ShardSpec& spec, int rank, int size) {
+  autograd::NoGradGuard no_grad;
+  if (spec.replicated()) return serial.detach().contiguous().clone();
+  Tensor ordered = serial.detach();
+  if (!spec.order.empty()) ordered = ops::index_select(ordered, spec.dim, index_tensor(spec.order, serial.device()));
+  const int64_t n = ordered.size(spec.dim);
+  COLOSSAL_CHECK(n % size == 0, "shard_of: dim {} of shape {} does not split over {} ranks", spec.dim, serial.shape(),
+                 size);
+  return ordered.narrow(spec.dim, rank * (n / size), n / size).contiguous().clone();
+}
+
+Tensor gather_shard(const Tensor& local, const ShardSpec& spec, comm::ProcessGroup& group) {
+  autograd::NoGradGuard no_grad;
+  if (spec.replicated() || (group.size() == 1 && spec.order.empty())) return local.detach();
+  // all_gather concatenates along dim 0: bring the sharded dim to the front and back.
+  const int dim = spec.dim;
+  Tensor front = local.detach().transpose(0, dim).contiguous();
+  Shape gathered_shape = front.shape();
+  gathered_shape[0] *= group.size();
+  Tensor gathered = core::empty(gathered_shape, TensorOptions(local.dtype(), local.device()));
+  group.all_gather(gathered, front);
+  Tensor ordered = gathered.transpose(0, dim).contiguous();
+  if (spec.order.empty()) return ordered;
+  // Undo the order: serial index order[i] holds ordered's i-th slice.
+  std::vector<int64_t> inverse(spec.order.size());
+  for (size_t i = 0; i < spec.order.size(); ++i) inverse[static_cast<size_t>(spec.order[i])] = static_cast<int64_t>(i);
+  return ops::index_select(ordered, dim, index_tensor(inverse, local.device()));
+}
+
+}  // namespace colossal::parallel::tp
