@@ -5,6 +5,8 @@
 // (f32) and below (bf16).
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "../comm/mpi_test_main.h"
 #include "colossal/optim/adam.h"
 #include "layout_harness.h"
@@ -88,11 +90,13 @@ TEST(LayoutEquivalence, DataParallelGpt2Bf16) {
 }
 
 // Tensor parallelism (1D, Megatron-style GPT-2: heads, MLP, vocab-parallel embedding and loss) over
-// the whole world, and data x tensor at 4 ranks. Without clipping: the norm over shards that counts
-// replicated parameters once is still to come (issue 19).
-void expect_tensor_parallel(Layout layout, int64_t accumulation) {
+// the whole world, and data x tensor at 4 ranks. With clipping below the gradients' norm, the norm
+// must sum the shards and count the replicated parameters (layer norms, wpe, row-parallel biases)
+// once: counted once per rank, the clip factor and every update would differ.
+void expect_tensor_parallel(Layout layout, int64_t accumulation, std::optional<double> clip = std::nullopt) {
   HarnessCase c = gpt2_tp_case();
   c.accumulation = accumulation;
+  c.clip = clip;
   const HarnessReport report = expect_layout_matches_serial(c, layout, world_group());
   EXPECT_GT(report.compared_tensors, 0);
   if (comm::testing::world().rank() == 0) {
@@ -110,9 +114,13 @@ TEST(LayoutEquivalence, TensorParallelGpt2WithAccumulation) {
   expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 2);
 }
 
+TEST(LayoutEquivalence, TensorParallelGpt2WithClipping) {
+  expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 2, /*clip=*/0.1);
+}
+
 TEST(LayoutEquivalence, DataTimesTensorParallelGpt2) {
   if (comm::testing::world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
-  expect_tensor_parallel(Layout{.data = 2, .tensor = 2}, 2);
+  expect_tensor_parallel(Layout{.data = 2, .tensor = 2}, 2, /*clip=*/0.1);
 }
 
 }  // namespace

@@ -1,14 +1,18 @@
 // Engine: see engine.h.
 #include "colossal/engine/engine.h"
 
+#include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
-#include "colossal/autograd/engine.h"     // backward
-#include "colossal/autograd/grad_mode.h"  // NoGradGuard
-#include "colossal/core/error.h"          // COLOSSAL_CHECK
-#include "colossal/ops/autocast.h"        // AutocastGuard
-#include "colossal/ops/elementwise.h"     // div
-#include "colossal/optim/clip_grad.h"     // clip_grad_norm
+#include "colossal/autograd/engine.h"         // backward
+#include "colossal/autograd/grad_mode.h"      // NoGradGuard
+#include "colossal/core/error.h"              // COLOSSAL_CHECK
+#include "colossal/ops/autocast.h"            // AutocastGuard
+#include "colossal/ops/elementwise.h"         // div
+#include "colossal/optim/clip_grad.h"         // clip_grad_norm
+#include "colossal/parallel/tp/shard_spec.h"  // collect_shard_specs
 
 namespace colossal::engine {
 
@@ -43,13 +47,31 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
   }
   gradient_statistics_ = std::make_unique<parallel::GradientStatistics>(
       *context_, gradient_handler_ == nullptr || gradient_handler_->replicates_gradients());
+  if (context_->layout().tensor_size() > 1) {
+    // Parameters every tensor rank holds whole count once in the clipping norm (their masters under
+    // mixed precision, index-aligned with the model's names).
+    const std::map<std::string, parallel::tp::ShardSpec> specs = parallel::tp::collect_shard_specs(*model_);
+    std::vector<Tensor> replicated;
+    if (amp_) {
+      const std::vector<std::string>& names = amp_->param_names();
+      for (size_t k = 0; k < names.size(); ++k) {
+        auto it = specs.find(names[k]);
+        if (it != specs.end() && it->second.replicated()) replicated.push_back(amp_->master_params()[k]);
+      }
+    } else {
+      for (const auto& [name, p] : model_->named_parameters()) {
+        if (specs.at(name).replicated()) replicated.push_back(p);
+      }
+    }
+    gradient_statistics_->set_replicated_over_tensor(std::move(replicated));
+  }
   if (amp_ && !gradient_statistics_->groups().empty()) {
     // Every rank that holds other gradients must skip the same steps and clip by the same norm.
     amp_->set_found_inf_sync([stats = gradient_statistics_.get()](bool local) { return stats->any_found_inf(local); });
-    amp_->set_clip_grad_norm([stats = gradient_statistics_.get()](const std::vector<Tensor>& params, double max_norm,
-                                                                   double norm_type) {
-      return stats->clip_grad_norm(params, max_norm, norm_type);
-    });
+    amp_->set_clip_grad_norm(
+        [stats = gradient_statistics_.get()](const std::vector<Tensor>& params, double max_norm, double norm_type) {
+          return stats->clip_grad_norm(params, max_norm, norm_type);
+        });
   }
 }
 
@@ -95,8 +117,8 @@ void Engine::update() {
     if (result.grad_norm.defined()) last_grad_norm_ = result.grad_norm;
   } else {
     if (options_.clip_grad_norm) {
-      last_grad_norm_ = gradient_statistics_->clip_grad_norm(model_->parameters(), *options_.clip_grad_norm,
-                                                             options_.clip_norm_type);
+      last_grad_norm_ =
+          gradient_statistics_->clip_grad_norm(model_->parameters(), *options_.clip_grad_norm, options_.clip_norm_type);
     }
     optimizer_->step();
   }

@@ -1,6 +1,7 @@
 // GradientStatistics: see gradient_statistics.h.
 #include "colossal/parallel/gradient_statistics.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
@@ -12,9 +13,18 @@ namespace colossal::parallel {
 
 GradientStatistics::GradientStatistics(const ParallelContext& context, bool data_gradients_replicated) {
   const ParallelLayout& layout = context.layout();
-  if (layout.tensor_size() > 1) groups_.push_back(context.group(GroupKind::kTensor));
+  if (layout.tensor_size() > 1) {
+    tensor_group_ = context.group(GroupKind::kTensor);
+    groups_.push_back(tensor_group_);
+  }
   if (layout.pipeline_size() > 1) groups_.push_back(context.group(GroupKind::kPipeline));
   if (layout.data_size() > 1 && !data_gradients_replicated) groups_.push_back(context.group(GroupKind::kData));
+}
+
+void GradientStatistics::set_replicated_over_tensor(std::vector<Tensor> tensors) {
+  replicated_.clear();
+  for (const Tensor& t : tensors) replicated_.push_back(t.impl());
+  std::sort(replicated_.begin(), replicated_.end());
 }
 
 bool GradientStatistics::any_found_inf(bool local_found_inf) const {
@@ -32,8 +42,19 @@ Tensor GradientStatistics::clip_grad_norm(const std::vector<Tensor>& params, dou
   if (groups_.empty()) return optim::clip_grad_norm_on_device(params, max_norm, norm_type);
   autograd::NoGradGuard no_grad;
   const bool inf_norm = std::isinf(norm_type);
-  // Each rank's share as sum |g|^p (or max |g|), reduced over every group, then the p-th root.
-  Tensor local = optim::total_grad_norm(params, norm_type);
+  // Each rank's share as sum |g|^p (or max |g|), reduced over every group, then the p-th root. A
+  // tensor every rank of the tensor group holds whole counts on tensor rank 0 only.
+  std::vector<Tensor> counted;
+  counted.reserve(params.size());
+  const bool skip_replicated = tensor_group_ != nullptr && tensor_group_->rank() != 0 && !replicated_.empty();
+  for (const Tensor& p : params) {
+    if (skip_replicated && std::binary_search(replicated_.begin(), replicated_.end(), p.impl())) continue;
+    counted.push_back(p);
+  }
+  Tensor local = optim::total_grad_norm(counted, norm_type);
+  if (!params.empty() && params.front().grad().defined() && local.device() != params.front().grad().device()) {
+    local = local.to(params.front().grad().device());  // nothing counted here: a CPU zero
+  }
   Tensor partial = inf_norm ? local : ops::pow(local, norm_type);
   for (const auto& group : groups_) {
     if (partial.device() != group->device()) partial = partial.to(group->device());

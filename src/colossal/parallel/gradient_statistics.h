@@ -22,6 +22,11 @@ class GradientStatistics {
   /// gradient handler's finish() (GradientHandler::replicates_gradients; true without a handler).
   GradientStatistics(const ParallelContext& context, bool data_gradients_replicated);
 
+  /// Tensors (parameters, or their fp32 masters under mixed precision) that every rank of the tensor
+  /// group holds whole (layer norms, the row-parallel biases): the norm counts them once, on tensor
+  /// rank 0, instead of once per rank. The rest are shards, each counted where it lives.
+  void set_replicated_over_tensor(std::vector<Tensor> tensors);
+
   /// The groups reduced over, in a fixed order (tensor, pipeline, data) that every rank shares.
   const std::vector<std::shared_ptr<comm::ProcessGroup>>& groups() const { return groups_; }
 
@@ -36,6 +41,8 @@ class GradientStatistics {
 
  private:
   std::vector<std::shared_ptr<comm::ProcessGroup>> groups_;
+  std::shared_ptr<comm::ProcessGroup> tensor_group_;  // null when the tensor group is not reduced over
+  std::vector<const core::TensorImpl*> replicated_;   // sorted, for lookup
 };
 
 }  // namespace colossal::parallel
