@@ -69,10 +69,10 @@ TEST(TrainLayout, TwoDataParallelRanksGiveTheSerialRunsLosses) {
   const std::string bin = COLOSSAL_BINARY;
   const std::string config = (dir / "c.toml").string();
 
-  ASSERT_EQ(run(bin + " train --config " + config + " --set data.batch_size=16 --metrics " +
-                    (dir / "serial.jsonl").string(),
-                dir / "serial.log"),
-            0)
+  ASSERT_EQ(
+      run(bin + " train --config " + config + " --set data.batch_size=16 --metrics " + (dir / "serial.jsonl").string(),
+          dir / "serial.log"),
+      0)
       << read(dir / "serial.log");
   ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + " train --config " + config +
                     " --set parallel.data=2 --set data.batch_size=8 --metrics " + (dir / "dp2.jsonl").string(),
@@ -90,6 +90,55 @@ TEST(TrainLayout, TwoDataParallelRanksGiveTheSerialRunsLosses) {
     EXPECT_LE(error, 1e-5) << "step " << step << ": dp2 " << dp.at(step) << ", serial " << loss;
   }
   std::printf("dp2 x B8 against B16: %zu steps, largest relative difference %.2e\n", serial.size(), worst);
+  fs::remove_all(dir);
+}
+
+// Tensor parallelism through the command line: GPT-2 (1D: heads, MLP, vocab-parallel embedding and
+// loss) at parallel.tensor.size = 2 gives the serial run's per-step losses (fp32, 1e-5), clipping and
+// gradient accumulation on; the two ranks take the same batches (one data-parallel rank).
+TEST(TrainLayout, TwoTensorParallelRanksGiveTheSerialRunsLosses) {
+  const fs::path dir = fs::temp_directory_path() / ("colossal_train_layout_test_tp_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream out(dir / "tokens.bin", std::ios::binary);
+    for (int i = 0; i < 4000; ++i) {
+      const auto t = static_cast<uint16_t>((i * 7 + i / 5 + (i * i) % 13) % 64);
+      const char bytes[2] = {static_cast<char>(t & 0xFF), static_cast<char>(t >> 8)};
+      out.write(bytes, 2);
+    }
+  }
+  std::ofstream(dir / "c.toml")
+      << "gradient_accumulation = 2\nclip_grad_norm = 0.5\n"
+         "[model]\nname = \"gpt2\"\n"
+         "options = { n_layer = 2, n_embd = 16, n_head = 4, n_positions = 16, vocab_size = 64, "
+         "dropout = 0.0 }\n"
+         "[data]\ndataset = \"tokens\"\npath = \"" +
+             (dir / "tokens.bin").string() +
+             "\"\nbatch_size = 4\nseq_len = 16\n"
+             "[optimizer]\nname = \"adamw\"\nlr = 1e-3\n"
+             "[train]\nepochs = 0\nmax_steps = 6\ndevice = \"cpu\"\nprogress = false\n"
+             "log_interval = 1\n";
+  const std::string bin = COLOSSAL_BINARY;
+  const std::string config = (dir / "c.toml").string();
+  ASSERT_EQ(
+      run(bin + " train --config " + config + " --metrics " + (dir / "serial.jsonl").string(), dir / "serial.log"), 0)
+      << read(dir / "serial.log");
+  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + " train --config " + config +
+                    " --set parallel.tensor.size=2 --metrics " + (dir / "tp2.jsonl").string(),
+                dir / "tp2.log"),
+            0)
+      << read(dir / "tp2.log");
+  const std::map<int64_t, double> serial = step_losses(dir / "serial.jsonl"), tp = step_losses(dir / "tp2.jsonl");
+  ASSERT_EQ(serial.size(), 12u) << read(dir / "serial.log");  // 6 updates of 2 micro-steps
+  ASSERT_EQ(tp.size(), serial.size()) << read(dir / "tp2.log");
+  double worst = 0;
+  for (const auto& [step, loss] : serial) {
+    const double error = std::abs(tp.at(step) - loss) / std::abs(loss);
+    worst = std::max(worst, error);
+    EXPECT_LE(error, 1e-5) << "step " << step << ": tp2 " << tp.at(step) << ", serial " << loss;
+  }
+  std::printf("tp2 against serial: %zu steps, largest relative difference %.2e\n", serial.size(), worst);
   fs::remove_all(dir);
 }
 

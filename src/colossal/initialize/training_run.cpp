@@ -25,6 +25,8 @@
 #include "colossal/engine/log_hooks.h"
 #include "colossal/nn/hub_weights.h"
 #include "colossal/parallel/layout_rules.h"
+#include "colossal/parallel/tp/cross_entropy.h"
+#include "colossal/parallel/tp/gpt2_1d.h"
 
 namespace colossal::initialize {
 namespace {
@@ -34,11 +36,26 @@ using config::TrainConfig;
 
 /// What the config asks for that this assembly cannot build yet, named by key.
 void reject_unsupported(const TrainConfig& c) {
-  if (c.parallel.pipeline > 1 || c.parallel.tensor.size > 1) {
+  if (c.parallel.pipeline > 1) {
     unsupported(fmt::format(
-        "parallel.pipeline = {} and parallel.tensor.size = {}: pipeline and tensor parallelism are not built yet; "
-        "data parallelism is (parallel.data, or 0 for every process)",
-        c.parallel.pipeline, c.parallel.tensor.size));
+        "parallel.pipeline = {}: pipeline parallelism is not built yet; data parallelism is (parallel.data, or 0 "
+        "for every process), and tensor parallelism for GPT-2 (parallel.tensor.size)",
+        c.parallel.pipeline));
+  }
+  if (c.parallel.tensor.size > 1) {
+    // Tensor parallelism (1D) reaches GPT-2 so far: parallel/tp/gpt2_1d.h.
+    if (c.model.name != config::ModelName::kGpt2 || c.parallel.tensor.mode != config::TensorParallelMode::k1d) {
+      unsupported(fmt::format(
+          "parallel.tensor.size = {} with model.name = \"{}\" and parallel.tensor.mode = \"{}\": tensor "
+          "parallelism is built for model.name = \"gpt2\" in mode \"1d\" so far",
+          c.parallel.tensor.size, config::to_string(c.model.name), config::to_string(c.parallel.tensor.mode)));
+    }
+    if (!c.train.checkpoint_dir.empty() || !c.train.resume_from.empty()) {
+      unsupported(fmt::format(
+          "train.checkpoint_dir / train.resume_from with parallel.tensor.size = {}: checkpoints of a sharded model "
+          "(gathered to the serial names, loadable at any layout) are not built yet; leave both empty",
+          c.parallel.tensor.size));
+    }
   }
   if (c.zero.stage > 0) unsupported(fmt::format("zero.stage = {}: ZeRO is not built yet; use 0", c.zero.stage));
 }
@@ -170,6 +187,15 @@ void TrainingRun::build_data_and_model() {
     }
   }
   model_->to(device_);
+  if (context_->layout().tensor_size() > 1) {
+    // The serial model split over the tensor group (reject_unsupported let only GPT-2 through). Dropout
+    // inside the split region draws from the same generator on every tensor rank (the per-rank seed
+    // of Megatron's RNG tracker is still to come); outside it every rank draws the same masks.
+    auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model_.get());
+    COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model built is not a GPT-2");
+    model_ = std::make_shared<parallel::tp::ParallelGPT2>(*gpt2, context_->group(parallel::GroupKind::kTensor),
+                                                          dropout_generator_.get());
+  }
 
   // The global batch of iteration k is the serial run's batch k (data.batch_size x dp samples of
   // one shared order), split among the data-parallel ranks: each takes every dp-th sample.
@@ -178,11 +204,12 @@ void TrainingRun::build_data_and_model() {
   const int dp_size = context_->size(parallel::GroupKind::kData);
   const auto seed_u = static_cast<uint64_t>(c.train.seed);
   if (dp_size > 1) {
-    sampler_ = std::make_shared<data::DistributedSampler>(n, data::DistributedSamplerOptions{.rank = dp_rank,
-                                                                                             .world_size = dp_size,
-                                                                                             .shuffle = c.data.shuffle,
-                                                                                             .seed = seed_u,
-                                                                                             .drop_last = c.data.drop_last});
+    sampler_ =
+        std::make_shared<data::DistributedSampler>(n, data::DistributedSamplerOptions{.rank = dp_rank,
+                                                                                      .world_size = dp_size,
+                                                                                      .shuffle = c.data.shuffle,
+                                                                                      .seed = seed_u,
+                                                                                      .drop_last = c.data.drop_last});
   } else if (c.data.shuffle) {
     sampler_ = std::make_shared<data::RandomSampler>(n, seed_u);
   } else {
@@ -226,7 +253,15 @@ void TrainingRun::build_engine() {
   // return an f32 loss: the f32 copy of the logits would change nothing. Soft (mixup) targets must
   // share the logits' dtype, so those keep the f32 output.
   if (eo.amp && !datasets_.batch_transform) eo.amp->output_to_f32 = false;
-  engine_ = std::make_unique<engine::Engine>(model_, optimizer, make_criterion(c, datasets_), eo, scheduler);
+  engine::Criterion criterion = make_criterion(c, datasets_);
+  if (context_->layout().tensor_size() > 1) {
+    // The logits are this rank's vocabulary slice: the loss of the whole vocabulary without gathering.
+    std::shared_ptr<comm::ProcessGroup> group = context_->group(parallel::GroupKind::kTensor);
+    criterion = [group](const Tensor& logits, const Tensor& target) {
+      return parallel::tp::vocab_parallel_cross_entropy(logits, target, *group);
+    };
+  }
+  engine_ = std::make_unique<engine::Engine>(model_, optimizer, criterion, eo, scheduler);
   trainer_ = std::make_unique<engine::Trainer>(*engine_);
 }
 
@@ -239,6 +274,7 @@ void TrainingRun::resume() {
                  {"train.seed", std::to_string(c.train.seed)},
                  {"gradient_accumulation", std::to_string(c.gradient_accumulation)},
                  {"data-parallel ranks", std::to_string(context_->size(parallel::GroupKind::kData))},
+                 {"tensor-parallel ranks", std::to_string(context_->size(parallel::GroupKind::kTensor))},
                  {"training set size", std::to_string(datasets_.train->size())},
                  {"steps per epoch", std::to_string(plan_.batches_per_epoch)}};
   if (c.train.resume_from.empty()) return;
@@ -276,9 +312,12 @@ void TrainingRun::build_hooks() {
   // Every rank computes the metrics (the loss each reports is the data group's mean) and checks the
   // loss; rank 0 alone logs, writes files and checkpoints (the replicas are equal). Every rank
   // evaluates the whole test set, so rank 0's test metrics are the full ones.
-  hooks_ = {std::make_shared<engine::LossHook>(), std::make_shared<engine::AccuracyHook>(),
-            std::make_shared<engine::ThroughputHook>(),
+  hooks_ = {std::make_shared<engine::LossHook>(), std::make_shared<engine::ThroughputHook>(),
             std::make_shared<engine::NonFiniteLossHook>(c.train.log_interval)};
+  // Accuracy takes the argmax over the classes: under tensor parallelism each rank holds a slice of
+  // them, so it is left out there until it is computed over the group.
+  if (context_->layout().tensor_size() == 1)
+    hooks_.insert(hooks_.begin() + 1, std::make_shared<engine::AccuracyHook>());
   if (!writer_) return;
   hooks_.push_back(std::make_shared<engine::LogMetricByEpochHook>());
   hooks_.push_back(std::make_shared<engine::LogTimingHook>());
@@ -308,15 +347,18 @@ RunResult TrainingRun::fit() {
   if (writer_ && options_.verbose) {
     fmt::print(
         "train: {} samples ({} steps/epoch of {}{}), {} epoch(s), {} optimizer updates{}; {} lr {}, scheduler {}, "
-        "workers {}, device {}{}\n",
+        "workers {}, device {}{}{}\n",
         datasets_.train->size(), plan_.batches_per_epoch, c.data.batch_size, dp_size > 1 ? " per rank" : "",
         plan_.epochs, plan_.total_updates,
         plan_.max_updates > 0 ? fmt::format(" (train.max_steps = {})", plan_.max_updates) : "",
-        config::to_string(c.optimizer.name), c.optimizer.lr, config::to_string(c.lr_scheduler.name),
-        c.data.num_workers, device_,
+        config::to_string(c.optimizer.name), c.optimizer.lr, config::to_string(c.lr_scheduler.name), c.data.num_workers,
+        device_,
         dp_size > 1 ? fmt::format(", data parallel: {} ranks ({})", dp_size,
                                   context_->group(parallel::GroupKind::kData)->backend_name())
-                    : "");
+                    : "",
+        context_->layout().tensor_size() > 1
+            ? fmt::format(", tensor parallel: {} ranks", context_->layout().tensor_size())
+            : "");
     std::fflush(stdout);
   }
   const auto begin = std::chrono::steady_clock::now();
@@ -324,8 +366,8 @@ RunResult TrainingRun::fit() {
   limits.max_updates = plan_.max_updates;
   limits.test_cut_epoch = c.train.epochs == 0;
   try {
-    trainer_->fit(*train_loader_, plan_.epochs, test_loader_.get(), std::max<int64_t>(1, c.train.test_interval),
-                  hooks_, c.train.progress && writer_, limits);
+    trainer_->fit(*train_loader_, plan_.epochs, test_loader_.get(), std::max<int64_t>(1, c.train.test_interval), hooks_,
+                  c.train.progress && writer_, limits);
   } catch (...) {
     comm::stop_transports();  // as in the constructor: no teardown waiting on peers
     throw;
@@ -337,9 +379,10 @@ RunResult TrainingRun::fit() {
   if (writer_ && options_.verbose) {
     if (trainer_->epoch_cut() && test_loader_ && !limits.test_cut_epoch &&
         trainer_->cur_epoch() % std::max<int64_t>(1, c.train.test_interval) == 0) {
-      fmt::print("test: not run after epoch {}, which train.max_steps = {} cut short (test passes follow whole "
-                 "epochs)\n",
-                 trainer_->cur_epoch() + 1, plan_.max_updates);
+      fmt::print(
+          "test: not run after epoch {}, which train.max_steps = {} cut short (test passes follow whole "
+          "epochs)\n",
+          trainer_->cur_epoch() + 1, plan_.max_updates);
     }
     const int64_t ran = result.steps - start_.step;
     fmt::print("done: {} steps in {:.1f} s ({:.3f} s/step incl. evaluation)\n", ran, result.seconds,
