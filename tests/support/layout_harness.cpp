@@ -261,20 +261,27 @@ HarnessCase vit_case() {
   return c;
 }
 
+namespace {
+
+/// A two-block GPT-2 on a 32-token vocabulary and 16-token windows, 16 wide, dropout off.
+std::shared_ptr<nn::Module> tiny_gpt2(core::Generator& init, int64_t heads) {
+  nn::models::GPT2Config g;
+  g.vocab_size = 32;
+  g.n_positions = 16;
+  g.n_embd = 16;
+  g.n_layer = 2;
+  g.n_head = heads;
+  g.dropout = 0.0;
+  return std::make_shared<nn::models::GPT2>(g, &init);
+}
+
+}  // namespace
+
 HarnessCase gpt2_case() {
   HarnessCase c;
   c.name = "gpt2";
   static constexpr int64_t kVocab = 32, kT = 16;
-  c.build_model = [](core::Generator& init) -> std::shared_ptr<nn::Module> {
-    nn::models::GPT2Config g;
-    g.vocab_size = kVocab;
-    g.n_positions = kT;
-    g.n_embd = 16;
-    g.n_layer = 2;
-    g.n_head = 2;
-    g.dropout = 0.0;
-    return std::make_shared<nn::models::GPT2>(g, &init);
-  };
+  c.build_model = [](core::Generator& init) { return tiny_gpt2(init, /*heads=*/2); };
   c.rows = [](int64_t step, int64_t micro, int64_t begin, int64_t end) {
     std::vector<int64_t> x, y;
     for (int64_t r = begin; r < end; ++r) {
@@ -294,16 +301,8 @@ HarnessCase gpt2_case() {
 HarnessCase gpt2_tp_case() {
   HarnessCase c = gpt2_case();
   c.name = "gpt2";
-  c.build_model = [](core::Generator& init) -> std::shared_ptr<nn::Module> {
-    nn::models::GPT2Config g;
-    g.vocab_size = 32;
-    g.n_positions = 16;
-    g.n_embd = 16;
-    g.n_layer = 2;
-    g.n_head = 4;
-    g.dropout = 0.0;
-    return std::make_shared<nn::models::GPT2>(g, &init);
-  };
+  c.build_model = [](core::Generator& init) { return tiny_gpt2(init, /*heads=*/4); };  // splits over 2 and 4
+
   c.parallelize = [](nn::Module& serial, const parallel::ParallelContext& context) -> std::shared_ptr<nn::Module> {
     auto* gpt2 = dynamic_cast<nn::models::GPT2*>(&serial);
     if (gpt2 == nullptr) throw Error("gpt2_tp_case: the serial model is not a GPT2");
