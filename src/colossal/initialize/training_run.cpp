@@ -161,6 +161,11 @@ void TrainingRun::assemble() {
 
 TrainingRun::~TrainingRun() = default;
 
+engine::NamedGenerators TrainingRun::named_generators() const {
+  // The generators that draw after initialisation; checkpoints carry their states.
+  return {{"dropout", dropout_generator_.get()}, {"default", &core::default_generator()}};
+}
+
 void TrainingRun::check_outputs() const {
   const TrainConfig& c = config_;
   if (!c.train.checkpoint_dir.empty()) check_writable_dir("train.checkpoint_dir", c.train.checkpoint_dir);
@@ -278,8 +283,7 @@ void TrainingRun::resume() {
                  {"training set size", std::to_string(datasets_.train->size())},
                  {"steps per epoch", std::to_string(plan_.batches_per_epoch)}};
   if (c.train.resume_from.empty()) return;
-  const engine::NamedGenerators generators = {{"dropout", dropout_generator_.get()},
-                                              {"default", &core::default_generator()}};
+  const engine::NamedGenerators generators = named_generators();
   const fs::path file = engine::find_checkpoint(c.train.resume_from);
   const engine::CheckpointInfo info = engine::load_checkpoint(file, *engine_, generators);
   for (const auto& [key, value] : invariants_) {
@@ -333,8 +337,7 @@ void TrainingRun::build_hooks() {
   if (!c.train.checkpoint_dir.empty()) {
     std::map<std::string, std::string> invariants = invariants_;
     invariants["config"] = config::describe(c);
-    const engine::NamedGenerators generators = {{"dropout", dropout_generator_.get()},
-                                                {"default", &core::default_generator()}};
+    const engine::NamedGenerators generators = named_generators();
     hooks_.push_back(std::make_shared<engine::SaveCheckpointHook>(c.train.checkpoint_dir, generators,
                                                                   c.train.checkpoint_interval, c.train.checkpoint_steps,
                                                                   invariants, c.train.keep_checkpoints));

@@ -19,6 +19,7 @@
 #include "colossal/config/train_config.h"
 #include "colossal/core/random.h"
 #include "colossal/data/data_loader.h"
+#include "colossal/engine/checkpoint.h"  // NamedGenerators
 #include "colossal/engine/engine.h"
 #include "colossal/engine/hook.h"
 #include "colossal/engine/trainer.h"
@@ -81,6 +82,7 @@ class TrainingRun {
 
  private:
   void assemble();
+  engine::NamedGenerators named_generators() const;
   void check_outputs() const;
   void build_data_and_model();
   void build_engine();

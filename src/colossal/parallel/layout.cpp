@@ -90,20 +90,6 @@ std::optional<TensorParallelMode> mode_of(GroupKind kind) {
   }
 }
 
-std::string_view mode_name(TensorParallelMode mode) {
-  switch (mode) {
-    case TensorParallelMode::k1d:
-      return "1d";
-    case TensorParallelMode::k2d:
-      return "2d";
-    case TensorParallelMode::k2p5d:
-      return "2.5d";
-    case TensorParallelMode::k3d:
-      return "3d";
-  }
-  return "?";
-}
-
 /// The integer n-th root of value when it is exact, else 0.
 int exact_root(int value, int n) {
   const auto root = static_cast<int>(std::lround(std::pow(static_cast<double>(value), 1.0 / n)));
@@ -242,7 +228,7 @@ std::vector<int> grid_group(int base, const std::array<int, 3>& dims, const Grid
 
 std::vector<int> ParallelLayout::group(GroupKind kind, int global_rank) const {
   COLOSSAL_CHECK(has_group(kind), "the {} groups exist only with parallel.tensor.mode = \"{}\"; this layout is \"{}\"",
-                 to_string(kind), mode_name(*mode_of(kind)), mode_name(tensor_mode_));
+                 to_string(kind), config::to_string(*mode_of(kind)), config::to_string(tensor_mode_));
   const RankCoords c = coords(global_rank);
   std::vector<int> ranks;
   switch (kind) {
@@ -276,7 +262,7 @@ int ParallelLayout::rank_in_group(GroupKind kind, int global_rank) const {
 
 std::vector<std::vector<int>> ParallelLayout::all_groups(GroupKind kind) const {
   COLOSSAL_CHECK(has_group(kind), "the {} groups exist only with parallel.tensor.mode = \"{}\"; this layout is \"{}\"",
-                 to_string(kind), mode_name(*mode_of(kind)), mode_name(tensor_mode_));
+                 to_string(kind), config::to_string(*mode_of(kind)), config::to_string(tensor_mode_));
   std::vector<std::vector<int>> groups;
   const int model_size = pipeline_size_ * tensor_size_;
   switch (kind) {

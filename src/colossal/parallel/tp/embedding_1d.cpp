@@ -25,12 +25,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(const Tensor& weight, std::shared
                  num_embeddings_, group_->size(), group_->size());
   const int64_t rows = num_embeddings_ / group_->size();
   first_row_ = group_->rank() * rows;
-  Tensor shard;
-  {
-    autograd::NoGradGuard no_grad;
-    shard = weight.detach().narrow(0, first_row_, rows).contiguous().clone();
-  }
-  weight_ = &register_parameter("weight", shard);
+  weight_ = &register_parameter("weight", shard_of(weight, ShardSpec::shard(0), group_->rank(), group_->size()));
 }
 
 std::shared_ptr<VocabParallelEmbedding> VocabParallelEmbedding::from(const nn::Embedding& serial,

@@ -5,7 +5,6 @@
 
 #include <utility>
 
-#include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"
 #include "colossal/ops/elementwise.h"  // add
 #include "colossal/ops/linalg.h"       // linear
@@ -113,12 +112,8 @@ RowParallelLinear::RowParallelLinear(const Tensor& weight, const Tensor& bias, W
                  out_features_);
   weight_ =
       &register_parameter("weight", shard(weight, in_dim(layout), *group_, "RowParallelLinear", "input features"));
-  Tensor replicated;
-  if (bias.defined()) {
-    autograd::NoGradGuard no_grad;
-    replicated = bias.detach().contiguous().clone();
-  }
-  bias_ = &register_parameter("bias", replicated);
+  bias_ = &register_parameter(
+      "bias", bias.defined() ? shard_of(bias, ShardSpec::replicate(), group_->rank(), group_->size()) : Tensor());
 }
 
 std::map<std::string, ShardSpec> RowParallelLinear::shard_specs() const {

@@ -6,7 +6,7 @@
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"
 #include "colossal/ops/indexing.h"  // index_select
-#include "colossal/ops/shape.h"
+#include "colossal/parallel/tp/mappings.h"  // gather_from_region
 
 namespace colossal::parallel::tp {
 namespace {
@@ -46,21 +46,14 @@ Tensor shard_of(const Tensor& serial, const ShardSpec& spec, int rank, int size)
 }
 
 Tensor gather_shard(const Tensor& local, const ShardSpec& spec, comm::ProcessGroup& group) {
-  autograd::NoGradGuard no_grad;
-  if (spec.replicated() || (group.size() == 1 && spec.order.empty())) return local.detach();
-  // all_gather concatenates along dim 0: bring the sharded dim to the front and back.
-  const int dim = spec.dim;
-  Tensor front = local.detach().transpose(0, dim).contiguous();
-  Shape gathered_shape = front.shape();
-  gathered_shape[0] *= group.size();
-  Tensor gathered = core::empty(gathered_shape, TensorOptions(local.dtype(), local.device()));
-  group.all_gather(gathered, front);
-  Tensor ordered = gathered.transpose(0, dim).contiguous();
+  autograd::NoGradGuard no_grad;  // gather_from_region records nothing then
+  if (spec.replicated()) return local.detach();
+  const Tensor ordered = gather_from_region(local.detach(), spec.dim, group);
   if (spec.order.empty()) return ordered;
   // Undo the order: serial index order[i] holds ordered's i-th slice.
   std::vector<int64_t> inverse(spec.order.size());
   for (size_t i = 0; i < spec.order.size(); ++i) inverse[static_cast<size_t>(spec.order[i])] = static_cast<int64_t>(i);
-  return ops::index_select(ordered, dim, index_tensor(inverse, local.device()));
+  return ops::index_select(ordered, spec.dim, index_tensor(inverse, local.device()));
 }
 
 }  // namespace colossal::parallel::tp
