@@ -128,7 +128,8 @@ TEST(NcclCollectives, AllReduceEveryOpDtypeAndLength) {
         SCOPED_TRACE(fmt::format("{} {} of {} elements", dtype, reduce_op_name(op), n));
         Tensor t = gpu_input(dtype, rank, {n});
         world().all_reduce(t, op);
-        EXPECT_TRUE(values_near(t, reference_values(dtype, op, iota_ranks(size), n), 0.0, avg_tolerance(dtype, op, size)));
+        EXPECT_TRUE(
+            values_near(t, reference_values(dtype, op, iota_ranks(size), n), 0.0, avg_tolerance(dtype, op, size)));
       }
     }
   }
@@ -174,8 +175,8 @@ TEST(NcclCollectives, ReduceScatterEveryOpDtypeAndLength) {
         Tensor input = gpu_input(dtype, rank, {size * n});
         Tensor output = gpu_zeros({n}, dtype);
         world().reduce_scatter(output, input, op);
-        EXPECT_TRUE(values_near(output, reference_values(dtype, op, iota_ranks(size), n, n * rank),
-                                0.0, avg_tolerance(dtype, op, size)));
+        EXPECT_TRUE(values_near(output, reference_values(dtype, op, iota_ranks(size), n, n * rank), 0.0,
+                                avg_tolerance(dtype, op, size)));
         EXPECT_TRUE(values_equal(input, input_slice(dtype, rank, size * n))) << "the input must stay as it was";
       }
     }

@@ -96,7 +96,8 @@ TEST(TrainingRun, LayoutRulesRunAtConfigLoadWithOneWording) {
     FAIL() << "ran parallel.data = 2 in one process";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("needs 2 processes (data x pipeline x tensor), but this is a single process"), std::string::npos) << m;
+    EXPECT_NE(m.find("needs 2 processes (data x pipeline x tensor), but this is a single process"), std::string::npos)
+        << m;
     EXPECT_NE(m.find("colossal run --nproc_per_node 2 -- colossal train --config"), std::string::npos) << m;
   }
 }
@@ -130,7 +131,8 @@ TEST(TrainingRun, OutputPathsAreCheckedBeforeTraining) {
   m = message({}, (file / "m.jsonl").string());
   EXPECT_NE(m.find("its folder cannot be made"), std::string::npos) << m;
   // Writable paths are made (and nothing is left in them but what the run writes).
-  TrainingRun ok(make_config({"train.checkpoint_dir=" + toml_path(dir / "new" / "ckpt")}), RunOptions{.verbose = false});
+  TrainingRun ok(make_config({"train.checkpoint_dir=" + toml_path(dir / "new" / "ckpt")}),
+                 RunOptions{.verbose = false});
   EXPECT_TRUE(fs::is_directory(dir / "new" / "ckpt"));
   EXPECT_TRUE(fs::is_empty(dir / "new" / "ckpt"));
   fs::remove_all(dir);
@@ -168,8 +170,8 @@ TEST(TrainingRun, ResumeExtendsARunCutByMaxSteps) {
     return make_config(all);
   };
   {
-    TrainingRun full(with({"train.max_steps=11"}), RunOptions{.metrics_path = (dir / "full.jsonl").string(),
-                                                              .verbose = false});
+    TrainingRun full(with({"train.max_steps=11"}),
+                     RunOptions{.metrics_path = (dir / "full.jsonl").string(), .verbose = false});
     full.fit();
   }
   {

@@ -420,9 +420,10 @@ TEST(ParallelLayoutValidation, TwoAndAHalfDimensionalNeedsDepthTimesASquare) {
 }
 
 TEST(ParallelLayoutValidation, ThreeDimensionalNeedsACube) {
-  EXPECT_EQ(error_of(make_config(1, 16, TensorParallelMode::k3d), 16),
-            "parallel.tensor.size = 16 does not suit parallel.tensor.mode = \"3d\", which needs a cube (d*d*d): nearest "
-            "valid sizes 8 or 27");
+  EXPECT_EQ(
+      error_of(make_config(1, 16, TensorParallelMode::k3d), 16),
+      "parallel.tensor.size = 16 does not suit parallel.tensor.mode = \"3d\", which needs a cube (d*d*d): nearest "
+      "valid sizes 8 or 27");
   EXPECT_EQ(error_of(make_config(1, 4, TensorParallelMode::k3d), 4),
             "parallel.tensor.size = 4 does not suit parallel.tensor.mode = \"3d\", which needs a cube (d*d*d): nearest "
             "valid sizes 1 or 8");
@@ -449,8 +450,9 @@ TEST(ParallelLayoutValidation, ExplicitDataSizeMustFillTheWorld) {
   EXPECT_THAT(m, ::testing::HasSubstr("or set parallel.data = 2 (or 0: derived from the processes started)"));
   c = make_config(1, 1);
   c.data = 2;
-  EXPECT_THAT(error_of(c, 1), ::testing::HasSubstr("needs 2 processes (data x pipeline x tensor), but this is a single process: start 2 "
-                                                   "processes: `colossal run --nproc_per_node 2"));
+  EXPECT_THAT(error_of(c, 1), ::testing::HasSubstr(
+                                  "needs 2 processes (data x pipeline x tensor), but this is a single process: start 2 "
+                                  "processes: `colossal run --nproc_per_node 2"));
 }
 
 TEST(ParallelLayoutValidation, InterleavedScheduleNeedsMicrobatchesInRoundsOfStages) {

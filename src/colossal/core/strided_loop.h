@@ -15,7 +15,7 @@ namespace colossal::core {
 
 template <size_t N>
 struct StridedOperands {
-  Shape shape;                              ///< iteration shape (after merging)
+  Shape shape;                                  ///< iteration shape (after merging)
   std::array<std::vector<int64_t>, N> strides;  ///< byte strides per operand, same rank as shape
   std::array<char*, N> base{};
 };

@@ -5,17 +5,17 @@
 
 #include <cstdint>
 #include <functional>
-#include <string_view>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "colossal/amp/mixed_precision_optimizer.h"
 #include "colossal/comm/process_group.h"
 #include "colossal/core/tensor.h"
+#include "colossal/engine/schedule.h"
 #include "colossal/nn/module.h"
 #include "colossal/optim/lr_scheduler.h"
 #include "colossal/optim/optimizer.h"
-#include "colossal/engine/schedule.h"
 #include "colossal/parallel/dp/data_parallel.h"
 #include "colossal/parallel/gradient_handler.h"
 #include "colossal/parallel/gradient_statistics.h"

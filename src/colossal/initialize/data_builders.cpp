@@ -14,7 +14,6 @@
 #include <variant>
 #include <vector>
 
-#include "colossal/initialize/builders.h"
 #include "colossal/config/train_config.h"
 #include "colossal/core/error.h"
 #include "colossal/data/auto_augment.h"  // AutoAugment
@@ -26,6 +25,7 @@
 #include "colossal/data/token_file.h"    // TokenFileDataset
 #include "colossal/data/transform.h"     // Compose
 #include "colossal/data/transforms.h"    // ToTensor, RandomCrop, RandomHorizontalFlip, Resize, Normalize, crop, pad
+#include "colossal/initialize/builders.h"
 
 namespace colossal::initialize {
 namespace {

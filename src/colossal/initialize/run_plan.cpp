@@ -10,8 +10,8 @@ namespace colossal::initialize {
 RunPlan plan_run(int64_t rank_samples, int64_t batch_size, bool drop_last, int64_t accumulation, int64_t epochs,
                  int64_t max_steps) {
   COLOSSAL_CHECK(batch_size >= 1 && accumulation >= 1 && epochs >= 0 && max_steps >= 0,
-                 "plan_run: batch_size {} and accumulation {} must be >= 1, epochs {} and max_steps {} >= 0", batch_size,
-                 accumulation, epochs, max_steps);
+                 "plan_run: batch_size {} and accumulation {} must be >= 1, epochs {} and max_steps {} >= 0",
+                 batch_size, accumulation, epochs, max_steps);
   COLOSSAL_CHECK(epochs > 0 || max_steps > 0,
                  "train.epochs and train.max_steps are both 0: the run would never end; set train.epochs (passes over "
                  "the data) or train.max_steps (optimizer steps)");

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
-#include "colossal/core/parallel_for.h"       // parallel_for
+#include "colossal/core/parallel_for.h"   // parallel_for
 #include "colossal/core/view.h"           // to_device_raw
 
 namespace colossal::nn::init {

@@ -39,9 +39,10 @@ bool is_power(int64_t value, int n) {
 
 /// How to start `n` processes, for the world rule's message.
 std::string how_to_start(int64_t n) {
-  return fmt::format("start {} process{}: `colossal run --nproc_per_node {} -- colossal train --config ...` (or mpirun "
-                     "-np {}, torchrun --nproc_per_node {}, srun -n {})",
-                     n, n == 1 ? "" : "es", n, n, n, n);
+  return fmt::format(
+      "start {} process{}: `colossal run --nproc_per_node {} -- colossal train --config ...` (or mpirun "
+      "-np {}, torchrun --nproc_per_node {}, srun -n {})",
+      n, n == 1 ? "" : "es", n, n, n, n);
 }
 
 }  // namespace
@@ -54,16 +55,21 @@ std::vector<LayoutProblem> check_layout(const config::ParallelConfig& config, in
   };
   // Ranges first: the rules below divide by these.
   const config::TensorParallelConfig& tensor = config.tensor;
-  if (config.data < 0) fail("parallel.data", fmt::format("parallel.data = {} must be >= 0 (0: all the processes "
-                                                         "not used by pipeline and tensor)", config.data));
-  if (config.pipeline < 1) fail("parallel.pipeline", fmt::format("parallel.pipeline = {} must be >= 1", config.pipeline));
+  if (config.data < 0)
+    fail("parallel.data", fmt::format("parallel.data = {} must be >= 0 (0: all the processes "
+                                      "not used by pipeline and tensor)",
+                                      config.data));
+  if (config.pipeline < 1)
+    fail("parallel.pipeline", fmt::format("parallel.pipeline = {} must be >= 1", config.pipeline));
   if (tensor.size < 1) fail("parallel.tensor.size", fmt::format("parallel.tensor.size = {} must be >= 1", tensor.size));
-  if (tensor.mode == TensorParallelMode::k2p5d && tensor.depth < 1) fail("parallel.tensor.depth", fmt::format("parallel.tensor.depth = {} must be >= 1", tensor.depth));
+  if (tensor.mode == TensorParallelMode::k2p5d && tensor.depth < 1)
+    fail("parallel.tensor.depth", fmt::format("parallel.tensor.depth = {} must be >= 1", tensor.depth));
   if (config.num_microbatches < 1) {
     fail("parallel.num_microbatches",
          fmt::format("parallel.num_microbatches = {} must be >= 1", config.num_microbatches));
   }
-  if (config.num_chunks < 1) fail("parallel.num_chunks", fmt::format("parallel.num_chunks = {} must be >= 1", config.num_chunks));
+  if (config.num_chunks < 1)
+    fail("parallel.num_chunks", fmt::format("parallel.num_chunks = {} must be >= 1", config.num_chunks));
   if (!problems.empty()) return problems;
 
   // Each tensor mode's rule on the number of ranks (a size of 1 splits nothing and suits any mode).

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "colossal/core/parallel_for.h"     // parallel_for
-#include "colossal/ops/conv_kernels.h"  // batch_norm stubs
+#include "colossal/core/parallel_for.h"  // parallel_for
+#include "colossal/ops/conv_kernels.h"   // batch_norm stubs
 
 namespace colossal::ops {
 namespace {

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "colossal/core/parallel_for.h"     // parallel_for
-#include "colossal/core/view.h"         // cast_raw
-#include "colossal/ops/conv_kernels.h"  // stubs, Conv2dGeometry
+#include "colossal/core/parallel_for.h"  // parallel_for
+#include "colossal/core/view.h"          // cast_raw
+#include "colossal/ops/conv_kernels.h"   // stubs, Conv2dGeometry
 
 namespace colossal::ops {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "colossal/core/parallel_for.h"      // parallel_for
+#include "colossal/core/parallel_for.h"  // parallel_for
 #include "colossal/core/strided_loop.h"  // make_strided_operands, for_each_strided
 #include "colossal/ops/indexing_kernels.h"
 

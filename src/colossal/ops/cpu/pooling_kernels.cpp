@@ -5,8 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "colossal/core/parallel_for.h"     // parallel_for
-#include "colossal/ops/conv_kernels.h"  // pooling stubs
+#include "colossal/core/parallel_for.h"  // parallel_for
+#include "colossal/ops/conv_kernels.h"   // pooling stubs
 
 namespace colossal::ops {
 namespace {

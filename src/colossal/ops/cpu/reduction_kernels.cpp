@@ -35,36 +35,40 @@ void sum_typed(Out* out, const T* in, int64_t outer, int64_t reduce, int64_t inn
       out[0] = static_cast<Out>(static_cast<core::acc_t<Out>>(total));
       return;
     }
-    core::parallel_for(0, outer, std::max<int64_t>(1, core::kParallelGrain / std::max<int64_t>(reduce, 1)), [&](int64_t b, int64_t e) {
-      for (int64_t o = b; o < e; ++o) {
-        A acc = A(0);
-        const T* row = in + o * reduce;
-        for (int64_t r = 0; r < reduce; ++r) acc += static_cast<A>(row[r]);
-        out[o] = static_cast<Out>(static_cast<core::acc_t<Out>>(acc));
-      }
-    });
+    core::parallel_for(0, outer, std::max<int64_t>(1, core::kParallelGrain / std::max<int64_t>(reduce, 1)),
+                       [&](int64_t b, int64_t e) {
+                         for (int64_t o = b; o < e; ++o) {
+                           A acc = A(0);
+                           const T* row = in + o * reduce;
+                           for (int64_t r = 0; r < reduce; ++r) acc += static_cast<A>(row[r]);
+                           out[o] = static_cast<Out>(static_cast<core::acc_t<Out>>(acc));
+                         }
+                       });
     return;
   }
   // Reduce over a middle dim: accumulate whole rows of `inner`, which vectorises.
   const int64_t work_per_outer = reduce * inner;
-  const int64_t inner_chunk = outer == 1 ? std::max<int64_t>(64, core::kParallelGrain / std::max<int64_t>(reduce, 1)) : inner;
+  const int64_t inner_chunk =
+      outer == 1 ? std::max<int64_t>(64, core::kParallelGrain / std::max<int64_t>(reduce, 1)) : inner;
   const int64_t chunks_per_outer = (inner + inner_chunk - 1) / inner_chunk;
-  core::parallel_for(0, outer * chunks_per_outer,
-                     std::max<int64_t>(1, core::kParallelGrain / std::max<int64_t>(work_per_outer / chunks_per_outer, 1)),
-                     [&](int64_t b, int64_t e) {
-                       std::vector<A> acc;
-                       for (int64_t job = b; job < e; ++job) {
-                         const int64_t o = job / chunks_per_outer;
-                         const int64_t i0 = (job % chunks_per_outer) * inner_chunk;
-                         const int64_t n = std::min(inner, i0 + inner_chunk) - i0;
-                         acc.assign(static_cast<size_t>(n), A(0));
-                         for (int64_t r = 0; r < reduce; ++r) {
-                           const T* row = in + (o * reduce + r) * inner + i0;
-                           for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<A>(row[i]);
-                         }
-                         for (int64_t i = 0; i < n; ++i) out[o * inner + i0 + i] = static_cast<Out>(static_cast<core::acc_t<Out>>(acc[i]));
-                       }
-                     });
+  core::parallel_for(
+      0, outer * chunks_per_outer,
+      std::max<int64_t>(1, core::kParallelGrain / std::max<int64_t>(work_per_outer / chunks_per_outer, 1)),
+      [&](int64_t b, int64_t e) {
+        std::vector<A> acc;
+        for (int64_t job = b; job < e; ++job) {
+          const int64_t o = job / chunks_per_outer;
+          const int64_t i0 = (job % chunks_per_outer) * inner_chunk;
+          const int64_t n = std::min(inner, i0 + inner_chunk) - i0;
+          acc.assign(static_cast<size_t>(n), A(0));
+          for (int64_t r = 0; r < reduce; ++r) {
+            const T* row = in + (o * reduce + r) * inner + i0;
+            for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<A>(row[i]);
+          }
+          for (int64_t i = 0; i < n; ++i)
+            out[o * inner + i0 + i] = static_cast<Out>(static_cast<core::acc_t<Out>>(acc[i]));
+        }
+      });
 }
 
 void sum_cpu(const Tensor& out, const Tensor& in, int64_t outer, int64_t reduce, int64_t inner) {
@@ -82,35 +86,37 @@ void sum_cpu(const Tensor& out, const Tensor& in, int64_t outer, int64_t reduce,
   });
 }
 
-void max_cpu(const Tensor& values, const Tensor& indices, const Tensor& in, int64_t outer, int64_t reduce, int64_t inner) {
+void max_cpu(const Tensor& values, const Tensor& indices, const Tensor& in, int64_t outer, int64_t reduce,
+             int64_t inner) {
   core::dispatch_arithmetic(in.dtype(), "max", [&]<class T>() {
     using A = core::acc_t<T>;
     const T* src = in.data<T>();
     T* out = values.data<T>();
     int64_t* idx = indices.data<int64_t>();
-    core::parallel_for(0, outer * inner, std::max<int64_t>(1, core::kParallelGrain / reduce), [&](int64_t b, int64_t e) {
-      for (int64_t job = b; job < e; ++job) {
-        const int64_t o = job / inner, i = job % inner;
-        const T* base = src + o * reduce * inner + i;
-        A best = static_cast<A>(base[0]);
-        int64_t best_at = 0;
-        for (int64_t r = 1; r < reduce; ++r) {
-          const A v = static_cast<A>(base[r * inner]);
-          if constexpr (std::is_floating_point_v<A>) {
-            if (std::isnan(best)) break;
-            if (std::isnan(v) || v > best) {
-              best = v;
-              best_at = r;
-            }
-          } else if (v > best) {
-            best = v;
-            best_at = r;
-          }
-        }
-        out[job] = base[best_at * inner];
-        idx[job] = best_at;
-      }
-    });
+    core::parallel_for(0, outer * inner, std::max<int64_t>(1, core::kParallelGrain / reduce),
+                       [&](int64_t b, int64_t e) {
+                         for (int64_t job = b; job < e; ++job) {
+                           const int64_t o = job / inner, i = job % inner;
+                           const T* base = src + o * reduce * inner + i;
+                           A best = static_cast<A>(base[0]);
+                           int64_t best_at = 0;
+                           for (int64_t r = 1; r < reduce; ++r) {
+                             const A v = static_cast<A>(base[r * inner]);
+                             if constexpr (std::is_floating_point_v<A>) {
+                               if (std::isnan(best)) break;
+                               if (std::isnan(v) || v > best) {
+                                 best = v;
+                                 best_at = r;
+                               }
+                             } else if (v > best) {
+                               best = v;
+                               best_at = r;
+                             }
+                           }
+                           out[job] = base[best_at * inner];
+                           idx[job] = best_at;
+                         }
+                       });
   });
 }
 

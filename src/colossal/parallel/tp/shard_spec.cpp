@@ -5,7 +5,7 @@
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"
-#include "colossal/ops/indexing.h"  // index_select
+#include "colossal/ops/indexing.h"          // index_select
 #include "colossal/parallel/tp/mappings.h"  // gather_from_region
 
 namespace colossal::parallel::tp {
