@@ -15,6 +15,7 @@
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"
+#include "colossal/engine/checkpoint_sharding.h"
 #include "colossal/engine/hooks.h"  // NonFiniteLossHook
 #include "colossal/nn/safetensors.h"
 #include "colossal/ops/elementwise.h"  // sub, add
@@ -201,19 +202,27 @@ std::optional<std::string> first_non_finite(const std::vector<std::pair<std::str
 
 }  // namespace
 
+bool writes_checkpoints(const Engine& engine) {
+  return engine.context().global_rank() == 0;
+}
+
 void save_checkpoint(const std::filesystem::path& path, Engine& engine, const NamedGenerators& generators,
                      const CheckpointInfo& info) {
   COLOSSAL_CHECK(engine.micro_step() == 0,
                  "save_checkpoint {}: the engine is {} micro-step(s) into a gradient-accumulation window; checkpoint "
                  "after the window's optimizer step",
                  path.string(), engine.micro_step());
+  // The serial model's tensors, whatever the layout (Note [Checkpoints of a sharded model]).
+  const CheckpointSharding sharding(engine);
   nn::StateDict tensors;
-  add_prefixed(tensors, kModelPrefix, engine.model().state_dict());
-  add_prefixed(tensors, kOptimizerPrefix, engine.optimizer().state_dict());
+  add_prefixed(tensors, kModelPrefix, sharding.gather_model(engine.model().state_dict()));
+  add_prefixed(tensors, kOptimizerPrefix, sharding.gather_optimizer(engine.optimizer().state_dict()));
   if (optim::LRScheduler* scheduler = engine.lr_scheduler()) {
     add_prefixed(tensors, kSchedulerPrefix, scheduler->state_dict());
   }
-  if (amp::MixedPrecisionOptimizer* amp = engine.amp()) add_prefixed(tensors, kAmpPrefix, amp->state_dict());
+  if (amp::MixedPrecisionOptimizer* amp = engine.amp()) {
+    add_prefixed(tensors, kAmpPrefix, sharding.gather_amp(amp->state_dict()));
+  }
   std::map<std::string, std::string> metadata = {
       {kFormatKey, kFormat},
       {kVersionKey, kVersion},
@@ -247,6 +256,8 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, const Na
         path.string(), *bad, info.position.step);
   }
 
+  // Every rank of a tensor group has the whole state now; one process writes it.
+  if (!writes_checkpoints(engine)) return;
   try {
     if (path.has_parent_path()) {
       std::error_code error;
@@ -265,10 +276,13 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
   nn::SafetensorsFile file = nn::load_safetensors(path);
   const std::string where = fmt::format("checkpoint {}", path.string());
 
-  nn::StateDict model = take_prefixed<nn::StateDict>(file.tensors, kModelPrefix);
-  optim::StateDict optimizer = take_prefixed<optim::StateDict>(file.tensors, kOptimizerPrefix);
+  // The file holds the serial tensors; each rank of a tensor group keeps its shard of them.
+  const CheckpointSharding sharding(engine);
+  nn::StateDict model = sharding.shard_model(take_prefixed<nn::StateDict>(file.tensors, kModelPrefix));
+  optim::StateDict optimizer =
+      sharding.shard_optimizer(take_prefixed<optim::StateDict>(file.tensors, kOptimizerPrefix));
   optim::StateDict scheduler = take_prefixed<optim::StateDict>(file.tensors, kSchedulerPrefix);
-  optim::StateDict amp_state = take_prefixed<optim::StateDict>(file.tensors, kAmpPrefix);
+  optim::StateDict amp_state = sharding.shard_amp(take_prefixed<optim::StateDict>(file.tensors, kAmpPrefix));
   if (!file.tensors.empty()) {
     COLOSSAL_FAIL("{}: tensor \"{}\" belongs to none of model., optimizer., lr_scheduler., amp.", where,
                   file.tensors.begin()->first);
@@ -472,6 +486,7 @@ void SaveCheckpointHook::save(Trainer& trainer, const TrainPosition& position) {
   CheckpointInfo info{position, trainer.engine().num_updates(), extra_};
   const std::filesystem::path path = dir_ / checkpoint_file_name(position);
   save_checkpoint(path, trainer.engine(), generators_, info);
+  if (!writes_checkpoints(trainer.engine())) return;  // a tensor-parallel rank that only gathered
   // A step checkpoint at the epoch's last update is superseded by the epoch's own (same step).
   if (!written_.empty() && written_.back().path != path && written_.back().step == position.step) {
     std::error_code ec;

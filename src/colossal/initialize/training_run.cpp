@@ -50,12 +50,6 @@ void reject_unsupported(const TrainConfig& c) {
           "parallelism is built for model.name = \"gpt2\" in mode \"1d\" so far",
           c.parallel.tensor.size, config::to_string(c.model.name), config::to_string(c.parallel.tensor.mode)));
     }
-    if (!c.train.checkpoint_dir.empty() || !c.train.resume_from.empty()) {
-      unsupported(fmt::format(
-          "train.checkpoint_dir / train.resume_from with parallel.tensor.size = {}: checkpoints of a sharded model "
-          "(gathered to the serial names, loadable at any layout) are not built yet; leave both empty",
-          c.parallel.tensor.size));
-    }
   }
   if (c.zero.stage > 0) unsupported(fmt::format("zero.stage = {}: ZeRO is not built yet; use 0", c.zero.stage));
 }
@@ -273,13 +267,14 @@ void TrainingRun::build_engine() {
 void TrainingRun::resume() {
   const TrainConfig& c = config_;
   // What must agree between a checkpoint and the run resuming from it for the data position to mean
-  // the same batches. train.max_steps and train.epochs are not among them: a run may be extended.
+  // the same batches. train.max_steps and train.epochs are not among them: a run may be extended;
+  // nor is the tensor-parallel size: a checkpoint holds the serial model's tensors (Note
+  // [Checkpoints of a sharded model] in engine/checkpoint_sharding.cpp).
   invariants_ = {{"data.batch_size", std::to_string(c.data.batch_size)},
                  {"data.shuffle", c.data.shuffle ? "true" : "false"},
                  {"train.seed", std::to_string(c.train.seed)},
                  {"gradient_accumulation", std::to_string(c.gradient_accumulation)},
                  {"data-parallel ranks", std::to_string(context_->size(parallel::GroupKind::kData))},
-                 {"tensor-parallel ranks", std::to_string(context_->size(parallel::GroupKind::kTensor))},
                  {"training set size", std::to_string(datasets_.train->size())},
                  {"steps per epoch", std::to_string(plan_.batches_per_epoch)}};
   if (c.train.resume_from.empty()) return;
@@ -322,7 +317,11 @@ void TrainingRun::build_hooks() {
   // them, so it is left out there until it is computed over the group.
   if (context_->layout().tensor_size() == 1)
     hooks_.insert(hooks_.begin() + 1, std::make_shared<engine::AccuracyHook>());
-  if (!writer_) return;
+  if (!writer_) {
+    // Under tensor parallelism every rank takes part in a save: the shards are gathered to rank 0.
+    if (context_->layout().tensor_size() > 1) add_checkpoint_hook();
+    return;
+  }
   hooks_.push_back(std::make_shared<engine::LogMetricByEpochHook>());
   hooks_.push_back(std::make_shared<engine::LogTimingHook>());
   hooks_.push_back(std::make_shared<engine::LogMemoryHook>());
@@ -334,14 +333,18 @@ void TrainingRun::build_hooks() {
   if (!c.train.log_dir.empty()) {
     hooks_.push_back(std::make_shared<engine::TensorboardHook>(c.train.log_dir, c.train.log_interval));
   }
-  if (!c.train.checkpoint_dir.empty()) {
-    std::map<std::string, std::string> invariants = invariants_;
-    invariants["config"] = config::describe(c);
-    const engine::NamedGenerators generators = named_generators();
-    hooks_.push_back(std::make_shared<engine::SaveCheckpointHook>(c.train.checkpoint_dir, generators,
-                                                                  c.train.checkpoint_interval, c.train.checkpoint_steps,
-                                                                  invariants, c.train.keep_checkpoints));
-  }
+  add_checkpoint_hook();
+}
+
+void TrainingRun::add_checkpoint_hook() {
+  const TrainConfig& c = config_;
+  if (c.train.checkpoint_dir.empty()) return;
+  std::map<std::string, std::string> invariants = invariants_;
+  invariants["config"] = config::describe(c);
+  const engine::NamedGenerators generators = named_generators();
+  hooks_.push_back(std::make_shared<engine::SaveCheckpointHook>(c.train.checkpoint_dir, generators,
+                                                                c.train.checkpoint_interval, c.train.checkpoint_steps,
+                                                                invariants, c.train.keep_checkpoints));
 }
 
 RunResult TrainingRun::fit() {

@@ -75,7 +75,8 @@ class TrainingRun {
   engine::Engine& engine() { return *engine_; }
   engine::Trainer& trainer() { return *trainer_; }
   data::DataLoader& train_loader() { return *train_loader_; }
-  /// Whether this rank writes the logs, metrics and checkpoints (rank 0 of the world).
+  /// Whether this rank writes the logs, metrics and checkpoints (rank 0 of the world; under tensor
+  /// parallelism the other ranks of its tensor group take part in each save).
   bool writer() const { return writer_; }
   /// The position fit() starts from: a resumed checkpoint's, else the start.
   const engine::TrainPosition& start() const { return start_; }
@@ -88,6 +89,7 @@ class TrainingRun {
   void build_engine();
   void resume();
   void build_hooks();
+  void add_checkpoint_hook();
 
   config::TrainConfig config_;
   RunOptions options_;

@@ -1,0 +1,59 @@
+// Layout-independent checkpoints of a tensor-parallel model: the conversions between what a rank of
+// the tensor-parallel group holds (its shard of each split parameter, of the optimizer's moments and
+// of the fp32 master weights) and the serial model's whole tensors under its names, which is what a
+// checkpoint stores whatever the layout that wrote it. save_checkpoint gathers, load_checkpoint
+// takes each rank's shard. See Note [Checkpoints of a sharded model] in checkpoint_sharding.cpp.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "colossal/comm/process_group.h"
+#include "colossal/engine/engine.h"
+#include "colossal/nn/state_dict.h"
+#include "colossal/optim/optimizer.h"  // optim::StateDict
+#include "colossal/parallel/tp/shard_spec.h"
+
+namespace colossal::engine {
+
+class CheckpointSharding {
+ public:
+  /// The shard specs of `engine`'s model over its context's tensor-parallel group (nothing to do
+  /// where that group has one rank).
+  explicit CheckpointSharding(Engine& engine);
+
+  /// Whether any tensor is split (the tensor group has more than one rank).
+  bool active() const { return group_ != nullptr; }
+
+  /// The serial tensors from this rank's: every split tensor gathered over the group (every rank
+  /// of the group calls these together, with the same keys in the same order), replicated ones as
+  /// they are. `model` holds state_dict() names, `optimizer` the optimizer's state_dict() keys,
+  /// `amp` the mixed-precision optimizer's.
+  nn::StateDict gather_model(const nn::StateDict& model) const;
+  optim::StateDict gather_optimizer(const optim::StateDict& optimizer) const;
+  optim::StateDict gather_amp(const optim::StateDict& amp) const;
+
+  /// This rank's shards of the serial tensors a checkpoint holds (no communication).
+  nn::StateDict shard_model(const nn::StateDict& model) const;
+  optim::StateDict shard_optimizer(const optim::StateDict& optimizer) const;
+  optim::StateDict shard_amp(const optim::StateDict& amp) const;
+
+ private:
+  /// The spec of the model's parameter or buffer `name` (replicated when it names none).
+  parallel::tp::ShardSpec model_spec(const std::string& name) const;
+  /// The spec of the optimizer's state key "state.<i>.<buffer>": its parameter's for a buffer of the
+  /// parameter's rank (the moments), replicated for anything else (step counts, hyper-parameters).
+  parallel::tp::ShardSpec optimizer_spec(const std::string& key, const Tensor& tensor) const;
+  /// The spec of the mixed-precision key "master.<name>": the parameter's; replicated otherwise.
+  parallel::tp::ShardSpec amp_spec(const std::string& key) const;
+  Tensor gather(const Tensor& local, const parallel::tp::ShardSpec& spec) const;
+  Tensor shard(const Tensor& serial, const parallel::tp::ShardSpec& spec) const;
+
+  std::shared_ptr<comm::ProcessGroup> group_;
+  std::map<std::string, parallel::tp::ShardSpec> specs_;
+  /// The model's name of the optimizer's i-th parameter (across groups, as its state_dict counts).
+  std::vector<std::string> optimizer_names_;
+};
+
+}  // namespace colossal::engine
