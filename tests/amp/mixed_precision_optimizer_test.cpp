@@ -329,12 +329,14 @@ TEST(NaiveAmp, ClippingSeesTheUnscaledGradients) {
   amp.zero_grad();
 
   int calls = 0;
-  amp.set_clip_grad_norm([&](const std::vector<Tensor>& params, double max_norm, double norm_type) {
+  amp.set_grad_norm([&](const std::vector<Tensor>& params, double norm_type, const Tensor& local_sum_of_squares) {
     ++calls;
     EXPECT_EQ(params.size(), amp.master_params().size());
     EXPECT_TRUE(params[0].is_same(amp.master_params()[0]));
-    EXPECT_EQ(max_norm, kMaxNorm);
     EXPECT_EQ(norm_type, 2.0);
+    // The overflow check's sum of squares of the unscaled gradients, handed over for reuse.
+    EXPECT_TRUE(local_sum_of_squares.defined());
+    EXPECT_NEAR(std::sqrt(local_sum_of_squares.item<double>()), optim::total_grad_norm(params).item<double>(), 1e-12);
     return core::full({}, 42.0, DType::f64);
   });
   EXPECT_EQ(train_step(amp, 1, kMaxNorm).grad_norm.item<double>(), 42.0);

@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <vector>
 
+#include "colossal/optim/adam.h"
 #include "colossal/optim/clip_grad.h"
+#include "colossal/optim/sgd.h"
 #include "gradcheck.h"  // expect_values, EXPECT_ERROR_CONTAINS
 #include "optim_test_util.h"
 
@@ -210,6 +214,100 @@ TEST(VectorNorm, RejectsBadInputs) {
   EXPECT_ERROR_CONTAINS(vector_norm(core::zeros({2}, DType::i64)), "vector_norm: expected a floating tensor, got");
   EXPECT_ERROR_CONTAINS(vector_norm(core::zeros({2}, DType::f64), -1.0),
                         "vector_norm: norm_type must be a positive number or infinity (kInfNorm), got -1");
+}
+
+TEST(SumOfSquares, ScalesInPlaceFirstAndSumsInFloat64) {
+  // 2 * (3, 4) and 2 * (12): squares 36 + 64 + 576 = 676, the tensors left scaled.
+  Tensor a = core::from_vector<double>({3.0, 4.0}, {2}).to(DType::f32);
+  Tensor b = core::from_vector<double>({12.0}, {1}).to(DType::bf16);
+  const Tensor total = sum_of_squares({a, b}, 2.0);
+  EXPECT_EQ(total.dtype(), DType::f64);
+  EXPECT_EQ(total.dim(), 0);
+  EXPECT_EQ(total.item<double>(), 676.0);
+  expect_values(a, {6.0, 8.0}, 0.0);
+  expect_values(b, {24.0}, 0.0);
+  EXPECT_EQ(sum_of_squares({a}).item<double>(), 100.0);  // scale 1: nothing written
+  expect_values(a, {6.0, 8.0}, 0.0);
+  EXPECT_EQ(sum_of_squares({}).item<double>(), 0.0);
+}
+
+TEST(SumOfSquares, IsNonFiniteExactlyWhenAnElementIs) {
+  // 1e20 is a finite f32 whose f32 square overflows; squared in f64 it does not (mixed precision's
+  // overflow check must not skip a step for it), while an inf or NaN element makes the sum non-finite.
+  const Tensor big = core::from_vector<double>({1e20, 1.0}, {2}).to(DType::f32);
+  EXPECT_TRUE(std::isfinite(sum_of_squares({big}).item<double>()));
+  EXPECT_TRUE(std::isinf(sum_of_squares({big, core::from_vector<double>({kInf}, {1}).to(DType::f32)}).item<double>()));
+  EXPECT_TRUE(std::isnan(sum_of_squares({core::from_vector<double>({kNaN, 1.0}, {2})}).item<double>()));
+  EXPECT_ERROR_CONTAINS(sum_of_squares({core::zeros({2}, DType::i64)}), "sum_of_squares: tensor 0 is i64");
+}
+
+TEST(ScaleInPlace, MultipliesByTheScaleRoundedToEachDtype) {
+  Tensor a = core::from_vector<double>({1.0, -2.0}, {2});
+  Tensor b = core::from_vector<double>({3.0}, {1}).to(DType::f32);
+  const Tensor scale = core::full({}, 1.0 / 3.0, DType::f64);
+  scale_({a, b}, scale);
+  expect_values(a, {1.0 / 3.0, -2.0 / 3.0}, 0.0);                            // f64: the f64 scale
+  EXPECT_EQ(b.to_vector<float>()[0], 3.0f * static_cast<float>(1.0 / 3.0));  // f32: the scale rounded to f32 first
+}
+
+// Clipping through the optimizer (the Engine's path) updates the parameters bit for bit as clipping
+// the gradients in place and then stepping does, for an optimizer that takes the scale inside its
+// update (AdamW: .grad is left unclipped) and for one that scales in place first (SGD).
+void expect_deferred_clipping_matches(const std::function<std::unique_ptr<Optimizer>(std::vector<Tensor>)>& make,
+                                      bool grads_untouched) {
+  auto params = [] {
+    return std::vector<Tensor>{make_param({0.5, -1.0, 1.5, 2.0}, {2, 2}).to(DType::f32).detach(),
+                               make_param({0.25, -0.75}).to(DType::f32).detach()};
+  };
+  std::vector<Tensor> eager = params(), deferred = params();
+  for (auto* list : {&eager, &deferred}) {
+    for (Tensor& p : *list) p.set_requires_grad(true);
+  }
+  auto eager_opt = make(eager);
+  auto deferred_opt = make(deferred);
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<std::vector<double>> grads{{3.0 + step, -4.0, 0.1 * step, 7.0}, {12.0, -0.3 * step}};
+    for (size_t i = 0; i < 2; ++i) {
+      set_grad(eager[i], grads[i]);
+      set_grad(deferred[i], grads[i]);
+    }
+    const Tensor norm_eager = clip_grad_norm_on_device(eager, 1.5);
+    eager_opt->step();
+    const Tensor norm = total_grad_norm(deferred, 2.0);
+    EXPECT_EQ(norm.item<double>(), norm_eager.item<double>());
+    deferred_opt->scale_gradients_in_next_step(clip_coefficient(norm, 1.5));
+    deferred_opt->step();
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(deferred[i].to_vector<float>(), eager[i].to_vector<float>()) << "step " << step << " param " << i;
+      if (grads_untouched) {
+        EXPECT_EQ(deferred[i].grad().to_vector<double>(),
+                  core::from_vector(grads[i], {static_cast<int64_t>(grads[i].size())}, DType::f64)
+                      .to(DType::f32)
+                      .to_vector<double>());
+      }
+    }
+  }
+  // The scale is used once: a step without a new one is unclipped, and zero_grad forgets a pending one.
+  deferred_opt->scale_gradients_in_next_step(core::full({}, 0.0, DType::f64));
+  deferred_opt->zero_grad();
+  set_grad(deferred[0], {1.0, 1.0, 1.0, 1.0});
+  const std::vector<float> before = deferred[0].to_vector<float>();
+  deferred_opt->step();
+  EXPECT_NE(deferred[0].to_vector<float>(), before);
+}
+
+TEST(ScaleGradientsInNextStep, AdamWEqualsClippingInPlace) {
+  expect_deferred_clipping_matches(
+      [](std::vector<Tensor> p) {
+        return std::make_unique<AdamW>(std::move(p), AdamOptions{.lr = 0.1, .weight_decay = 0.01});
+      },
+      /*grads_untouched=*/true);
+}
+
+TEST(ScaleGradientsInNextStep, SgdEqualsClippingInPlace) {
+  expect_deferred_clipping_matches(
+      [](std::vector<Tensor> p) { return std::make_unique<Sgd>(std::move(p), SgdOptions{.lr = 0.1, .momentum = 0.9}); },
+      /*grads_untouched=*/false);
 }
 
 }  // namespace

@@ -13,13 +13,14 @@
 #include <string>
 #include <vector>
 
-#include "colossal/core/view.h"   // narrow_raw
-#include "colossal/optim/adam.h"  // Adam, AdamW, adam_step_stub
-#include "colossal/optim/lamb.h"  // Lamb
-#include "colossal/optim/lars.h"  // Lars
-#include "colossal/optim/sgd.h"   // Sgd
-#include "gpu_compare.h"          // COLOSSAL_REQUIRE_GPU, random_input
-#include "gradcheck.h"            // EXPECT_ERROR_CONTAINS
+#include "colossal/core/view.h"        // narrow_raw
+#include "colossal/optim/adam.h"       // Adam, AdamW, adam_step_stub
+#include "colossal/optim/clip_grad.h"  // sum_of_squares, scale_
+#include "colossal/optim/lamb.h"       // Lamb
+#include "colossal/optim/lars.h"       // Lars
+#include "colossal/optim/sgd.h"        // Sgd
+#include "gpu_compare.h"               // COLOSSAL_REQUIRE_GPU, random_input
+#include "gradcheck.h"                 // EXPECT_ERROR_CONTAINS
 
 namespace colossal::optim {
 namespace {
@@ -205,8 +206,12 @@ void expect_same_state(const Optimizer& fused, const Optimizer& reference, bool 
 /// Builds the optimizer of `c` over both parameter sets (grouped by `groups`), runs `steps` steps
 /// on the same random gradients and compares after each one. A `tolerance_scale` above 1 (for the
 /// reference loop running on the GPU) also lets f32 and f64 results differ in their last bits.
+/// With `grad_scale` non-zero, every step first hands both optimizers that gradient scale
+/// (Optimizer::scale_gradients_in_next_step: clipping's factor, applied inside Adam's kernel and in
+/// place before the others').
 void expect_fused_matches_reference(const OptimizerCase& c, const ParamPair& params, const MakeGroups& groups,
-                                    const std::string& what, double tolerance_scale = 1.0, int steps = 5) {
+                                    const std::string& what, double tolerance_scale = 1.0, int steps = 5,
+                                    double grad_scale = 0.0) {
   SCOPED_TRACE(what);
   std::unique_ptr<Optimizer> reference = c.make(groups(params.reference));
   std::unique_ptr<Optimizer> fused = c.make(groups(params.fused));
@@ -221,6 +226,10 @@ void expect_fused_matches_reference(const OptimizerCase& c, const ParamPair& par
       const Tensor grad = random_input(p.shape(), 1000 * step + i, p.dtype(), -1.0, 1.0, false);
       p.set_grad(grad);
       q.set_grad(grad.to(q.device()));
+    }
+    if (grad_scale != 0.0) {
+      reference->scale_gradients_in_next_step(core::full({}, grad_scale, DType::f64));
+      fused->scale_gradients_in_next_step(core::full({}, grad_scale, TensorOptions(DType::f64, kGpu)));
     }
     reference->step();
     fused->step();
@@ -387,6 +396,62 @@ TEST(FusedOptimizerGpu, ParametersOnTwoDevicesAndMisplacedTensors) {
                           "adam_step: parameter 1 is on cpu but the fused update runs on cuda:0");
     EXPECT_EQ(lists.params[0].to_vector<float>(), std::vector<float>(8, 0.0f)) << "nothing was updated";
   }
+}
+
+TEST(FusedOptimizerGpu, GradientScaleInsideTheUpdate) {
+  // Clipping's factor (0.37: not a power of two, so every product rounds) through the fused update:
+  // bit for bit the reference's ops::mul of each gradient by the scale rounded to its accumulation
+  // type, for Adam/AdamW (inside the kernel) and SGD/LAMB (scaled in place first).
+  COLOSSAL_REQUIRE_GPU();
+  std::vector<OptimizerCase> cases = adam_cases();
+  cases.push_back(sgd_cases()[1]);
+  cases.push_back(lamb_cases()[1]);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+    for (const OptimizerCase& c : cases) {
+      const ParamPair params = make_params(kModelShapes, {dtype}, 17);
+      expect_fused_matches_reference(c, params, one_group,
+                                     fmt::format("{} {} with a gradient scale", c.name, core::dtype_name(dtype)), 1.0,
+                                     3, 0.37);
+    }
+  }
+}
+
+TEST(ClipGradGpu, SumOfSquaresAndScaleMatchTheCpu) {
+  // More tensors than one launch's table holds, of every floating dtype, several chunks with ragged
+  // tails, and views off a 16-byte boundary (the per-element path). The squares are exact in f64
+  // (a 24-bit mantissa squared fits 53 bits), so the totals differ only by the order of the f64
+  // additions: relative 1e-12 covers ~10^4 partials. Scaled tensors are compared bit for bit.
+  const Device gpu = core::cuda_device(0);
+  const std::vector<DType> dtypes = {DType::f32, DType::bf16, DType::f16, DType::f64};
+  for (const double scale : {1.0, 1.0 / 1024, 0.37}) {
+    std::vector<Tensor> cpu, dev;
+    for (int i = 0; i < 700; ++i) {
+      const int64_t numel = i % 97 == 0 ? 3 * 65536 + 123 : 1 + (i * 37) % 300;
+      const int64_t offset = i % 7 == 0 ? 3 : 0;
+      const Tensor buffer = random_input({numel + 3}, 500 + i, dtypes[size_t(i) % dtypes.size()], -4, 4, false);
+      cpu.push_back(core::narrow_raw(buffer, 0, offset, numel));
+      dev.push_back(core::narrow_raw(buffer.to(gpu), 0, offset, numel));
+    }
+    const double expected = sum_of_squares(cpu, scale).item<double>();
+    const Tensor actual = sum_of_squares(dev, scale);
+    EXPECT_EQ(actual.device(), gpu);
+    EXPECT_NEAR(actual.item<double>(), expected, 1e-12 * expected) << "scale " << scale;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      ASSERT_EQ(dev[i].to(core::kCpu).to_vector<double>(), cpu[i].to_vector<double>())
+          << "tensor " << i << " after scaling by " << scale;
+    }
+    const Tensor factor = core::full({}, 1.0 / 3.0, DType::f64);
+    scale_(cpu, factor);
+    scale_(dev, factor.to(gpu));
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      ASSERT_EQ(dev[i].to(core::kCpu).to_vector<double>(), cpu[i].to_vector<double>()) << "tensor " << i << " scale_";
+    }
+  }
+  // A non-finite element makes the sum non-finite; a huge finite f32 does not.
+  Tensor big = core::full({70000}, 1e20, TensorOptions(DType::f32, gpu));
+  EXPECT_TRUE(std::isfinite(sum_of_squares({big}).item<double>()));
+  big.narrow(0, 69999, 1).fill_(std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isinf(sum_of_squares({big}).item<double>()));
 }
 
 TEST(MultiTensorCopyGpu, MatchesTheCpuAcrossDtypesChunksLaunchesAndMisalignedViews) {

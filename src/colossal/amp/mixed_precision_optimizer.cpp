@@ -23,7 +23,7 @@
 #include "colossal/core/error.h"          // COLOSSAL_CHECK
 #include "colossal/ops/elementwise.h"     // mul, mul_, add
 #include "colossal/ops/reduction.h"       // sum
-#include "colossal/optim/clip_grad.h"     // clip_grad_norm
+#include "colossal/optim/clip_grad.h"     // sum_of_squares, total_grad_norm, clip_coefficient
 
 namespace colossal::amp {
 namespace {
@@ -139,19 +139,15 @@ void MixedPrecisionOptimizer::backward(const Tensor& loss) {
   autograd::backward(scale_loss(loss));
 }
 
-bool MixedPrecisionOptimizer::unscale_and_check(double inv_scale) const {
-  // x * 0 is 0 for finite x and NaN for inf or NaN, so one sum per gradient (added up on the device)
-  // tells whether any element overflowed, with a single read on the host. A plain sum could overflow
-  // on large finite values; max |x| depends on how the max kernel treats NaN.
-  Tensor non_finite;
+Tensor MixedPrecisionOptimizer::unscale_and_sum_squares(double inv_scale) const {
+  // The squares are taken in f64 (no square overflows), so the sum is inf or NaN exactly when some
+  // element is: the overflow check, with the L2 norm's work done on the way (Note [Clipping in one
+  // pass] in optim/clip_grad.cpp).
+  std::vector<Tensor> grads;
   for (const Tensor& master : master_params_) {
-    Tensor grad = master.grad();
-    if (!grad.defined() || grad.numel() == 0) continue;
-    if (inv_scale != 1.0) ops::mul_(grad, inv_scale);
-    Tensor probe = ops::sum(ops::mul(grad, 0.0));
-    non_finite = non_finite.defined() ? ops::add(non_finite, probe) : probe;
+    if (Tensor grad = master.grad(); grad.defined() && grad.numel() > 0) grads.push_back(grad);
   }
-  return non_finite.defined() && !std::isfinite(non_finite.item<double>());
+  return optim::sum_of_squares(grads, inv_scale);
 }
 
 AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, double norm_type) {
@@ -179,8 +175,10 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
     optim::multi_tensor_copy(master_grads, model_grads);
   }
 
+  Tensor sum_of_squares;  // of the unscaled gradients, from the overflow check
   if (scaler_) {
-    const bool local_found_inf = unscale_and_check(scaler_->inv_scale());
+    sum_of_squares = unscale_and_sum_squares(scaler_->inv_scale());
+    const bool local_found_inf = !std::isfinite(sum_of_squares.item<double>());
     const bool found_inf = found_inf_sync_ ? found_inf_sync_(local_found_inf) : local_found_inf;
     scaler_->update(found_inf);
     if (found_inf) {
@@ -190,8 +188,13 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
   }
 
   if (max_norm) {
-    result.grad_norm = clip_grad_norm_ ? clip_grad_norm_(master_params_, *max_norm, norm_type)
-                                       : optim::clip_grad_norm_on_device(master_params_, *max_norm, norm_type);
+    const Tensor reuse = norm_type == 2.0 ? sum_of_squares : Tensor();
+    if (grad_norm_) {
+      result.grad_norm = grad_norm_(master_params_, norm_type, reuse);
+    } else {
+      result.grad_norm = reuse.defined() ? ops::sqrt(reuse) : optim::total_grad_norm(master_params_, norm_type);
+    }
+    optimizer_->scale_gradients_in_next_step(optim::clip_coefficient(result.grad_norm, *max_norm));
   }
   optimizer_->step();
   if (options_.mode != AmpMode::torch) optim::multi_tensor_copy(model_params_, master_params_);

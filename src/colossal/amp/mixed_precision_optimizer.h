@@ -70,10 +70,12 @@ struct AmpStepResult {
 /// the same steps and keep the same scale; step() calls it exactly once per call, on every rank, even
 /// when the local flag is already true. The default (none installed) returns the local flag.
 using FoundInfSync = std::function<bool(bool local_found_inf)>;
-/// Clips the gradients of `params` to a total norm of `max_norm` and returns the norm before clipping
-/// as a 0-d device tensor (optim::clip_grad_norm_on_device by default; the tensor-parallel layer
-/// replaces it with one that sums the norm over its groups).
-using ClipGradNormFn = std::function<Tensor(const std::vector<Tensor>& params, double max_norm, double norm_type)>;
+/// The total norm of the gradients of `params` as a 0-d f64 device tensor (optim::total_grad_norm by
+/// default; the distributed layer replaces it with one that sums the norm over its groups:
+/// parallel::GradientStatistics::grad_norm). `local_sum_of_squares`, when defined, is this rank's
+/// sum of squares of those gradients, already taken by the overflow check (p = 2 only).
+using GradNormFn =
+    std::function<Tensor(const std::vector<Tensor>& params, double norm_type, const Tensor& local_sum_of_squares)>;
 
 class MixedPrecisionOptimizer {
  public:
@@ -138,8 +140,9 @@ class MixedPrecisionOptimizer {
 
   /// Installs the overflow-flag reduction (see FoundInfSync); an empty function restores the default.
   void set_found_inf_sync(FoundInfSync sync) { found_inf_sync_ = std::move(sync); }
-  /// Installs the clipping function (see ClipGradNormFn); an empty function restores the default.
-  void set_clip_grad_norm(ClipGradNormFn clip) { clip_grad_norm_ = std::move(clip); }
+  /// Installs the gradient-norm function clipping uses (see GradNormFn); an empty function restores
+  /// the default.
+  void set_grad_norm(GradNormFn norm) { grad_norm_ = std::move(norm); }
 
   /// What a checkpoint must add to the model's and the inner optimizer's state dicts to resume
   /// bit-exactly: "scaler.<key>" (DynamicGradScaler::state_dict, fp16 modes) and, for naive and bf16,
@@ -153,9 +156,10 @@ class MixedPrecisionOptimizer {
   void load_state_dict(const optim::StateDict& state);
 
  private:
-  /// Multiplies every master gradient by inv_scale (skipped when it is 1) and returns whether any
-  /// element is inf or NaN.
-  bool unscale_and_check(double inv_scale) const;
+  /// Multiplies every master gradient by inv_scale (skipped when it is 1) and returns the sum of
+  /// squares of the results (0-d f64 on the device, non-finite exactly when some element is), in
+  /// one pass (optim::sum_of_squares).
+  Tensor unscale_and_sum_squares(double inv_scale) const;
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;
@@ -165,7 +169,7 @@ class MixedPrecisionOptimizer {
   std::vector<Tensor> model_params_;
   std::vector<Tensor> master_params_;
   FoundInfSync found_inf_sync_;
-  ClipGradNormFn clip_grad_norm_;
+  GradNormFn grad_norm_;
 };
 
 }  // namespace colossal::amp

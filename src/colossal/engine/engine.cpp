@@ -68,10 +68,10 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
   if (amp_ && !gradient_statistics_->groups().empty()) {
     // Every rank that holds other gradients must skip the same steps and clip by the same norm.
     amp_->set_found_inf_sync([stats = gradient_statistics_.get()](bool local) { return stats->any_found_inf(local); });
-    amp_->set_clip_grad_norm(
-        [stats = gradient_statistics_.get()](const std::vector<Tensor>& params, double max_norm, double norm_type) {
-          return stats->clip_grad_norm(params, max_norm, norm_type);
-        });
+    amp_->set_grad_norm([stats = gradient_statistics_.get()](const std::vector<Tensor>& params, double norm_type,
+                                                             const Tensor& local_sum_of_squares) {
+      return stats->grad_norm(params, norm_type, local_sum_of_squares);
+    });
   }
 }
 
@@ -117,8 +117,10 @@ void Engine::update() {
     if (result.grad_norm.defined()) last_grad_norm_ = result.grad_norm;
   } else {
     if (options_.clip_grad_norm) {
-      last_grad_norm_ =
-          gradient_statistics_->clip_grad_norm(model_->parameters(), *options_.clip_grad_norm, options_.clip_norm_type);
+      // The factor stays on the device and scales the gradients inside the optimizer's update
+      // (Note [Clipping in one pass] in optim/clip_grad.cpp).
+      last_grad_norm_ = gradient_statistics_->grad_norm(model_->parameters(), options_.clip_norm_type);
+      optimizer_->scale_gradients_in_next_step(optim::clip_coefficient(last_grad_norm_, *options_.clip_grad_norm));
     }
     optimizer_->step();
   }

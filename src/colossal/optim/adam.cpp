@@ -5,6 +5,7 @@
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/ops/elementwise.h"     // add, add_, addcmul_, addcdiv_, div, maximum, mul_, sqrt
+#include "colossal/optim/clip_grad.h"     // scale_for
 
 namespace colossal::optim {
 
@@ -66,12 +67,15 @@ void Adam::step() {
       run_multi_tensor(adam_step_stub, &adam_step_reference, lists, options, mode_);
     }
   }
+  take_grad_scale();  // the lists carried it into the update (MultiTensorLists::grad_scale)
 }
 
 void adam_step_reference(const MultiTensorLists& lists, const AdamOptions& o, WeightDecayMode mode) {
   for (size_t i = 0; i < lists.params.size(); ++i) {
     Tensor p = lists.params[i];
-    Tensor grad = lists.grads[i];
+    Tensor grad = lists.grad_scale.defined()
+                      ? ops::mul(lists.grads[i], scale_for(lists.grad_scale, lists.grads[i].dtype()))
+                      : lists.grads[i];
     Tensor exp_avg = lists.state[0][i];
     Tensor exp_avg_sq = lists.state[1][i];
     if (o.weight_decay != 0.0) {

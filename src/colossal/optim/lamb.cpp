@@ -59,6 +59,7 @@ void Lamb::validate_group(const ParamGroup& group, size_t g) const {
 void Lamb::step() {
   autograd::NoGradGuard no_grad;
   validate_all_groups();
+  apply_grad_scale_in_place();  // clipping's factor (scale_gradients_in_next_step)
   for (size_t g = 0; g < param_groups().size(); ++g) {
     const LambOptions options = LambOptions::from_group(param_groups()[g]);
     for (const MultiTensorLists& lists : gather_for_update(g, {"exp_avg", "exp_avg_sq"})) {

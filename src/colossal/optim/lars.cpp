@@ -60,6 +60,7 @@ void Lars::validate_group(const ParamGroup& group, size_t g) const {
 void Lars::step() {
   autograd::NoGradGuard no_grad;
   validate_all_groups();
+  apply_grad_scale_in_place();  // clipping's factor (scale_gradients_in_next_step)
   for (size_t g = 0; g < param_groups().size(); ++g) {
     const LarsOptions options = LarsOptions::from_group(param_groups()[g]);
     std::vector<std::string> buffers;

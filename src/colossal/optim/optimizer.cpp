@@ -8,8 +8,9 @@
 #include <string_view>
 #include <unordered_set>
 
-#include "colossal/core/error.h"  // COLOSSAL_CHECK
-#include "colossal/core/view.h"   // copy_stub
+#include "colossal/core/error.h"       // COLOSSAL_CHECK
+#include "colossal/core/view.h"        // copy_stub
+#include "colossal/optim/clip_grad.h"  // scale_
 
 namespace colossal::optim {
 
@@ -113,7 +114,27 @@ void Optimizer::add_param_group(ParamGroup group) {
   }
 }
 
+void Optimizer::scale_gradients_in_next_step(Tensor scale) {
+  COLOSSAL_CHECK(!scale.defined() || scale.numel() == 1,
+                 "{}: scale_gradients_in_next_step expects a one-element tensor, got shape {}", name_, scale.shape());
+  if (scale.defined() && scale.dtype() != DType::f64) scale = scale.to(DType::f64);
+  grad_scale_ = scale.defined() ? scale.reshape({}) : scale;
+}
+
+void Optimizer::apply_grad_scale_in_place() {
+  if (!grad_scale_.defined()) return;
+  std::vector<Tensor> grads;
+  for (const ParamGroup& group : groups_) {
+    for (const Tensor& p : group.params) {
+      if (Tensor grad = p.grad(); grad.defined()) grads.push_back(grad);
+    }
+  }
+  scale_(grads, grad_scale_);
+  grad_scale_ = Tensor();
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
+  grad_scale_ = Tensor();
   for (ParamGroup& group : groups_) {
     for (Tensor& p : group.params) {
       if (set_to_none) {
@@ -174,6 +195,10 @@ std::vector<MultiTensorLists> Optimizer::gather_for_update(size_t group_index,
     bucket->grads.push_back(grad);
     bucket->steps.push_back(s.step);
     bucket->buffers_created.push_back(created ? 1 : 0);
+  }
+  for (MultiTensorLists& lists : buckets) {
+    if (!grad_scale_.defined()) break;
+    lists.grad_scale = grad_scale_.device() == lists.device ? grad_scale_ : grad_scale_.to(lists.device);
   }
   return buckets;
 }

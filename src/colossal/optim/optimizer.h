@@ -62,6 +62,10 @@ struct MultiTensorLists {
   /// 1 where this update created the parameter's buffers (they hold zeros): SGD and LARS start
   /// their momentum buffer from the gradient itself then, as torch.optim.SGD does.
   std::vector<uint8_t> buffers_created;
+  /// Undefined, or a 0-d f64 tensor on `device` every gradient is multiplied by (optim::scale_for
+  /// its dtype, the product rounded to it) before the update uses it, .grad itself left as it is (clipping's factor:
+  /// see Optimizer::scale_gradients_in_next_step). Only optimizers whose kernels take it set it.
+  Tensor grad_scale;
 };
 
 /// Runs one update of `lists` through `stub`'s kernel for their device when a backend registered
@@ -95,8 +99,15 @@ class Optimizer {
   /// One update of every parameter that has a gradient (the others are skipped and keep their
   /// step count). Runs without autograd recording.
   virtual void step() = 0;
-  /// Drops every gradient (set_to_none) or fills it with zeros.
+  /// Drops every gradient (set_to_none) or fills it with zeros, and forgets a pending gradient scale.
   void zero_grad(bool set_to_none = true);
+
+  /// The next step() uses every gradient multiplied by `scale`, a 0-d tensor on the gradients'
+  /// device (gradient clipping's min(1, max_norm / norm), which stays on the device: no host sync).
+  /// Adam and AdamW multiply inside their fused update, so this costs no pass over the gradients
+  /// and leaves .grad unchanged; the other optimizers scale the gradients in place first (one
+  /// multi-tensor pass). The scale applies to one step only.
+  void scale_gradients_in_next_step(Tensor scale);
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
@@ -142,6 +153,14 @@ class Optimizer {
   /// device differs from it.
   std::vector<MultiTensorLists> gather_for_update(size_t group_index, const std::vector<std::string>& buffer_names);
 
+  /// The scale set by scale_gradients_in_next_step and not yet used (undefined when none). An
+  /// optimizer whose kernels take it puts it into its lists' grad_scale and calls
+  /// take_grad_scale() when done; the others call apply_grad_scale_in_place() at the start of step().
+  const Tensor& pending_grad_scale() const { return grad_scale_; }
+  void take_grad_scale() { grad_scale_ = Tensor(); }
+  /// Multiplies every gradient in place by the pending scale, if any, and forgets it.
+  void apply_grad_scale_in_place();
+
   /// "SGD: param group 1: " - the prefix of a hyper-parameter error.
   std::string group_context(size_t group_index) const;
   /// Option `key` of `group`, checked: throws "<name>: param group <g>: <key> must be <range>, got
@@ -157,6 +176,7 @@ class Optimizer {
   std::map<std::string, double> defaults_;
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][param], grown on demand
+  Tensor grad_scale_;                           // scale_gradients_in_next_step's, until used
 };
 
 /// The default rule for which parameters skip weight decay (timm's and Colossal-AI's): 0-d and 1-D

@@ -51,6 +51,7 @@ void Sgd::validate_group(const ParamGroup& group, size_t g) const {
 void Sgd::step() {
   autograd::NoGradGuard no_grad;
   validate_all_groups();
+  apply_grad_scale_in_place();  // clipping's factor (scale_gradients_in_next_step)
   for (size_t g = 0; g < param_groups().size(); ++g) {
     const SgdOptions options = SgdOptions::from_group(param_groups()[g]);
     std::vector<std::string> buffers;

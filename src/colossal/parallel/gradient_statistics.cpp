@@ -6,8 +6,8 @@
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"
-#include "colossal/ops/elementwise.h"  // pow
-#include "colossal/optim/clip_grad.h"  // total_grad_norm, scale_grads_to_norm
+#include "colossal/ops/elementwise.h"  // pow, sqrt
+#include "colossal/optim/clip_grad.h"  // total_grad_norm, sum_of_squares, scale_grads_to_norm
 
 namespace colossal::parallel {
 
@@ -38,33 +38,51 @@ bool GradientStatistics::any_found_inf(bool local_found_inf) const {
   return found;
 }
 
-Tensor GradientStatistics::clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type) const {
-  if (groups_.empty()) return optim::clip_grad_norm_on_device(params, max_norm, norm_type);
+Tensor GradientStatistics::grad_norm(const std::vector<Tensor>& params, double norm_type,
+                                     const Tensor& local_sum_of_squares) const {
   autograd::NoGradGuard no_grad;
   const bool inf_norm = std::isinf(norm_type);
+  const bool skip_replicated = tensor_group_ != nullptr && tensor_group_->rank() != 0 && !replicated_.empty();
+  // A precomputed sum counts every tensor; a tensor rank other than 0 must leave the replicated out.
+  const bool reuse = local_sum_of_squares.defined() && norm_type == 2.0 && !skip_replicated;
+  if (groups_.empty()) return reuse ? ops::sqrt(local_sum_of_squares) : optim::total_grad_norm(params, norm_type);
   // Each rank's share as sum |g|^p (or max |g|), reduced over every group, then the p-th root. A
   // tensor every rank of the tensor group holds whole counts on tensor rank 0 only.
-  std::vector<Tensor> counted;
-  counted.reserve(params.size());
-  const bool skip_replicated = tensor_group_ != nullptr && tensor_group_->rank() != 0 && !replicated_.empty();
-  for (const Tensor& p : params) {
-    if (skip_replicated && std::binary_search(replicated_.begin(), replicated_.end(), p.impl())) continue;
-    counted.push_back(p);
+  Tensor partial;
+  if (reuse) {
+    partial = local_sum_of_squares;
+  } else {
+    std::vector<Tensor> counted;
+    counted.reserve(params.size());
+    for (const Tensor& p : params) {
+      if (skip_replicated && std::binary_search(replicated_.begin(), replicated_.end(), p.impl())) continue;
+      counted.push_back(p);
+    }
+    if (norm_type == 2.0) {
+      std::vector<Tensor> grads;
+      for (const Tensor& p : counted) {
+        if (Tensor g = p.grad(); g.defined()) grads.push_back(g);
+      }
+      partial = optim::sum_of_squares(grads);  // one pass (Note [Clipping in one pass])
+    } else {
+      const Tensor local = optim::total_grad_norm(counted, norm_type);
+      partial = inf_norm ? local : ops::pow(local, norm_type);
+    }
   }
-  Tensor local = optim::total_grad_norm(counted, norm_type);
-  if (!params.empty() && params.front().grad().defined() && local.device() != params.front().grad().device()) {
-    local = local.to(params.front().grad().device());  // nothing counted here: a CPU zero
-  }
-  Tensor partial = inf_norm ? local : ops::pow(local, norm_type);
+  const Device device =
+      !params.empty() && params.front().grad().defined() ? params.front().grad().device() : partial.device();
   for (const auto& group : groups_) {
     if (partial.device() != group->device()) partial = partial.to(group->device());
     partial = partial.contiguous().clone();
     group->all_reduce(partial, inf_norm ? comm::ReduceOp::max : comm::ReduceOp::sum);
   }
-  Tensor total = inf_norm ? partial : ops::pow(partial, 1.0 / norm_type);
-  if (!params.empty() && params.front().grad().defined() && total.device() != params.front().grad().device()) {
-    total = total.to(params.front().grad().device());
-  }
+  Tensor total = inf_norm ? partial : norm_type == 2.0 ? ops::sqrt(partial) : ops::pow(partial, 1.0 / norm_type);
+  if (total.device() != device) total = total.to(device);
+  return total;
+}
+
+Tensor GradientStatistics::clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type) const {
+  const Tensor total = grad_norm(params, norm_type);
   optim::scale_grads_to_norm(params, max_norm, total);
   return total;
 }

@@ -35,8 +35,12 @@ class GradientStatistics {
   bool any_found_inf(bool local_found_inf) const;
 
   /// The p-norm of the gradients of `params` over all ranks of the groups (each rank's share summed
-  /// as sum |g|^p, or maxed for the infinity norm), as a 0-d f64 tensor on the gradients' device;
-  /// gradients clipped to max_norm by it as optim::clip_grad_norm_on_device does. No host sync.
+  /// as sum |g|^p, or maxed for the infinity norm), as a 0-d f64 tensor on the gradients' device.
+  /// No host sync. `local_sum_of_squares`, when given (p = 2 only), is this rank's sum of squares
+  /// of those gradients already computed (mixed precision's overflow check has it), saving the pass.
+  Tensor grad_norm(const std::vector<Tensor>& params, double norm_type, const Tensor& local_sum_of_squares = {}) const;
+
+  /// grad_norm, with the gradients clipped to max_norm by it as optim::clip_grad_norm_on_device does.
   Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type) const;
 
  private:

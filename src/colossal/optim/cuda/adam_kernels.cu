@@ -19,17 +19,22 @@ struct AdamUpdate {
   static constexpr int kNorms = 0;
   static constexpr unsigned kWrites = Depth == 5 ? 0b11101u : 0b01101u;
   struct Context {
-    A step_size, inverse_sqrt_bias_correction2;
+    A step_size, inverse_sqrt_bias_correction2, grad_scale;
   };
 
   A beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, decoupled_factor;
   bool decay, decoupled;
+  /// MultiTensorLists::grad_scale (an f64 device scalar, rounded to A as optim::scale_for) or null.
+  const double* grad_scale;
 
-  __device__ Context context(int, const A* scalars) const { return {scalars[0], scalars[1]}; }
+  __device__ Context context(int, const A* scalars) const {
+    return {scalars[0], scalars[1], grad_scale != nullptr ? static_cast<A>(*grad_scale) : A(1)};
+  }
 
   // Rounds where adam_step_reference writes a tensor; see Note [Fused optimizer rounding].
   __device__ void operator()(A (&x)[kDepth], const Context& c, NormSum (&)[2]) const {
     A p = x[0], g = x[1], m = x[2], v = x[3];
+    if (grad_scale != nullptr) g = round_to<T>(g * c.grad_scale);  // ops::mul(grad, grad_scale)
     if (decay) {
       if (decoupled) {
         p = round_to<T>(p * decoupled_factor);
@@ -67,7 +72,8 @@ void adam_launch(const MultiTensorLists& lists, const AdamOptions& o, WeightDeca
                                 .weight_decay = static_cast<A>(o.weight_decay),
                                 .decoupled_factor = static_cast<A>(1.0 - o.lr * o.weight_decay),
                                 .decay = o.weight_decay != 0.0,
-                                .decoupled = mode == WeightDecayMode::decoupled};
+                                .decoupled = mode == WeightDecayMode::decoupled,
+                                .grad_scale = lists.grad_scale.defined() ? lists.grad_scale.data<double>() : nullptr};
   std::array<int, Depth> columns;
   for (int k = 0; k < Depth; ++k) columns[k] = k;  // p, g, m, v[, v_max]
   // The scalars exactly as adam_step_reference computes them in double from the tensor's step.

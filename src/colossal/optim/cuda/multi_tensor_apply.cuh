@@ -359,6 +359,7 @@ inline bool fusable(const MultiTensorLists& lists, size_t i) {
 inline MultiTensorLists select_tensors(const MultiTensorLists& lists, const std::vector<size_t>& indices) {
   MultiTensorLists out;
   out.device = lists.device;
+  out.grad_scale = lists.grad_scale;
   out.state.resize(lists.state.size());
   for (size_t i : indices) {
     out.params.push_back(lists.params[i]);
