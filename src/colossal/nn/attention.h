@@ -13,9 +13,9 @@ namespace colossal::nn {
 
 /// qkv [B, N, 3 C] (q, k, v concatenated along the last dimension, each C = heads * head_dim, as
 /// both timm's qkv and GPT-2's c_attn produce) -> [B, N, C]: per head softmax(q k^T / sqrt(D)
-/// [+ causal mask]) v. Without attention dropout (or outside training) this is one fused
-/// ops::scaled_dot_product_attention call; with it the probabilities are materialised so that
-/// dropout can act on them (as torch's sdpa with dropout_p).
+/// [+ causal mask]) v, one ops::packed_qkv_attention call. Attention dropout (in training) runs
+/// inside the fused kernel where the device has one that takes the problem, else on materialised
+/// probabilities (Note [Attention dropout] in ops/attention.cpp), as torch's sdpa with dropout_p.
 Tensor multihead_attention(const Tensor& qkv, int64_t num_heads, bool causal, double attn_dropout = 0.0,
                            bool training = false, core::Generator* dropout_generator = nullptr);
 

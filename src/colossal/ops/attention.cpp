@@ -1,15 +1,33 @@
 // scaled_dot_product_attention: shape checks, broadcasting of the batch (and head) dimensions, and
 // autograd through the fused forward and backward kernels of ops/nn_kernels.h. The forward saves
 // only each query row's logsumexp; the backward recomputes the probabilities from it, as flash
-// attention does, so memory stays O(T) per row instead of O(Tq * Tk).
+// attention does, so memory stays O(T) per row instead of O(Tq * Tk). Attention dropout runs inside
+// the fused kernel where one takes it, else through the unfused composition (Note [Attention dropout]).
+//
+// Note [Attention dropout]
+// Dropout on the probabilities needs either a kernel that draws the mask itself or the probabilities
+// materialised. The fused path (attention_dropout_*_stub; on CUDA cuDNN's engine) draws the mask
+// from the Philox stream (generator seed, generator offset) inside the kernel: the op reads the
+// generator's offset, asks the kernel, and only when it took the problem reserves B * H * Tq * Tk
+// offsets (a range no later draw overlaps, however the kernel walks its counter; Note [cuDNN
+// attention dropout] in ops/cuda/attention_cudnn.cpp). The autograd node keeps the seed and offset
+// in its AttentionParams, and the backward kernel draws the same mask again from them: no mask is
+// stored. Everything else (the CPU, f32, shapes the engine declines, p == 1) runs the composition
+// softmax(q k^T * scale + mask) -> ops::dropout -> matmul, whose mask is Note [Dropout mask]'s,
+// one generator offset per call, the same on every device. A seed so reproduces a run on one
+// device and path; the fused and unfused masks differ, as torch's do between its backends.
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // expand_raw, contiguous_raw, broadcast_shapes
 #include "colossal/ops/autocast.h"
+#include "colossal/ops/elementwise.h"  // add, mul
+#include "colossal/ops/linalg.h"       // matmul
 #include "colossal/ops/nn_functional.h"
 #include "colossal/ops/nn_kernels.h"
 #include "colossal/ops/reduction.h"  // sum_to
@@ -18,6 +36,9 @@ namespace colossal::ops {
 
 constinit core::DispatchStub<AttentionForwardKernel> attention_forward_stub("attention_forward");
 constinit core::DispatchStub<AttentionBackwardKernel> attention_backward_stub("attention_backward");
+constinit core::DispatchStub<AttentionDropoutForwardKernel> attention_dropout_forward_stub("attention_dropout_forward");
+constinit core::DispatchStub<AttentionDropoutBackwardKernel> attention_dropout_backward_stub(
+    "attention_dropout_backward");
 
 namespace {
 
@@ -55,6 +76,29 @@ void forward_into(const Tensor& out, const Tensor& lse, const Tensor& q, const T
 void backward_into(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_out,
                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const AttentionParams& params) {
+  if (params.dropout_p > 0.0) {
+    // The forward ran on a fused dropout kernel; only its backward can draw the same mask again. It
+    // reads operands in place where their rows are aligned: a gradient that is not (a broadcast one,
+    // from a sum) is made contiguous, and gradients the kernel cannot write go through buffers.
+    auto fused = [&](const Tensor& gq, const Tensor& gk, const Tensor& gv, const Tensor& go) {
+      return attention_dropout_backward_stub(q.device(), gq, gk, gv, go, q, k, v, out, lse, params);
+    };
+    if (fused(grad_q, grad_k, grad_v, grad_out)) return;
+    const std::array<const Tensor*, 3> grads = {&grad_q, &grad_k, &grad_v};
+    std::array<Tensor, 3> buffers;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      buffers[i] = core::empty(grads[i]->shape(), TensorOptions(grads[i]->dtype(), grads[i]->device()));
+    }
+    const Tensor dense_grad_out = core::empty(grad_out.shape(), TensorOptions(grad_out.dtype(), grad_out.device()));
+    core::copy_stub(grad_out.device(), dense_grad_out, grad_out);
+    COLOSSAL_CHECK(fused(buffers[0], buffers[1], buffers[2], dense_grad_out),
+                   "scaled_dot_product_attention: the fused kernel took the forward with dropout (q {}, dropout_p {}) "
+                   "but declines its backward, and the mask it drew cannot be recomputed elsewhere; set "
+                   "COLOSSAL_CUDNN_ATTENTION=0 to run attention dropout unfused",
+                   q.shape(), params.dropout_p);
+    for (size_t i = 0; i < grads.size(); ++i) core::copy_stub(q.device(), *grads[i], buffers[i]);
+    return;
+  }
   if (q.device().is_cuda()) {
     return attention_backward_stub(q.device(), grad_q, grad_k, grad_v, grad_out, q, k, v, out, lse, params);
   }
@@ -76,6 +120,56 @@ Tensor expand_batch(const Tensor& t, const Shape& batch) {
   Shape full = batch;
   full.insert(full.end(), {t.size(-2), t.size(-1)});
   return core::expand_raw(t, full);
+}
+
+/// Runs the fused dropout kernel of q's device on the problem and returns true, with params holding
+/// the dropout and the generator's range reserved (Note [Attention dropout]); false, params and the
+/// generator untouched, when there is no such kernel or it declines.
+bool fused_dropout_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                           AttentionParams& params, const AttentionOptions& options) {
+  if (options.dropout_p >= 1.0 || out.numel() == 0 || !attention_dropout_forward_stub.supports(q.device().type)) {
+    return false;
+  }
+  core::Generator& generator = options.generator != nullptr ? *options.generator : core::default_generator();
+  AttentionParams trial = params;
+  trial.dropout_p = options.dropout_p;
+  trial.dropout_seed = generator.seed();
+  trial.dropout_offset = generator.state().offset;
+  if (!attention_dropout_forward_stub(q.device(), out, lse, q, k, v, trial)) return false;
+  const int64_t scores = (out.numel() / out.size(-1)) * k.size(-2);  // B * H * Tq * Tk
+  generator.next_offset(static_cast<uint64_t>(scores));
+  params = trial;
+  return true;
+}
+
+/// softmax(q k^T * scale [+ causal mask]) -> dropout -> v with differentiable ops, the probabilities
+/// materialised (Note [Attention dropout]). The batch dimensions broadcast as matmul's do. A causal
+/// row that sees no key (Tq > Tk) has no mask added and is zeroed after the softmax: the fused
+/// kernels' output there.
+Tensor unfused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                         double dropout_p, core::Generator* generator) {
+  const int64_t tq = q.size(-2), tk = k.size(-2);
+  Tensor scores = mul(matmul(q, k.transpose(-2, -1)), params.scale);
+  std::vector<double> visible;
+  if (params.causal) {
+    std::vector<double> mask(static_cast<size_t>(tq * tk), 0.0);
+    for (int64_t i = 0; i < tq; ++i) {
+      const int64_t last = i + tk - tq;  // the last key query i sees
+      if (last < 0) {
+        if (visible.empty()) visible.assign(static_cast<size_t>(tq), 1.0);
+        visible[static_cast<size_t>(i)] = 0.0;
+        continue;
+      }
+      for (int64_t j = last + 1; j < tk; ++j) mask[i * tk + j] = -std::numeric_limits<double>::infinity();
+    }
+    scores = add(scores, core::from_vector(mask, {tq, tk}, TensorOptions(scores.dtype(), scores.device())));
+  }
+  Tensor probabilities = softmax(scores, -1);
+  if (!visible.empty()) {
+    probabilities =
+        mul(probabilities, core::from_vector(visible, {tq, 1}, TensorOptions(scores.dtype(), scores.device())));
+  }
+  return matmul(dropout(probabilities, dropout_p, true, generator), v);
 }
 
 }  // namespace
@@ -114,6 +208,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const int64_t head_dim = q.size(-1), tq = q.size(-2), dv = v.size(-1);
   COLOSSAL_CHECK(options.scale.has_value() || head_dim > 0,
                  "{}: the default scale 1 / sqrt(head_dim) needs head_dim > 0, got q {}", op, q.shape());
+  COLOSSAL_CHECK(options.dropout_p >= 0.0 && options.dropout_p <= 1.0, "{}: dropout_p must be in [0, 1], got {}", op,
+                 options.dropout_p);
   AttentionParams params;
   params.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
   params.causal = options.causal;
@@ -127,7 +223,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   lse_shape.push_back(tq);
   Tensor out = core::empty(out_shape, TensorOptions(q.dtype(), q.device()));
   Tensor lse = core::empty(lse_shape, TensorOptions(stat_dtype, q.device()));
-  forward_into(out, lse, qb, kb, vb, params);
+  if (options.dropout_p == 0.0) {
+    forward_into(out, lse, qb, kb, vb, params);
+  } else if (!fused_dropout_forward(out, lse, qb, kb, vb, params, options)) {
+    return unfused_attention(q, k, v, params, options.dropout_p, options.generator);
+  }
 
   autograd::record("scaled_dot_product_attention", {q, k, v}, {out},
                    [qb = qb.detach(), kb = kb.detach(), vb = vb.detach(), out = out.detach(), lse = lse.detach(),
@@ -161,6 +261,8 @@ Tensor packed_qkv_attention(const Tensor& qkv, int64_t num_heads, const Attentio
   COLOSSAL_CHECK(width % (3 * num_heads) == 0 && width > 0,
                  "{}: qkv {} has a last dimension of {}, which is not 3 * num_heads ({}) * head_dim", op, qkv.shape(),
                  width, num_heads);
+  COLOSSAL_CHECK(options.dropout_p >= 0.0 && options.dropout_p <= 1.0, "{}: dropout_p must be in [0, 1], got {}", op,
+                 options.dropout_p);
   const int64_t channels = width / 3, head_dim = channels / num_heads;
   AttentionParams params;
   params.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
@@ -184,7 +286,17 @@ Tensor packed_qkv_attention(const Tensor& qkv, int64_t num_heads, const Attentio
   const Tensor out = heads_view(merged);
   const Tensor lse = core::empty({batch, num_heads, tokens},
                                  TensorOptions(qkv.dtype() == DType::f64 ? DType::f64 : DType::f32, qkv.device()));
-  forward_into(out, lse, q, k, v, params);
+  if (options.dropout_p == 0.0) {
+    forward_into(out, lse, q, k, v, params);
+  } else if (!fused_dropout_forward(out, lse, q, k, v, params, options)) {
+    // [B, T, 3, H, D] -> [3, B, H, T, D] as differentiable views: the layout timm's Attention and
+    // HF's _split_heads produce.
+    const Tensor heads = qkv.reshape({batch, tokens, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
+    return unfused_attention(heads.select(0, 0), heads.select(0, 1), heads.select(0, 2), params, options.dropout_p,
+                             options.generator)
+        .transpose(1, 2)
+        .reshape({batch, tokens, channels});
+  }
 
   autograd::record(op, {qkv}, {merged},
                    [base = base.detach(), out = out.detach(), lse = lse.detach(), params, split, heads_view](

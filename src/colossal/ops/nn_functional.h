@@ -44,10 +44,18 @@ struct AttentionOptions {
   bool causal = false;
   /// Scale of q k^T; default 1 / sqrt(head_dim).
   std::optional<double> scale;
+  /// Dropout on the probabilities (torch's dropout_p), applied whenever > 0: pass 0 outside training.
+  /// Kept probabilities are scaled by 1 / (1 - p).
+  double dropout_p = 0.0;
+  /// Draws the dropout mask; nullptr means core::default_generator().
+  core::Generator* generator = nullptr;
 };
 /// softmax(q k^T * scale [+ causal mask]) v for q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv].
 /// The causal mask lets query i see keys j <= i (+ Tk - Tq when lengths differ, as in flash attention
-/// aligned to the bottom right).
+/// aligned to the bottom right). With dropout_p > 0, a problem the device's fused kernel takes (CUDA:
+/// cuDNN's engine, bf16/f16) drops inside it, the mask drawn from the generator's Philox stream in
+/// the kernel (Note [Attention dropout] in ops/attention.cpp); any other problem materialises the
+/// probabilities and passes them through ops::dropout. The two paths draw different masks.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options = {});
 /// Multi-head self-attention on a fused projection: qkv [B, T, 3 * C] laid out as [B, T, 3, H, D]

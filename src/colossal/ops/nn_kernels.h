@@ -50,6 +50,13 @@ extern core::DispatchStub<LayerNormBackwardKernel> layer_norm_backward_stub;
 struct AttentionParams {
   double scale = 1.0;
   bool causal = false;
+  /// Dropout on the probabilities (0: none): each is kept with probability 1 - dropout_p and scaled
+  /// by 1 / (1 - dropout_p), the mask drawn from the Philox stream (dropout_seed, dropout_offset)
+  /// inside the fused kernel, and drawn again from the same two numbers by the backward. Only the
+  /// attention_dropout_* stubs read these three; the other kernels are called with dropout_p = 0.
+  double dropout_p = 0.0;
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
 };
 
 using AttentionForwardKernel = void(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
@@ -63,5 +70,20 @@ using AttentionBackwardKernel = void(const Tensor& grad_q, const Tensor& grad_k,
 
 extern core::DispatchStub<AttentionForwardKernel> attention_forward_stub;
 extern core::DispatchStub<AttentionBackwardKernel> attention_backward_stub;
+
+/// Attention with dropout inside a fused kernel (params.dropout_p in (0, 1)), as the forward stub's
+/// contract otherwise. Returns false, touching nothing, when the backend's fused kernel does not
+/// take the problem; the op then runs the unfused composition (ops/attention.cpp). Registered only
+/// where such a kernel exists (CUDA: cuDNN's engine, ops/cuda/attention_cudnn.cpp).
+using AttentionDropoutForwardKernel = bool(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                                           const Tensor& v, const AttentionParams& params);
+/// Its backward, with the forward's params: the kernel draws the forward's mask again. Returns false
+/// when it declines the problem.
+using AttentionDropoutBackwardKernel = bool(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                                            const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& out, const Tensor& lse, const AttentionParams& params);
+
+extern core::DispatchStub<AttentionDropoutForwardKernel> attention_dropout_forward_stub;
+extern core::DispatchStub<AttentionDropoutBackwardKernel> attention_dropout_backward_stub;
 
 }  // namespace colossal::ops

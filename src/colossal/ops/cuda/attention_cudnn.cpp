@@ -17,6 +17,23 @@
 // The variant pack must name exactly the graph's non-virtual tensors: an extra uid (the -inf of a
 // non-causal graph) makes execution fail with BAD_PARAM_NULL_POINTER.
 //
+// Dropout (Note [cuDNN attention dropout]) adds an RNG node, M = Bernoulli(1 - p) drawn from the
+// Philox seed and offset (int64 [1, 1, 1, 1] device tensors), to both graphs, as the frontend's
+// sdpa and sdpa_backward lower set_dropout(p, seed, offset). Forward: P (f32 now) -> P * M ->
+// * 1/(1-p) (bf16/f16) -> O = P V. Backward (the RNG node first): the row sum is multiplied by
+// (1 - p) instead of 1; dV = (P * M * 1/(1-p))^T dO; dS = (dP * M - sum) * P * 1/(1-p) * scale.
+//
+// Note [cuDNN attention dropout]
+// The mask is a function of (seed, offset, b, h, i, j) inside cuDNN's kernel, so the backward
+// draws the forward's mask again from the same two numbers (saved in the op's AttentionParams)
+// instead of storing T x T bytes. Our Generator hands out offsets as counts of draws: the op
+// reserves B * H * Tq * Tk of them per call (ops/attention.cpp), which keeps two calls' counter
+// ranges apart however cuDNN walks its Philox counter. The fill that puts the two numbers on the
+// device takes a double, exact to 2^53: the seed is folded into 53 bits (seed ^ seed >> 53) and the
+// offset wraps there, neither of which a run reaches in practice. A test-only variant stores M
+// (f32 [B, H, T, T], 1 kept, 0 dropped) as an extra output of the RNG node, so that tests can
+// rebuild the computation around the very mask the kernel used.
+//
 // Measured on an H100 (cuDNN 9.19, B8 H12 T1024 D64 causal bf16): forward 48 us, backward 161 us
 // (dO.O 18 + main 124 + dQ conversion 16), the same kernels and times as PyTorch's; our own
 // flash kernels take 77 and 181 + 32. Building a plan costs 0.05-1.6 s, hence the cache.
@@ -33,6 +50,7 @@
 
 #include "colossal/core/cuda_device.h"  // DeviceGuard, properties
 #include "colossal/core/tensor.h"
+#include "colossal/core/view.h"              // narrow_raw
 #include "colossal/ops/cuda/cudnn_graph.h"   // GraphBuilder, Plan, execute
 #include "colossal/ops/cuda/cudnn_handle.h"  // CudnnHandle
 
@@ -67,6 +85,10 @@ enum Uid : int64_t {
   kGradV,
   kRowSum,
   kGradQAccum,
+  kSeed,
+  kOffset,
+  kDropoutScale,
+  kMask,
 };
 
 /// The problem as cuDNN sees it: [B, H, T, D] operands with their own strides.
@@ -74,10 +96,17 @@ struct Problem {
   int64_t b = 0, h = 0, t = 0, d = 0;
   cudnnDataType_t type = CUDNN_DATA_BFLOAT16;
   bool causal = false;
+  double dropout_p = 0.0;   // in [0, 1); the RNG node's Bernoulli probability is fixed in the plan
+  bool store_mask = false;  // the test-only graph that also writes the dropout mask
   Dims q{}, k{}, v{}, o{}, grad_out{}, grad_q{}, grad_k{}, grad_v{};  // strides
 
+  bool dropout() const { return dropout_p > 0.0; }
+
   std::vector<int64_t> key(bool backward, int device) const {
-    std::vector<int64_t> key = {device, backward, static_cast<int64_t>(type), causal, b, h, t, d};
+    int64_t dropout_bits = 0;
+    std::memcpy(&dropout_bits, &dropout_p, sizeof(dropout_bits));
+    std::vector<int64_t> key = {device, backward, static_cast<int64_t>(type), causal, dropout_bits, store_mask, b, h,
+                                t,      d};
     for (const Dims* s : {&q, &k, &v, &o, &grad_out, &grad_q, &grad_k, &grad_v})
       key.insert(key.end(), s->begin(), s->end());
     return key;
@@ -110,8 +139,33 @@ bool forward_problem(const Tensor& out, const Tensor& lse, const Tensor& q, cons
   }
   if (p.d % 8 != 0 || p.d > 128 || p.t == 0 || p.b * p.h == 0) return false;
   if (!lse.is_contiguous() || lse.dtype() != DType::f32 || lse.numel() != p.b * p.h * p.t) return false;
+  if (!(params.dropout_p >= 0.0 && params.dropout_p < 1.0)) return false;
   p.causal = params.causal;
+  p.dropout_p = params.dropout_p;
   return true;
+}
+
+/// The Philox seed and offset where the RNG node reads them: int64 device memory, seed at element 0
+/// and offset at element 2 (16-byte aligned, as every graph tensor is declared). fill_ is exact to
+/// 2^53; see Note [cuDNN attention dropout].
+Tensor philox_arguments(const AttentionParams& params, core::Device device) {
+  constexpr uint64_t kMask53 = (uint64_t{1} << 53) - 1;
+  const Tensor arguments = core::empty({4}, TensorOptions(DType::i64, device));
+  core::narrow_raw(arguments, 0, 0, 1)
+      .fill_(static_cast<double>((params.dropout_seed ^ (params.dropout_seed >> 53)) & kMask53));
+  core::narrow_raw(arguments, 0, 2, 1).fill_(static_cast<double>(params.dropout_offset & kMask53));
+  return arguments;
+}
+
+/// The RNG node: M = Bernoulli(1 - p) over the [B, H, T, T] scores, stored when the problem asks.
+cudnnBackendDescriptor_t dropout_mask(GraphBuilder& g, const Problem& p) {
+  const Dims scores = {p.b, p.h, p.t, p.t}, packed = {p.h * p.t * p.t, p.t * p.t, p.t, 1}, one = {1, 1, 1, 1};
+  cudnnBackendDescriptor_t seed = g.tensor(kSeed, one, one, CUDNN_DATA_INT64);
+  cudnnBackendDescriptor_t offset = g.tensor(kOffset, one, one, CUDNN_DATA_INT64);
+  cudnnBackendDescriptor_t mask =
+      p.store_mask ? g.tensor(kMask, scores, packed, CUDNN_DATA_FLOAT) : g.scratch(scores, packed, CUDNN_DATA_FLOAT);
+  g.rng_bernoulli(1.0 - p.dropout_p, seed, offset, mask);
+  return mask;
 }
 
 Dims transposed(const Dims& strides) {
@@ -160,8 +214,15 @@ void build_forward(GraphBuilder& g, const Problem& p) {
   cudnnBackendDescriptor_t log_sum = g.scratch(rows, row_strides, CUDNN_DATA_FLOAT);
   g.pointwise(CUDNN_POINTWISE_LOG, sum, nullptr, log_sum);
   g.pointwise(CUDNN_POINTWISE_ADD, max, log_sum, stats);
-  cudnnBackendDescriptor_t probabilities = g.scratch(scores, packed, p.type);
+  cudnnBackendDescriptor_t probabilities = g.scratch(scores, packed, p.dropout() ? CUDNN_DATA_FLOAT : p.type);
   g.pointwise(CUDNN_POINTWISE_DIV, e, sum, probabilities);
+  if (p.dropout()) {
+    cudnnBackendDescriptor_t mask = dropout_mask(g, p);
+    cudnnBackendDescriptor_t kept = g.scratch(scores, packed, CUDNN_DATA_FLOAT);
+    g.pointwise(CUDNN_POINTWISE_MUL, probabilities, mask, kept);
+    probabilities = g.scratch(scores, packed, p.type);
+    g.pointwise(CUDNN_POINTWISE_MUL, kept, g.scalar(kDropoutScale), probabilities);
+  }
   g.matmul(probabilities, v, o);
 }
 
@@ -181,8 +242,10 @@ void build_backward(GraphBuilder& g, const Problem& p) {
   cudnnBackendDescriptor_t grad_k = g.tensor(kGradK, bhtd, p.grad_k, p.type);
   cudnnBackendDescriptor_t grad_v = g.tensor(kGradV, bhtd, p.grad_v, p.type);
   cudnnBackendDescriptor_t scale = g.scalar(kScale);
+  cudnnBackendDescriptor_t mask = p.dropout() ? dropout_mask(g, p) : nullptr;
+  cudnnBackendDescriptor_t dropout_scale = p.dropout() ? g.scalar(kDropoutScale) : nullptr;
 
-  // sum = rowsum(dO * O)
+  // sum = rowsum(dO * O) * (1 - p)
   cudnnBackendDescriptor_t products = g.scratch(bhtd, packed_bhtd, CUDNN_DATA_FLOAT);
   g.pointwise(CUDNN_POINTWISE_MUL, grad_out, o, products);
   cudnnBackendDescriptor_t row_sum = g.scratch(rows, row_strides, CUDNN_DATA_FLOAT);
@@ -201,18 +264,35 @@ void build_backward(GraphBuilder& g, const Problem& p) {
   cudnnBackendDescriptor_t probabilities = g.scratch(scores, packed, CUDNN_DATA_FLOAT);
   g.pointwise(CUDNN_POINTWISE_EXP, shifted, nullptr, probabilities);
 
-  // dV = P^T dO
+  // dV = P^T dO (P * M / (1 - p) with dropout)
+  cudnnBackendDescriptor_t used = probabilities;
+  if (p.dropout()) {
+    cudnnBackendDescriptor_t kept = g.scratch(scores, packed, CUDNN_DATA_FLOAT);
+    g.pointwise(CUDNN_POINTWISE_MUL, probabilities, mask, kept);
+    used = g.scratch(scores, packed, CUDNN_DATA_FLOAT);
+    g.pointwise(CUDNN_POINTWISE_MUL, kept, dropout_scale, used);
+  }
   cudnnBackendDescriptor_t probabilities_t = g.scratch(scores, packed_t, p.type);
-  g.reshape(probabilities, probabilities_t);
+  g.reshape(used, probabilities_t);
   g.matmul(probabilities_t, grad_out, grad_v);
 
-  // dS = P * (dO V^T - sum) * scale
+  // dS = P * (dO V^T - sum) * scale; with dropout P * (dO V^T * M - sum) / (1 - p) * scale
   cudnnBackendDescriptor_t grad_p = g.scratch(scores, packed, CUDNN_DATA_FLOAT);
   g.matmul(grad_out, vt, grad_p);
+  if (p.dropout()) {
+    cudnnBackendDescriptor_t masked = g.scratch(scores, packed, CUDNN_DATA_FLOAT);
+    g.pointwise(CUDNN_POINTWISE_MUL, grad_p, mask, masked);
+    grad_p = masked;
+  }
   cudnnBackendDescriptor_t centered = g.scratch(scores, packed, CUDNN_DATA_FLOAT);
   g.pointwise(CUDNN_POINTWISE_SUB, grad_p, sum, centered);
   cudnnBackendDescriptor_t weighted = g.scratch(scores, packed, CUDNN_DATA_FLOAT);
   g.pointwise(CUDNN_POINTWISE_MUL, centered, probabilities, weighted);
+  if (p.dropout()) {
+    cudnnBackendDescriptor_t rescaled = g.scratch(scores, packed, CUDNN_DATA_FLOAT);
+    g.pointwise(CUDNN_POINTWISE_MUL, weighted, dropout_scale, rescaled);
+    weighted = rescaled;
+  }
   cudnnBackendDescriptor_t grad_s = g.scratch(scores, packed, CUDNN_DATA_FLOAT);
   g.pointwise(CUDNN_POINTWISE_MUL, weighted, scale, grad_s);
 
@@ -246,23 +326,54 @@ bool cudnn_attention_enabled() {
   return enabled_flag().load() != 0;
 }
 
-bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const AttentionParams& params) {
+namespace {
+
+/// The forward, writing the dropout mask into `mask` when it is defined.
+bool run_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const AttentionParams& params, const Tensor& mask) {
   Problem p;
   if (!forward_problem(out, lse, q, k, v, params, p)) return false;
+  if (mask.defined()) {
+    if (!p.dropout() || mask.dtype() != DType::f32 || !mask.is_contiguous() || mask.device() != q.device() ||
+        mask.shape() != Shape{p.b, p.h, p.t, p.t}) {
+      return false;
+    }
+    p.store_mask = true;
+  }
   const core::Device device = q.device();
   core::cuda::DeviceGuard guard(device);
   CudnnHandle handle(device);
   const std::shared_ptr<const Plan> plan = plan_for(p, false, device, handle.get());
   if (!plan) return false;
   float scale = static_cast<float>(params.scale), neg_inf = -std::numeric_limits<float>::infinity();
+  float dropout_scale = static_cast<float>(1.0 / (1.0 - params.dropout_p));
   std::vector<std::pair<int64_t, void*>> bindings = {{kQ, q.raw_data()},   {kK, k.raw_data()},       {kV, v.raw_data()},
                                                      {kO, out.raw_data()}, {kStats, lse.raw_data()}, {kScale, &scale}};
   if (p.causal) bindings.emplace_back(kNegInf, &neg_inf);
+  Tensor philox;
+  if (p.dropout()) {
+    philox = philox_arguments(params, device);
+    bindings.emplace_back(kSeed, philox.raw_data());
+    bindings.emplace_back(kOffset, static_cast<int64_t*>(philox.raw_data()) + 2);
+    bindings.emplace_back(kDropoutScale, &dropout_scale);
+    if (p.store_mask) bindings.emplace_back(kMask, mask.raw_data());
+  }
   const Tensor workspace = graph::workspace_for(*plan, device);
   graph::execute(*plan, handle.get(), bindings, workspace);
   cudnn_attention_counter.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+}  // namespace
+
+bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionParams& params) {
+  return run_forward(out, lse, q, k, v, params, Tensor());
+}
+
+bool cudnn_attention_forward_with_mask(const Tensor& out, const Tensor& lse, const Tensor& mask, const Tensor& q,
+                                       const Tensor& k, const Tensor& v, const AttentionParams& params) {
+  return run_forward(out, lse, q, k, v, params, mask);
 }
 
 bool cudnn_attention_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_out,
@@ -285,7 +396,9 @@ bool cudnn_attention_backward(const Tensor& grad_q, const Tensor& grad_k, const 
   // The engine's f32 scratch: rowsum(dO * O) and the dQ accumulator (it initializes both).
   const Tensor row_sum = core::empty({p.b, p.h, p.t, 1}, TensorOptions(DType::f32, device));
   const Tensor grad_q_accum = core::empty({p.b, p.h, p.t, p.d}, TensorOptions(DType::f32, device));
-  float scale = static_cast<float>(params.scale), neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
+  float scale = static_cast<float>(params.scale), neg_inf = -std::numeric_limits<float>::infinity();
+  float one = static_cast<float>(1.0 - params.dropout_p),
+        dropout_scale = static_cast<float>(1.0 / (1.0 - params.dropout_p));
   std::vector<std::pair<int64_t, void*>> bindings = {{kQ, q.raw_data()},
                                                      {kK, k.raw_data()},
                                                      {kV, v.raw_data()},
@@ -300,10 +413,38 @@ bool cudnn_attention_backward(const Tensor& grad_q, const Tensor& grad_k, const 
                                                      {kRowSum, row_sum.raw_data()},
                                                      {kGradQAccum, grad_q_accum.raw_data()}};
   if (p.causal) bindings.emplace_back(kNegInf, &neg_inf);
+  Tensor philox;
+  if (p.dropout()) {
+    philox = philox_arguments(params, device);
+    bindings.emplace_back(kSeed, philox.raw_data());
+    bindings.emplace_back(kOffset, static_cast<int64_t*>(philox.raw_data()) + 2);
+    bindings.emplace_back(kDropoutScale, &dropout_scale);
+  }
   const Tensor workspace = graph::workspace_for(*plan, device);
   graph::execute(*plan, handle.get(), bindings, workspace);
   cudnn_attention_counter.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
+
+namespace {
+
+// The fused dropout kernels of ops/nn_kernels.h: cuDNN's engine or nothing (our own kernels draw
+// no mask, so what cuDNN declines runs unfused; see ops/attention.cpp).
+bool dropout_forward_cuda(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const AttentionParams& params) {
+  return params.dropout_p > 0.0 && cudnn_attention_forward(out, lse, q, k, v, params);
+}
+
+bool dropout_backward_cuda(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_out,
+                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                           const AttentionParams& params) {
+  return params.dropout_p > 0.0 &&
+         cudnn_attention_backward(grad_q, grad_k, grad_v, grad_out, q, k, v, out, lse, params);
+}
+
+COLOSSAL_REGISTER_KERNEL(attention_dropout_forward_stub, core::DeviceType::cuda, dropout_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(attention_dropout_backward_stub, core::DeviceType::cuda, dropout_backward_cuda);
+
+}  // namespace
 
 }  // namespace colossal::ops::cuda

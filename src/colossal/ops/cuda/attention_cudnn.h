@@ -3,8 +3,8 @@
 // single attention call before 9.21: the engine is chosen for an operation graph of matmuls,
 // pointwise ops and reductions that spells attention out, built here through the backend API
 // (Note [cuDNN attention graphs] in attention_cudnn.cpp). Plans are built once per problem (shape,
-// strides, dtype, mask) and cached per device; a problem the engine declines is remembered and
-// left to our own kernels.
+// strides, dtype, mask, dropout) and cached per device; a problem the engine declines is remembered
+// and left to our own kernels (or, with dropout, to the unfused composition of ops/attention.cpp).
 #pragma once
 
 #include <atomic>
@@ -31,7 +31,18 @@ inline std::atomic<int64_t> cudnn_attention_counter{0};
 bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              const AttentionParams& params);
 
-/// The backward under the same conditions (and those of grad_out and the gradients).
+/// With params.dropout_p in (0, 1) the forward drops probabilities inside the kernel, drawing the mask
+/// from (params.dropout_seed, params.dropout_offset); see Note [cuDNN attention dropout].
+///
+/// For tests: the forward with dropout that also writes the mask it drew into `mask` (f32 [B, H, T,
+/// T], contiguous on q's device; 1 kept, 0 dropped), through a plan that stores the RNG node's
+/// output. Returns false as cudnn_attention_forward does, and also without dropout or for a mask of
+/// another shape, dtype or layout.
+bool cudnn_attention_forward_with_mask(const Tensor& out, const Tensor& lse, const Tensor& mask, const Tensor& q,
+                                       const Tensor& k, const Tensor& v, const AttentionParams& params);
+
+/// The backward under the same conditions (and those of grad_out and the gradients); with dropout
+/// it needs the forward's params and draws the forward's mask again.
 bool cudnn_attention_backward(const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_out,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               const AttentionParams& params);

@@ -110,6 +110,22 @@ void GraphBuilder::reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t 
   ops_.push_back(op);
 }
 
+void GraphBuilder::rng_bernoulli(double probability, cudnnBackendDescriptor_t seed, cudnnBackendDescriptor_t offset,
+                                 cudnnBackendDescriptor_t y) {
+  cudnnBackendDescriptor_t rng = d_.make(CUDNN_BACKEND_RNG_DESCRIPTOR);
+  const cudnnRngDistribution_t distribution = CUDNN_RNG_DISTRIBUTION_BERNOULLI;
+  set(rng, CUDNN_ATTR_RNG_DISTRIBUTION, CUDNN_TYPE_RNG_DISTRIBUTION, 1, &distribution);
+  set(rng, CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, 1, &probability);
+  finalize(rng);
+  cudnnBackendDescriptor_t op = d_.make(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR);
+  set_descriptor(op, CUDNN_ATTR_OPERATION_RNG_YDESC, y);
+  set_descriptor(op, CUDNN_ATTR_OPERATION_RNG_SEED, seed);  // a tensor (an int64 value would fix it in the plan)
+  set_descriptor(op, CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, offset);
+  set_descriptor(op, CUDNN_ATTR_OPERATION_RNG_DESC, rng);
+  finalize(op);
+  ops_.push_back(op);
+}
+
 void GraphBuilder::build(Plan& plan) {
   cudnnBackendDescriptor_t graph = d_.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops_.size()),

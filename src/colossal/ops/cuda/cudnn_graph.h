@@ -8,6 +8,8 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <memory>
@@ -68,6 +70,10 @@ class GraphBuilder {
   void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c);
   void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y);
   void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y);
+  /// y <- Bernoulli draws (1 with probability `probability`, else 0) from the Philox stream whose
+  /// seed and offset are the int64 [1, 1, 1, 1] tensors `seed` and `offset`.
+  void rng_bernoulli(double probability, cudnnBackendDescriptor_t seed, cudnnBackendDescriptor_t offset,
+                     cudnnBackendDescriptor_t y);
 
   /// The operation graph, engine heuristics (mode A) and the first configuration that finalizes;
   /// throws when none does.
@@ -82,7 +88,8 @@ class GraphBuilder {
 
 /// Plans by key, each built on first use by `describe(GraphBuilder&)` then GraphBuilder::build. A
 /// key whose graph cuDNN declines (any error while building: an older cuDNN, an older GPU, a layout
-/// no engine takes) is remembered as nullptr, so the caller falls back without asking again.
+/// no engine takes) is remembered as nullptr, so the caller falls back without asking again; the
+/// environment variable COLOSSAL_CUDNN_GRAPH_VERBOSE=1 prints the reason to stderr.
 template <class Key>
 class PlanCache {
  public:
@@ -95,7 +102,11 @@ class PlanCache {
       GraphBuilder g(handle, plan->descriptors);
       describe(g);
       g.build(*plan);
-    } catch (const std::exception&) {
+    } catch (const std::exception& error) {
+      // COLOSSAL_CUDNN_GRAPH_VERBOSE=1 says why (the callers fall back silently).
+      if (const char* verbose = std::getenv("COLOSSAL_CUDNN_GRAPH_VERBOSE"); verbose && verbose[0] == '1') {
+        std::fprintf(stderr, "colossal: cuDNN declined a graph: %s\n", error.what());
+      }
       plan.reset();
     }
     plans_.emplace(key, plan);
