@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <utility>
 
@@ -19,14 +20,17 @@
 #include "colossal/comm/single_process_group.h"
 #include "colossal/comm/watchdog.h"  // stop_transports
 #include "colossal/core/error.h"
+#include "colossal/core/profiler.h"  // configure
 #include "colossal/data/sampler.h"
 #include "colossal/engine/checkpoint.h"
 #include "colossal/engine/hooks.h"
 #include "colossal/engine/log_hooks.h"
 #include "colossal/nn/hub_weights.h"
+#include "colossal/nn/safetensors.h"  // read_safetensors_header
 #include "colossal/parallel/layout_rules.h"
 #include "colossal/parallel/tp/cross_entropy.h"
 #include "colossal/parallel/tp/gpt2_1d.h"
+#include "colossal/parallel/tp/random.h"  // DropoutGenerators, tensor_parallel_seed
 
 namespace colossal::initialize {
 namespace {
@@ -156,8 +160,11 @@ void TrainingRun::assemble() {
 TrainingRun::~TrainingRun() = default;
 
 engine::NamedGenerators TrainingRun::named_generators() const {
-  // The generators that draw after initialisation; checkpoints carry their states.
-  return {{"dropout", dropout_generator_.get()}, {"default", &core::default_generator()}};
+  // The generators that draw after initialisation; checkpoints carry their states (the writer's:
+  // resume() gives each tensor rank its own tensor_parallel seed back).
+  return {{"dropout", dropout_generator_.get()},
+          {"tensor_parallel", tensor_generator_.get()},
+          {"default", &core::default_generator()}};
 }
 
 void TrainingRun::check_outputs() const {
@@ -175,6 +182,8 @@ void TrainingRun::build_data_and_model() {
   // run (the data seed: parallel/layout.h's SeedMode::kData); DataParallel also broadcasts rank 0's.
   init_generator_ = std::make_unique<core::Generator>(seed);
   dropout_generator_ = std::make_unique<core::Generator>(seed + 7);
+  // Megatron's RNG tracker: inside the tensor-parallel region each tensor rank draws its own masks.
+  tensor_generator_ = std::make_unique<core::Generator>(parallel::tp::tensor_parallel_seed(seed + 7, *context_));
   model_ = make_model(c, datasets_, *init_generator_, *dropout_generator_);
   if (!c.model.weights.empty()) {
     const nn::HubImportReport report = nn::import_hub_weights(*model_, c.model.weights);
@@ -188,12 +197,13 @@ void TrainingRun::build_data_and_model() {
   model_->to(device_);
   if (context_->layout().tensor_size() > 1) {
     // The serial model split over the tensor group (reject_unsupported let only GPT-2 through). Dropout
-    // inside the split region draws from the same generator on every tensor rank (the per-rank seed
-    // of Megatron's RNG tracker is still to come); outside it every rank draws the same masks.
+    // inside the split region draws from the tensor generator, different on every tensor rank;
+    // outside it every rank draws the same masks from the data's (parallel/tp/random.h).
     auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model_.get());
     COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model built is not a GPT-2");
-    model_ = std::make_shared<parallel::tp::ParallelGPT2>(*gpt2, context_->group(parallel::GroupKind::kTensor),
-                                                          dropout_generator_.get());
+    model_ = std::make_shared<parallel::tp::ParallelGPT2>(
+        *gpt2, context_->group(parallel::GroupKind::kTensor),
+        parallel::tp::DropoutGenerators{.data = dropout_generator_.get(), .tensor = tensor_generator_.get()});
   }
 
   // The global batch of iteration k is the serial run's batch k (data.batch_size x dp samples of
@@ -278,9 +288,16 @@ void TrainingRun::resume() {
                  {"training set size", std::to_string(datasets_.train->size())},
                  {"steps per epoch", std::to_string(plan_.batches_per_epoch)}};
   if (c.train.resume_from.empty()) return;
-  const engine::NamedGenerators generators = named_generators();
+  engine::NamedGenerators generators = named_generators();
   const fs::path file = engine::find_checkpoint(c.train.resume_from);
+  // Checkpoints from before the tensor-parallel generator existed have no state for it; it then
+  // starts afresh (at another layout its draws could not repeat the writer's anyway).
+  if (!nn::read_safetensors_header(file).metadata.contains("rng.tensor_parallel")) generators.erase("tensor_parallel");
   const engine::CheckpointInfo info = engine::load_checkpoint(file, *engine_, generators);
+  // The file has the writer's (tensor rank 0's) seed; each tensor rank goes on with its own, from
+  // the same offset (the ranks draw equally many values per step).
+  tensor_generator_->set_state({parallel::tp::tensor_parallel_seed(static_cast<uint64_t>(c.train.seed) + 7, *context_),
+                                tensor_generator_->state().offset});
   for (const auto& [key, value] : invariants_) {
     auto it = info.extra.find(key);
     if (it != info.extra.end() && it->second != value) {
@@ -367,6 +384,15 @@ RunResult TrainingRun::fit() {
             : "");
     std::fflush(stdout);
   }
+  core::profiler::Options profile =
+      options_.profile.path.empty() ? core::profiler::options_from_env() : options_.profile;
+  if (!profile.path.empty() && context_->world().size() > 1) {
+    std::filesystem::path path(profile.path);
+    const std::string extension = path.extension().string();
+    path.replace_extension();
+    profile.path = fmt::format("{}.rank{}{}", path.string(), context_->world().rank(), extension);
+  }
+  core::profiler::configure(profile);
   const auto begin = std::chrono::steady_clock::now();
   engine::FitLimits limits;
   limits.max_updates = plan_.max_updates;

@@ -17,6 +17,7 @@
 
 #include "colossal/comm/process_group.h"
 #include "colossal/config/train_config.h"
+#include "colossal/core/profiler.h"
 #include "colossal/core/random.h"
 #include "colossal/data/data_loader.h"
 #include "colossal/engine/checkpoint.h"  // NamedGenerators
@@ -42,6 +43,10 @@ struct RunOptions {
   std::shared_ptr<comm::ProcessGroup> world;
   /// Print the run's description and the closing line on stdout (rank 0 only either way).
   bool verbose = true;
+  /// The step profiler (core/profiler.h; `--profile`, or COLOSSAL_PROFILE in the environment when
+  /// this path is empty): a Chrome trace of a window of steps and a summary on stderr. With more than
+  /// one rank, each writes its own trace, its rank before the extension (trace.rank1.json).
+  core::profiler::Options profile;
 };
 
 /// What fit() did.
@@ -97,7 +102,9 @@ class TrainingRun {
   Device device_;
   bool writer_ = false;
   Datasets datasets_;
-  std::unique_ptr<core::Generator> init_generator_, dropout_generator_;
+  /// dropout_generator_ draws the masks of replicated activations (the same on every tensor rank),
+  /// tensor_generator_ those of activations split over the tensor group (parallel/tp/random.h).
+  std::unique_ptr<core::Generator> init_generator_, dropout_generator_, tensor_generator_;
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<data::Sampler> sampler_;
   RunPlan plan_;

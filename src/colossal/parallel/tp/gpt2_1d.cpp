@@ -43,12 +43,11 @@ std::vector<int64_t> ParallelGPT2Attention::qkv_columns(int64_t n_embd, int64_t 
 
 ParallelGPT2Attention::ParallelGPT2Attention(const nn::models::GPT2Attention& serial,
                                              const nn::models::GPT2Config& config,
-                                             std::shared_ptr<comm::ProcessGroup> group,
-                                             core::Generator* dropout_generator)
+                                             std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators)
     : Module("ParallelGPT2Attention"),
       local_heads_(config.n_head / group->size()),
       attn_dropout_(config.dropout),
-      dropout_generator_(dropout_generator) {
+      attn_dropout_generator_(generators.tensor_or_data()) {
   const int size = group->size();
   // c_attn's output columns in the order that gives each rank's contiguous part its heads' q, k and v:
   // rank r's block [r * 3C/tp, (r + 1) * 3C/tp) of this order is qkv_columns(..., r, ...).
@@ -62,21 +61,22 @@ ParallelGPT2Attention::ParallelGPT2Attention(const nn::models::GPT2Attention& se
                                           group, /*gather_output=*/false, std::move(order)));
   // The heads' outputs are concatenated in head order, so c_proj's input rows split as the heads do.
   c_proj_ = register_module("c_proj", RowParallelLinear::from(*serial.c_proj(), group, /*input_is_parallel=*/true));
-  resid_dropout_ = register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, dropout_generator));
+  // After c_proj's all-reduce every rank holds the whole output: the same mask on every rank.
+  resid_dropout_ = register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, generators.data));
 }
 
 Tensor ParallelGPT2Attention::forward(const Tensor& x) {
   const Tensor attended = nn::multihead_attention(c_attn_->forward(x), local_heads_, /*causal=*/true, attn_dropout_,
-                                                  is_training(), dropout_generator_);
+                                                  is_training(), attn_dropout_generator_);
   return resid_dropout_->forward(c_proj_->forward(attended));
 }
 
 ParallelGPT2MLP::ParallelGPT2MLP(const nn::models::GPT2MLP& serial, const nn::models::GPT2Config& config,
-                                 std::shared_ptr<comm::ProcessGroup> group, core::Generator* dropout_generator)
+                                 std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators)
     : Module("ParallelGPT2MLP") {
   c_fc_ = register_module("c_fc", ColumnParallelLinear::from(*serial.c_fc(), group));
   c_proj_ = register_module("c_proj", RowParallelLinear::from(*serial.c_proj(), group, /*input_is_parallel=*/true));
-  dropout_ = register_module("dropout", std::make_shared<nn::Dropout>(config.dropout, dropout_generator));
+  dropout_ = register_module("dropout", std::make_shared<nn::Dropout>(config.dropout, generators.data));
 }
 
 Tensor ParallelGPT2MLP::forward(const Tensor& x) {
@@ -85,13 +85,12 @@ Tensor ParallelGPT2MLP::forward(const Tensor& x) {
 }
 
 ParallelGPT2Block::ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
-                                     std::shared_ptr<comm::ProcessGroup> group, core::Generator* dropout_generator)
+                                     std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators)
     : Module("ParallelGPT2Block") {
   ln_1_ = register_module("ln_1", copy_of(*serial.ln_1(), config.n_embd));
-  attn_ = register_module("attn",
-                          std::make_shared<ParallelGPT2Attention>(*serial.attn(), config, group, dropout_generator));
+  attn_ = register_module("attn", std::make_shared<ParallelGPT2Attention>(*serial.attn(), config, group, generators));
   ln_2_ = register_module("ln_2", copy_of(*serial.ln_2(), config.n_embd));
-  mlp_ = register_module("mlp", std::make_shared<ParallelGPT2MLP>(*serial.mlp(), config, group, dropout_generator));
+  mlp_ = register_module("mlp", std::make_shared<ParallelGPT2MLP>(*serial.mlp(), config, group, generators));
 }
 
 Tensor ParallelGPT2Block::forward(const Tensor& x) {
@@ -100,7 +99,7 @@ Tensor ParallelGPT2Block::forward(const Tensor& x) {
 }
 
 ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
-                           core::Generator* dropout_generator)
+                           DropoutGenerators generators)
     : Module("ParallelGPT2"), group_(std::move(group)) {
   const nn::models::GPT2Config& config = serial.config();
   wte_ = register_module("wte", VocabParallelEmbedding::from(*serial.wte(), group_));
@@ -110,12 +109,12 @@ ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::Proce
     wpe_->to(serial.wpe()->weight().dtype());
     wpe_->weight().copy_(serial.wpe()->weight());
   }
-  drop_ = register_module("drop", std::make_shared<nn::Dropout>(config.dropout, dropout_generator));
+  drop_ = register_module("drop", std::make_shared<nn::Dropout>(config.dropout, generators.data));
   h_ = register_module("h", std::make_shared<nn::ModuleList>());
   for (size_t i = 0; i < serial.h()->size(); ++i) {
     const auto block = std::dynamic_pointer_cast<nn::models::GPT2Block>((*serial.h())[i]);
     COLOSSAL_CHECK(block != nullptr, "ParallelGPT2: h.{} of the serial model is not a GPT2Block", i);
-    h_->push_back(std::make_shared<ParallelGPT2Block>(*block, config, group_, dropout_generator));
+    h_->push_back(std::make_shared<ParallelGPT2Block>(*block, config, group_, generators));
   }
   ln_f_ = register_module("ln_f", copy_of(*serial.ln_f(), config.n_embd));
 }

@@ -4,9 +4,9 @@
 // column-parallel c_fc followed by a row-parallel c_proj. The layer norms are replicated. Two
 // all-reduces forward (one per sub-layer) and two backward, as in Megatron-LM.
 //
-// Dropout inside the parallel region draws from the generator given; the tensor-parallel RNG
-// tracker (a seed per tp rank inside the region, the data seed outside) is still to come, so runs
-// with dropout do not yet match Megatron's masks.
+// Dropout follows Megatron's RNG tracker (random.h): the attention probabilities (this rank's
+// heads) draw from the tensor-parallel generator, the embeddings' and the residual branches'
+// dropout (replicated activations, after the row-parallel all-reduce) from the data generator.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,7 @@
 #include "colossal/nn/module.h"
 #include "colossal/parallel/tp/embedding_1d.h"
 #include "colossal/parallel/tp/linear_1d.h"
+#include "colossal/parallel/tp/random.h"
 
 namespace colossal::parallel::tp {
 
@@ -29,7 +30,7 @@ class ParallelGPT2Attention : public nn::Module {
  public:
   /// Throws naming both when n_head does not divide by the group's size.
   ParallelGPT2Attention(const nn::models::GPT2Attention& serial, const nn::models::GPT2Config& config,
-                        std::shared_ptr<comm::ProcessGroup> group, core::Generator* dropout_generator = nullptr);
+                        std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators = {});
   /// x [B, T, n_embd], the same on every rank -> [B, T, n_embd], the same on every rank.
   Tensor forward(const Tensor& x) override;
 
@@ -40,11 +41,13 @@ class ParallelGPT2Attention : public nn::Module {
 
   const std::shared_ptr<ColumnParallelLinear>& c_attn() const { return c_attn_; }
   const std::shared_ptr<RowParallelLinear>& c_proj() const { return c_proj_; }
+  /// Where the attention probabilities' dropout draws (the tensor-parallel generator).
+  core::Generator* attn_dropout_generator() const { return attn_dropout_generator_; }
 
  private:
   int64_t local_heads_;
   double attn_dropout_;
-  core::Generator* dropout_generator_;
+  core::Generator* attn_dropout_generator_;
   std::shared_ptr<ColumnParallelLinear> c_attn_;
   std::shared_ptr<RowParallelLinear> c_proj_;
   std::shared_ptr<nn::Dropout> resid_dropout_;
@@ -55,7 +58,7 @@ class ParallelGPT2Attention : public nn::Module {
 class ParallelGPT2MLP : public nn::Module {
  public:
   ParallelGPT2MLP(const nn::models::GPT2MLP& serial, const nn::models::GPT2Config& config,
-                  std::shared_ptr<comm::ProcessGroup> group, core::Generator* dropout_generator = nullptr);
+                  std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators = {});
   Tensor forward(const Tensor& x) override;
 
   const std::shared_ptr<ColumnParallelLinear>& c_fc() const { return c_fc_; }
@@ -71,7 +74,7 @@ class ParallelGPT2MLP : public nn::Module {
 class ParallelGPT2Block : public nn::Module {
  public:
   ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
-                    std::shared_ptr<comm::ProcessGroup> group, core::Generator* dropout_generator = nullptr);
+                    std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators = {});
   Tensor forward(const Tensor& x) override;
 
   const std::shared_ptr<nn::LayerNorm>& ln_1() const { return ln_1_; }
@@ -94,8 +97,8 @@ class ParallelGPT2Block : public nn::Module {
 class ParallelGPT2 : public nn::Module {
  public:
   /// Throws naming the sizes when the (padded) vocabulary or the heads do not split over the group.
-  ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
-               core::Generator* dropout_generator = nullptr);
+  /// Dropout draws from `generators` as the file's head says.
+  ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators = {});
   /// ids [B, T] -> this rank's logits [B, T, V/tp].
   Tensor forward(const Tensor& ids) override;
   /// The mean next-token loss of forward()'s logits against targets [B, T] (as
