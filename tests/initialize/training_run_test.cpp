@@ -66,6 +66,49 @@ std::string toml_path(const fs::path& p) {
   return "\"" + p.string() + "\"";
 }
 
+TEST(TrainingRun, TheProfilerWritesATraceOfItsWindowOfSteps) {
+  // Steps 2, 3 and 4 of 6 (core/profiler.h): a Chrome trace whose host ranges are the trainer's and
+  // the Engine's phases, three of each step-level range, each inside its step, and a complete file
+  // (written to a temporary name, then renamed). On the CPU there are no device ranges.
+  const fs::path dir = fresh_dir("profile");
+  const fs::path trace = dir / "trace.json";
+  RunOptions options{.verbose = false};
+  options.profile = {.path = trace.string(), .first_step = 2, .num_steps = 3};
+  TrainingRun run(make_config({"train.max_steps=6", "clip_grad_norm=1.0"}), options);
+  run.fit();
+  ASSERT_TRUE(fs::exists(trace));
+  EXPECT_FALSE(fs::exists(trace.string() + ".tmp"));
+  const nlohmann::json json = nlohmann::json::parse(std::ifstream(trace));
+  std::map<std::string, int> count;
+  double step_begin = -1, step_end = -1;
+  for (const auto& event : json.at("traceEvents")) {
+    if (event.at("ph") != "X") continue;
+    EXPECT_EQ(event.at("pid"), 1) << "a CPU run has host ranges only";
+    const std::string name = event.at("name");
+    ++count[name];
+    if (name == "train step" && step_begin < 0) {
+      step_begin = event.at("ts");
+      step_end = step_begin + event.at("dur").get<double>();
+    }
+  }
+  for (const char* name : {"train step", "data: next batch", "forward", "loss", "backward", "update",
+                           "update: gradient norm", "update: optimizer step", "hooks: after_train_iter"}) {
+    EXPECT_EQ(count[name], 3) << name;
+  }
+  EXPECT_GT(step_end, step_begin);
+  for (const auto& event : json.at("traceEvents")) {
+    if (event.at("ph") != "X" || event.at("name") != "forward") continue;
+    EXPECT_GE(event.at("ts").get<double>(), step_begin) << "the first forward lies inside the first step";
+    EXPECT_LE(event.at("ts").get<double>() + event.at("dur").get<double>(), step_end);
+    break;
+  }
+  // Off again afterwards: a second run without a profile path writes nothing.
+  fs::remove(trace);
+  TrainingRun quiet(make_config({"train.max_steps=6"}), RunOptions{.verbose = false});
+  quiet.fit();
+  EXPECT_FALSE(fs::exists(trace));
+}
+
 TEST(TrainingRun, AConfigTrainsFromCppWithTheContextInTheEngine) {
   TrainingRun run(make_config({"train.max_steps=3"}), RunOptions{.verbose = false});
   EXPECT_EQ(run.context().layout().data_size(), 1);

@@ -21,6 +21,7 @@
 #include "colossal/autograd/engine.h"     // backward
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"          // COLOSSAL_CHECK
+#include "colossal/core/profiler.h"       // Scope
 #include "colossal/ops/elementwise.h"     // mul, mul_, add
 #include "colossal/ops/reduction.h"       // sum
 #include "colossal/optim/clip_grad.h"     // sum_of_squares, total_grad_norm, clip_coefficient
@@ -154,8 +155,10 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
   autograd::NoGradGuard no_grad;
   AmpStepResult result;
   result.loss_scale = loss_scale();
+  const Device device = master_params_.empty() ? Device{} : master_params_.front().device();
 
   if (options_.mode != AmpMode::torch) {
+    core::profiler::Scope scope("update: gradients to f32 masters", device);
     // The masters' f32 gradients are new tensors each step (freed again by zero_grad, so they never
     // sit beside the activations), filled from the 16-bit gradients in one multi-tensor copy.
     std::vector<Tensor> master_grads, model_grads;
@@ -177,6 +180,7 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
 
   Tensor sum_of_squares;  // of the unscaled gradients, from the overflow check
   if (scaler_) {
+    core::profiler::Scope scope("update: unscale and overflow check", device);
     sum_of_squares = unscale_and_sum_squares(scaler_->inv_scale());
     const bool local_found_inf = !std::isfinite(sum_of_squares.item<double>());
     const bool found_inf = found_inf_sync_ ? found_inf_sync_(local_found_inf) : local_found_inf;
@@ -188,6 +192,7 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
   }
 
   if (max_norm) {
+    core::profiler::Scope scope("update: gradient norm", device);
     const Tensor reuse = norm_type == 2.0 ? sum_of_squares : Tensor();
     if (grad_norm_) {
       result.grad_norm = grad_norm_(master_params_, norm_type, reuse);
@@ -196,8 +201,14 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
     }
     optimizer_->scale_gradients_in_next_step(optim::clip_coefficient(result.grad_norm, *max_norm));
   }
-  optimizer_->step();
-  if (options_.mode != AmpMode::torch) optim::multi_tensor_copy(model_params_, master_params_);
+  {
+    core::profiler::Scope scope("update: optimizer step", device);
+    optimizer_->step();
+  }
+  if (options_.mode != AmpMode::torch) {
+    core::profiler::Scope scope("update: masters to the model", device);
+    optim::multi_tensor_copy(model_params_, master_params_);
+  }
   result.stepped = true;
   return result;
 }

@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
         if (!train_args.resume_path.empty()) {
           overrides.push_back("train.resume_from=" + colossal::cli::toml_string(train_args.resume_path));
         }
-        return colossal::cli::train_from_config(train_args.config_path, overrides, train_args.metrics_path);
+        return colossal::cli::train_from_config(train_args.config_path, overrides, train_args.metrics_path,
+                                                train_args.profile);
       }
       colossal::cli::run_train(train_args.mlp);
     }

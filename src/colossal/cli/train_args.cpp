@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <string_view>
 
 namespace colossal::cli {
@@ -56,7 +57,7 @@ std::string usage_errors(const CLI::App& train, bool with_config) {
       }
     }
   } else {
-    for (const char* name : {"--set", "--metrics", "--resume"}) {
+    for (const char* name : {"--set", "--metrics", "--resume", "--profile", "--profile-steps"}) {
       if (train.get_option(name)->count() == 0) continue;
       errors += fmt::format(
           "{} needs --config: it applies to a config run; the built-in MLP demo takes only its own flags "
@@ -95,6 +96,29 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
       ->add_option("--resume", args.resume_path,
                    "Continue from a checkpoint file, or from the newest one in a checkpoint folder (same as --set "
                    "train.resume_from=PATH)")
+      ->group(config_group);
+
+  train
+      ->add_option("--profile", args.profile.path,
+                   "Profile a window of training steps (host and CUDA-event ranges): write a Chrome trace "
+                   "(chrome://tracing, ui.perfetto.dev) here and a per-range summary on stderr; one file per rank, "
+                   "its rank before the extension (also COLOSSAL_PROFILE=PATH)")
+      ->group(config_group);
+  train
+      ->add_option_function<std::string>(
+          "--profile-steps",
+          [&args](const std::string& value) {
+            long long first = -1, count = -1;
+            char tail = 0;
+            if (std::sscanf(value.c_str(), "%lld:%lld%c", &first, &count, &tail) != 2 || first < 0 || count < 1) {
+              throw CLI::ValidationError(
+                  "--profile-steps",
+                  "expected FIRST:COUNT with FIRST >= 0 and COUNT >= 1 (e.g. 100:10), got '" + value + "'");
+            }
+            args.profile.first_step = first;
+            args.profile.num_steps = count;
+          },
+          "The profiled steps as FIRST:COUNT (default 20:5; also COLOSSAL_PROFILE_STEPS)")
       ->group(config_group);
 
   const std::string mlp_group(kMlpGroup);

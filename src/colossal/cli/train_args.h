@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "colossal/cli/train_mlp.h"  // MlpTrainConfig
+#include "colossal/core/profiler.h"
 
 namespace CLI {
 class App;
@@ -20,6 +21,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;  ///< --set key=value, in order
   std::string metrics_path;            ///< --metrics
   std::string resume_path;             ///< --resume
+  core::profiler::Options profile;     ///< --profile PATH, --profile-steps FIRST:COUNT
   MlpTrainConfig mlp;                  ///< the demo's --steps, --batch-size, --lr, --hidden, --seed, --log-every
 };
 

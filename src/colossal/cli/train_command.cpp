@@ -24,9 +24,10 @@ std::string toml_string(const std::string& text) {
 }
 
 int train_from_config(const std::string& path, const std::vector<std::string>& overrides,
-                      const std::string& metrics_path) {
+                      const std::string& metrics_path, const core::profiler::Options& profile) {
   initialize::RunOptions options;
   options.metrics_path = metrics_path;
+  options.profile = profile;
   initialize::TrainingRun run(initialize::load_run_config(path, overrides), options);
   run.fit();
   return 0;

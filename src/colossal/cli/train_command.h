@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "colossal/core/profiler.h"
+
 namespace colossal::cli {
 
 /// Loads `path` with `overrides` ("key=value", as --set), trains on train.device (the GPU under
@@ -12,8 +14,10 @@ namespace colossal::cli {
 /// train.resume_from when set, and, when `metrics_path` is not empty, writes the step, epoch and
 /// summary JSONL there (MetricsJsonlHook; appended to when resuming).
 /// Returns 0 on success; throws colossal::Error naming the config key of anything unsupported.
+/// `profile` (--profile, --profile-steps): the step profiler (core/profiler.h); an empty path leaves
+/// it to COLOSSAL_PROFILE.
 int train_from_config(const std::string& path, const std::vector<std::string>& overrides,
-                      const std::string& metrics_path);
+                      const std::string& metrics_path, const core::profiler::Options& profile = {});
 
 /// `text` as a TOML basic string ("..." with quotes, backslashes and control characters escaped),
 /// for building a --set override from a path.

@@ -9,6 +9,7 @@
 #include "colossal/autograd/engine.h"         // backward
 #include "colossal/autograd/grad_mode.h"      // NoGradGuard
 #include "colossal/core/error.h"              // COLOSSAL_CHECK
+#include "colossal/core/profiler.h"           // Scope
 #include "colossal/ops/autocast.h"            // AutocastGuard
 #include "colossal/ops/elementwise.h"         // div
 #include "colossal/optim/clip_grad.h"         // clip_grad_norm
@@ -30,6 +31,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
                  options_.gradient_accumulation);
   COLOSSAL_CHECK(!options_.clip_grad_norm || *options_.clip_grad_norm > 0.0, "clip_grad_norm must be > 0, got {}",
                  options_.clip_grad_norm.value_or(0.0));
+  if (const std::vector<Tensor> params = model_->parameters(); !params.empty()) device_ = params.front().device();
   context_ = options_.context;
   if (!context_) {
     // One process: the dp = pp = tp = 1 layout, its groups of one rank on the model's device.
@@ -100,6 +102,7 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
   ++micro_step_;
   if (last_step_updated_) update();
   if (options_.report_mean_loss && context_->layout().data_size() > 1) {
+    core::profiler::Scope scope("loss all_reduce (report)", device_);
     // The graph is gone, so the loss's own storage can take the mean.
     context_->group(parallel::GroupKind::kData)->all_reduce(reported, comm::ReduceOp::avg);
   }
@@ -107,7 +110,11 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
 }
 
 void Engine::update() {
-  if (gradient_handler_) gradient_handler_->finish();
+  core::profiler::Scope update_scope("update", device_);
+  if (gradient_handler_) {
+    core::profiler::Scope scope("update: gradient handler finish", device_);
+    gradient_handler_->finish();
+  }
   if (options_.before_update) options_.before_update(*this);
   if (amp_) {
     // Clipping sees the unscaled fp32 gradients; a skipped step still advances the schedule, as
@@ -117,11 +124,13 @@ void Engine::update() {
     if (result.grad_norm.defined()) last_grad_norm_ = result.grad_norm;
   } else {
     if (options_.clip_grad_norm) {
+      core::profiler::Scope scope("update: gradient norm", device_);
       // The factor stays on the device and scales the gradients inside the optimizer's update
       // (Note [Clipping in one pass] in optim/clip_grad.cpp).
       last_grad_norm_ = gradient_statistics_->grad_norm(model_->parameters(), options_.clip_norm_type);
       optimizer_->scale_gradients_in_next_step(optim::clip_coefficient(last_grad_norm_, *options_.clip_grad_norm));
     }
+    core::profiler::Scope scope("update: optimizer step", device_);
     optimizer_->step();
   }
   zero_grad();
@@ -130,9 +139,19 @@ void Engine::update() {
 }
 
 Tensor NonPipelineSchedule::forward_backward(Engine& engine, const Tensor& input, const Tensor& target) {
-  Tensor output = engine.forward(input);
-  Tensor loss = engine.criterion(output, target);
-  engine.backward(loss);
+  Tensor output, loss;
+  {
+    core::profiler::Scope scope("forward", engine.device());
+    output = engine.forward(input);
+  }
+  {
+    core::profiler::Scope scope("loss", engine.device());
+    loss = engine.criterion(output, target);
+  }
+  {
+    core::profiler::Scope scope("backward", engine.device());
+    engine.backward(loss);
+  }
   engine.set_last_output(output.detach());
   return loss.detach();
 }

@@ -115,6 +115,8 @@ class Engine {
   /// Optimizer updates so far (skipped fp16 steps included, as the scheduler counts them); a
   /// checkpoint restores the count.
   int64_t num_updates() const { return num_updates_; }
+  /// The device of the model's parameters (the profiler's device ranges go on its current stream).
+  Device device() const { return device_; }
   void set_num_updates(int64_t updates) { num_updates_ = updates; }
   /// Micro-steps taken in the current accumulation window (0: at a window boundary, where a
   /// checkpoint holds the whole training state).
@@ -126,6 +128,7 @@ class Engine {
   const EngineOptions& options() const { return options_; }
 
  private:
+  Device device_{};
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;
   Criterion criterion_;

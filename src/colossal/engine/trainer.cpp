@@ -10,6 +10,7 @@
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"          // COLOSSAL_CHECK
+#include "colossal/core/profiler.h"       // step_begin, Scope
 #include "colossal/engine/progress_bar.h"
 
 namespace colossal::engine {
@@ -37,6 +38,7 @@ void Trainer::fit(data::DataLoader& train_loader, int64_t epochs, data::DataLoad
     if (testing_this_epoch_) test_epoch(*test_loader, display_progress);
     if (epoch_cut_) break;
   }
+  core::profiler::finish();  // a run that ended inside the profiling window
   call_hooks([&](Hook& h) { h.after_train(*this); });
 }
 
@@ -64,10 +66,21 @@ void Trainer::train_epoch(data::DataLoader& loader, int64_t first_iter, bool dis
   std::optional<ProgressBar> bar;
   if (display_progress) bar.emplace(pass_label("train"), loader.size(), first_iter);
   loader.start(first_iter);
-  while (std::optional<data::Batch> batch = loader.next()) {
+  while (true) {
+    core::profiler::step_begin(cur_step_);  // COLOSSAL_PROFILE's window (core/profiler.h)
+    std::optional<data::Batch> batch;
+    {
+      core::profiler::Scope scope("data: next batch");
+      batch = loader.next();
+    }
+    if (!batch) break;
+    core::profiler::Scope step_scope("train step");
     call_hooks([&](Hook& h) { h.before_train_iter(*this); });
     Tensor loss = engine_.step(batch->input, batch->target);
-    call_hooks([&](Hook& h) { h.after_train_iter(*this, engine_.last_output(), batch->target, loss); });
+    {
+      core::profiler::Scope scope("hooks: after_train_iter", engine_.device());
+      call_hooks([&](Hook& h) { h.after_train_iter(*this, engine_.last_output(), batch->target, loss); });
+    }
     ++cur_iter_;
     ++cur_step_;
     if (bar) bar->update(cur_iter_, [&] { return loss.item<double>(); });

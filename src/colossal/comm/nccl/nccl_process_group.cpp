@@ -19,6 +19,7 @@
 #include "colossal/core/build_config.h"
 #include "colossal/core/cuda/cuda_check.h"
 #include "colossal/core/cuda_device.h"  // DeviceGuard, Event, current_stream, create_stream
+#include "colossal/core/profiler.h"     // begin_stream_range
 
 #if COLOSSAL_WITH_MPI
 #include "colossal/comm/mpi/mpi_runtime.h"
@@ -307,7 +308,9 @@ Work launch(const ProcessGroup& group, const std::shared_ptr<NcclCommState>& sta
   core::cuda::Event ready;
   ready.record(caller);
   ready.block(state->stream);
+  const int64_t range = core::profiler::begin_stream_range(operation->operation(), state->stream);
   enqueue(state->comm, as_cuda(state->stream));
+  core::profiler::end_stream_range(range, state->stream);
   operation->done().record(state->stream);
   watch(operation);
   return Work(std::make_shared<NcclWork>(std::move(operation), caller, std::move(tensors), host_blocking));

@@ -10,6 +10,7 @@
 #include "colossal/autograd/function.h"   // register_grad_ready_hook
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"
+#include "colossal/core/profiler.h"  // Scope
 
 namespace colossal::parallel {
 
@@ -115,6 +116,7 @@ void DataParallel::launch_ready_in_order() {
 
 void DataParallel::launch(Bucket& bucket) {
   autograd::NoGradGuard no_grad;
+  core::profiler::Scope scope("dp: bucket to flat + launch", group_->device());
   for (size_t i = 0; i < bucket.params.size(); ++i) {
     Tensor& param = bucket.params[i];
     Tensor slice = bucket.flat.narrow(0, bucket.offsets[i], param.numel());

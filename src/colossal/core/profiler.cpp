@@ -1,0 +1,296 @@
+// The step profiler: see profiler.h.
+#include "colossal/core/profiler.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "colossal/core/cuda_device.h"  // Event, current_stream, synchronize
+#include "colossal/core/error.h"
+
+namespace colossal::core::profiler {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct HostRange {
+  std::string name;
+  int thread = 0;
+  double begin_us = 0, end_us = -1;
+};
+
+struct DeviceRange {
+  std::string name;
+  Stream stream;
+  size_t lane = 0;
+  std::unique_ptr<cuda::Event> begin, end;
+};
+
+/// A stream's reference point: an event recorded when the stream's first range began, and the
+/// host time of that moment (Note [Device ranges and the host clock]).
+struct Lane {
+  Stream stream;
+  std::unique_ptr<cuda::Event> base;
+  double host_us = 0;
+};
+
+struct State {
+  std::mutex mutex;
+  Options options;
+  std::atomic<bool> active{false};
+  Clock::time_point origin;
+  std::vector<HostRange> host;
+  std::vector<DeviceRange> device;
+  std::vector<Lane> lanes;
+  std::map<std::thread::id, int> threads;
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+double now_us(const State& s) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - s.origin).count();
+}
+
+int thread_index(State& s) {
+  const auto [it, inserted] = s.threads.try_emplace(std::this_thread::get_id(), static_cast<int>(s.threads.size()));
+  return it->second;
+}
+
+size_t lane_of(State& s, Stream stream) {
+  for (size_t i = 0; i < s.lanes.size(); ++i) {
+    if (s.lanes[i].stream == stream) return i;
+  }
+  Lane lane{stream, std::make_unique<cuda::Event>(/*enable_timing=*/true), 0};
+  lane.base->record(stream);
+  lane.host_us = now_us(s);
+  s.lanes.push_back(std::move(lane));
+  return s.lanes.size() - 1;
+}
+
+int64_t begin_device_locked(State& s, std::string name, Stream stream) {
+  const size_t lane = lane_of(s, stream);
+  DeviceRange range{std::move(name), stream, lane, std::make_unique<cuda::Event>(true), nullptr};
+  range.begin->record(stream);
+  s.device.push_back(std::move(range));
+  return static_cast<int64_t>(s.device.size()) - 1;
+}
+
+void end_device_locked(State& s, int64_t id) {
+  if (id < 0 || id >= static_cast<int64_t>(s.device.size())) return;
+  DeviceRange& range = s.device[static_cast<size_t>(id)];
+  range.end = std::make_unique<cuda::Event>(true);
+  range.end->record(range.stream);
+}
+
+std::string json_string(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+/// Waits for the device, writes the trace (to a temporary name, then renamed) and the summary, and
+/// clears what was collected. Called with the mutex held and the window closed.
+void write_locked(State& s, int64_t steps) {
+  for (const Lane& lane : s.lanes) lane.base->synchronize();
+  for (const DeviceRange& range : s.device) {
+    if (range.end) range.end->synchronize();
+  }
+  struct Total {
+    int64_t count = 0;
+    double host_us = 0, device_us = 0;
+    bool on_device = false;
+  };
+  std::vector<std::pair<std::string, Total>> totals;  // in order of first appearance
+  auto total_of = [&](const std::string& name) -> Total& {
+    for (auto& [n, t] : totals) {
+      if (n == name) return t;
+    }
+    totals.emplace_back(name, Total{});
+    return totals.back().second;
+  };
+
+  std::string events;
+  auto add_event = [&](const std::string& event) {
+    if (!events.empty()) events += ",\n";
+    events += event;
+  };
+  for (const auto& [id, index] : s.threads) {
+    add_event(fmt::format(R"({{"ph":"M","name":"thread_name","pid":1,"tid":{},"args":{{"name":"host thread {}"}}}})",
+                          index, index));
+  }
+  for (size_t i = 0; i < s.lanes.size(); ++i) {
+    add_event(
+        fmt::format(R"({{"ph":"M","name":"thread_name","pid":2,"tid":{},"args":{{"name":{}}}}})", i,
+                    json_string(fmt::format("{} stream {}", s.lanes[i].stream.device, s.lanes[i].stream.handle))));
+  }
+  add_event(R"({"ph":"M","name":"process_name","pid":1,"args":{"name":"host"}})");
+  add_event(R"({"ph":"M","name":"process_name","pid":2,"args":{"name":"device, from events"}})");
+  for (const HostRange& r : s.host) {
+    if (r.end_us < 0) continue;
+    Total& t = total_of(r.name);
+    ++t.count;
+    t.host_us += r.end_us - r.begin_us;
+    add_event(fmt::format(R"({{"ph":"X","pid":1,"tid":{},"name":{},"ts":{:.3f},"dur":{:.3f}}})", r.thread,
+                          json_string(r.name), r.begin_us, r.end_us - r.begin_us));
+  }
+  for (const DeviceRange& r : s.device) {
+    if (!r.end) continue;
+    const Lane& lane = s.lanes[r.lane];
+    const double begin = lane.host_us + 1e3 * lane.base->elapsed_ms(*r.begin);
+    const double dur = 1e3 * r.begin->elapsed_ms(*r.end);
+    Total& t = total_of(r.name);
+    if (!t.on_device) t.on_device = true;
+    if (t.count == 0) t.count = -1;  // device-only range: counted below
+    t.device_us += dur;
+    add_event(fmt::format(R"({{"ph":"X","pid":2,"tid":{},"name":{},"ts":{:.3f},"dur":{:.3f}}})", r.lane,
+                          json_string(r.name), begin, dur));
+  }
+  // Device-only ranges count their device records.
+  for (auto& [name, t] : totals) {
+    if (t.count == -1) {
+      t.count = 0;
+      for (const DeviceRange& r : s.device) t.count += r.name == name && r.end ? 1 : 0;
+    }
+  }
+
+  const std::filesystem::path path(s.options.path);
+  const std::filesystem::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary);
+    COLOSSAL_CHECK(out.good(), "profiler: cannot write the trace to {} (COLOSSAL_PROFILE / --profile)",
+                   temporary.string());
+    out << "{\"traceEvents\":[\n" << events << "\n],\"displayTimeUnit\":\"ms\"}\n";
+    COLOSSAL_CHECK(out.good(), "profiler: writing {} failed", temporary.string());
+  }
+  std::filesystem::rename(temporary, path);
+
+  std::string summary = fmt::format("profile of {} steps ({}), per step:\n  {:<36} {:>7} {:>10} {:>10}\n", steps,
+                                    path.string(), "range", "count", "host ms", "device ms");
+  for (const auto& [name, t] : totals) {
+    summary +=
+        fmt::format("  {:<36} {:>7.1f} {:>10.3f} {:>10}\n", name, static_cast<double>(t.count) / steps,
+                    t.host_us / 1e3 / steps, t.on_device ? fmt::format("{:.3f}", t.device_us / 1e3 / steps) : "");
+  }
+  std::fputs(summary.c_str(), stderr);
+  s.host.clear();
+  s.device.clear();
+  s.lanes.clear();
+}
+
+}  // namespace
+
+Options options_from_env() {
+  Options options;
+  if (const char* path = std::getenv("COLOSSAL_PROFILE"); path != nullptr) options.path = path;
+  if (const char* steps = std::getenv("COLOSSAL_PROFILE_STEPS"); steps != nullptr && *steps != '\0') {
+    long long first = -1, count = -1;
+    char tail = 0;
+    COLOSSAL_CHECK(std::sscanf(steps, "%lld:%lld%c", &first, &count, &tail) == 2,
+                   "COLOSSAL_PROFILE_STEPS must be FIRST:COUNT (e.g. 100:10), got '{}'", steps);
+    options.first_step = first;
+    options.num_steps = count;
+  }
+  return options;
+}
+
+void configure(const Options& options) {
+  COLOSSAL_CHECK(options.path.empty() || (options.first_step >= 0 && options.num_steps > 0),
+                 "profiler: the window must start at step >= 0 and hold >= 1 step, got first step {} and {} steps",
+                 options.first_step, options.num_steps);
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  s.active = false;
+  s.options = options;
+  s.host.clear();
+  s.device.clear();
+  s.lanes.clear();
+}
+
+bool active() {
+  return state().active.load(std::memory_order_relaxed);
+}
+
+void step_begin(int64_t step) {
+  State& s = state();
+  if (s.options.path.empty()) return;
+  std::lock_guard lock(s.mutex);
+  if (step == s.options.first_step) {
+    s.origin = Clock::now();
+    s.active = true;
+  } else if (s.active && step == s.options.first_step + s.options.num_steps) {
+    s.active = false;
+    write_locked(s, s.options.num_steps);
+  }
+}
+
+void finish() {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  if (!s.active) return;
+  s.active = false;
+  // The steps seen: count the outermost host ranges named like the trainer's step.
+  int64_t steps = 0;
+  for (const HostRange& r : s.host) steps += r.name == "train step" && r.end_us >= 0 ? 1 : 0;
+  write_locked(s, std::max<int64_t>(steps, 1));
+}
+
+Scope::Scope(const char* name, Device device) {
+  if (!active()) return;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  if (!s.active) return;
+  s.host.push_back(HostRange{name, thread_index(s), now_us(s), -1});
+  host_ = static_cast<int64_t>(s.host.size()) - 1;
+  if (device.is_cuda()) device_ = begin_device_locked(s, name, cuda::current_stream(device));
+}
+
+Scope::~Scope() {
+  if (host_ < 0) return;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  // A window written meanwhile (the last step's scope ends after step_begin closed it) dropped it.
+  if (host_ < static_cast<int64_t>(s.host.size())) s.host[static_cast<size_t>(host_)].end_us = now_us(s);
+  end_device_locked(s, device_);
+}
+
+int64_t begin_stream_range(std::string name, Stream stream) {
+  if (!active()) return -1;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  if (!s.active) return -1;
+  return begin_device_locked(s, std::move(name), stream);
+}
+
+void end_stream_range(int64_t id, Stream stream) {
+  if (id < 0) return;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  if (id < static_cast<int64_t>(s.device.size()) && s.device[static_cast<size_t>(id)].stream == stream) {
+    end_device_locked(s, id);
+  }
+}
+
+}  // namespace colossal::core::profiler
