@@ -1,0 +1,106 @@
+// configs/gpt2_tp.toml, as a user runs it: it loads with the built-in 1D policy over 2 tensor ranks,
+// and `colossal run --nproc_per_node 2 -- colossal train --config configs/gpt2_tp.toml` on CPU ranks
+// (the model shrunk by --set, everything else the config's: accumulation 4, clipping, AdamW, the
+// cosine warmup, the padded 50304-entry vocabulary) gives the serial run's loss at every step, and
+// its checkpoint holds the serial tensors. Tolerance 1e-5 relative, the layout harness's f32 bound:
+// the same sums in another order.
+#include <gtest/gtest.h>
+
+#include <unistd.h>  // getpid
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "metrics_jsonl.h"
+
+#include "colossal/initialize/training_run.h"  // load_run_config
+#include "colossal/nn/safetensors.h"
+
+namespace {
+
+using colossal::testing::step_losses;
+namespace fs = std::filesystem;
+
+const fs::path kConfig = fs::path(COLOSSAL_TEST_DATA_DIR) / ".." / ".." / "configs" / "gpt2_tp.toml";
+
+int run(const std::string& command, const fs::path& log) {
+  return std::system((command + " > '" + log.string() + "' 2>&1").c_str());
+}
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_tokens(const fs::path& path, int count) {
+  std::ofstream out(path, std::ios::binary);
+  for (int i = 0; i < count; ++i) {
+    // Ids spread over GPT-2's vocabulary, so both halves of the split wte are looked up.
+    const auto t = static_cast<uint16_t>((i * 7919 + (i * i) % 31) % 50257);
+    const char bytes[2] = {static_cast<char>(t & 0xFF), static_cast<char>(t >> 8)};
+    out.write(bytes, 2);
+  }
+}
+
+TEST(Gpt2TpConfig, LoadsWithTheBuiltInPolicyOverTwoRanks) {
+  const colossal::config::TrainConfig c = colossal::initialize::load_run_config(kConfig);
+  EXPECT_EQ(c.model.name, colossal::config::ModelName::kGpt2);
+  EXPECT_EQ(c.parallel.tensor.mode, colossal::config::TensorParallelMode::k1d);
+  EXPECT_EQ(c.parallel.tensor.size, 2);
+}
+
+TEST(Gpt2TpConfig, TwoCpuRanksGiveTheSerialRunsLosses) {
+  const fs::path dir = fs::temp_directory_path() / ("colossal_gpt2_tp_config_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_tokens(dir / "train.bin", 3000);
+  write_tokens(dir / "val.bin", 400);
+  ASSERT_EQ(::setenv("DATA", dir.c_str(), 1), 0);  // the config's $DATA, inherited by the ranks
+  const std::string bin = COLOSSAL_BINARY;
+  // Two layers 32 wide with the config's 12 heads... of width 32 they would not divide, so 4 heads;
+  // 4 windows of 16 tokens a micro-batch, 3 updates of 4 micro-batches; dropout off, since the
+  // tensor ranks draw their own attention masks.
+  const std::string tiny =
+      " --set train.device='\"cpu\"' --set data.batch_size=4 --set data.seq_len=16 --set model.options.n_layer=2"
+      " --set model.options.n_embd=32 --set model.options.n_head=4 --set model.options.dropout=0.0"
+      " --set data.options.test_num_samples=4 --set train.max_steps=3 --set train.log_interval=1"
+      " --set train.progress=false --set lr_scheduler.warmup_steps=2 --set train.checkpoint_steps=3";
+  const std::string common = " train --config " + kConfig.string() + tiny;
+  ASSERT_EQ(run(bin + common + " --set parallel.tensor.size=1 --set train.checkpoint_dir='\"" +
+                    (dir / "serial").string() + "\"' --metrics " + (dir / "serial.jsonl").string(),
+                dir / "serial.log"),
+            0)
+      << read(dir / "serial.log");
+  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common + " --set train.checkpoint_dir='\"" +
+                    (dir / "tp2").string() + "\"' --metrics " + (dir / "tp2.jsonl").string(),
+                dir / "tp2.log"),
+            0)
+      << read(dir / "tp2.log");
+
+  const std::map<int64_t, double> serial = step_losses(dir / "serial.jsonl"), tp = step_losses(dir / "tp2.jsonl");
+  ASSERT_EQ(serial.size(), 12u) << read(dir / "serial.log");  // 3 updates of 4 micro-steps
+  ASSERT_EQ(tp.size(), serial.size()) << read(dir / "tp2.log");
+  double worst = 0;
+  for (const auto& [step, loss] : serial) {
+    const double error = std::abs(tp.at(step) - loss) / std::abs(loss);
+    worst = std::max(worst, error);
+    EXPECT_LE(error, 1e-5) << "step " << step << ": tp2 " << tp.at(step) << ", serial " << loss;
+  }
+  std::printf("configs/gpt2_tp.toml at tp2 against serial: %zu steps, largest relative difference %.2e\n",
+              serial.size(), worst);
+
+  // The tensor-parallel checkpoint is the serial one: same names, the whole padded vocabulary.
+  const colossal::nn::SafetensorsFile a = colossal::nn::load_safetensors(dir / "tp2" / "epoch0-step12.safetensors");
+  const colossal::nn::SafetensorsFile b = colossal::nn::load_safetensors(dir / "serial" / "epoch0-step12.safetensors");
+  EXPECT_EQ(a.tensors.keys(), b.tensors.keys());
+  ASSERT_NE(a.tensors.find("model.wte.weight"), nullptr);
+  EXPECT_EQ(a.tensors.at("model.wte.weight").shape(), (colossal::Shape{50304, 32}));
+  ASSERT_EQ(::unsetenv("DATA"), 0);
+  fs::remove_all(dir);
+}
+
+}  // namespace
