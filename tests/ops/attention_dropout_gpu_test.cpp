@@ -3,8 +3,9 @@
 // mask: a test-only plan stores the RNG node's output for the same seed and offset, and the CPU
 // recomputes softmax(q k^T * scale [+ causal]) * mask / (1 - p) then v in f64, forward and backward.
 // Also: the keep rate, masks independent across heads and rows, the same bits for one seed and
-// different bits for another, packed qkv, and the problems cuDNN declines running unfused (equal
-// to the CPU, whose ops::dropout mask is the GPU's bit for bit).
+// different bits for another (gradients too, and a broadcast output gradient), packed qkv, and the
+// problems cuDNN declines running unfused (equal to the CPU, whose ops::dropout mask is the GPU's
+// bit for bit).
 //
 // Tolerances (tests/support/gpu_compare.h's per-dtype base, as attention_gpu_test.cpp): the engine
 // rounds P * M / (1 - p) to bf16/f16 before P V and dS before dS K / dS^T Q, as without dropout:
@@ -53,6 +54,7 @@ Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 }
 
 /// The mask cuDNN draws for (seed, offset) on q's problem, through the test-only plan: f64 on the CPU.
+/// Entries the kernel never computes (the tiles a causal mask skips whole) keep the fill 0.5.
 Tensor kernel_mask(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double p, uint64_t seed,
                    uint64_t offset) {
   const int64_t b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
@@ -64,10 +66,19 @@ Tensor kernel_mask(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
   params.dropout_offset = offset;
   const Tensor out = core::empty({b, h, t, d}, TensorOptions(q.dtype(), gpu()));
   const Tensor lse = core::empty({b, h, t}, TensorOptions(DType::f32, gpu()));
-  const Tensor mask = core::empty({b, h, t, t}, TensorOptions(DType::f32, gpu()));
+  const Tensor mask = core::full({b, h, t, t}, 0.5, TensorOptions(DType::f32, gpu()));
   EXPECT_TRUE(ops::cuda::cudnn_attention_forward_with_mask(out, lse, mask, q, k, v, params))
       << "the plan that stores the mask was declined";
   return mask.to(core::kCpu).to(DType::f64);
+}
+
+/// 1 where query i sees key j (j <= i when causal), else 0: [T, T] f64.
+Tensor visible(int64_t t, bool causal) {
+  std::vector<double> seen(static_cast<size_t>(t * t), 1.0);
+  for (int64_t i = 0; causal && i < t; ++i) {
+    for (int64_t j = i + 1; j < t; ++j) seen[i * t + j] = 0.0;
+  }
+  return core::from_vector(seen, {t, t});
 }
 
 double max_abs(const Tensor& t) {
@@ -110,8 +121,12 @@ TEST(AttentionDropoutGpu, FusedMatchesTheReferenceWithItsMask) {
       EXPECT_EQ(generator.state().offset, before.offset + scores) << "the op reserves B * H * T * T offsets";
 
       const Tensor mask = kernel_mask(q.detach(), k.detach(), v.detach(), c.causal, kP, before.seed, before.offset);
-      const double kept = ops::sum(mask).item<double>(), total = static_cast<double>(mask.numel());
-      EXPECT_EQ(ops::sum(ops::mul(mask, ops::add(mask, -1.0))).item<double>(), 0.0) << "a mask of 0s and 1s";
+      // Over the entries the kernel uses (a causal mask's skipped tiles are never drawn).
+      const Tensor seen = visible(c.shape[2], c.causal);
+      const double kept = ops::sum(ops::mul(mask, seen)).item<double>();
+      const double total = static_cast<double>(c.shape[0] * c.shape[1]) * ops::sum(seen).item<double>();
+      EXPECT_EQ(ops::sum(ops::mul(ops::mul(mask, ops::add(mask, -1.0)), seen)).item<double>(), 0.0)
+          << "a mask of 0s and 1s";
       EXPECT_NEAR(kept / total, 1.0 - kP, 6.0 * std::sqrt(kP * (1.0 - kP) / total));
 
       Tensor q64 = q_cpu.detach().to(DType::f64).set_requires_grad(true);
@@ -191,7 +206,19 @@ TEST(AttentionDropoutGpu, OneSeedOneMask) {
     autograd::backward(out, core::ones(out.shape(), TensorOptions(out.dtype(), gpu())));
     return ql.grad().to(core::kCpu);
   };
-  expect_close(gradients(42), gradients(42), 0, 0, "the same seed's gradients");
+  // dQ is accumulated in f32 across key tiles (atomically), in an order that may vary: equal to
+  // within one bf16 rounding, not necessarily bit for bit. A different mask would miss by far more.
+  const testing::Tolerance bf16 = tolerance_for(DType::bf16);
+  expect_close(gradients(42), gradients(42), bf16.atol, bf16.rtol, "the same seed's gradients");
+  EXPECT_GT(max_abs(ops::sub(gradients(42).to(DType::f64), gradients(43).to(DType::f64))), 0.02);
+
+  // The gradient of a sum arrives broadcast (stride 0), which the kernel cannot read in place: the
+  // op hands it a contiguous copy, and the result is the dense ones' gradient.
+  Tensor ql = q.detach().set_requires_grad(true);
+  core::Generator generator(42);
+  autograd::backward(ops::sum(
+      ops::scaled_dot_product_attention(ql, k, v, {.causal = true, .dropout_p = kP, .generator = &generator})));
+  expect_close(ql.grad().to(core::kCpu), gradients(42), bf16.atol, bf16.rtol, "the gradient of a sum");
 }
 
 TEST(AttentionDropoutGpu, PackedQkvOnTheFusedPath) {
