@@ -18,7 +18,9 @@
 
 #include "colossal/amp/mixed_precision_optimizer.h"  // AmpOptions, AmpMode
 #include "colossal/core/allocator.h"                 // memory_stats, reset_peak_memory
+#include "colossal/core/build_config.h"              // COLOSSAL_WITH_CUPTI
 #include "colossal/core/cuda_device.h"               // is_available, Event, current_stream, properties
+#include "colossal/core/kernel_trace.h"              // KernelTrace, summarize
 #include "colossal/core/random.h"                    // Generator, randint, randn
 #include "colossal/engine/engine.h"                  // Engine, EngineOptions
 #include "colossal/nn/models/gpt2.h"                 // GPT2, lm_cross_entropy
@@ -26,10 +28,7 @@
 #include "colossal/nn/models/vit.h"                  // VisionTransformer
 #include "colossal/ops/nn_functional.h"              // cross_entropy
 #include "colossal/optim/adam.h"                     // AdamW
-#if COLOSSAL_BENCH_CUPTI
-#include "host_profile.h"  // HostProfiler
-#include "kernel_trace.h"  // KernelTrace, summarize
-#endif
+#include "host_profile.h"                            // HostProfiler
 
 using namespace colossal;
 
@@ -320,13 +319,13 @@ void measure(Result& r, const Options& o, Device device) {
   r.forward_ms = forward_start.elapsed_ms(forward_stop) / kForwardRuns;
 
   if (o.trace_top > 0) {
-#if COLOSSAL_BENCH_CUPTI
-    bench::KernelTrace trace;
+#if COLOSSAL_WITH_CUPTI
+    core::cuda::KernelTrace trace;
     trace.start();
     loss = engine->step(input, target);
-    const std::vector<bench::TraceRecord> records = trace.stop();
+    const std::vector<core::cuda::KernelRecord> records = trace.stop();
     std::printf("\n%s, one step (%s):\n%s", c.name.c_str(), c.family == Family::gpt2 ? "tokens" : "images",
-                bench::summarize(records, o.trace_top).c_str());
+                core::cuda::summarize(records, o.trace_top).c_str());
     std::fflush(stdout);
 #else
     std::fprintf(stderr, "train_step_bench: built without CUPTI, --trace ignored\n");

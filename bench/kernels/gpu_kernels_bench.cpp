@@ -18,14 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "../host_profile.h"  // HostProfiler (--host-profile)
+#include "../host_profile.h"             // HostProfiler (--host-profile)
+#include "colossal/core/build_config.h"  // COLOSSAL_WITH_CUPTI
+#include "colossal/core/kernel_trace.h"  // KernelTrace, summarize
 #include "colossal/ops.h"
 #include "colossal/ops/elementwise_kernels.h"  // unary_backward_stub (the GELU derivative row)
 #include "colossal/ops/linalg_kernels.h"       // batched_gemm_stub, fused_gemm_stub (epilogue rows)
 #include "colossal/optim/adam.h"               // AdamW
-#if COLOSSAL_BENCH_CUPTI
-#include "../kernel_trace.h"  // KernelTrace
-#endif
 
 using namespace colossal;
 
@@ -77,15 +76,16 @@ bool g_breakdown = false;
 /// they launched (CUPTI activity records), so launch gaps between them do not count.
 double kernel_ms([[maybe_unused]] const std::string& name, [[maybe_unused]] const std::function<void()>& fn,
                  [[maybe_unused]] int calls = 10) {
-#if COLOSSAL_BENCH_CUPTI
+#if COLOSSAL_WITH_CUPTI
   core::cuda::synchronize(core::cuda_device(0));
-  bench::KernelTrace trace;
+  core::cuda::KernelTrace trace;
   trace.start();
   for (int c = 0; c < calls; ++c) fn();
-  const std::vector<bench::TraceRecord> records = trace.stop();
+  const std::vector<core::cuda::KernelRecord> records = trace.stop();
   double total_ns = 0;
-  for (const bench::TraceRecord& r : records) total_ns += double(r.end_ns - r.start_ns);
-  if (g_breakdown) std::printf("-- %s (%d calls)\n%s\n", name.c_str(), calls, bench::summarize(records, 8).c_str());
+  for (const core::cuda::KernelRecord& r : records) total_ns += double(r.end_ns - r.start_ns);
+  if (g_breakdown)
+    std::printf("-- %s (%d calls)\n%s\n", name.c_str(), calls, core::cuda::summarize(records, 8).c_str());
   return total_ns * 1e-6 / calls;
 #else
   return 0;

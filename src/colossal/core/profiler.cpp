@@ -18,6 +18,7 @@
 
 #include "colossal/core/cuda_device.h"  // Event, current_stream, synchronize
 #include "colossal/core/error.h"
+#include "colossal/core/kernel_trace.h"  // KernelTrace
 
 namespace colossal::core::profiler {
 namespace {
@@ -54,7 +55,17 @@ struct State {
   std::vector<DeviceRange> device;
   std::vector<Lane> lanes;
   std::map<std::thread::id, int> threads;
+  /// CUPTI's kernel records, started at the window's first CUDA range (when the build has CUPTI and
+  /// COLOSSAL_PROFILE_KERNELS is not 0); kernel_origin_ns is CUPTI's clock at host time kernel_origin_us.
+  std::unique_ptr<cuda::KernelTrace> kernels;
+  uint64_t kernel_origin_ns = 0;
+  double kernel_origin_us = 0;
 };
+
+bool kernels_wanted() {
+  const char* value = std::getenv("COLOSSAL_PROFILE_KERNELS");
+  return cuda::kernel_trace_available() && (value == nullptr || std::string_view(value) != "0");
+}
 
 State& state() {
   static State s;
@@ -82,6 +93,12 @@ size_t lane_of(State& s, Stream stream) {
 }
 
 int64_t begin_device_locked(State& s, std::string name, Stream stream) {
+  if (!s.kernels && kernels_wanted()) {
+    s.kernels = std::make_unique<cuda::KernelTrace>();
+    s.kernels->start();
+    s.kernel_origin_ns = cuda::kernel_trace_timestamp_ns();
+    s.kernel_origin_us = now_us(s);
+  }
   const size_t lane = lane_of(s, stream);
   DeviceRange range{std::move(name), stream, lane, std::make_unique<cuda::Event>(true), nullptr};
   range.begin->record(stream);
@@ -115,6 +132,9 @@ std::string json_string(std::string_view text) {
 /// clears what was collected. Called with the mutex held and the window closed.
 void write_locked(State& s, int64_t steps) {
   for (const Lane& lane : s.lanes) lane.base->synchronize();
+  std::vector<cuda::KernelRecord> kernels;
+  if (s.kernels) kernels = s.kernels->stop();  // synchronizes the device
+  s.kernels.reset();
   for (const DeviceRange& range : s.device) {
     if (range.end) range.end->synchronize();
   }
@@ -176,6 +196,41 @@ void write_locked(State& s, int64_t steps) {
     }
   }
 
+  // The kernels, one lane per (device, stream), on the host clock (CUPTI's clock read beside it).
+  std::vector<std::pair<int, uint32_t>> kernel_lanes;
+  struct StreamBusy {
+    int64_t records = 0;
+    double busy_us = 0, cursor_us = 0, nccl_us = 0;
+  };
+  std::vector<StreamBusy> busy;
+  for (const cuda::KernelRecord& k : kernels) {
+    const std::pair<int, uint32_t> key{k.device, k.stream};
+    size_t lane = 0;
+    while (lane < kernel_lanes.size() && kernel_lanes[lane] != key) ++lane;
+    if (lane == kernel_lanes.size()) {
+      kernel_lanes.push_back(key);
+      busy.emplace_back();
+      add_event(
+          fmt::format(R"({{"ph":"M","name":"thread_name","pid":3,"tid":{},"args":{{"name":"cuda:{} stream {}"}}}})",
+                      lane, k.device, k.stream));
+    }
+    const double begin =
+        s.kernel_origin_us + (static_cast<double>(k.start_ns) - static_cast<double>(s.kernel_origin_ns)) / 1e3;
+    const double dur = static_cast<double>(k.end_ns - k.start_ns) / 1e3;
+    const std::string name = cuda::short_kernel_name(k.name);
+    add_event(fmt::format(R"({{"ph":"X","pid":3,"tid":{},"name":{},"ts":{:.3f},"dur":{:.3f}}})", lane,
+                          json_string(name), begin, dur));
+    StreamBusy& b = busy[lane];
+    ++b.records;
+    const double from = std::max(b.cursor_us, begin);  // records come sorted by start
+    if (begin + dur > from) b.busy_us += begin + dur - from;
+    b.cursor_us = std::max(b.cursor_us, begin + dur);
+    if (name.starts_with("nccl") || name.find("ncclDevKernel") != std::string::npos) b.nccl_us += dur;
+  }
+  if (!kernel_lanes.empty()) {
+    add_event(R"({"ph":"M","name":"process_name","pid":3,"args":{"name":"kernels, from CUPTI"}})");
+  }
+
   const std::filesystem::path path(s.options.path);
   const std::filesystem::path temporary = path.string() + ".tmp";
   {
@@ -193,6 +248,17 @@ void write_locked(State& s, int64_t steps) {
     summary +=
         fmt::format("  {:<36} {:>7.1f} {:>10.3f} {:>10}\n", name, static_cast<double>(t.count) / steps,
                     t.host_us / 1e3 / steps, t.on_device ? fmt::format("{:.3f}", t.device_us / 1e3 / steps) : "");
+  }
+  if (!kernels.empty()) {
+    const double span_us = static_cast<double>(kernels.back().end_ns - kernels.front().start_ns) / 1e3;
+    summary += fmt::format("  kernels (CUPTI), per step over a span of {:.3f} ms:\n", span_us / 1e3 / steps);
+    for (size_t lane = 0; lane < kernel_lanes.size(); ++lane) {
+      summary += fmt::format(
+          "    cuda:{} stream {:<6} {:>7.1f} records  busy {:>8.3f} ms{}\n", kernel_lanes[lane].first,
+          kernel_lanes[lane].second, static_cast<double>(busy[lane].records) / steps, busy[lane].busy_us / 1e3 / steps,
+          busy[lane].nccl_us > 0 ? fmt::format("  (NCCL {:.3f} ms)", busy[lane].nccl_us / 1e3 / steps) : std::string());
+    }
+    summary += cuda::summarize(kernels, 15);
   }
   std::fputs(summary.c_str(), stderr);
   s.host.clear();

@@ -1,4 +1,10 @@
-#include "kernel_trace.h"
+// CUPTI kernel trace: see kernel_trace.h.
+#include "colossal/core/kernel_trace.h"
+
+#include "colossal/core/build_config.h"
+#include "colossal/core/error.h"
+
+#if COLOSSAL_WITH_CUPTI
 
 #include <cuda_runtime.h>
 #include <cupti.h>
@@ -9,24 +15,23 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 
 #include <fmt/format.h>
 
-namespace colossal::bench {
+namespace colossal::core::cuda {
 
 namespace {
 
 constexpr size_t kBufferBytes = 8u << 20;
 
 std::mutex g_mutex;
-std::vector<TraceRecord>* g_records = nullptr;  // the running trace's, under g_mutex
+std::vector<KernelRecord>* g_records = nullptr;  // the running trace's, under g_mutex
 
 void check(CUptiResult result, const char* what) {
   if (result == CUPTI_SUCCESS) return;
   const char* message = nullptr;
   cuptiGetResultString(result, &message);
-  throw std::runtime_error(fmt::format("CUPTI: {} failed: {}", what, message ? message : "unknown error"));
+  COLOSSAL_FAIL("CUPTI: {} failed: {}", what, message ? message : "unknown error");
 }
 
 std::string demangle(const char* name) {
@@ -51,17 +56,18 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        g_records->push_back({demangle(k->name), k->start, k->end});
+        g_records->push_back({demangle(k->name), static_cast<int>(k->deviceId), k->streamId, k->start, k->end});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        g_records->push_back({fmt::format("[memcpy kind {}]", int(m->copyKind)), m->start, m->end});
+        g_records->push_back({fmt::format("[memcpy kind {}]", int(m->copyKind)), static_cast<int>(m->deviceId),
+                              m->streamId, m->start, m->end});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        g_records->push_back({"[memset]", m->start, m->end});
+        g_records->push_back({"[memset]", static_cast<int>(m->deviceId), m->streamId, m->start, m->end});
         break;
       }
       default:
@@ -71,9 +77,9 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   std::free(buffer);
 }
 
-/// "void colossal::ops::cuda::(anonymous namespace)::layer_norm_kernel<__nv_bfloat16, 4>(...)"
-/// -> "layer_norm_kernel<__nv_bfloat16, 4>": the summary groups by what a reader recognises.
-std::string short_name(const std::string& name) {
+}  // namespace
+
+std::string short_kernel_name(const std::string& name) {
   std::string s = name;
   for (const std::string noise : {"(anonymous namespace)::", "colossal::core::", "colossal::ops::", "colossal::"}) {
     for (size_t at = s.find(noise); at != std::string::npos; at = s.find(noise)) s.erase(at, noise.size());
@@ -101,34 +107,42 @@ std::string short_name(const std::string& name) {
   return s.size() > 150 ? s.substr(0, 147) + "..." : s;
 }
 
-}  // namespace
+bool kernel_trace_available() {
+  return true;
+}
+
+uint64_t kernel_trace_timestamp_ns() {
+  uint64_t now = 0;
+  check(cuptiGetTimestamp(&now), "cuptiGetTimestamp");
+  return now;
+}
 
 void KernelTrace::start() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_records != nullptr) throw std::logic_error("KernelTrace::start: a trace is already running");
-  g_records = new std::vector<TraceRecord>();
+  COLOSSAL_CHECK(g_records == nullptr, "KernelTrace::start: a trace is already running");
+  g_records = new std::vector<KernelRecord>();
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernels");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable memcpy");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "enable memset");
 }
 
-std::vector<TraceRecord> KernelTrace::stop() {
+std::vector<KernelRecord> KernelTrace::stop() {
   cudaDeviceSynchronize();
   check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll");
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY);
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMSET);
   std::lock_guard<std::mutex> lock(g_mutex);
-  std::vector<TraceRecord> records = std::move(*g_records);
+  std::vector<KernelRecord> records = std::move(*g_records);
   delete g_records;
   g_records = nullptr;
   std::sort(records.begin(), records.end(),
-            [](const TraceRecord& a, const TraceRecord& b) { return a.start_ns < b.start_ns; });
+            [](const KernelRecord& a, const KernelRecord& b) { return a.start_ns < b.start_ns; });
   return records;
 }
 
-std::string summarize(const std::vector<TraceRecord>& records, int top) {
+std::string summarize(const std::vector<KernelRecord>& records, int top) {
   if (records.empty()) return "trace: no kernels recorded\n";
   uint64_t first = records.front().start_ns, last = 0, busy = 0, cursor = 0;
   struct Total {
@@ -137,13 +151,13 @@ std::string summarize(const std::vector<TraceRecord>& records, int top) {
   };
   std::map<std::string, Total> totals;
   double sum_ns = 0;
-  for (const TraceRecord& r : records) {
+  for (const KernelRecord& r : records) {
     last = std::max(last, r.end_ns);
     // Union of [start, end): records come sorted by start.
     const uint64_t from = std::max(cursor, r.start_ns);
     if (r.end_ns > from) busy += r.end_ns - from;
     cursor = std::max(cursor, r.end_ns);
-    Total& t = totals[short_name(r.name)];
+    Total& t = totals[short_kernel_name(r.name)];
     t.ns += double(r.end_ns - r.start_ns);
     ++t.count;
     sum_ns += double(r.end_ns - r.start_ns);
@@ -164,4 +178,36 @@ std::string summarize(const std::vector<TraceRecord>& records, int top) {
   return out;
 }
 
-}  // namespace colossal::bench
+}  // namespace colossal::core::cuda
+
+#else  // no CUPTI in this build
+
+namespace colossal::core::cuda {
+
+bool kernel_trace_available() {
+  return false;
+}
+
+uint64_t kernel_trace_timestamp_ns() {
+  return 0;
+}
+
+void KernelTrace::start() {
+  COLOSSAL_FAIL("KernelTrace: this build has no CUPTI (the CUDA toolkit's CUDA::cupti was not found)");
+}
+
+std::vector<KernelRecord> KernelTrace::stop() {
+  return {};
+}
+
+std::string short_kernel_name(const std::string& name) {
+  return name;
+}
+
+std::string summarize(const std::vector<KernelRecord>&, int) {
+  return "trace: this build has no CUPTI\n";
+}
+
+}  // namespace colossal::core::cuda
+
+#endif
