@@ -122,14 +122,19 @@ Tensor expand_batch(const Tensor& t, const Shape& batch) {
   return core::expand_raw(t, full);
 }
 
+/// Whether a fused dropout kernel may take the problem: the device has one and p < 1 (at 1 the
+/// kept ones' scale is infinite; the unfused path zeroes everything). The op skips the fused path's
+/// allocations where none may.
+bool may_fuse_dropout(core::Device device, double dropout_p) {
+  return dropout_p < 1.0 && attention_dropout_forward_stub.supports(device.type);
+}
+
 /// Runs the fused dropout kernel of q's device on the problem and returns true, with params holding
 /// the dropout and the generator's range reserved (Note [Attention dropout]); false, params and the
 /// generator untouched, when there is no such kernel or it declines.
 bool fused_dropout_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                            AttentionParams& params, const AttentionOptions& options) {
-  if (options.dropout_p >= 1.0 || out.numel() == 0 || !attention_dropout_forward_stub.supports(q.device().type)) {
-    return false;
-  }
+  if (out.numel() == 0 || !may_fuse_dropout(q.device(), options.dropout_p)) return false;
   core::Generator& generator = options.generator != nullptr ? *options.generator : core::default_generator();
   AttentionParams trial = params;
   trial.dropout_p = options.dropout_p;
@@ -214,6 +219,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   params.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
   params.causal = options.causal;
 
+  if (options.dropout_p > 0.0 && !may_fuse_dropout(q.device(), options.dropout_p)) {
+    return unfused_attention(q, k, v, params, options.dropout_p, options.generator);
+  }
   const Tensor qb = expand_batch(q, batch);
   const Tensor kb = expand_batch(k, batch);
   const Tensor vb = expand_batch(v, batch);
@@ -268,6 +276,16 @@ Tensor packed_qkv_attention(const Tensor& qkv, int64_t num_heads, const Attentio
   params.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim)));
   params.causal = options.causal;
   const TensorOptions like(qkv.dtype(), qkv.device());
+  auto unfused = [&] {
+    // [B, T, 3, H, D] -> [3, B, H, T, D] as differentiable views: the layout timm's Attention and
+    // HF's _split_heads produce.
+    const Tensor heads = qkv.reshape({batch, tokens, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
+    return unfused_attention(heads.select(0, 0), heads.select(0, 1), heads.select(0, 2), params, options.dropout_p,
+                             options.generator)
+        .transpose(1, 2)
+        .reshape({batch, tokens, channels});
+  };
+  if (options.dropout_p > 0.0 && !may_fuse_dropout(qkv.device(), options.dropout_p)) return unfused();
 
   // q, k and v as [B, H, T, D] views of [B, T, 3, H, D]; the output written as [B, T, H, D] (heads
   // merged) through a [B, H, T, D] view of it.
@@ -289,13 +307,7 @@ Tensor packed_qkv_attention(const Tensor& qkv, int64_t num_heads, const Attentio
   if (options.dropout_p == 0.0) {
     forward_into(out, lse, q, k, v, params);
   } else if (!fused_dropout_forward(out, lse, q, k, v, params, options)) {
-    // [B, T, 3, H, D] -> [3, B, H, T, D] as differentiable views: the layout timm's Attention and
-    // HF's _split_heads produce.
-    const Tensor heads = qkv.reshape({batch, tokens, 3, num_heads, head_dim}).permute({2, 0, 3, 1, 4});
-    return unfused_attention(heads.select(0, 0), heads.select(0, 1), heads.select(0, 2), params, options.dropout_p,
-                             options.generator)
-        .transpose(1, 2)
-        .reshape({batch, tokens, channels});
+    return unfused();
   }
 
   autograd::record(op, {qkv}, {merged},
