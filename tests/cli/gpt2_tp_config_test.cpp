@@ -2,7 +2,8 @@
 // and `colossal run --nproc_per_node 2 -- colossal train --config configs/gpt2_tp.toml` on CPU ranks
 // (the model shrunk by --set, everything else the config's: accumulation 4, clipping, AdamW, the
 // cosine warmup, the padded 50304-entry vocabulary) gives the serial run's loss at every step, and
-// its checkpoint holds the serial tensors. Tolerance 1e-5 relative, the layout harness's f32 bound:
+// its checkpoint holds the serial tensors; so does the run with parallel.tensor.sequence_parallel.
+// Tolerance 1e-5 relative, the layout harness's f32 bound:
 // the same sums in another order.
 #include <gtest/gtest.h>
 
@@ -92,6 +93,19 @@ TEST(Gpt2TpConfig, TwoCpuRanksGiveTheSerialRunsLosses) {
   }
   std::printf("configs/gpt2_tp.toml at tp2 against serial: %zu steps, largest relative difference %.2e\n",
               serial.size(), worst);
+
+  // The same with sequence parallelism switched on from the command line.
+  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common +
+                    " --set parallel.tensor.sequence_parallel=true --set train.checkpoint_dir='\"" +
+                    (dir / "sp").string() + "\"' --metrics " + (dir / "sp.jsonl").string(),
+                dir / "sp.log"),
+            0)
+      << read(dir / "sp.log");
+  const std::map<int64_t, double> sp = step_losses(dir / "sp.jsonl");
+  ASSERT_EQ(sp.size(), serial.size()) << read(dir / "sp.log");
+  for (const auto& [step, loss] : serial) {
+    EXPECT_LE(std::abs(sp.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": sequence parallel";
+  }
 
   // The tensor-parallel checkpoint is the serial one: same names, the whole padded vocabulary.
   const colossal::nn::SafetensorsFile a = colossal::nn::load_safetensors(dir / "tp2" / "epoch0-step12.safetensors");

@@ -93,14 +93,15 @@ TEST(LayoutEquivalence, DataParallelGpt2Bf16) {
 // the whole world, and data x tensor at 4 ranks. With clipping below the gradients' norm, the norm
 // must sum the shards and count the replicated parameters (layer norms, wpe, row-parallel biases)
 // once: counted once per rank, the clip factor and every update would differ.
-void expect_tensor_parallel(Layout layout, int64_t accumulation, std::optional<double> clip = std::nullopt) {
-  HarnessCase c = gpt2_tp_case();
+void expect_tensor_parallel(Layout layout, int64_t accumulation, std::optional<double> clip = std::nullopt,
+                            bool sequence_parallel = false) {
+  HarnessCase c = gpt2_tp_case(sequence_parallel);
   c.accumulation = accumulation;
   c.clip = clip;
   const HarnessReport report = expect_layout_matches_serial(c, layout, world_group());
   EXPECT_GT(report.compared_tensors, 0);
   if (comm::testing::world().rank() == 0) {
-    std::printf("gpt2 %s: max relative difference loss %.2e, gradient %.2e (%s), parameter %.2e (%s)\n",
+    std::printf("%s %s: max relative difference loss %.2e, gradient %.2e (%s), parameter %.2e (%s)\n", c.name.c_str(),
                 layout.name().c_str(), report.loss, report.grad, report.worst_grad.c_str(), report.param,
                 report.worst_param.c_str());
   }
@@ -121,6 +122,26 @@ TEST(LayoutEquivalence, TensorParallelGpt2WithClipping) {
 TEST(LayoutEquivalence, DataTimesTensorParallelGpt2) {
   if (comm::testing::world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
   expect_tensor_parallel(Layout{.data = 2, .tensor = 2}, 2, /*clip=*/0.1);
+}
+
+// Sequence parallelism (tp = 2 at 2 ranks, tp = 4 at 4): layer norms, residual adds and dropout on
+// sequence shards, all-gather before and reduce-scatter after each tensor-parallel region. The layer
+// norms' and row-parallel biases' gradients, each rank's from its own tokens, must be summed over
+// the group: left as they are, their updates differ from serial by a factor of about tp and the
+// parameters part across ranks. Clipping checks they are then counted once in the norm.
+TEST(LayoutEquivalence, TensorParallelGpt2WithSequenceParallelism) {
+  expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 1, std::nullopt,
+                         /*sequence_parallel=*/true);
+}
+
+TEST(LayoutEquivalence, TensorParallelGpt2WithSequenceParallelismAccumulationAndClipping) {
+  expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 2, /*clip=*/0.1,
+                         /*sequence_parallel=*/true);
+}
+
+TEST(LayoutEquivalence, DataTimesTensorParallelGpt2WithSequenceParallelism) {
+  if (comm::testing::world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  expect_tensor_parallel(Layout{.data = 2, .tensor = 2}, 2, /*clip=*/0.1, /*sequence_parallel=*/true);
 }
 
 }  // namespace

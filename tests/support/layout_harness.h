@@ -88,7 +88,8 @@ HarnessCase mlp_case();
 HarnessCase vit_case();
 HarnessCase gpt2_case();
 /// gpt2_case with four heads (splits over 2 and 4 ranks), parallelized by parallel::tp::ParallelGPT2
-/// with the vocab-parallel cross-entropy.
-HarnessCase gpt2_tp_case();
+/// with the vocab-parallel cross-entropy; with sequence_parallel, Megatron's sequence parallelism
+/// (the 16-token windows split over 2 and 4 ranks too).
+HarnessCase gpt2_tp_case(bool sequence_parallel = false);
 
 }  // namespace colossal::testing

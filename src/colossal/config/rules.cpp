@@ -172,6 +172,23 @@ void check_rules(const TrainConfig& c, const OriginOf& origin_of, Problems& prob
   // The parallel sizes (tensor size against mode, pipelines, microbatches) are the parallel layer's
   // rules (parallel/layout_rules.h), passed in as owned rules by whoever loads a config to run it.
 
+  // Sequence parallelism splits the sequence over the 1D tensor group: it needs one, and whole shards.
+  if (c.parallel.tensor.sequence_parallel) {
+    if (c.parallel.tensor.mode != TensorParallelMode::k1d || c.parallel.tensor.size < 2) {
+      fail("parallel.tensor.sequence_parallel",
+           fmt::format("parallel.tensor.sequence_parallel = true needs parallel.tensor.mode = \"1d\" and "
+                       "parallel.tensor.size > 1 (they are \"{}\" and {}): it splits the sequence over the 1D "
+                       "tensor-parallel group",
+                       enum_name(c.parallel.tensor.mode), c.parallel.tensor.size));
+    } else if (c.data.seq_len > 0 && c.data.seq_len % c.parallel.tensor.size != 0) {
+      fail("parallel.tensor.sequence_parallel",
+           fmt::format("parallel.tensor.sequence_parallel = true splits each sequence over the tensor ranks, but "
+                       "data.seq_len = {} does not divide by parallel.tensor.size = {}; choose a data.seq_len that "
+                       "is a multiple of {}",
+                       c.data.seq_len, c.parallel.tensor.size, c.parallel.tensor.size));
+    }
+  }
+
   // Precision.
   if (c.bf16 && c.fp16.mode != AmpMode::kOff) {
     fail("bf16", fmt::format("bf16 = true and fp16.mode = \"{}\" both ask for mixed precision; keep one "

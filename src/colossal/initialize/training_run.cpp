@@ -203,7 +203,9 @@ void TrainingRun::build_data_and_model() {
     COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model built is not a GPT-2");
     model_ = std::make_shared<parallel::tp::ParallelGPT2>(
         *gpt2, context_->group(parallel::GroupKind::kTensor),
-        parallel::tp::DropoutGenerators{.data = dropout_generator_.get(), .tensor = tensor_generator_.get()});
+        parallel::tp::ParallelGPT2Options{
+            .dropout = {.data = dropout_generator_.get(), .tensor = tensor_generator_.get()},
+            .sequence_parallel = c.parallel.tensor.sequence_parallel});
   }
 
   // The global batch of iteration k is the serial run's batch k (data.batch_size x dp samples of

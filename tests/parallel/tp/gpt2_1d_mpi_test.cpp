@@ -135,6 +135,58 @@ TEST(ParallelGpt2, LossAndGradientsEqualTheSerialModel) {
       << "h.1.mlp.c_fc";
 }
 
+// Sequence parallelism changes where the activations live, not what is computed: the loss and the
+// gradients (layer norms and wpe whole on every rank, summed over the sequence shards) are the serial
+// model's (f64).
+TEST(ParallelGpt2, SequenceParallelLossAndGradientsEqualTheSerialModel) {
+  nn::models::GPT2Config config = tiny_config();
+  config.n_layer = 2;
+  core::Generator g(29);
+  nn::models::GPT2 serial(config, &g, nullptr);
+  serial.to(DType::f64);
+  std::vector<int64_t> ids_v, targets_v;
+  for (int64_t i = 0; i < 2 * 8; ++i) {
+    ids_v.push_back((i * 5 + 1) % config.vocab_size);
+    targets_v.push_back((i * 13 + 2) % config.vocab_size);
+  }
+  const Tensor ids = core::from_vector<int64_t>(ids_v, {2, 8}), targets = core::from_vector<int64_t>(targets_v, {2, 8});
+  Tensor loss_s = nn::models::lm_cross_entropy(serial.forward(ids), targets);
+  autograd::backward(loss_s);
+
+  ParallelGPT2 parallel(serial, tp_group(), ParallelGPT2Options{.sequence_parallel = true});
+  const Tensor logits = parallel.forward(ids);
+  EXPECT_EQ(logits.shape(), (Shape{2, 8, config.vocab_size / world().size()}));
+  Tensor loss_p = parallel.loss(logits, targets);
+  autograd::backward(loss_p);
+
+  EXPECT_LE(relative_error(loss_p, loss_s), kTolerance) << "loss";
+  EXPECT_LE(relative_error(parallel.wte()->weight().grad(), my_slice(serial.wte()->weight().grad(), 0)), kTolerance)
+      << "wte";
+  EXPECT_LE(relative_error(parallel.wpe()->weight().grad(), serial.wpe()->weight().grad()), kTolerance) << "wpe";
+  EXPECT_LE(relative_error(parallel.ln_f()->weight().grad(), serial.ln_f()->weight().grad()), kTolerance) << "ln_f";
+  const auto block = std::dynamic_pointer_cast<ParallelGPT2Block>((*parallel.h())[0]);
+  const auto serial_block = std::dynamic_pointer_cast<nn::models::GPT2Block>((*serial.h())[0]);
+  ASSERT_TRUE(block && serial_block);
+  EXPECT_LE(relative_error(block->ln_1()->bias().grad(), serial_block->ln_1()->bias().grad()), kTolerance) << "ln_1";
+  EXPECT_LE(relative_error(block->attn()->c_proj()->bias().grad(), serial_block->attn()->c_proj()->bias().grad()),
+            kTolerance)
+      << "h.0.attn.c_proj.bias";
+  EXPECT_LE(
+      relative_error(block->mlp()->c_fc()->weight().grad(), my_slice(serial_block->mlp()->c_fc()->weight().grad(), 1)),
+      kTolerance)
+      << "h.0.mlp.c_fc";
+}
+
+TEST(ParallelGpt2, SequenceParallelNamesASequenceThatDoesNotSplit) {
+  nn::models::GPT2Config config = tiny_config();
+  core::Generator g(31);
+  nn::models::GPT2 serial(config, &g, nullptr);
+  ParallelGPT2 parallel(serial, tp_group(), ParallelGPT2Options{.sequence_parallel = true});
+  const Tensor ids = core::from_vector<int64_t>({1, 2, 3, 4, 5}, {1, 5});
+  EXPECT_ERROR_CONTAINS(parallel.forward(ids), "sequences of T = 5 tokens do not split over parallel.tensor.size = " +
+                                                   std::to_string(world().size()) + " ranks");
+}
+
 TEST(ParallelGpt2Block, HeadsThatDoNotSplitAreNamed) {
   nn::models::GPT2Config config = tiny_config();
   config.n_head = 1;  // n_embd 16 in one head: never splits over 2 or more ranks

@@ -76,7 +76,7 @@ TEST(TensorParallelRng, DropoutKeepsReplicatedTensorsEqualAndSplitMasksApart) {
   nn::models::GPT2 serial(config, &init, nullptr);
   // The data generator alike on every rank, the tensor generator seeded per rank (as TrainingRun).
   core::Generator data(100), tensor(100 + kTensorParallelSeedOffset + static_cast<uint64_t>(world().rank()));
-  ParallelGPT2 model(serial, tp_group(), DropoutGenerators{.data = &data, .tensor = &tensor});
+  ParallelGPT2 model(serial, tp_group(), ParallelGPT2Options{.dropout = {.data = &data, .tensor = &tensor}});
   model.train();
 
   const auto block = std::dynamic_pointer_cast<ParallelGPT2Block>((*model.h())[0]);

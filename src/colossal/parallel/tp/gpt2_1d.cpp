@@ -10,19 +10,30 @@
 #include "colossal/ops/indexing.h"  // index_select
 #include "colossal/ops/linalg.h"    // linear
 #include "colossal/parallel/tp/cross_entropy.h"
+#include "colossal/parallel/tp/layer_norm_sp.h"
 #include "colossal/parallel/tp/mappings.h"
 
 namespace colossal::parallel::tp {
 namespace {
 
-/// A replicated copy of a serial layer norm (its own parameters, the same values).
-std::shared_ptr<nn::LayerNorm> copy_of(const nn::LayerNorm& serial, int64_t width) {
+/// A replicated copy of a serial layer norm (its own parameters, the same values); under sequence
+/// parallelism one that works on sequence shards.
+std::shared_ptr<nn::LayerNorm> copy_of(const nn::LayerNorm& serial, int64_t width,
+                                       const std::shared_ptr<comm::ProcessGroup>& group,
+                                       const ParallelGPT2Options& options) {
+  if (options.sequence_parallel) return std::make_shared<SequenceParallelLayerNorm>(serial, group);
   auto ln = std::make_shared<nn::LayerNorm>(width, serial.eps());
   autograd::NoGradGuard no_grad;
   ln->to(serial.weight().dtype());
   ln->weight().copy_(serial.weight());
   ln->bias().copy_(serial.bias());
   return ln;
+}
+
+/// The generator of dropout on what lies between the tensor-parallel regions: replicated (the data
+/// generator), or sequence shards under sequence parallelism (the tensor-parallel one).
+core::Generator* outside_generator(const ParallelGPT2Options& options) {
+  return options.sequence_parallel ? options.dropout.tensor_or_data() : options.dropout.data;
 }
 
 }  // namespace
@@ -43,11 +54,12 @@ std::vector<int64_t> ParallelGPT2Attention::qkv_columns(int64_t n_embd, int64_t 
 
 ParallelGPT2Attention::ParallelGPT2Attention(const nn::models::GPT2Attention& serial,
                                              const nn::models::GPT2Config& config,
-                                             std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators)
+                                             std::shared_ptr<comm::ProcessGroup> group,
+                                             const ParallelGPT2Options& options)
     : Module("ParallelGPT2Attention"),
       local_heads_(config.n_head / group->size()),
       attn_dropout_(config.dropout),
-      attn_dropout_generator_(generators.tensor_or_data()) {
+      attn_dropout_generator_(options.dropout.tensor_or_data()) {
   const int size = group->size();
   // c_attn's output columns in the order that gives each rank's contiguous part its heads' q, k and v:
   // rank r's block [r * 3C/tp, (r + 1) * 3C/tp) of this order is qkv_columns(..., r, ...).
@@ -61,8 +73,11 @@ ParallelGPT2Attention::ParallelGPT2Attention(const nn::models::GPT2Attention& se
                                           group, /*gather_output=*/false, std::move(order)));
   // The heads' outputs are concatenated in head order, so c_proj's input rows split as the heads do.
   c_proj_ = register_module("c_proj", RowParallelLinear::from(*serial.c_proj(), group, /*input_is_parallel=*/true));
+  c_attn_->set_sequence_parallel(options.sequence_parallel);
+  c_proj_->set_sequence_parallel(options.sequence_parallel);
   // After c_proj's all-reduce every rank holds the whole output: the same mask on every rank.
-  resid_dropout_ = register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, generators.data));
+  resid_dropout_ =
+      register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, outside_generator(options)));
 }
 
 Tensor ParallelGPT2Attention::forward(const Tensor& x) {
@@ -72,11 +87,13 @@ Tensor ParallelGPT2Attention::forward(const Tensor& x) {
 }
 
 ParallelGPT2MLP::ParallelGPT2MLP(const nn::models::GPT2MLP& serial, const nn::models::GPT2Config& config,
-                                 std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators)
+                                 std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options)
     : Module("ParallelGPT2MLP") {
   c_fc_ = register_module("c_fc", ColumnParallelLinear::from(*serial.c_fc(), group));
   c_proj_ = register_module("c_proj", RowParallelLinear::from(*serial.c_proj(), group, /*input_is_parallel=*/true));
-  dropout_ = register_module("dropout", std::make_shared<nn::Dropout>(config.dropout, generators.data));
+  c_fc_->set_sequence_parallel(options.sequence_parallel);
+  c_proj_->set_sequence_parallel(options.sequence_parallel);
+  dropout_ = register_module("dropout", std::make_shared<nn::Dropout>(config.dropout, outside_generator(options)));
 }
 
 Tensor ParallelGPT2MLP::forward(const Tensor& x) {
@@ -85,12 +102,12 @@ Tensor ParallelGPT2MLP::forward(const Tensor& x) {
 }
 
 ParallelGPT2Block::ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
-                                     std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators)
+                                     std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options)
     : Module("ParallelGPT2Block") {
-  ln_1_ = register_module("ln_1", copy_of(*serial.ln_1(), config.n_embd));
-  attn_ = register_module("attn", std::make_shared<ParallelGPT2Attention>(*serial.attn(), config, group, generators));
-  ln_2_ = register_module("ln_2", copy_of(*serial.ln_2(), config.n_embd));
-  mlp_ = register_module("mlp", std::make_shared<ParallelGPT2MLP>(*serial.mlp(), config, group, generators));
+  ln_1_ = register_module("ln_1", copy_of(*serial.ln_1(), config.n_embd, group, options));
+  attn_ = register_module("attn", std::make_shared<ParallelGPT2Attention>(*serial.attn(), config, group, options));
+  ln_2_ = register_module("ln_2", copy_of(*serial.ln_2(), config.n_embd, group, options));
+  mlp_ = register_module("mlp", std::make_shared<ParallelGPT2MLP>(*serial.mlp(), config, group, options));
 }
 
 Tensor ParallelGPT2Block::forward(const Tensor& x) {
@@ -99,8 +116,8 @@ Tensor ParallelGPT2Block::forward(const Tensor& x) {
 }
 
 ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
-                           DropoutGenerators generators)
-    : Module("ParallelGPT2"), group_(std::move(group)) {
+                           const ParallelGPT2Options& options)
+    : Module("ParallelGPT2"), group_(std::move(group)), sequence_parallel_(options.sequence_parallel) {
   const nn::models::GPT2Config& config = serial.config();
   wte_ = register_module("wte", VocabParallelEmbedding::from(*serial.wte(), group_));
   wpe_ = register_module("wpe", std::make_shared<nn::Embedding>(config.n_positions, config.n_embd));
@@ -109,14 +126,14 @@ ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::Proce
     wpe_->to(serial.wpe()->weight().dtype());
     wpe_->weight().copy_(serial.wpe()->weight());
   }
-  drop_ = register_module("drop", std::make_shared<nn::Dropout>(config.dropout, generators.data));
+  drop_ = register_module("drop", std::make_shared<nn::Dropout>(config.dropout, outside_generator(options)));
   h_ = register_module("h", std::make_shared<nn::ModuleList>());
   for (size_t i = 0; i < serial.h()->size(); ++i) {
     const auto block = std::dynamic_pointer_cast<nn::models::GPT2Block>((*serial.h())[i]);
     COLOSSAL_CHECK(block != nullptr, "ParallelGPT2: h.{} of the serial model is not a GPT2Block", i);
-    h_->push_back(std::make_shared<ParallelGPT2Block>(*block, config, group_, generators));
+    h_->push_back(std::make_shared<ParallelGPT2Block>(*block, config, group_, options));
   }
-  ln_f_ = register_module("ln_f", copy_of(*serial.ln_f(), config.n_embd));
+  ln_f_ = register_module("ln_f", copy_of(*serial.ln_f(), config.n_embd, group_, options));
 }
 
 Tensor ParallelGPT2::forward(const Tensor& ids) {
@@ -125,11 +142,24 @@ Tensor ParallelGPT2::forward(const Tensor& ids) {
   COLOSSAL_CHECK(tokens <= wpe_->num_embeddings(), "ParallelGPT2: sequences of {} tokens exceed n_positions = {}",
                  tokens, wpe_->num_embeddings());
   const Tensor positions = core::arange(0.0, static_cast<double>(tokens), 1.0, TensorOptions(DType::i64, ids.device()));
-  Tensor hidden = drop_->forward(ops::add(wte_->forward(ids), wpe_->forward(positions)));
+  Tensor hidden = ops::add(wte_->forward(ids), wpe_->forward(positions));
+  if (sequence_parallel_) {
+    COLOSSAL_CHECK(tokens % group_->size() == 0,
+                   "ParallelGPT2 with sequence parallelism: sequences of T = {} tokens do not split over "
+                   "parallel.tensor.size = {} ranks; choose data.seq_len a multiple of {}",
+                   tokens, group_->size(), group_->size());
+    // Megatron's scatter_to_sequence_parallel_region: each rank keeps its sequence shard.
+    hidden = scatter_to_region(hidden, 1, *group_);
+  }
+  hidden = drop_->forward(hidden);
   for (const auto& block : *h_) hidden = block->forward(hidden);
-  // The tied head: this rank's vocabulary rows times the (replicated) hidden states, whose gradient
-  // is the sum of every rank's part (copy_to_region).
-  return ops::linear(copy_to_region(ln_f_->forward(hidden), *group_), wte_->weight());
+  // The tied head: this rank's vocabulary rows times the hidden states of every position, whose
+  // gradient is the sum of every rank's part (copy_to_region; under sequence parallelism the
+  // all-gather of the shards, whose backward reduce-scatters that sum).
+  const Tensor normed = ln_f_->forward(hidden);
+  const Tensor whole =
+      sequence_parallel_ ? gather_from_sequence_region(normed, 1, *group_) : copy_to_region(normed, *group_);
+  return ops::linear(whole, wte_->weight());
 }
 
 Tensor ParallelGPT2::loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {

@@ -7,6 +7,16 @@
 // Dropout follows Megatron's RNG tracker (random.h): the attention probabilities (this rank's
 // heads) draw from the tensor-parallel generator, the embeddings' and the residual branches'
 // dropout (replicated activations, after the row-parallel all-reduce) from the data generator.
+//
+// Sequence parallelism (Megatron's sequence_parallel, ParallelGPT2Options): between the
+// tensor-parallel regions each rank holds its shard of the sequence [B, T/tp, C] instead of the
+// whole replicated activation, so the layer norms, the residual adds and the dropouts there work on
+// 1/tp of the tokens. Each column-parallel layer all-gathers its input along the sequence
+// (gather_from_sequence_region) and each row-parallel layer reduce-scatters its output
+// (reduce_scatter_to_sequence_region) in place of the all-reduce: the same bytes on the wire, 1/tp
+// of the activation memory outside the regions. The layer norms' and the row-parallel biases'
+// gradients are summed over the group (layer_norm_sp.h); the dropouts on sequence shards draw from
+// the tensor-parallel generator. Sequences must split: T % tp == 0.
 #pragma once
 
 #include <cstdint>
@@ -25,13 +35,22 @@
 
 namespace colossal::parallel::tp {
 
+struct ParallelGPT2Options {
+  /// Where dropout draws its masks (random.h).
+  DropoutGenerators dropout;
+  /// Megatron's sequence parallelism (parallel.tensor.sequence_parallel): activations outside the
+  /// tensor-parallel regions split along the sequence, see the file's head.
+  bool sequence_parallel = false;
+};
+
 /// GPT-2 attention with n_head / tp heads on each rank.
 class ParallelGPT2Attention : public nn::Module {
  public:
   /// Throws naming both when n_head does not divide by the group's size.
   ParallelGPT2Attention(const nn::models::GPT2Attention& serial, const nn::models::GPT2Config& config,
-                        std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators = {});
-  /// x [B, T, n_embd], the same on every rank -> [B, T, n_embd], the same on every rank.
+                        std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {});
+  /// x [B, T, n_embd], the same on every rank -> [B, T, n_embd], the same on every rank; under
+  /// sequence parallelism this rank's [B, T/tp, n_embd] in and out.
   Tensor forward(const Tensor& x) override;
 
   /// The columns of the serial c_attn ([n_embd, 3 n_embd]: q, then k, then v, each head's n_embd /
@@ -58,7 +77,7 @@ class ParallelGPT2Attention : public nn::Module {
 class ParallelGPT2MLP : public nn::Module {
  public:
   ParallelGPT2MLP(const nn::models::GPT2MLP& serial, const nn::models::GPT2Config& config,
-                  std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators = {});
+                  std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {});
   Tensor forward(const Tensor& x) override;
 
   const std::shared_ptr<ColumnParallelLinear>& c_fc() const { return c_fc_; }
@@ -74,7 +93,7 @@ class ParallelGPT2MLP : public nn::Module {
 class ParallelGPT2Block : public nn::Module {
  public:
   ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
-                    std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators = {});
+                    std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {});
   Tensor forward(const Tensor& x) override;
 
   const std::shared_ptr<nn::LayerNorm>& ln_1() const { return ln_1_; }
@@ -97,9 +116,11 @@ class ParallelGPT2Block : public nn::Module {
 class ParallelGPT2 : public nn::Module {
  public:
   /// Throws naming the sizes when the (padded) vocabulary or the heads do not split over the group.
-  /// Dropout draws from `generators` as the file's head says.
-  ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group, DropoutGenerators generators = {});
-  /// ids [B, T] -> this rank's logits [B, T, V/tp].
+  /// Dropout draws from `options.dropout` as the file's head says.
+  ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
+               const ParallelGPT2Options& options = {});
+  /// ids [B, T] -> this rank's logits [B, T, V/tp] (every position, also under sequence parallelism;
+  /// there T must divide by the group's size, an error naming both otherwise).
   Tensor forward(const Tensor& ids) override;
   /// The mean next-token loss of forward()'s logits against targets [B, T] (as
   /// nn::models::lm_cross_entropy on the gathered logits), the same on every rank.
@@ -112,6 +133,7 @@ class ParallelGPT2 : public nn::Module {
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
+  bool sequence_parallel_;
   std::shared_ptr<VocabParallelEmbedding> wte_;
   std::shared_ptr<nn::Embedding> wpe_;
   std::shared_ptr<nn::Dropout> drop_;

@@ -38,6 +38,12 @@ Tensor affine(const Tensor& x, const Tensor& weight, const Tensor& bias, WeightL
   return ops::linear(x, layout == WeightLayout::kOutIn ? weight : weight.t(), bias);
 }
 
+/// The sequence dimension of activations [..., T, features] under sequence parallelism.
+int64_t sequence_dim(const Tensor& x) {
+  COLOSSAL_CHECK(x.dim() >= 2, "sequence parallelism: activations must be [..., T, features], got shape {}", x.shape());
+  return x.dim() - 2;
+}
+
 const char* layout_name(WeightLayout layout) {
   return layout == WeightLayout::kOutIn ? "[out, in]" : "[in, out]";
 }
@@ -87,15 +93,18 @@ std::shared_ptr<ColumnParallelLinear> ColumnParallelLinear::from(const nn::Conv1
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
-  // Every rank needs the whole input; the input's gradient is the sum of every shard's part.
-  Tensor y = affine(copy_to_region(x, *group_), *weight_, *bias_, layout_);
+  // Every rank needs the whole input; the input's gradient is the sum of every shard's part (under
+  // sequence parallelism, each rank's sequence shard of that sum).
+  const Tensor whole =
+      sequence_parallel_ ? gather_from_sequence_region(x, sequence_dim(x), *group_) : copy_to_region(x, *group_);
+  Tensor y = affine(whole, *weight_, *bias_, layout_);
   return gather_output_ ? gather_from_region(y, -1, *group_) : y;
 }
 
 std::string ColumnParallelLinear::extra_repr() const {
-  return fmt::format("in_features={}, out_features={} ({} on each of {} ranks), layout {}, gather_output={}",
+  return fmt::format("in_features={}, out_features={} ({} on each of {} ranks), layout {}, gather_output={}{}",
                      in_features_, out_features_, out_features_per_rank(), group_->size(), layout_name(layout_),
-                     gather_output_);
+                     gather_output_, sequence_parallel_ ? ", sequence_parallel" : "");
 }
 
 // ---- row
@@ -142,14 +151,20 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
                  local.shape().back(), local.shape(), in_features_per_rank(), in_features_,
                  input_is_parallel_ ? " (input_is_parallel: pass the column layer's split output)" : "");
   // The partial products sum over the group; the bias is added once, after the sum.
-  Tensor y = reduce_from_region(affine(local, *weight_, Tensor(), layout_), *group_);
+  const Tensor partial = affine(local, *weight_, Tensor(), layout_);
+  if (sequence_parallel_) {
+    const Tensor y = reduce_scatter_to_sequence_region(partial, sequence_dim(partial), *group_);
+    // Each rank adds the bias to its own rows: the bias's gradient is the sum of every rank's.
+    return bias_->defined() ? ops::add(y, copy_to_region(*bias_, *group_)) : y;
+  }
+  Tensor y = reduce_from_region(partial, *group_);
   return bias_->defined() ? ops::add(y, *bias_) : y;
 }
 
 std::string RowParallelLinear::extra_repr() const {
-  return fmt::format("in_features={} ({} on each of {} ranks), out_features={}, layout {}, input_is_parallel={}",
+  return fmt::format("in_features={} ({} on each of {} ranks), out_features={}, layout {}, input_is_parallel={}{}",
                      in_features_, in_features_per_rank(), group_->size(), out_features_, layout_name(layout_),
-                     input_is_parallel_);
+                     input_is_parallel_, sequence_parallel_ ? ", sequence_parallel" : "");
 }
 
 }  // namespace colossal::parallel::tp

@@ -47,7 +47,12 @@ class ColumnParallelLinear : public nn::Module, public Sharded {
   static std::shared_ptr<ColumnParallelLinear> from(const nn::Conv1D& serial, std::shared_ptr<comm::ProcessGroup> group,
                                                     bool gather_output = false);
 
+  /// Without sequence parallelism: x replicated (copy_to_region). With it (Megatron's
+  /// sequence_parallel): x is this rank's shard of the sequence dimension (the one before the
+  /// features), all-gathered in forward and its gradient reduce-scattered in backward.
   Tensor forward(const Tensor& x) override;
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  bool sequence_parallel() const { return sequence_parallel_; }
   std::string extra_repr() const override;
   /// weight along its output dimension (in `order`), bias along 0.
   std::map<std::string, ShardSpec> shard_specs() const override;
@@ -62,6 +67,7 @@ class ColumnParallelLinear : public nn::Module, public Sharded {
   std::shared_ptr<comm::ProcessGroup> group_;
   WeightLayout layout_;
   bool gather_output_;
+  bool sequence_parallel_ = false;
   std::vector<int64_t> order_;
   int64_t in_features_, out_features_;
   Tensor* weight_;
@@ -83,7 +89,13 @@ class RowParallelLinear : public nn::Module, public Sharded {
   static std::shared_ptr<RowParallelLinear> from(const nn::Conv1D& serial, std::shared_ptr<comm::ProcessGroup> group,
                                                  bool input_is_parallel = true);
 
+  /// Without sequence parallelism the output is whole on every rank (all-reduce). With it the
+  /// partial products are reduce-scattered along the sequence dimension (the one before the
+  /// features): rank r gets its shard of the sum, and the replicated bias, added to that shard, has
+  /// its gradient summed over the group (copy_to_region).
   Tensor forward(const Tensor& x) override;
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  bool sequence_parallel() const { return sequence_parallel_; }
   std::string extra_repr() const override;
   /// weight along its input dimension; the bias replicated.
   std::map<std::string, ShardSpec> shard_specs() const override;
@@ -98,6 +110,7 @@ class RowParallelLinear : public nn::Module, public Sharded {
   std::shared_ptr<comm::ProcessGroup> group_;
   WeightLayout layout_;
   bool input_is_parallel_;
+  bool sequence_parallel_ = false;
   int64_t in_features_, out_features_;
   Tensor* weight_;
   Tensor* bias_;
