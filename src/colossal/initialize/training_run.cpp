@@ -28,7 +28,6 @@
 #include "colossal/nn/hub_weights.h"
 #include "colossal/nn/safetensors.h"  // read_safetensors_header
 #include "colossal/parallel/layout_rules.h"
-#include "colossal/parallel/tp/cross_entropy.h"
 #include "colossal/parallel/tp/gpt2_1d.h"
 #include "colossal/parallel/tp/random.h"  // DropoutGenerators, tensor_parallel_seed
 
@@ -266,11 +265,11 @@ void TrainingRun::build_engine() {
   if (eo.amp && !datasets_.batch_transform) eo.amp->output_to_f32 = false;
   engine::Criterion criterion = make_criterion(c, datasets_);
   if (context_->layout().tensor_size() > 1) {
-    // The logits are this rank's vocabulary slice: the loss of the whole vocabulary without gathering.
-    std::shared_ptr<comm::ProcessGroup> group = context_->group(parallel::GroupKind::kTensor);
-    criterion = [group](const Tensor& logits, const Tensor& target) {
-      return parallel::tp::vocab_parallel_cross_entropy(logits, target, *group);
-    };
+    // The logits are this rank's vocabulary slice: the loss of the whole vocabulary without gathering
+    // (its padding to a multiple of the tensor size left out).
+    auto gpt2 = std::dynamic_pointer_cast<parallel::tp::ParallelGPT2>(model_);
+    COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model is not the tensor-parallel GPT-2");
+    criterion = [gpt2](const Tensor& logits, const Tensor& target) { return gpt2->loss(logits, target); };
   }
   engine_ = std::make_unique<engine::Engine>(model_, optimizer, criterion, eo, scheduler);
   trainer_ = std::make_unique<engine::Trainer>(*engine_);

@@ -7,6 +7,7 @@
 // sums the exponentials per slice first (a different order of the same additions).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -108,6 +109,39 @@ TEST(VocabParallelCrossEntropy, MismatchedTargetIsNamed) {
   Tensor shard = my_slice(serial_logits(4, 8 * world().size()));
   EXPECT_ERROR_CONTAINS(vocab_parallel_cross_entropy(shard, core::zeros({5}, DType::i64), world()),
                         "target of shape [5] does not match logits of shape [4, 8]");
+}
+
+// A vocabulary padded to split over the group (VocabParallelEmbedding pads 8 tp - 3 entries to 8 tp):
+// with vocab_size the padding columns, whatever they hold, are no class: the loss and the real
+// columns' gradient are the serial ones over the real vocabulary, with label smoothing too, and the
+// padding's gradient is zero.
+TEST(VocabParallelCrossEntropy, PaddingColumnsAreLeftOut) {
+  const int64_t padded = 8 * world().size(), vocab = padded - 3, rows = 10;
+  for (const double smoothing : {0.0, 0.1}) {
+    const ops::CrossEntropyOptions options{.label_smoothing = smoothing};
+    Tensor full = serial_logits(rows, vocab);
+    const Tensor target = targets(rows, vocab, options.ignore_index);
+    Tensor serial = ops::cross_entropy(full, target, options);
+    autograd::backward(serial);
+
+    // The padded logits: the real ones, then 3 columns of large values the loss must ignore.
+    const int64_t local = padded / world().size();
+    std::vector<double> v = full.detach().to_vector<double>(), p;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < padded; ++c) p.push_back(c < vocab ? v[static_cast<size_t>(r * vocab + c)] : 50.0);
+    }
+    Tensor shard = my_slice(core::from_vector<double>(p, {rows, padded}));
+    Tensor parallel = vocab_parallel_cross_entropy(shard, target, world(), options, vocab);
+    autograd::backward(parallel);
+    EXPECT_LE(relative_error(parallel, serial), kTolerance) << "loss, smoothing " << smoothing;
+    const int64_t first = world().rank() * local, real = std::clamp<int64_t>(vocab - first, 0, local);
+    EXPECT_LE(relative_error(shard.grad().narrow(1, 0, real), full.grad().narrow(1, first, real)), kTolerance)
+        << "real columns, smoothing " << smoothing;
+    if (real < local) {
+      EXPECT_EQ(ops::sum(ops::abs(shard.grad().narrow(1, real, local - real))).item<double>(), 0.0)
+          << "padding columns, smoothing " << smoothing;
+    }
+  }
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 // The vocabulary-parallel embedding (parallel/tp/embedding_1d.h) under MPI, the whole world as the
 // tensor-parallel group (2 and 4 ranks): the lookup equals the serial nn::Embedding's on every rank,
 // each shard's gradient equals its rows of the serial gradient (repeated ids accumulate), and a
-// vocabulary that does not split is named.
+// vocabulary that does not split is padded with zero rows that no id reaches and gather_shard drops.
 //
 // Tolerance: f64, 1e-12 relative (the sum over ranks adds zeros to the one rank's row).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -49,10 +50,41 @@ TEST(VocabParallelEmbedding, LookupAndGradientsEqualTheSerialTable) {
             1e-12);
 }
 
-TEST(VocabParallelEmbedding, AVocabularyThatDoesNotSplitIsNamed) {
-  nn::Embedding serial(world().size() * 3 + 1, 4);
-  EXPECT_ERROR_CONTAINS(VocabParallelEmbedding::from(serial, tp_group()),
-                        "the vocabulary's " + std::to_string(world().size() * 3 + 1) + " rows do not split");
+TEST(VocabParallelEmbedding, AVocabularyThatDoesNotSplitIsPaddedWithRowsNoIdReaches) {
+  // 3 tp + 1 rows padded to 4 tp: each rank holds 4, the last rank tp - 1 of them zero padding.
+  const int64_t vocab = world().size() * 3 + 1, dim = 4, rows = 4;
+  core::Generator g(11);
+  nn::Embedding serial(vocab, dim, std::nullopt, &g);
+  serial.to(DType::f64);
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < 12; ++i) v.push_back((i * 7 + 2) % vocab);
+  v[0] = vocab - 1;  // the last real row
+  const Tensor ids = core::from_vector<int64_t>(v, {2, 6});
+  Tensor ys = serial.forward(ids);
+  autograd::backward(weighted_sum(ys));
+
+  auto parallel = VocabParallelEmbedding::from(serial, tp_group());
+  EXPECT_EQ(parallel->num_embeddings(), vocab);
+  EXPECT_EQ(parallel->weight().shape(), (Shape{rows, dim}));
+  EXPECT_EQ(parallel->padding(), rows * world().size() - vocab);
+  Tensor yp = parallel->forward(ids);
+  autograd::backward(weighted_sum(yp));
+  EXPECT_LE(relative_error(yp, ys), 1e-12);
+  // The padding rows stay zero and get no gradient; gathered by the spec, the table is the serial one.
+  const int64_t real = std::clamp<int64_t>(vocab - parallel->first_row(), 0, rows);
+  EXPECT_LE(
+      relative_error(parallel->weight().narrow(0, 0, real), serial.weight().narrow(0, parallel->first_row(), real)),
+      1e-12);
+  EXPECT_LE(relative_error(parallel->weight().grad().narrow(0, 0, real),
+                           serial.weight().grad().narrow(0, parallel->first_row(), real)),
+            1e-12);
+  if (real < rows) {
+    EXPECT_EQ(ops::sum(ops::abs(parallel->weight().narrow(0, real, rows - real))).item<double>(), 0.0);
+    EXPECT_EQ(ops::sum(ops::abs(parallel->weight().grad().narrow(0, real, rows - real))).item<double>(), 0.0);
+  }
+  const Tensor gathered = gather_shard(parallel->weight(), parallel->shard_specs().at("weight"), *tp_group());
+  EXPECT_EQ(gathered.shape(), serial.weight().shape());
+  EXPECT_LE(relative_error(gathered, serial.weight()), 0.0);
 }
 
 }  // namespace

@@ -187,6 +187,41 @@ TEST(ParallelGpt2, SequenceParallelNamesASequenceThatDoesNotSplit) {
                                                    std::to_string(world().size()) + " ranks");
 }
 
+// A vocabulary that does not split (31 entries over 2 or 4 ranks) is padded to the next multiple of
+// tp with rows no id looks up and no target names; loss() leaves their logits out, so the loss and
+// the gradients are the serial model's over its 31 entries, and the gathered wte is its table.
+TEST(ParallelGpt2, AVocabularyThatDoesNotSplitIsPaddedAndNeverATarget) {
+  nn::models::GPT2Config config = tiny_config();
+  config.vocab_size = 31;
+  core::Generator g(37);
+  nn::models::GPT2 serial(config, &g, nullptr);
+  serial.to(DType::f64);
+  std::vector<int64_t> ids_v, targets_v;
+  for (int64_t i = 0; i < 2 * 8; ++i) {
+    ids_v.push_back((i * 5 + 3) % config.vocab_size);
+    targets_v.push_back((i * 13 + 30) % config.vocab_size);  // 30, the last real entry, among them
+  }
+  const Tensor ids = core::from_vector<int64_t>(ids_v, {2, 8}), targets = core::from_vector<int64_t>(targets_v, {2, 8});
+  Tensor loss_s = nn::models::lm_cross_entropy(serial.forward(ids), targets);
+  autograd::backward(loss_s);
+
+  ParallelGPT2 parallel(serial, tp_group());
+  const int64_t padded = ShardSpec::padded_size(31, world().size());
+  EXPECT_EQ(parallel.wte()->padding(), padded - 31);
+  const Tensor logits = parallel.forward(ids);
+  EXPECT_EQ(logits.shape(), (Shape{2, 8, padded / world().size()}));
+  Tensor loss_p = parallel.loss(logits, targets);
+  autograd::backward(loss_p);
+  EXPECT_LE(relative_error(loss_p, loss_s), kTolerance) << "loss";
+  const ShardSpec spec = parallel.wte()->shard_specs().at("weight");
+  EXPECT_LE(
+      relative_error(gather_shard(parallel.wte()->weight().grad(), spec, *tp_group()), serial.wte()->weight().grad()),
+      kTolerance)
+      << "wte's gradient, gathered";
+  EXPECT_LE(relative_error(gather_shard(parallel.wte()->weight(), spec, *tp_group()), serial.wte()->weight()), 0.0);
+  EXPECT_LE(relative_error(parallel.ln_f()->weight().grad(), serial.ln_f()->weight().grad()), kTolerance) << "ln_f";
+}
+
 TEST(ParallelGpt2Block, HeadsThatDoNotSplitAreNamed) {
   nn::models::GPT2Config config = tiny_config();
   config.n_head = 1;  // n_embd 16 in one head: never splits over 2 or more ranks

@@ -1,6 +1,8 @@
 // vocab_parallel_cross_entropy: see cross_entropy.h.
 #include "colossal/parallel/tp/cross_entropy.h"
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "colossal/autograd/function.h"   // record
@@ -25,7 +27,7 @@ Tensor all_reduced(const Tensor& t, comm::ProcessGroup& group, comm::ReduceOp op
 }  // namespace
 
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, comm::ProcessGroup& group,
-                                    const ops::CrossEntropyOptions& options) {
+                                    const ops::CrossEntropyOptions& options, int64_t vocab_size) {
   COLOSSAL_CHECK(logits.defined() && logits.dim() >= 1 && core::is_floating(logits.dtype()),
                  "vocab_parallel_cross_entropy: logits must be a floating tensor of at least 1 dimension, got {} {}",
                  logits.defined() ? logits.dtype() : DType::f32, logits.defined() ? logits.shape() : Shape{});
@@ -47,18 +49,38 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
 
   const int64_t local = logits.shape().back();
   const int64_t rows = local == 0 ? 0 : logits.numel() / local;
-  const int64_t vocab = local * group.size();
+  const int64_t padded_vocab = local * group.size();
+  COLOSSAL_CHECK(vocab_size <= padded_vocab,
+                 "vocab_parallel_cross_entropy: a vocabulary of {} entries, but only {} logits on each of {} ranks "
+                 "({} in all)",
+                 vocab_size, local, group.size(), padded_vocab);
+  const int64_t vocab = vocab_size > 0 ? vocab_size : padded_vocab;
   const double start = static_cast<double>(group.rank() * local);
+  // The columns of this rank's slice that are real entries (the rest, at the end of the last
+  // ranks' slices, is padding).
+  const int64_t real_columns = std::clamp<int64_t>(vocab - group.rank() * local, 0, local);
   // 16-bit logits are computed in f32, as the serial op does; f64 stays f64.
   const DType compute = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const DType out_dtype = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
 
   Tensor loss_rows, probs, onehot, valid;
+  Tensor real_mask;  // [1, local]: 1 for real columns, 0 for padding; undefined without padding
   double count = 0;
   {
     autograd::NoGradGuard no_grad;
-    const Tensor x = logits.detach().reshape({rows, local}).to(compute);
+    Tensor x = logits.detach().reshape({rows, local}).to(compute);
     const Tensor t = target.reshape({rows}).to(compute);  // indices < 2^24 are exact in f32
+    if (real_columns < local) {
+      // Padding columns at -infinity: exp() gives them no probability, and the all-reduced maximum
+      // is a real entry's (rank 0's slice is real), so no -inf - -inf arises.
+      std::vector<double> shift(static_cast<size_t>(local), 0.0);
+      for (int64_t j = real_columns; j < local; ++j) shift[static_cast<size_t>(j)] = -INFINITY;
+      real_mask = core::from_vector<double>(shift, {1, local}).to(compute).to(x.device());
+      x = ops::add(x, real_mask);
+      std::vector<double> keep(static_cast<size_t>(local), 0.0);
+      for (int64_t j = 0; j < real_columns; ++j) keep[static_cast<size_t>(j)] = 1.0;
+      real_mask = core::from_vector<double>(keep, {1, local}).to(compute).to(x.device());
+    }
     // The row's maximum over the whole vocabulary, then the normaliser of exp(x - max).
     const Tensor row_max = all_reduced(ops::max(x, 1).values, group, comm::ReduceOp::max);
     const Tensor e = ops::exp(ops::sub(x, row_max.reshape({rows, 1})));
@@ -74,7 +96,10 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
     Tensor nll = ops::sub(lse, target_logit);
     if (smoothing > 0.0) {
       // The smoothed term: -mean over the whole vocabulary of log p = lse - mean(x).
-      const Tensor sum_x = all_reduced(ops::sum(x, {1}), group, comm::ReduceOp::sum);
+      // Over the real entries only (the padding's -infinity times zero would be NaN: mask first).
+      const Tensor real_x =
+          real_mask.defined() ? ops::mul(logits.detach().reshape({rows, local}).to(compute), real_mask) : x;
+      const Tensor sum_x = all_reduced(ops::sum(real_x, {1}), group, comm::ReduceOp::sum);
       const Tensor smooth = ops::sub(lse, ops::div(sum_x, static_cast<double>(vocab)));
       nll = ops::add(ops::mul(nll, 1.0 - smoothing), ops::mul(smooth, smoothing));
     }
@@ -114,7 +139,10 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
                        weight = ops::mul(ops::mul(valid, g[0].to(probs.dtype())), scale);
                      }
                      Tensor d = ops::sub(probs, ops::mul(onehot, 1.0 - smoothing));
-                     if (smoothing > 0.0) d = ops::add(d, -smoothing / static_cast<double>(vocab));
+                     if (smoothing > 0.0) {
+                       const double uniform = -smoothing / static_cast<double>(vocab);
+                       d = real_mask.defined() ? ops::add(d, ops::mul(real_mask, uniform)) : ops::add(d, uniform);
+                     }
                      d = ops::mul(d, weight.reshape({rows, 1}));
                      return Grads{d.reshape(logits_shape).to(logits_dtype)};
                    });

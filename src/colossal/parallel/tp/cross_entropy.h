@@ -20,7 +20,10 @@ namespace colossal::parallel::tp {
 /// contribute nothing and are not counted by the mean. Returns the same value on every rank, in f32
 /// for f16/bf16 logits (computed in f32, as the serial op), else in the logits' dtype; the gradient
 /// of `logits` is this rank's slice of the serial gradient. Every rank of the group must call it.
+/// `vocab_size` > 0: the vocabulary has that many entries and the logits' columns from it on (a
+/// vocabulary padded to split over the group, VocabParallelEmbedding) are padding, left out of the
+/// softmax and the smoothing, with zero gradient: the loss is the serial one over vocab_size classes.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, comm::ProcessGroup& group,
-                                    const ops::CrossEntropyOptions& options = {});
+                                    const ops::CrossEntropyOptions& options = {}, int64_t vocab_size = 0);
 
 }  // namespace colossal::parallel::tp

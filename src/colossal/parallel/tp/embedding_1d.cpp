@@ -19,13 +19,10 @@ VocabParallelEmbedding::VocabParallelEmbedding(const Tensor& weight, std::shared
   COLOSSAL_CHECK(weight.dim() == 2, "VocabParallelEmbedding: the table must be 2-D [V, D], got shape {}",
                  weight.shape());
   num_embeddings_ = weight.shape()[0];
-  COLOSSAL_CHECK(num_embeddings_ % group_->size() == 0,
-                 "VocabParallelEmbedding: the vocabulary's {} rows do not split over the {} ranks of the "
-                 "tensor-parallel group; pad it to a multiple of {} (GPT-2: model.options.vocab_multiple)",
-                 num_embeddings_, group_->size(), group_->size());
-  const int64_t rows = num_embeddings_ / group_->size();
+  const int64_t rows = ShardSpec::padded_size(num_embeddings_, group_->size()) / group_->size();
   first_row_ = group_->rank() * rows;
-  weight_ = &register_parameter("weight", shard_of(weight, ShardSpec::shard(0), group_->rank(), group_->size()));
+  weight_ = &register_parameter(
+      "weight", shard_of(weight, ShardSpec::padded(0, num_embeddings_), group_->rank(), group_->size()));
 }
 
 std::shared_ptr<VocabParallelEmbedding> VocabParallelEmbedding::from(const nn::Embedding& serial,
@@ -55,8 +52,9 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
 }
 
 std::string VocabParallelEmbedding::extra_repr() const {
-  return fmt::format("{} rows ({} on each of {} ranks, this one from row {}), dim {}", num_embeddings_,
-                     weight_->shape()[0], group_->size(), first_row_, weight_->shape()[1]);
+  return fmt::format("{} rows ({} on each of {} ranks, this one from row {}{}), dim {}", num_embeddings_,
+                     weight_->shape()[0], group_->size(), first_row_,
+                     padding() > 0 ? fmt::format("; {} padding rows", padding()) : "", weight_->shape()[1]);
 }
 
 }  // namespace colossal::parallel::tp

@@ -1,10 +1,12 @@
 // Vocabulary-parallel embedding (Megatron-LM's VocabParallelEmbedding, Colossal-AI's
 // VocabParallelEmbedding1D): the embedding table's rows split over the tensor-parallel group. Rank r
-// holds rows [r * V/tp, (r + 1) * V/tp); each looks up the ids that fall in its rows (zero for the
-// others) and the partial embeddings are summed (reduce_from_region), so every rank ends with the
-// whole lookup. The backward is local: each shard's gradient gets only its own rows' contributions.
-// With the vocab-parallel cross-entropy (cross_entropy.h) a tied GPT-2 head never holds the whole
-// vocabulary on one rank.
+// holds rows [r * V'/tp, (r + 1) * V'/tp) of the table padded to V' rows, the next multiple of tp
+// (Megatron pads the vocabulary the same way; the padding rows are zeros no id looks up, the loss
+// leaves their logits out: vocab_parallel_cross_entropy's vocab_size); each looks up the ids that
+// fall in its rows (zero for the others) and the partial embeddings are summed
+// (reduce_from_region), so every rank ends with the whole lookup. The backward is local: each shard's gradient gets
+// only its own rows' contributions. With the vocab-parallel cross-entropy (cross_entropy.h) a tied GPT-2 head never
+// holds the whole vocabulary on one rank.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +22,7 @@ namespace colossal::parallel::tp {
 
 class VocabParallelEmbedding : public nn::Module, public Sharded {
  public:
-  /// This rank's rows of `weight` [V, D]. Throws naming the sizes when V does not divide by the
-  /// group's size (pad the vocabulary: GPT2Config::vocab_multiple).
+  /// This rank's rows of `weight` [V, D], padded with zero rows to a multiple of the group's size.
   VocabParallelEmbedding(const Tensor& weight, std::shared_ptr<comm::ProcessGroup> group);
   static std::shared_ptr<VocabParallelEmbedding> from(const nn::Embedding& serial,
                                                       std::shared_ptr<comm::ProcessGroup> group);
@@ -29,12 +30,15 @@ class VocabParallelEmbedding : public nn::Module, public Sharded {
   /// ids (i32/i64, any shape, indices into the whole vocabulary) -> [..., D], the same on every rank.
   Tensor forward(const Tensor& ids) override;
   std::string extra_repr() const override;
-  /// weight by rows.
-  std::map<std::string, ShardSpec> shard_specs() const override { return {{"weight", ShardSpec::shard(0)}}; }
+  /// weight by rows, padded to a multiple of the group's size.
+  std::map<std::string, ShardSpec> shard_specs() const override {
+    return {{"weight", ShardSpec::padded(0, num_embeddings_)}};
+  }
 
-  const Tensor& weight() const { return *weight_; }           ///< this rank's rows [V/tp, D]
-  int64_t num_embeddings() const { return num_embeddings_; }  ///< the whole vocabulary
-  int64_t first_row() const { return first_row_; }            ///< the first row this rank holds
+  const Tensor& weight() const { return *weight_; }           ///< this rank's rows [V'/tp, D]
+  int64_t num_embeddings() const { return num_embeddings_; }  ///< the whole vocabulary V (no padding)
+  int64_t padding() const { return weight_->shape()[0] * group_->size() - num_embeddings_; }  ///< V' - V
+  int64_t first_row() const { return first_row_; }  ///< the first row this rank holds
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_;

@@ -163,7 +163,8 @@ Tensor ParallelGPT2::forward(const Tensor& ids) {
 }
 
 Tensor ParallelGPT2::loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  return vocab_parallel_cross_entropy(logits, targets, *group_, {.ignore_index = ignore_index});
+  // The vocabulary's padding to a multiple of the group's size (VocabParallelEmbedding) is no class.
+  return vocab_parallel_cross_entropy(logits, targets, *group_, {.ignore_index = ignore_index}, wte_->num_embeddings());
 }
 
 }  // namespace colossal::parallel::tp

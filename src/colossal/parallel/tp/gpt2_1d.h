@@ -115,11 +115,13 @@ class ParallelGPT2Block : public nn::Module {
 /// cross-entropy of them, so no rank ever holds the whole vocabulary's logits.
 class ParallelGPT2 : public nn::Module {
  public:
-  /// Throws naming the sizes when the (padded) vocabulary or the heads do not split over the group.
+  /// Throws naming both when the heads do not split over the group; a vocabulary that does not is
+  /// padded (VocabParallelEmbedding), its padding never a target and left out of loss().
   /// Dropout draws from `options.dropout` as the file's head says.
   ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
                const ParallelGPT2Options& options = {});
-  /// ids [B, T] -> this rank's logits [B, T, V/tp] (every position, also under sequence parallelism;
+  /// ids [B, T] -> this rank's logits [B, T, V'/tp] (V' the vocabulary padded to a multiple of tp;
+  /// the padding's logits are zero and loss() leaves them out) (every position, also under sequence parallelism;
   /// there T must divide by the group's size, an error naming both otherwise).
   Tensor forward(const Tensor& ids) override;
   /// The mean next-token loss of forward()'s logits against targets [B, T] (as

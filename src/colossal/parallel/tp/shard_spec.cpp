@@ -39,6 +39,19 @@ Tensor shard_of(const Tensor& serial, const ShardSpec& spec, int rank, int size)
   if (spec.replicated()) return serial.detach().contiguous().clone();
   Tensor ordered = serial.detach();
   if (!spec.order.empty()) ordered = ops::index_select(ordered, spec.dim, index_tensor(spec.order, serial.device()));
+  if (spec.size > 0) {
+    COLOSSAL_CHECK(spec.order.empty(), "shard_of: a padded spec takes no order");
+    COLOSSAL_CHECK(ordered.size(spec.dim) == spec.size, "shard_of: dim {} of shape {} is not the spec's {}", spec.dim,
+                   serial.shape(), spec.size);
+    const int64_t padded = ShardSpec::padded_size(spec.size, size);
+    if (padded != spec.size) {
+      Shape shape = ordered.shape();
+      shape[static_cast<size_t>(spec.dim)] = padded;
+      const Tensor out = core::zeros(shape, TensorOptions(ordered.dtype(), ordered.device()));
+      out.narrow(spec.dim, 0, spec.size).copy_(ordered);
+      ordered = out;
+    }
+  }
   const int64_t n = ordered.size(spec.dim);
   COLOSSAL_CHECK(n % size == 0, "shard_of: dim {} of shape {} does not split over {} ranks", spec.dim, serial.shape(),
                  size);
@@ -49,6 +62,7 @@ Tensor gather_shard(const Tensor& local, const ShardSpec& spec, comm::ProcessGro
   autograd::NoGradGuard no_grad;  // gather_from_region records nothing then
   if (spec.replicated()) return local.detach();
   const Tensor ordered = gather_from_region(local.detach(), spec.dim, group);
+  if (spec.size > 0) return ordered.narrow(spec.dim, 0, spec.size).contiguous();  // padding off
   if (spec.order.empty()) return ordered;
   // Undo the order: serial index order[i] holds ordered's i-th slice.
   std::vector<int64_t> inverse(spec.order.size());
