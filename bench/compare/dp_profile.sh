@@ -6,6 +6,8 @@
 # before the profiled window) and each run's profile summary; traces and logs go to $OUT.
 #
 #   tools/gpu-check --run bench/compare/dp_profile.sh [N]      # N GPUs (default 2)
+#   DP_PROFILE_GPUS="2" DP_PROFILE_CLIPS="0.0" DP_PROFILE_TAG=b100 COLOSSAL_DP_BUCKET_MB=100 ...
+#     (only those runs; the tag names their files)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 gpus=${1:-2}
@@ -29,9 +31,9 @@ EOF
 }
 
 status=0
-for clip in 0.0 1.0; do
-  for n in 1 "$gpus"; do
-    name="gpt2_${n}gpu_clip${clip}"
+for clip in ${DP_PROFILE_CLIPS:-0.0 1.0}; do
+  for n in ${DP_PROFILE_GPUS:-1 $gpus}; do
+    name="gpt2_${n}gpu_clip${clip}${DP_PROFILE_TAG:+_$DP_PROFILE_TAG}"
     run=("$colossal" "${common[@]}" --set "clip_grad_norm=$clip" --profile "$out/$name.json" --metrics "$out/$name.jsonl")
     [[ $n != 1 ]] && run=("$colossal" run --nproc_per_node "$n" -- "${run[@]}")
     if ! "${run[@]}" > "$out/$name.log" 2>&1; then

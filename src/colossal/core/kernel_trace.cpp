@@ -103,7 +103,7 @@ std::string short_kernel_name(const std::string& name) {
     if (depth == 0 && s[i] == ' ') cut = i + 1;
   }
   if (cut < s.size()) s = s.substr(cut);
-  if (s.empty()) s = name;
+  if (s.size() < 4) s = name;  // an unusual name the cuts above mangled: keep it whole
   return s.size() > 150 ? s.substr(0, 147) + "..." : s;
 }
 

@@ -85,6 +85,7 @@ size_t lane_of(State& s, Stream stream) {
   for (size_t i = 0; i < s.lanes.size(); ++i) {
     if (s.lanes[i].stream == stream) return i;
   }
+  cuda::DeviceGuard guard(stream.device);  // an event belongs to the device current at its creation
   Lane lane{stream, std::make_unique<cuda::Event>(/*enable_timing=*/true), 0};
   lane.base->record(stream);
   lane.host_us = now_us(s);
@@ -100,6 +101,7 @@ int64_t begin_device_locked(State& s, std::string name, Stream stream) {
     s.kernel_origin_us = now_us(s);
   }
   const size_t lane = lane_of(s, stream);
+  cuda::DeviceGuard guard(stream.device);
   DeviceRange range{std::move(name), stream, lane, std::make_unique<cuda::Event>(true), nullptr};
   range.begin->record(stream);
   s.device.push_back(std::move(range));
@@ -109,6 +111,7 @@ int64_t begin_device_locked(State& s, std::string name, Stream stream) {
 void end_device_locked(State& s, int64_t id) {
   if (id < 0 || id >= static_cast<int64_t>(s.device.size())) return;
   DeviceRange& range = s.device[static_cast<size_t>(id)];
+  cuda::DeviceGuard guard(range.stream.device);
   range.end = std::make_unique<cuda::Event>(true);
   range.end->record(range.stream);
 }

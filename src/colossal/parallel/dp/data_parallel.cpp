@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <utility>
 
@@ -45,6 +46,13 @@ struct DataParallel::Bucket {
 DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup> group, DataParallelOptions options)
     : model_(model), group_(std::move(group)), options_(options) {
   COLOSSAL_CHECK(group_ != nullptr, "DataParallel needs a process group");
+  if (const char* mb = std::getenv("COLOSSAL_DP_BUCKET_MB"); mb != nullptr && *mb != '\0') {
+    char* end = nullptr;
+    const double value = std::strtod(mb, &end);
+    COLOSSAL_CHECK(end != mb && *end == '\0' && value > 0,
+                   "COLOSSAL_DP_BUCKET_MB must be a positive number of MiB, got '{}'", mb);
+    options_.bucket_bytes = static_cast<int64_t>(value * (1 << 20));
+  }
   COLOSSAL_CHECK(options_.bucket_bytes > 0, "DataParallel: bucket_bytes must be > 0, got {}", options_.bucket_bytes);
   if (options_.broadcast_parameters) broadcast_parameters();
 

@@ -21,7 +21,8 @@ namespace colossal::parallel {
 
 struct DataParallelOptions {
   /// Gradient bytes per bucket (Colossal-AI's and DDP's default: 25 MiB); a parameter larger than
-  /// this gets a bucket of its own.
+  /// this gets a bucket of its own. The environment variable COLOSSAL_DP_BUCKET_MB, when set,
+  /// overrides it (for measuring the overlap at other sizes).
   int64_t bucket_bytes = int64_t{25} << 20;
   /// Broadcast parameters and buffers from the group's rank 0 at construction, so every replica
   /// starts equal whatever each rank initialised.
