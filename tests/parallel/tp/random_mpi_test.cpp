@@ -64,7 +64,7 @@ TEST(TensorParallelRng, SeedsDifferByTensorRankAndNotByReplica) {
   }
 }
 
-TEST(TensorParallelRng, DropoutKeepsReplicatedTensorsEqualAndSplitMasksApart) {
+nn::models::GPT2Config dropout_config() {
   nn::models::GPT2Config config;
   config.vocab_size = 32;
   config.n_positions = 8;
@@ -72,21 +72,17 @@ TEST(TensorParallelRng, DropoutKeepsReplicatedTensorsEqualAndSplitMasksApart) {
   config.n_layer = 2;
   config.n_head = 4;  // splits over 2 and 4 ranks
   config.dropout = 0.3;
-  core::Generator init(5);
-  nn::models::GPT2 serial(config, &init, nullptr);
-  // The data generator alike on every rank, the tensor generator seeded per rank (as TrainingRun).
-  core::Generator data(100), tensor(100 + kTensorParallelSeedOffset + static_cast<uint64_t>(world().rank()));
-  ParallelGPT2 model(serial, tp_group(), ParallelGPT2Options{.dropout = {.data = &data, .tensor = &tensor}});
+  return config;
+}
+
+/// Two SGD steps of `model` (in training mode: dropout on) on a fixed batch; the loss is the same on
+/// every rank.
+void train_two_steps(ParallelGPT2& model, int64_t vocab) {
   model.train();
-
-  const auto block = std::dynamic_pointer_cast<ParallelGPT2Block>((*model.h())[0]);
-  ASSERT_NE(block, nullptr);
-  EXPECT_EQ(block->attn()->attn_dropout_generator(), &tensor);
-
   std::vector<int64_t> ids_v, targets_v;
   for (int64_t i = 0; i < 2 * 8; ++i) {
-    ids_v.push_back((i * 7 + 3) % config.vocab_size);
-    targets_v.push_back((i * 11 + 5) % config.vocab_size);
+    ids_v.push_back((i * 7 + 3) % vocab);
+    targets_v.push_back((i * 11 + 5) % vocab);
   }
   const Tensor ids = core::from_vector<int64_t>(ids_v, {2, 8}), targets = core::from_vector<int64_t>(targets_v, {2, 8});
   for (int step = 0; step < 2; ++step) {
@@ -99,8 +95,11 @@ TEST(TensorParallelRng, DropoutKeepsReplicatedTensorsEqualAndSplitMasksApart) {
       parameter.set_grad(Tensor());
     }
   }
-  // A replicated parameter took the same update on every rank: its gradient came through equal
-  // activations and equal masks.
+}
+
+/// A replicated parameter took the same update on every rank: its gradient came through equal
+/// activations and equal masks (or, under sequence parallelism, was summed over the shards).
+void expect_replicated_parameters_equal(ParallelGPT2& model) {
   int replicated = 0;
   for (const auto& [name, spec] : collect_shard_specs(model)) {
     if (!spec.replicated()) continue;
@@ -110,6 +109,21 @@ TEST(TensorParallelRng, DropoutKeepsReplicatedTensorsEqualAndSplitMasksApart) {
     }
   }
   EXPECT_GT(replicated, 0);
+}
+
+TEST(TensorParallelRng, DropoutKeepsReplicatedTensorsEqualAndSplitMasksApart) {
+  const nn::models::GPT2Config config = dropout_config();
+  core::Generator init(5);
+  nn::models::GPT2 serial(config, &init, nullptr);
+  // The data generator alike on every rank, the tensor generator seeded per rank (as TrainingRun).
+  core::Generator data(100), tensor(100 + kTensorParallelSeedOffset + static_cast<uint64_t>(world().rank()));
+  ParallelGPT2 model(serial, tp_group(), ParallelGPT2Options{.dropout = {.data = &data, .tensor = &tensor}});
+
+  const auto block = std::dynamic_pointer_cast<ParallelGPT2Block>((*model.h())[0]);
+  ASSERT_NE(block, nullptr);
+  EXPECT_EQ(block->attn()->attn_dropout_generator(), &tensor);
+  train_two_steps(model, config.vocab_size);
+  expect_replicated_parameters_equal(model);
 
   // A block's output (replicated, after both residual dropouts) is rank 0's on every rank.
   std::vector<double> x_v;
@@ -127,6 +141,23 @@ TEST(TensorParallelRng, DropoutKeepsReplicatedTensorsEqualAndSplitMasksApart) {
   const bool same_split = equals_rank_zero(split);
   if (world().rank() != 0) EXPECT_FALSE(same_split) << "the tp-region masks repeat rank 0's";
   EXPECT_TRUE(equals_rank_zero(replicated_masks));
+}
+
+// Under sequence parallelism every dropout outside the attention acts on a sequence shard and draws
+// from the tensor-parallel generator too; the replicated parameters (layer norms, wpe, row-parallel
+// biases), whose gradients each rank computes from its own tokens and masks, still end equal.
+TEST(TensorParallelRng, SequenceParallelDropoutKeepsReplicatedParametersEqual) {
+  const nn::models::GPT2Config config = dropout_config();
+  core::Generator init(7);
+  nn::models::GPT2 serial(config, &init, nullptr);
+  core::Generator data(200), tensor(200 + kTensorParallelSeedOffset + static_cast<uint64_t>(world().rank()));
+  ParallelGPT2 model(serial, tp_group(),
+                     ParallelGPT2Options{.dropout = {.data = &data, .tensor = &tensor}, .sequence_parallel = true});
+  train_two_steps(model, config.vocab_size);
+  expect_replicated_parameters_equal(model);
+  // Every mask came from the tensor-parallel generator: the data generator never drew.
+  EXPECT_EQ(data.state().offset, 0u);
+  EXPECT_GT(tensor.state().offset, 0u);
 }
 
 }  // namespace
