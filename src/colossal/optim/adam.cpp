@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/view.h"           // cast_raw
 #include "colossal/ops/elementwise.h"     // add, add_, addcmul_, addcdiv_, div, maximum, mul_, sqrt
 #include "colossal/optim/clip_grad.h"     // scale_for
 
@@ -73,9 +74,13 @@ void Adam::step() {
 void adam_step_reference(const MultiTensorLists& lists, const AdamOptions& o, WeightDecayMode mode) {
   for (size_t i = 0; i < lists.params.size(); ++i) {
     Tensor p = lists.params[i];
-    Tensor grad = lists.grad_scale.defined()
-                      ? ops::mul(lists.grads[i], scale_for(lists.grad_scale, lists.grads[i].dtype()))
-                      : lists.grads[i];
+    Tensor grad = lists.grads[i];
+    if (lists.grad_scale.defined()) {
+      // In the accumulation type, rounded once to the gradient's dtype (a 16-bit gradient times an
+      // f32 scale promotes to f32), as the fused kernel does.
+      grad = ops::mul(grad, scale_for(lists.grad_scale, grad.dtype()));
+      if (grad.dtype() != lists.grads[i].dtype()) grad = core::cast_raw(grad, lists.grads[i].dtype());
+    }
     Tensor exp_avg = lists.state[0][i];
     Tensor exp_avg_sq = lists.state[1][i];
     if (o.weight_decay != 0.0) {

@@ -114,7 +114,9 @@ Tensor sum_of_squares(const std::vector<Tensor>& tensors, double scale) {
       continue;
     }
     Tensor x = t;
-    if (scale != 1.0) ops::mul_(x, scale);
+    // The scale rounded to x's accumulation type, as the kernel takes it (a double scalar would
+    // make the CPU multiply in f64 and round differently).
+    if (scale != 1.0) ops::mul_(x, scale_for(core::full({}, scale, TensorOptions(DType::f64, x.device())), x.dtype()));
     // Squared in f64, as the kernel does: no square overflows, so the sum is non-finite exactly
     // when some element is (mixed precision's overflow check relies on it).
     const Tensor wide = core::cast_raw(x, DType::f64);
