@@ -75,7 +75,8 @@ ParallelGPT2Attention::ParallelGPT2Attention(const nn::models::GPT2Attention& se
   c_proj_ = register_module("c_proj", RowParallelLinear::from(*serial.c_proj(), group, /*input_is_parallel=*/true));
   c_attn_->set_sequence_parallel(options.sequence_parallel);
   c_proj_->set_sequence_parallel(options.sequence_parallel);
-  // After c_proj's all-reduce every rank holds the whole output: the same mask on every rank.
+  // After c_proj's all-reduce every rank holds the whole output: the same mask on every rank (under
+  // sequence parallelism its own shard after the reduce-scatter: masks of its own).
   resid_dropout_ =
       register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, outside_generator(options)));
 }
