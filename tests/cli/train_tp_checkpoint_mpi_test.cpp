@@ -2,7 +2,8 @@
 // a tiny GPT-2 trained at parallel.tensor.size = 2 writes the file a serial run writes after the same
 // steps (the serial names and shapes, the AdamW moments gathered too); that file resumes at tp = 1
 // and (at 4 ranks) tp = 4, and a serial run's file resumes at tp = 2, each continuing with the
-// uninterrupted run's losses; `colossal export` of the tp file writes the Hub names.
+// uninterrupted run's losses; at 4 ranks dp2 x tp2 writes the serial file too; `colossal export` of
+// the tp file writes the Hub names.
 // Tolerance 1e-5 relative (the layout harness's f32 bound): the layouts sum the same products in
 // another order (row-parallel partial sums, the vocab-parallel softmax), a few ulps per step.
 #include <gtest/gtest.h>
@@ -79,9 +80,10 @@ fs::path shared_dir() {
 /// Trains the config with `overrides` over `group` (every rank of it calls this); returns the losses
 /// by step that the group's rank 0 wrote (empty on the other ranks).
 std::map<int64_t, double> train(const fs::path& dir, const std::shared_ptr<comm::ProcessGroup>& group,
-                                const std::string& name, std::vector<std::string> overrides) {
+                                const std::string& name, std::vector<std::string> overrides, int tensor_size = 0) {
   const fs::path metrics = dir / (name + ".jsonl");
-  overrides.push_back("parallel.tensor.size=" + std::to_string(group->size()));
+  // The whole group is the tensor-parallel group unless said otherwise (the rest: data parallel).
+  overrides.push_back("parallel.tensor.size=" + std::to_string(tensor_size > 0 ? tensor_size : group->size()));
   {
     initialize::TrainingRun run(
         initialize::load_run_config(dir / "c.toml", overrides),
@@ -173,6 +175,11 @@ TEST(TensorParallelCheckpoint, SavedAtOneLayoutResumesAtAnother) {
     const std::shared_ptr<comm::ProcessGroup> all = world().split(0, rank);
     const std::map<int64_t, double> resumed = train(dir, all, "tp2_to_tp4", {resume_from(dir / "tp2" / step3)});
     if (rank == 0) expect_same_losses(resumed, serial, "tp2 -> tp4");
+    // dp2 x tp2 over batches of 2 (the serial batch of 4 split): the writer's tensor group gathers,
+    // and the file is again the serial run's.
+    train(dir, all, "dp2_tp2", {"data.batch_size=2", checkpoint_dir(dir, "dp2_tp2"), "train.checkpoint_steps=3"}, 2);
+    world().barrier();
+    if (rank == 0) expect_same_tensors(dir / "dp2_tp2" / step3, dir / "serial" / step3);
   }
 
   // `colossal export` of the tp file: the Hub's names, the serial shapes, the serial run's values.

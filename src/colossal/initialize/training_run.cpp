@@ -336,8 +336,10 @@ void TrainingRun::build_hooks() {
   if (context_->layout().tensor_size() == 1)
     hooks_.insert(hooks_.begin() + 1, std::make_shared<engine::AccuracyHook>());
   if (!writer_) {
-    // Under tensor parallelism every rank takes part in a save: the shards are gathered to rank 0.
-    if (context_->layout().tensor_size() > 1) add_checkpoint_hook();
+    // Under tensor parallelism the writer's tensor group (data and pipeline rank 0, as the writer)
+    // takes part in each save: the shards are gathered there. Other replicas hold the same state.
+    const parallel::RankCoords coords = context_->coords();
+    if (context_->layout().tensor_size() > 1 && coords.dp == 0 && coords.pp == 0) add_checkpoint_hook();
     return;
   }
   hooks_.push_back(std::make_shared<engine::LogMetricByEpochHook>());
