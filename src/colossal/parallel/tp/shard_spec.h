@@ -2,8 +2,8 @@
 // tensor) or sharded along one dimension (rank r holds the r-th of tp equal parts, after an optional
 // reordering of that dimension, as attention's fused q/k/v columns need). The tensor-parallel layers
 // declare their parameters' specs (Sharded); collect_shard_specs walks a model for them, and
-// gather_shard / shard_of convert between a rank's part and the serial tensor, for the layout harness
-// and, next, for layout-independent checkpoints and the clipping norm.
+// gather_shard / shard_of convert between a rank's part and the serial tensor, for the layout
+// harness, the layout-independent checkpoints (engine/checkpoint_sharding.h) and the clipping norm.
 #pragma once
 
 #include <cstdint>
