@@ -25,6 +25,7 @@
 #include "colossal/cli/export.h"
 #include "colossal/cli/train_command.h"  // toml_string
 #include "colossal/comm/single_process_group.h"
+#include "colossal/core/error.h"
 #include "colossal/initialize/training_run.h"
 #include "colossal/nn/safetensors.h"
 #include "colossal/ops/elementwise.h"
@@ -168,6 +169,16 @@ TEST(TensorParallelCheckpoint, SavedAtOneLayoutResumesAtAnother) {
   if (pair) {
     const std::map<int64_t, double> resumed = train(dir, pair, "tp1_to_tp2", {resume_from(dir / "serial" / step3)});
     if (rank == 0) expect_same_losses(resumed, serial, "tp1 -> tp2");
+    // A model of another vocabulary: the tensor that does not fit is named, with the file.
+    try {
+      train(dir, pair, "mismatch", {resume_from(dir / "serial" / step3), "model.options.vocab_size=62"});
+      ADD_FAILURE() << "a checkpoint of 63 tokens resumed a model of 62";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find((dir / "serial" / step3).string()), std::string::npos) << message;
+      EXPECT_NE(message.find("tensor \"model.wte.weight\" of shape [63, 16] cannot be split"), std::string::npos)
+          << message;
+    }
   }
   world().barrier();
   // tp = 2's checkpoint continues at tp = 4.

@@ -278,11 +278,16 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
 
   // The file holds the serial tensors; each rank of a tensor group keeps its shard of them.
   const CheckpointSharding sharding(engine);
-  nn::StateDict model = sharding.shard_model(take_prefixed<nn::StateDict>(file.tensors, kModelPrefix));
-  optim::StateDict optimizer =
-      sharding.shard_optimizer(take_prefixed<optim::StateDict>(file.tensors, kOptimizerPrefix));
+  nn::StateDict model;
+  optim::StateDict optimizer, amp_state;
+  try {
+    model = sharding.shard_model(take_prefixed<nn::StateDict>(file.tensors, kModelPrefix));
+    optimizer = sharding.shard_optimizer(take_prefixed<optim::StateDict>(file.tensors, kOptimizerPrefix));
+    amp_state = sharding.shard_amp(take_prefixed<optim::StateDict>(file.tensors, kAmpPrefix));
+  } catch (const Error& e) {
+    COLOSSAL_FAIL("{}: {}", where, e.what());
+  }
   optim::StateDict scheduler = take_prefixed<optim::StateDict>(file.tensors, kSchedulerPrefix);
-  optim::StateDict amp_state = sharding.shard_amp(take_prefixed<optim::StateDict>(file.tensors, kAmpPrefix));
   if (!file.tensors.empty()) {
     COLOSSAL_FAIL("{}: tensor \"{}\" belongs to none of model., optimizer., lr_scheduler., amp.", where,
                   file.tensors.begin()->first);

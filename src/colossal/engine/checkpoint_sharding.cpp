@@ -97,8 +97,16 @@ Tensor CheckpointSharding::gather(const Tensor& local, const ShardSpec& spec) co
   return spec.replicated() ? local : parallel::tp::gather_shard(local, spec, *group_);
 }
 
-Tensor CheckpointSharding::shard(const Tensor& serial, const ShardSpec& spec) const {
-  return spec.replicated() ? serial : parallel::tp::shard_of(serial, spec, group_->rank(), group_->size());
+Tensor CheckpointSharding::shard(const std::string& key, const Tensor& serial, const ShardSpec& spec) const {
+  if (spec.replicated()) return serial;
+  try {
+    return parallel::tp::shard_of(serial, spec, group_->rank(), group_->size());
+  } catch (const Error& e) {
+    COLOSSAL_FAIL(
+        "tensor \"{}\" of shape {} cannot be split over the {} tensor-parallel ranks as this model splits it "
+        "(was the checkpoint written for another model config?): {}",
+        key, serial.shape(), group_->size(), e.what());
+  }
 }
 
 nn::StateDict CheckpointSharding::gather_model(const nn::StateDict& model) const {
@@ -125,21 +133,23 @@ optim::StateDict CheckpointSharding::gather_amp(const optim::StateDict& amp) con
 nn::StateDict CheckpointSharding::shard_model(const nn::StateDict& model) const {
   if (!active()) return model;
   nn::StateDict out;
-  for (const auto& [name, tensor] : model) out.insert(name, shard(tensor, model_spec(name)));
+  for (const auto& [name, tensor] : model) out.insert(name, shard("model." + name, tensor, model_spec(name)));
   return out;
 }
 
 optim::StateDict CheckpointSharding::shard_optimizer(const optim::StateDict& optimizer) const {
   if (!active()) return optimizer;
   optim::StateDict out;
-  for (const auto& [key, tensor] : optimizer) out.emplace(key, shard(tensor, optimizer_spec(key, tensor)));
+  for (const auto& [key, tensor] : optimizer) {
+    out.emplace(key, shard("optimizer." + key, tensor, optimizer_spec(key, tensor)));
+  }
   return out;
 }
 
 optim::StateDict CheckpointSharding::shard_amp(const optim::StateDict& amp) const {
   if (!active()) return amp;
   optim::StateDict out;
-  for (const auto& [key, tensor] : amp) out.emplace(key, shard(tensor, amp_spec(key)));
+  for (const auto& [key, tensor] : amp) out.emplace(key, shard("amp." + key, tensor, amp_spec(key)));
   return out;
 }
 

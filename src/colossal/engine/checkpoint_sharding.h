@@ -48,7 +48,8 @@ class CheckpointSharding {
   /// The spec of the mixed-precision key "master.<name>": the parameter's; replicated otherwise.
   parallel::tp::ShardSpec amp_spec(const std::string& key) const;
   Tensor gather(const Tensor& local, const parallel::tp::ShardSpec& spec) const;
-  Tensor shard(const Tensor& serial, const parallel::tp::ShardSpec& spec) const;
+  /// This rank's part of the checkpoint's tensor `key`; throws naming it when it does not split.
+  Tensor shard(const std::string& key, const Tensor& serial, const parallel::tp::ShardSpec& spec) const;
 
   std::shared_ptr<comm::ProcessGroup> group_;
   std::map<std::string, parallel::tp::ShardSpec> specs_;
