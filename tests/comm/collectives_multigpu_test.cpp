@@ -135,6 +135,35 @@ TEST(NcclCollectives, AllReduceEveryOpDtypeAndLength) {
   }
 }
 
+TEST(NcclCollectives, AllReducePackedFromPartsAHoleAndAnInPlaceView) {
+  // Data parallelism's buckets (Note [Packing off the compute stream] in parallel/dp): parts of
+  // lengths that are multiples of nothing, packed on the group's stream into one flat tensor and
+  // averaged there; an undefined part zeroes its slice; a part that is already its slice is reduced
+  // in place.
+  const int size = world().size(), rank = world().rank();
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(fmt::format("{}", dtype));
+    const std::vector<int64_t> lengths{7, 1000003, 5, 11};
+    const std::vector<int64_t> offsets{0, 7, 1000010, 1000015};
+    Tensor flat = gpu_zeros({1000026}, dtype);
+    std::vector<Tensor> parts{gpu_input(dtype, rank, {7}), gpu_input(dtype, rank, {1000003}), Tensor(),
+                              flat.narrow(0, 1000015, 11)};
+    parts[3].copy_(gpu_input(dtype, rank, {11}));
+    flat.narrow(0, 1000010, 5).fill_(3.0);  // the hole: must come back zero
+    world().all_reduce_packed(flat, parts, offsets, ReduceOp::avg);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Tensor got = flat.narrow(0, offsets[i], lengths[i]);
+      if (i == 2) {
+        EXPECT_TRUE(values_equal(got, std::vector<double>(5, 0.0))) << "the hole";
+      } else {
+        EXPECT_TRUE(values_near(got, reference_values(dtype, ReduceOp::avg, iota_ranks(size), lengths[i]), 0.0,
+                                avg_tolerance(dtype, ReduceOp::avg, size)))
+            << "part " << i;
+      }
+    }
+  }
+}
+
 TEST(NcclCollectives, AllReduceBoolMaxIsOrMinIsAnd) {
   const int size = world().size(), rank = world().rank();
   for (int64_t n : kLengths) {

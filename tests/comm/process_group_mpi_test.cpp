@@ -49,6 +49,23 @@ TEST(MpiProcessGroup, AllReduceEveryOpAndDtype) {
   }
 }
 
+TEST(MpiProcessGroup, AllReducePackedFromPartsAndAHole) {
+  // The default packing (copies on the caller's side, then all_reduce): parts at their offsets, an
+  // undefined part's slice zeroed; bad parts are refused naming the part.
+  const std::vector<int64_t> offsets{0, 3, 10};
+  Tensor flat = core::full({14}, 5.0, DType::f64);
+  std::vector<Tensor> parts{make_input(DType::f64, world().rank(), {3}), Tensor(),
+                            make_input(DType::f64, world().rank(), {4})};
+  world().all_reduce_packed(flat, parts, offsets, ReduceOp::sum);
+  EXPECT_TRUE(values_equal(flat.narrow(0, 0, 3), reference(DType::f64, ReduceOp::sum, 3)));
+  EXPECT_TRUE(values_equal(flat.narrow(0, 3, 7), std::vector<double>(7, 0.0)));
+  EXPECT_TRUE(values_equal(flat.narrow(0, 10, 4), reference(DType::f64, ReduceOp::sum, 4)));
+  EXPECT_ERROR_CONTAINS(world().all_reduce_packed(flat, {core::zeros({3}, DType::f32)}, {0}),
+                        "all_reduce_packed: part 0 is a contiguous f32 tensor");
+  EXPECT_ERROR_CONTAINS(world().all_reduce_packed(flat, {core::zeros({5}, DType::f64), Tensor()}, {0, 3}),
+                        "all_reduce_packed: part 0 (5 elements at offset 0) overlaps what follows at 3");
+}
+
 TEST(MpiProcessGroup, AllReduceBoolMaxIsOrMinIsAnd) {
   Tensor t = make_input(DType::boolean, world().rank(), {7});
   Tensor u = make_input(DType::boolean, world().rank(), {7});

@@ -128,6 +128,51 @@ Work ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op, bool async) {
   return work;
 }
 
+Work ProcessGroup::all_reduce_packed(const Tensor& flat, const std::vector<Tensor>& parts,
+                                     const std::vector<int64_t>& offsets, ReduceOp op, bool async) {
+  check_tensor("all_reduce_packed", flat, "flat");
+  check_reduction("all_reduce_packed", flat, op);
+  COLOSSAL_CHECK(flat.dim() == 1, "all_reduce_packed: flat must be 1-D, got shape {} [{}]", flat.shape(), describe());
+  COLOSSAL_CHECK(parts.size() == offsets.size(), "all_reduce_packed: {} parts but {} offsets [{}]", parts.size(),
+                 offsets.size(), describe());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t end = i + 1 < offsets.size() ? offsets[i + 1] : flat.numel();
+    COLOSSAL_CHECK(offsets[i] >= 0 && offsets[i] <= end && end <= flat.numel(),
+                   "all_reduce_packed: part {} at offset {} does not fit before {} in a flat of {} elements [{}]", i,
+                   offsets[i], end, flat.numel(), describe());
+    if (!parts[i].defined()) continue;
+    COLOSSAL_CHECK(parts[i].dtype() == flat.dtype() && parts[i].device() == flat.device() && parts[i].is_contiguous(),
+                   "all_reduce_packed: part {} is a {} {} tensor on {}; parts must be contiguous {} tensors on {} [{}]",
+                   i, parts[i].is_contiguous() ? "contiguous" : "strided", parts[i].dtype(), parts[i].device(),
+                   flat.dtype(), flat.device(), describe());
+    COLOSSAL_CHECK(offsets[i] + parts[i].numel() <= end,
+                   "all_reduce_packed: part {} ({} elements at offset {}) overlaps what follows at {} [{}]", i,
+                   parts[i].numel(), offsets[i], end, describe());
+  }
+  Work work = do_all_reduce_packed(flat, parts, offsets, op);
+  if (!async) work.wait();
+  return work;
+}
+
+/// Copies parts into flat (all_reduce_packed's packing) on the current stream.
+void pack_parts(const Tensor& flat, const std::vector<Tensor>& parts, const std::vector<int64_t>& offsets) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t end = i + 1 < offsets.size() ? offsets[i + 1] : flat.numel();
+    if (parts[i].defined()) {
+      const Tensor slice = flat.narrow(0, offsets[i], parts[i].numel());
+      if (slice.raw_data() != parts[i].raw_data()) slice.copy_(parts[i].reshape({parts[i].numel()}));  // else: in place
+    } else {
+      flat.narrow(0, offsets[i], end - offsets[i]).zero_();
+    }
+  }
+}
+
+Work ProcessGroup::do_all_reduce_packed(const Tensor& flat, const std::vector<Tensor>& parts,
+                                        const std::vector<int64_t>& offsets, ReduceOp op) {
+  pack_parts(flat, parts, offsets);
+  return do_all_reduce(flat, op);
+}
+
 Work ProcessGroup::reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op, bool async) {
   check_tensor("reduce_scatter", output, "output");
   check_tensor("reduce_scatter", input, "input");

@@ -66,6 +66,10 @@ struct P2POp {
   int tag = 0;
 };
 
+/// all_reduce_packed's packing on the current stream: each part into flat at its offset, an undefined
+/// part's slice zeroed. For backends implementing do_all_reduce_packed.
+void pack_parts(const Tensor& flat, const std::vector<Tensor>& parts, const std::vector<int64_t>& offsets);
+
 /// A set of ranks that communicate. Every collective must be called by every rank of the group, in
 /// the same order, with tensors of the same shape and dtype (the shapes named per call). Tensors must
 /// be contiguous, live on device(), and are updated in place. One thread issues a group's calls.
@@ -109,6 +113,14 @@ class ProcessGroup {
   // ---- collectives
   /// Reduces `tensor` over the group; every rank ends with the result.
   Work all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum, bool async = false);
+  /// Copies each of `parts` (flattened) into `flat` at its element offset (an undefined part zeroes
+  /// its slice, whose length is then the distance to the next offset or the end), then all-reduces
+  /// `flat`: data parallelism's buckets. The copies run where the collective does (on the group's
+  /// stream under NCCL, after the caller's stream has produced the parts), so they add nothing to the
+  /// caller's stream; the Work keeps `parts` alive until it is waited for. Parts must have flat's
+  /// dtype and device and fit without overlapping.
+  Work all_reduce_packed(const Tensor& flat, const std::vector<Tensor>& parts, const std::vector<int64_t>& offsets,
+                         ReduceOp op = ReduceOp::sum, bool async = false);
   /// Reduces `input` over the group and leaves rank r the r-th of size() equal chunks along dim 0:
   /// input's shape is output's with dim 0 times size(). output may be that chunk of input.
   Work reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::sum, bool async = false);
@@ -150,6 +162,9 @@ class ProcessGroup {
   // Backends implement these; arguments were checked by the public calls and every call is
   // asynchronous (the public call waits when async is false).
   virtual Work do_all_reduce(const Tensor& tensor, ReduceOp op) = 0;
+  /// Packs on the caller's stream (or the CPU), then do_all_reduce; NCCL packs on its own stream.
+  virtual Work do_all_reduce_packed(const Tensor& flat, const std::vector<Tensor>& parts,
+                                    const std::vector<int64_t>& offsets, ReduceOp op);
   virtual Work do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) = 0;
   virtual Work do_all_gather(const Tensor& output, const Tensor& input) = 0;
   virtual Work do_broadcast(const Tensor& tensor, int root) = 0;

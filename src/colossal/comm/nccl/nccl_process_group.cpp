@@ -413,6 +413,24 @@ Work NcclProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
   });
 }
 
+Work NcclProcessGroup::do_all_reduce_packed(const Tensor& flat, const std::vector<Tensor>& parts,
+                                            const std::vector<int64_t>& offsets, ReduceOp op) {
+  const std::string what = fmt::format("all_reduce ({}) of {} tensors packed into a {} tensor of shape {}",
+                                       reduce_op_name(op), parts.size(), flat.dtype(), flat.shape());
+  std::vector<Tensor> keep = parts;  // read on the group's stream: alive until the Work is waited for
+  keep.push_back(flat);
+  return launch(*this, state_, what, std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) {
+    {
+      // The group's stream already waits for the caller's (Note [NCCL stream ordering]).
+      core::cuda::StreamGuard on_group_stream(state_->stream);
+      pack_parts(flat, parts, offsets);
+    }
+    COLOSSAL_NCCL_CHECK(ncclAllReduce(flat.raw_data(), flat.raw_data(), count(flat), nccl_type(flat.dtype()),
+                                      nccl_op(op), comm, stream),
+                        "{} [{}]", what, describe());
+  });
+}
+
 Work NcclProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) {
   // NCCL works in place when output is this rank's chunk of input; other aliasing goes through a copy.
   const auto* my_chunk = static_cast<const char*>(input.raw_data()) + static_cast<size_t>(rank()) * output.nbytes();

@@ -31,12 +31,22 @@ namespace colossal::parallel {
 // window, or accumulated into in place) is not copied at all. The optimizer and the mixed-precision
 // wrapper read the views like any gradient; zero_grad drops them, and the next window's launch makes
 // them again.
+//
+// Note [Packing off the compute stream]
+// The copies into a bucket run on the communicator's stream, just before its all-reduce
+// (ProcessGroup::all_reduce_packed), not on the stream backward runs on: profiled on 2x H200 with
+// GPT-2 124M, the ~140 small copies per step on the compute stream took 0.28 ms plus 0.21 ms of gaps
+// between them, all on the step's critical path. The Work holds the original gradients until the
+// reduction is known to be done (a later launch finds it completed, or finish() waits), so their
+// memory is not reused under the copy. A bucket of one parameter (GPT-2's tied wte, 77 MB in bf16,
+// the step's last and largest) has nothing to pack: its gradient, which the autograd engine keeps
+// exclusive (AccumulateGrad), is all-reduced in place, with no copy and no bucket buffer.
 
 struct DataParallel::Bucket {
   std::vector<std::string> names;
   std::vector<Tensor> params;
   std::vector<int64_t> offsets;  // element offset of each parameter in the flat buffer
-  Tensor flat;
+  Tensor flat;                   // undefined for a bucket of one parameter (reduced in place)
   std::vector<bool> ready;
   size_t num_ready = 0;
   bool launched = false;
@@ -82,7 +92,9 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = *buckets_[b];
     const int64_t numel = bucket.offsets.back() + bucket.params.back().numel();
-    bucket.flat = core::empty({numel}, TensorOptions(bucket.params.front().dtype(), group_->device()));
+    if (bucket.params.size() > 1) {
+      bucket.flat = core::empty({numel}, TensorOptions(bucket.params.front().dtype(), group_->device()));
+    }
     bucket.ready.assign(bucket.params.size(), false);
     for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
       autograd::register_grad_ready_hook(bucket.params[slot], [this, b, slot](Tensor&) { mark_ready(b, slot); });
@@ -124,20 +136,42 @@ void DataParallel::launch_ready_in_order() {
 
 void DataParallel::launch(Bucket& bucket) {
   autograd::NoGradGuard no_grad;
-  core::profiler::Scope scope("dp: bucket to flat + launch", group_->device());
+  core::profiler::Scope scope("dp: bucket launch", group_->device());
+  // Reductions already done give back the gradients their Work holds (Note [Packing off the
+  // compute stream]); waiting on a completed one costs the stream nothing.
+  for (auto& other : buckets_) {
+    if (other->launched && other->work.is_completed()) {
+      other->work.wait();
+      other->work = comm::Work();
+    }
+  }
+  if (!bucket.flat.defined()) {
+    // One parameter: reduce its gradient in place (a zero one when it got none).
+    Tensor& param = bucket.params.front();
+    Tensor grad = param.grad();
+    if (!grad.defined() || !grad.is_contiguous() || grad.dtype() != param.dtype()) {
+      grad = grad.defined() ? grad.to(param.dtype()).contiguous().clone() : core::zeros_like(param);
+      param.set_grad(grad);
+    }
+    bucket.work = group_->all_reduce(grad, comm::ReduceOp::avg, /*async=*/true);
+    bucket.launched = true;
+    return;
+  }
+  std::vector<Tensor> parts(bucket.params.size());
   for (size_t i = 0; i < bucket.params.size(); ++i) {
     Tensor& param = bucket.params[i];
     Tensor slice = bucket.flat.narrow(0, bucket.offsets[i], param.numel());
     const Tensor grad = param.grad();
-    if (grad.defined() && grad.raw_data() == slice.raw_data() && grad.is_contiguous()) continue;  // already the view
-    if (grad.defined()) {
-      slice.copy_(grad.reshape({param.numel()}));
-    } else {
-      slice.zero_();  // an unused parameter contributes nothing (finish() launches these)
+    if (grad.defined() && grad.raw_data() == slice.raw_data() && grad.is_contiguous()) {
+      parts[i] = grad;  // already the view: packs onto itself, a no-op copy the backend skips
+      continue;
     }
+    // An unused parameter contributes nothing: its undefined part zeroes its slice.
+    if (grad.defined())
+      parts[i] = grad.dtype() == param.dtype() && grad.is_contiguous() ? grad : grad.to(param.dtype()).contiguous();
     param.set_grad(slice.view(param.shape()));  // Note [Gradients as bucket views]
   }
-  bucket.work = group_->all_reduce(bucket.flat, comm::ReduceOp::avg, /*async=*/true);
+  bucket.work = group_->all_reduce_packed(bucket.flat, parts, bucket.offsets, comm::ReduceOp::avg, /*async=*/true);
   bucket.launched = true;
 }
 
