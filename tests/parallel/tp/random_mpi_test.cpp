@@ -105,7 +105,9 @@ void expect_replicated_parameters_equal(ParallelGPT2& model) {
     if (!spec.replicated()) continue;
     ++replicated;
     for (const auto& [n, parameter] : model.named_parameters()) {
-      if (n == name) EXPECT_TRUE(equals_rank_zero(parameter)) << name << " differs from rank 0's";
+      if (n == name) {
+        EXPECT_TRUE(equals_rank_zero(parameter)) << name << " differs from rank 0's";
+      }
     }
   }
   EXPECT_GT(replicated, 0);
@@ -139,7 +141,9 @@ TEST(TensorParallelRng, DropoutKeepsReplicatedTensorsEqualAndSplitMasksApart) {
   const Tensor split = nn::multihead_attention(qkv, 4, true, 0.5, true, block->attn()->attn_dropout_generator());
   const Tensor replicated_masks = nn::multihead_attention(qkv, 4, true, 0.5, true, &data);
   const bool same_split = equals_rank_zero(split);
-  if (world().rank() != 0) EXPECT_FALSE(same_split) << "the tp-region masks repeat rank 0's";
+  if (world().rank() != 0) {
+    EXPECT_FALSE(same_split) << "the tp-region masks repeat rank 0's";
+  }
   EXPECT_TRUE(equals_rank_zero(replicated_masks));
 }
 
