@@ -86,8 +86,9 @@ std::string checkpoint_file_name(const TrainPosition& position);
 /// epoch (0: never) and, when `step_interval` > 0, after every step_interval-th optimizer update
 /// inside an epoch, keeping the newest `keep` files (0: all). Runs last (priority 100) so that the
 /// scheduler has stepped. Under tensor parallelism every rank of the writer's tensor group runs it
-/// (the state is gathered) and the world's rank 0 writes and removes files. Before each save it has every NonFiniteLossHook
-/// of the trainer check the losses since its last look, so a diverged state is never saved.
+/// (the state is gathered) and the world's rank 0 writes and removes files. Before each save it has
+/// every NonFiniteLossHook of the trainer check the losses since its last look, so a diverged state
+/// is never saved.
 class SaveCheckpointHook : public Hook {
  public:
   SaveCheckpointHook(std::filesystem::path dir, NamedGenerators generators, int64_t epoch_interval,
