@@ -48,6 +48,19 @@ Tensor norm_partial(const Tensor& t, double norm_type) {
   return ops::sum(ops::pow(ops::abs(x), norm_type));
 }
 
+/// x <- x * scale, the scale in x's accumulation type and the product rounded once to x's dtype, as
+/// the kernels do. (ops::mul_ would round a 16-bit tensor's f32 scale to 16 bits first, a double
+/// scalar would make it multiply in f64.)
+void scale_in_place(const Tensor& x, const Tensor& scale) {
+  const Tensor s = scale_for(scale, x.dtype());
+  if (s.dtype() == x.dtype()) {
+    Tensor target = x;
+    ops::mul_(target, s);
+  } else {
+    x.copy_(ops::mul(x, s));  // in f32 by promotion; copy_ rounds to nearest even
+  }
+}
+
 /// The p-th root of a sum of p-th powers (identity for the inf-norm).
 Tensor finish_norm(const Tensor& partial, double norm_type) {
   if (std::isinf(norm_type) || norm_type == 1.0) return partial;
@@ -114,9 +127,7 @@ Tensor sum_of_squares(const std::vector<Tensor>& tensors, double scale) {
       continue;
     }
     Tensor x = t;
-    // The scale rounded to x's accumulation type, as the kernel takes it (a double scalar would
-    // make the CPU multiply in f64 and round differently).
-    if (scale != 1.0) ops::mul_(x, scale_for(core::full({}, scale, TensorOptions(DType::f64, x.device())), x.dtype()));
+    if (scale != 1.0) scale_in_place(x, core::full({}, scale, TensorOptions(DType::f64, x.device())));
     // Squared in f64, as the kernel does: no square overflows, so the sum is non-finite exactly
     // when some element is (mixed precision's overflow check relies on it).
     const Tensor wide = core::cast_raw(x, DType::f64);
@@ -140,8 +151,7 @@ void scale_(const std::vector<Tensor>& tensors, const Tensor& scale) {
         core::is_floating(t.dtype())) {
       fused.push_back(t);
     } else {
-      Tensor x = t;
-      ops::mul_(x, scale_for(scale, t.dtype()));
+      scale_in_place(t, scale);
     }
   }
   if (!fused.empty()) scale_stub(scale.device(), fused, scale);
