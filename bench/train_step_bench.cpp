@@ -50,12 +50,14 @@ struct Case {
   int64_t seq = 0;            ///< tokens per sequence (GPT-2)
   int64_t image_size = 224;   ///< square images (ViT, ResNet)
   bool channels_last = true;  ///< ResNet's activation layout
+  double dropout = 0.0;       ///< GPT-2's dropout probability (--dropout)
 };
 
 struct Options {
   std::vector<std::string> models;
   std::optional<int64_t> batch;
   std::optional<int64_t> seq;
+  double dropout = 0.0;
   int steps = 20;
   int warmup = 5;
   double peak_tflops = kDefaultPeakTflops;
@@ -97,9 +99,9 @@ struct Result {
 nn::models::GPT2Config gpt2_config(const Case& c) {
   nn::models::GPT2Config g =
       c.name == "gpt2" ? nn::models::GPT2Config::gpt2_124m() : nn::models::GPT2Config::gpt2_350m();
-  // No dropout (nanoGPT's and llm.c's pre-training setting) and the vocabulary padded to 50304, a
-  // multiple of 64 (nanoGPT, llm.c): the PyTorch reference does the same.
-  g.dropout = 0.0;
+  // No dropout unless --dropout (nanoGPT's and llm.c's pre-training setting) and the vocabulary padded
+  // to 50304, a multiple of 64 (nanoGPT, llm.c): the PyTorch reference does the same.
+  g.dropout = c.dropout;
   g.vocab_multiple = 64;
   return g;
 }
@@ -340,7 +342,7 @@ void measure(Result& r, const Options& o, Device device) {
                "train_step_bench: %s\n"
                "usage: train_step_bench [--model NAME|all] [--batch B] [--seq T] [--steps N] [--warmup N]\n"
                "                        [--peak-tflops F] [--json FILE] [--device cuda|cpu] [--trace TOP]\n"
-               "                        [--layout nhwc|nchw] [--host-profile FILE]\n"
+               "                        [--layout nhwc|nchw] [--host-profile FILE] [--dropout P]\n"
                "  NAME: gpt2 (B16 T1024), gpt2-medium (B8 T1024), vit_base_patch16_224 (B128),\n"
                "        vit_large_patch16_224 (B64), resnet50 (B128); all (the default) runs each.\n"
                "  --batch and --seq override every selected model's (--seq: GPT-2 only, <= 1024).\n"
@@ -348,6 +350,7 @@ void measure(Result& r, const Options& o, Device device) {
                "  --trace TOP: after timing, one more step traced with CUPTI; prints the GPU's busy and idle\n"
                "        time and the TOP kernels by summed duration.\n"
                "  --layout nhwc|nchw: ResNet's activation layout (default nhwc, channels_last).\n"
+               "  --dropout P: GPT-2's dropout probability (default 0: none).\n"
                "  --host-profile FILE: sample the host's stacks during the timed steps (SIGPROF) into FILE,\n"
                "        one line of module+offset frames per sample (tools/host-profile-report symbolises it).\n",
                problem.c_str());
@@ -396,6 +399,12 @@ Options parse(int argc, char** argv) {
         o.peak_tflops = 0;
       }
       if (!(o.peak_tflops > 0)) usage(fmt::format("--peak-tflops needs a positive number, got '{}'", value));
+    } else if (flag == "--dropout") {
+      char* end = nullptr;
+      o.dropout = std::strtod(value.c_str(), &end);
+      if (end == value.c_str() || *end != '\0' || !(o.dropout >= 0 && o.dropout < 1)) {
+        usage(fmt::format("--dropout needs a probability in [0, 1), got '{}'", value));
+      }
     } else if (flag == "--json") {
       o.json_path = value;
     } else if (flag == "--trace") {
@@ -420,6 +429,7 @@ Case make_case(const std::string& name, const Options& o) {
   Case c;
   c.name = name;
   c.channels_last = o.channels_last;
+  c.dropout = o.dropout;
   if (name == "gpt2" || name == "gpt2-medium") {
     c.family = Family::gpt2;
     c.batch = name == "gpt2" ? 16 : 8;

@@ -3,14 +3,16 @@
 beside ours on the same GPU (bench/compare/train_steps.py runs both and prints the table).
 
     train_step.py --model gpt2 --mode eager|compile [--batch B] [--seq T] [--steps N] [--warmup N]
-                  [--peak-tflops F] [--json FILE]
+                  [--peak-tflops F] [--json FILE] [--dropout P]
     train_step.py --flops-only [--model NAME|all]     # FLOPs per step and parameters; no torch needed
 
 Models: gpt2 (B16 T1024), gpt2-medium (B8 T1024), vit_base_patch16_224 (B128), vit_large_patch16_224
 (B64), resnet50 (B128), all. A step is what ours times (docs/benchmarks.md): forward and loss under
 torch.autocast(bf16) with fp32 parameters, backward, torch.optim.AdamW(fused=True).step() and
 zero_grad(set_to_none=True). GPT-2 is a nanoGPT-style model written here (tied embeddings,
-F.scaled_dot_product_attention causal, tanh GELU, vocabulary padded to 50304, no dropout); ViT is
+F.scaled_dot_product_attention causal, tanh GELU, vocabulary padded to 50304, no dropout unless
+--dropout P: then GPT-2's own dropouts as nanoGPT has them, after the embeddings, on the attention
+probabilities inside scaled_dot_product_attention, after each block's two projections); ViT is
 timm's, ResNet-50 torchvision's (else timm's) in channels_last with cudnn.benchmark on. --mode compile wraps the
 model and its loss in torch.compile (mode "default"); a compile failure is reported in the row.
 Timing: CUDA events around --steps back-to-back steps after --warmup steps, one synchronize at the
@@ -127,8 +129,8 @@ def case(name, args):
 # ---- the PyTorch models (torch is imported only here, so --flops-only works without it)
 
 
-def make_gpt2(c):
-    """nanoGPT's GPT-2 (Karpathy's model.py, bias on, dropout off) returning the mean LM loss."""
+def make_gpt2(c, dropout=0.0):
+    """nanoGPT's GPT-2 (Karpathy's model.py, bias on, dropout `dropout`) returning the mean LM loss."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -144,8 +146,8 @@ def make_gpt2(c):
             q, k, v = self.c_attn(x).split(C, dim=2)
             heads = c["n_head"]
             q, k, v = (t.view(B, T, heads, C // heads).transpose(1, 2) for t in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout if self.training else 0.0)
+            return F.dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)), dropout, self.training)
 
     class MLP(nn.Module):
         def __init__(self):
@@ -155,7 +157,7 @@ def make_gpt2(c):
             self.c_proj = nn.Linear(4 * c["n_embd"], c["n_embd"])
 
         def forward(self, x):
-            return self.c_proj(self.gelu(self.c_fc(x)))
+            return F.dropout(self.c_proj(self.gelu(self.c_fc(x))), dropout, self.training)
 
     class Block(nn.Module):
         def __init__(self):
@@ -188,7 +190,7 @@ def make_gpt2(c):
 
         def forward(self, ids, targets):
             pos = torch.arange(ids.size(1), device=ids.device)
-            x = self.wte(ids) + self.wpe(pos)
+            x = F.dropout(self.wte(ids) + self.wpe(pos), dropout, self.training)
             for block in self.h:
                 x = block(x)
             logits = self.lm_head(self.ln_f(x))
@@ -232,7 +234,7 @@ def measure(row, mode, args):
     device = torch.device("cuda")
     name = row["model"]
     if name.startswith("gpt2"):
-        model = make_gpt2(gpt2_config(name))
+        model = make_gpt2(gpt2_config(name), args.dropout)
     else:
         model = make_classifier(name)
     model = model.to(device).train()
@@ -328,6 +330,7 @@ def main():
     parser.add_argument("--mode", default="eager", choices=["eager", "compile"])
     parser.add_argument("--batch", type=int, default=None, help="overrides every selected model's batch")
     parser.add_argument("--seq", type=int, default=None, help="GPT-2 tokens per sequence (<= 1024)")
+    parser.add_argument("--dropout", type=float, default=0.0, help="GPT-2's dropout probability (default 0)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
