@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# GPT at tensor parallelism 2 through `colossal train` (configs/gpt2_tp.toml's built-in 1D policy,
+# bf16 with fp32 masters, AdamW, clip 1.0, B8 T1024, dropout 0, random tokens) on 2 GPUs, and the same
+# model on one GPU: ms/step (the metrics' wall_s slope over logged steps 10-40) and MFU per GPU,
+# counting each GPU's share of (6N + 12 L C T) FLOPs per token (N without wpe), against 989.4 TFLOP/s.
+#
+#   tools/gpu-check --run bench/compare/tp_mfu.sh [1.3b] [350m] [serial]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+parts=("$@")
+[[ ${#parts[@]} == 0 ]] && parts=(1.3b 350m)
+colossal=${COLOSSAL:-build-gpu/src/colossal/cli/colossal}
+out=${OUT:-/tmp/tp-mfu}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
+
+report() {  # name, metrics file, layers, width, gpus
+  python3 - "$@" <<'EOF'
+import json, sys
+name, path, L, C, gpus = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+pts = [(j["step"], j["wall_s"]) for j in map(json.loads, open(path)) if j.get("event") == "step" and "wall_s" in j]
+pts = [p for p in pts if 10 <= p[0] <= 40]
+if len(pts) < 2:
+    print(f"{name}: too few steps"); sys.exit()
+ms = 1e3 * (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+V, T, B = 50304, 1024, 8
+n = L * (12 * C * C + 13 * C) + V * C + 2 * C  # without wpe
+flops = (6 * n + 12 * L * C * T) * B * T
+print(f"{name}: {ms:.2f} ms/step, {B * T / ms * 1e3:.0f} tokens/s, MFU per GPU {flops / gpus / (ms * 1e-3) / 989.4e12:.1%}")
+EOF
+}
+
+run() {  # name, gpus, layers, width, heads
+  local name=$1 gpus=$2 L=$3 C=$4 H=$5
+  local args=(train --config configs/gpt2_tp.toml --set "data.path=\"$out/tokens.bin\"" --set 'data.test_path=""'
+    --set gradient_accumulation=1 --set bf16=true --set data.batch_size=8 --set lr_scheduler.warmup_steps=5
+    --set "model.options={ vocab_multiple = 64, dropout = 0.0, n_layer = $L, n_embd = $C, n_head = $H }"
+    --set train.max_steps=40 --set train.log_interval=5 --set train.progress=false --set 'train.checkpoint_dir=""'
+    --metrics "$out/$name.jsonl")
+  if [[ $gpus == 1 ]]; then
+    "$colossal" "${args[@]}" --set parallel.tensor.size=1 > "$out/$name.log" 2>&1
+  else
+    "$colossal" run --nproc_per_node "$gpus" -- "$colossal" "${args[@]}" > "$out/$name.log" 2>&1
+  fi
+  if [[ $? != 0 ]]; then
+    echo "$name: FAILED"; tail -8 "$out/$name.log"; return
+  fi
+  report "$name" "$out/$name.jsonl" "$L" "$C" "$gpus"
+}
+
+for part in "${parts[@]}"; do
+  case $part in
+    1.3b) run gpt1.3b_tp2 2 24 2048 16 ;;
+    350m) run gpt350m_tp2 2 24 1024 16 ;;
+    serial) run gpt1.3b_1gpu 1 24 2048 16 ;;
+    *) echo "unknown part '$part' (1.3b, 350m, serial)"; exit 2 ;;
+  esac
+done
