@@ -30,6 +30,7 @@
 #include "colossal/parallel/layout_rules.h"
 #include "colossal/parallel/tp/gpt2_1d.h"
 #include "colossal/parallel/tp/random.h"  // DropoutGenerators, tensor_parallel_seed
+#include "colossal/parallel/tp/vit_1d.h"
 
 namespace colossal::initialize {
 namespace {
@@ -46,12 +47,18 @@ void reject_unsupported(const TrainConfig& c) {
         c.parallel.pipeline));
   }
   if (c.parallel.tensor.size > 1) {
-    // Tensor parallelism (1D) reaches GPT-2 so far: parallel/tp/gpt2_1d.h.
-    if (c.model.name != config::ModelName::kGpt2 || c.parallel.tensor.mode != config::TensorParallelMode::k1d) {
+    // Tensor parallelism (1D) reaches GPT-2 and ViT so far: parallel/tp/gpt2_1d.h, vit_1d.h.
+    const bool model_ok = c.model.name == config::ModelName::kGpt2 || c.model.name == config::ModelName::kVit;
+    if (!model_ok || c.parallel.tensor.mode != config::TensorParallelMode::k1d) {
       unsupported(fmt::format(
           "parallel.tensor.size = {} with model.name = \"{}\" and parallel.tensor.mode = \"{}\": tensor "
-          "parallelism is built for model.name = \"gpt2\" in mode \"1d\" so far",
+          "parallelism is built for model.name = \"gpt2\" and \"vit\" in mode \"1d\" so far",
           c.parallel.tensor.size, config::to_string(c.model.name), config::to_string(c.parallel.tensor.mode)));
+    }
+    if (c.model.name == config::ModelName::kVit && c.parallel.tensor.sequence_parallel) {
+      unsupported(
+          "parallel.tensor.sequence_parallel = true with model.name = \"vit\": sequence parallelism is built for "
+          "GPT-2 so far; set it to false");
     }
   }
   if (c.zero.stage > 0) unsupported(fmt::format("zero.stage = {}: ZeRO is not built yet; use 0", c.zero.stage));
@@ -195,16 +202,22 @@ void TrainingRun::build_data_and_model() {
   }
   model_->to(device_);
   if (context_->layout().tensor_size() > 1) {
-    // The serial model split over the tensor group (reject_unsupported let only GPT-2 through). Dropout
-    // inside the split region draws from the tensor generator, different on every tensor rank;
-    // outside it every rank draws the same masks from the data's (parallel/tp/random.h).
-    auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model_.get());
-    COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model built is not a GPT-2");
-    model_ = std::make_shared<parallel::tp::ParallelGPT2>(
-        *gpt2, context_->group(parallel::GroupKind::kTensor),
-        parallel::tp::ParallelGPT2Options{
-            .dropout = {.data = dropout_generator_.get(), .tensor = tensor_generator_.get()},
-            .sequence_parallel = c.parallel.tensor.sequence_parallel});
+    // The serial model split over the tensor group (reject_unsupported let GPT-2 and ViT through).
+    // Dropout inside the split region draws from the tensor generator, different on every tensor
+    // rank; outside it every rank draws the same masks from the data's (parallel/tp/random.h).
+    const parallel::tp::DropoutGenerators dropout{.data = dropout_generator_.get(), .tensor = tensor_generator_.get()};
+    const std::shared_ptr<comm::ProcessGroup> tensor_group = context_->group(parallel::GroupKind::kTensor);
+    if (auto* vit = dynamic_cast<nn::models::VisionTransformer*>(model_.get())) {
+      model_ = std::make_shared<parallel::tp::ParallelViT>(*vit, tensor_group,
+                                                            parallel::tp::ParallelViTOptions{.dropout = dropout});
+    } else {
+      auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model_.get());
+      COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model built is neither a GPT-2 nor a ViT");
+      model_ = std::make_shared<parallel::tp::ParallelGPT2>(
+          *gpt2, tensor_group,
+          parallel::tp::ParallelGPT2Options{.dropout = dropout,
+                                            .sequence_parallel = c.parallel.tensor.sequence_parallel});
+    }
   }
 
   // The global batch of iteration k is the serial run's batch k (data.batch_size x dp samples of
@@ -264,11 +277,10 @@ void TrainingRun::build_engine() {
   // share the logits' dtype, so those keep the f32 output.
   if (eo.amp && !datasets_.batch_transform) eo.amp->output_to_f32 = false;
   engine::Criterion criterion = make_criterion(c, datasets_);
-  if (context_->layout().tensor_size() > 1) {
+  if (auto gpt2 = std::dynamic_pointer_cast<parallel::tp::ParallelGPT2>(model_)) {
     // The logits are this rank's vocabulary slice: the loss of the whole vocabulary without gathering
-    // (its padding to a multiple of the tensor size left out).
-    auto gpt2 = std::dynamic_pointer_cast<parallel::tp::ParallelGPT2>(model_);
-    COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model is not the tensor-parallel GPT-2");
+    // (its padding to a multiple of the tensor size left out). ParallelViT's logits are whole on
+    // every rank: the serial criterion stays.
     criterion = [gpt2](const Tensor& logits, const Tensor& target) { return gpt2->loss(logits, target); };
   }
   engine_ = std::make_unique<engine::Engine>(model_, optimizer, criterion, eo, scheduler);
@@ -331,9 +343,9 @@ void TrainingRun::build_hooks() {
   // evaluates the whole test set, so rank 0's test metrics are the full ones.
   hooks_ = {std::make_shared<engine::LossHook>(), std::make_shared<engine::ThroughputHook>(),
             std::make_shared<engine::NonFiniteLossHook>(c.train.log_interval)};
-  // Accuracy takes the argmax over the classes: under tensor parallelism each rank holds a slice of
-  // them, so it is left out there until it is computed over the group.
-  if (context_->layout().tensor_size() == 1)
+  // Accuracy takes the argmax over the classes: it needs the logits whole on every rank, which the
+  // tensor-parallel GPT-2 (each rank its vocabulary slice) does not give; ParallelViT does.
+  if (!std::dynamic_pointer_cast<parallel::tp::ParallelGPT2>(model_))
     hooks_.insert(hooks_.begin() + 1, std::make_shared<engine::AccuracyHook>());
   if (!writer_) {
     // Under tensor parallelism the writer's tensor group (data and pipeline rank 0, as the writer)

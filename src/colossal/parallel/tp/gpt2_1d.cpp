@@ -10,6 +10,7 @@
 #include "colossal/ops/indexing.h"  // index_select
 #include "colossal/ops/linalg.h"    // linear
 #include "colossal/parallel/tp/cross_entropy.h"
+#include "colossal/parallel/tp/heads.h"
 #include "colossal/parallel/tp/layer_norm_sp.h"
 #include "colossal/parallel/tp/mappings.h"
 
@@ -24,6 +25,7 @@ std::shared_ptr<nn::LayerNorm> copy_of(const nn::LayerNorm& serial, int64_t widt
   if (options.sequence_parallel) return std::make_shared<SequenceParallelLayerNorm>(serial, group);
   auto ln = std::make_shared<nn::LayerNorm>(width, serial.eps());
   autograd::NoGradGuard no_grad;
+  ln->to(serial.weight().device());  // where the serial model lives (the GPU in a training run)
   ln->to(serial.weight().dtype());
   ln->weight().copy_(serial.weight());
   ln->bias().copy_(serial.bias());
@@ -39,17 +41,7 @@ core::Generator* outside_generator(const ParallelGPT2Options& options) {
 }  // namespace
 
 std::vector<int64_t> ParallelGPT2Attention::qkv_columns(int64_t n_embd, int64_t n_head, int rank, int size) {
-  COLOSSAL_CHECK(n_head % size == 0,
-                 "tensor-parallel attention: n_head = {} heads do not split over parallel.tensor.size = {} ranks; "
-                 "choose a tensor size that divides {}",
-                 n_head, size, n_head);
-  const int64_t width = n_embd / size;  // this rank's heads' columns in each of q, k and v
-  std::vector<int64_t> columns;
-  columns.reserve(static_cast<size_t>(3 * width));
-  for (int64_t part = 0; part < 3; ++part) {
-    for (int64_t c = 0; c < width; ++c) columns.push_back(part * n_embd + rank * width + c);
-  }
-  return columns;
+  return head_qkv_columns(n_embd, n_head, rank, size, "n_head");
 }
 
 ParallelGPT2Attention::ParallelGPT2Attention(const nn::models::GPT2Attention& serial,
@@ -61,13 +53,8 @@ ParallelGPT2Attention::ParallelGPT2Attention(const nn::models::GPT2Attention& se
       attn_dropout_(config.dropout),
       attn_dropout_generator_(options.dropout.tensor_or_data()) {
   const int size = group->size();
-  // c_attn's output columns in the order that gives each rank's contiguous part its heads' q, k and v:
-  // rank r's block [r * 3C/tp, (r + 1) * 3C/tp) of this order is qkv_columns(..., r, ...).
-  std::vector<int64_t> order;
-  for (int r = 0; r < size; ++r) {
-    const std::vector<int64_t> mine = qkv_columns(config.n_embd, config.n_head, r, size);
-    order.insert(order.end(), mine.begin(), mine.end());
-  }
+  // c_attn's output columns in the order that gives each rank's contiguous part its heads' q, k and v.
+  std::vector<int64_t> order = head_qkv_order(config.n_embd, config.n_head, size, "n_head");
   c_attn_ = register_module("c_attn", std::make_shared<ColumnParallelLinear>(
                                           serial.c_attn()->weight(), serial.c_attn()->bias(), WeightLayout::kInOut,
                                           group, /*gather_output=*/false, std::move(order)));
@@ -124,6 +111,7 @@ ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::Proce
   wpe_ = register_module("wpe", std::make_shared<nn::Embedding>(config.n_positions, config.n_embd));
   {
     autograd::NoGradGuard no_grad;
+    wpe_->to(serial.wpe()->weight().device());
     wpe_->to(serial.wpe()->weight().dtype());
     wpe_->weight().copy_(serial.wpe()->weight());
   }

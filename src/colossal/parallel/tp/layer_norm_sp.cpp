@@ -16,6 +16,7 @@ SequenceParallelLayerNorm::SequenceParallelLayerNorm(const nn::LayerNorm& serial
       group_(std::move(group)) {
   COLOSSAL_CHECK(group_ != nullptr, "SequenceParallelLayerNorm needs the tensor-parallel group");
   autograd::NoGradGuard no_grad;
+  if (serial.weight().defined()) to(serial.weight().device());
   if (serial.weight().defined()) to(serial.weight().dtype());
   if (serial.weight().defined()) weight().copy_(serial.weight());
   if (serial.bias().defined()) bias().copy_(serial.bias());
