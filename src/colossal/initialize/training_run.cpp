@@ -218,6 +218,7 @@ void TrainingRun::build_data_and_model() {
           parallel::tp::ParallelGPT2Options{.dropout = dropout,
                                             .sequence_parallel = c.parallel.tensor.sequence_parallel});
     }
+    model_->to(device_);  // anything the split made anew sits where the serial model did
   }
 
   // The global batch of iteration k is the serial run's batch k (data.batch_size x dp samples of
