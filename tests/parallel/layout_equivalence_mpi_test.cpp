@@ -124,6 +124,34 @@ TEST(LayoutEquivalence, DataTimesTensorParallelGpt2) {
   expect_tensor_parallel(Layout{.data = 2, .tensor = 2}, 2, /*clip=*/0.1);
 }
 
+// ViT under 1D tensor parallelism (heads and MLP split, patch embedding, tokens, norms and head
+// replicated), at tp = world and dp2 x tp2, with accumulation and a clip below the gradients' norm.
+void expect_tensor_parallel_vit(Layout layout, int64_t accumulation, std::optional<double> clip = std::nullopt) {
+  HarnessCase c = vit_tp_case();
+  c.accumulation = accumulation;
+  c.clip = clip;
+  const HarnessReport report = expect_layout_matches_serial(c, layout, world_group());
+  EXPECT_GT(report.compared_tensors, 0);
+  if (comm::testing::world().rank() == 0) {
+    std::printf("%s %s: max relative difference loss %.2e, gradient %.2e (%s), parameter %.2e (%s)\n", c.name.c_str(),
+                layout.name().c_str(), report.loss, report.grad, report.worst_grad.c_str(), report.param,
+                report.worst_param.c_str());
+  }
+}
+
+TEST(LayoutEquivalence, TensorParallelVit) {
+  expect_tensor_parallel_vit(Layout{.tensor = comm::testing::world().size()}, 1);
+}
+
+TEST(LayoutEquivalence, TensorParallelVitWithAccumulationAndClipping) {
+  expect_tensor_parallel_vit(Layout{.tensor = comm::testing::world().size()}, 2, /*clip=*/0.1);
+}
+
+TEST(LayoutEquivalence, DataTimesTensorParallelVit) {
+  if (comm::testing::world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  expect_tensor_parallel_vit(Layout{.data = 2, .tensor = 2}, 2, /*clip=*/0.1);
+}
+
 // Sequence parallelism (tp = 2 at 2 ranks, tp = 4 at 4): layer norms, residual adds and dropout on
 // sequence shards, all-gather before and reduce-scatter after each tensor-parallel region. The layer
 // norms' and row-parallel biases' gradients, each rank's from its own tokens, must be summed over

@@ -39,6 +39,7 @@
 #include "colossal/parallel/tp/cross_entropy.h"
 #include "colossal/parallel/tp/gpt2_1d.h"
 #include "colossal/parallel/tp/shard_spec.h"
+#include "colossal/parallel/tp/vit_1d.h"
 
 namespace colossal::testing {
 namespace {
@@ -230,21 +231,28 @@ HarnessCase mlp_case() {
   return c;
 }
 
+namespace {
+
+/// A two-block ViT on 8x8 one-channel images in 4x4 patches, 16 wide, MLP 32 wide, four classes.
+std::shared_ptr<nn::Module> tiny_vit(core::Generator& init, int64_t heads) {
+  nn::models::ViTConfig v;
+  v.img_size = 8;
+  v.patch_size = 4;
+  v.in_chans = 1;
+  v.num_classes = 4;
+  v.embed_dim = 16;
+  v.depth = 2;
+  v.num_heads = heads;
+  v.mlp_ratio = 2.0;
+  return std::make_shared<nn::models::VisionTransformer>(v, &init);
+}
+
+}  // namespace
+
 HarnessCase vit_case() {
   HarnessCase c;
   c.name = "vit";
-  c.build_model = [](core::Generator& init) -> std::shared_ptr<nn::Module> {
-    nn::models::ViTConfig v;
-    v.img_size = 8;
-    v.patch_size = 4;
-    v.in_chans = 1;
-    v.num_classes = 4;
-    v.embed_dim = 16;
-    v.depth = 2;
-    v.num_heads = 2;
-    v.mlp_ratio = 2.0;
-    return std::make_shared<nn::models::VisionTransformer>(v, &init);
-  };
+  c.build_model = [](core::Generator& init) -> std::shared_ptr<nn::Module> { return tiny_vit(init, /*heads=*/2); };
   c.rows = [](int64_t step, int64_t micro, int64_t begin, int64_t end) {
     std::vector<float> x;
     std::vector<int64_t> y;
@@ -258,6 +266,18 @@ HarnessCase vit_case() {
     return std::pair{core::from_vector<float>(x, {end - begin, 1, 8, 8}), core::from_vector<int64_t>(y, {end - begin})};
   };
   c.criterion = [](const Tensor& out, const Tensor& target) { return ops::cross_entropy(out, target); };
+  return c;
+}
+
+HarnessCase vit_tp_case() {
+  HarnessCase c = vit_case();
+  c.build_model = [](core::Generator& init) -> std::shared_ptr<nn::Module> { return tiny_vit(init, /*heads=*/4); };
+  c.parallelize = [](nn::Module& serial, const parallel::ParallelContext& context) -> std::shared_ptr<nn::Module> {
+    auto* vit = dynamic_cast<nn::models::VisionTransformer*>(&serial);
+    if (vit == nullptr) throw Error("vit_tp_case: the serial model is not a VisionTransformer");
+    return std::make_shared<parallel::tp::ParallelViT>(*vit, context.group(parallel::GroupKind::kTensor));
+  };
+  // The logits are whole on every rank: the serial criterion applies (parallel_criterion unset).
   return c;
 }
 

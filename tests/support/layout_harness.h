@@ -86,6 +86,9 @@ HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& l
 /// images, a two-block GPT-2 on 16-token windows; dropout off, deterministic rows.
 HarnessCase mlp_case();
 HarnessCase vit_case();
+/// vit_case with four heads (splits over 2 and 4 ranks), parallelized by parallel::tp::ParallelViT;
+/// its logits are whole on every rank, so the serial criterion stays.
+HarnessCase vit_tp_case();
 HarnessCase gpt2_case();
 /// gpt2_case with four heads (splits over 2 and 4 ranks), parallelized by parallel::tp::ParallelGPT2
 /// with the vocab-parallel cross-entropy; with sequence_parallel, Megatron's sequence parallelism

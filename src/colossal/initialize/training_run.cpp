@@ -209,7 +209,7 @@ void TrainingRun::build_data_and_model() {
     const std::shared_ptr<comm::ProcessGroup> tensor_group = context_->group(parallel::GroupKind::kTensor);
     if (auto* vit = dynamic_cast<nn::models::VisionTransformer*>(model_.get())) {
       model_ = std::make_shared<parallel::tp::ParallelViT>(*vit, tensor_group,
-                                                            parallel::tp::ParallelViTOptions{.dropout = dropout});
+                                                           parallel::tp::ParallelViTOptions{.dropout = dropout});
     } else {
       auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model_.get());
       COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model built is neither a GPT-2 nor a ViT");

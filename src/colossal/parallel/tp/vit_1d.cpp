@@ -1,0 +1,124 @@
+// The Vision Transformer split over the tensor-parallel group: see vit_1d.h.
+#include "colossal/parallel/tp/vit_1d.h"
+
+#include <utility>
+
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/error.h"
+#include "colossal/nn/attention.h"     // multihead_attention
+#include "colossal/ops/elementwise.h"  // add
+#include "colossal/ops/indexing.h"     // cat
+#include "colossal/parallel/tp/heads.h"
+#include "colossal/parallel/tp/replicated.h"
+
+namespace colossal::parallel::tp {
+namespace {
+
+std::shared_ptr<nn::LayerNorm> copy_of(const nn::LayerNorm& serial, int64_t width) {
+  return replicated_copy(serial, std::make_shared<nn::LayerNorm>(width, serial.eps()));
+}
+
+}  // namespace
+
+ParallelViTAttention::ParallelViTAttention(const nn::MultiheadSelfAttention& serial,
+                                           const nn::models::ViTConfig& config,
+                                           std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options)
+    : Module("ParallelViTAttention"),
+      local_heads_(config.num_heads / group->size()),
+      attn_dropout_(config.attn_drop_rate),
+      attn_dropout_generator_(options.dropout.tensor_or_data()) {
+  // qkv's output features [3 C] (q, k, v in head order) reordered so rank r's part is its heads'.
+  qkv_ = register_module(
+      "qkv", std::make_shared<ColumnParallelLinear>(
+                 serial.qkv()->weight(), serial.qkv()->bias(), WeightLayout::kOutIn, group, /*gather_output=*/false,
+                 head_qkv_order(config.embed_dim, config.num_heads, group->size(), "the ViT's num_heads")));
+  // The heads' outputs concatenate in head order: proj's input features split as the heads do.
+  proj_ = register_module("proj", RowParallelLinear::from(*serial.proj(), group, /*input_is_parallel=*/true));
+  proj_drop_ = register_module("proj_drop", std::make_shared<nn::Dropout>(config.proj_drop_rate, options.dropout.data));
+}
+
+Tensor ParallelViTAttention::forward(const Tensor& x) {
+  const Tensor attended = nn::multihead_attention(qkv_->forward(x), local_heads_, /*causal=*/false, attn_dropout_,
+                                                  is_training(), attn_dropout_generator_);
+  return proj_drop_->forward(proj_->forward(attended));
+}
+
+ParallelViTMLP::ParallelViTMLP(const nn::MLP& serial, const nn::models::ViTConfig& config,
+                               std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options)
+    : Module("ParallelViTMLP") {
+  fc1_ = register_module("fc1", ColumnParallelLinear::from(*serial.fc1(), group));
+  // ViT's MLP takes the exact GELU (timm's nn.GELU); elementwise, so it applies to each rank's features.
+  act_ = register_module("act", std::make_shared<nn::GELU>(ops::GeluApproximation::none));
+  drop1_ =
+      register_module("drop1", std::make_shared<nn::Dropout>(config.proj_drop_rate, options.dropout.tensor_or_data()));
+  fc2_ = register_module("fc2", RowParallelLinear::from(*serial.fc2(), group, /*input_is_parallel=*/true));
+  drop2_ = register_module("drop2", std::make_shared<nn::Dropout>(config.proj_drop_rate, options.dropout.data));
+}
+
+Tensor ParallelViTMLP::forward(const Tensor& x) {
+  return drop2_->forward(fc2_->forward(drop1_->forward(act_->forward(fc1_->forward(x)))));
+}
+
+ParallelViTBlock::ParallelViTBlock(const nn::TransformerBlock& serial, const nn::models::ViTConfig& config,
+                                   double drop_path, std::shared_ptr<comm::ProcessGroup> group,
+                                   const ParallelViTOptions& options)
+    : Module("ParallelViTBlock") {
+  norm1_ = register_module("norm1", copy_of(*serial.norm1(), config.embed_dim));
+  attn_ = register_module("attn", std::make_shared<ParallelViTAttention>(*serial.attn(), config, group, options));
+  drop_path1_ = register_module("drop_path1", std::make_shared<nn::DropPath>(drop_path, options.dropout.data));
+  norm2_ = register_module("norm2", copy_of(*serial.norm2(), config.embed_dim));
+  mlp_ = register_module("mlp", std::make_shared<ParallelViTMLP>(*serial.mlp(), config, group, options));
+  drop_path2_ = register_module("drop_path2", std::make_shared<nn::DropPath>(drop_path, options.dropout.data));
+}
+
+Tensor ParallelViTBlock::forward(const Tensor& x) {
+  const Tensor h = ops::add(x, drop_path1_->forward(attn_->forward(norm1_->forward(x))));
+  return ops::add(h, drop_path2_->forward(mlp_->forward(norm2_->forward(h))));
+}
+
+ParallelViT::ParallelViT(const nn::models::VisionTransformer& serial, std::shared_ptr<comm::ProcessGroup> group,
+                         const ParallelViTOptions& options)
+    : Module("ParallelViT"), config_(serial.config()) {
+  COLOSSAL_CHECK(group != nullptr, "ParallelViT needs the tensor-parallel group");
+  const nn::models::ViTConfig& c = config_;
+  // Checked first, so a bad size is named as the heads rather than as a layer's features.
+  head_qkv_columns(c.embed_dim, c.num_heads, group->rank(), group->size(), "the ViT's num_heads");
+  // The replicated layers are built, then overwritten with the serial values: their own initial
+  // draws come from a scratch generator, not the global one.
+  core::Generator scratch(0);
+  {
+    autograd::NoGradGuard no_grad;
+    cls_token_ = &register_parameter("cls_token", serial.cls_token().detach().contiguous().clone());
+    pos_embed_ = &register_parameter("pos_embed", serial.pos_embed().detach().contiguous().clone());
+  }
+  patch_embed_ = register_module(
+      "patch_embed",
+      replicated_copy(*serial.patch_embed(),
+                      std::make_shared<nn::PatchEmbedding>(c.img_size, c.patch_size, c.in_chans, c.embed_dim,
+                                                           serial.patch_embed()->proj()->bias().defined(), &scratch)));
+  pos_drop_ = register_module("pos_drop", std::make_shared<nn::Dropout>(c.pos_drop_rate, options.dropout.data));
+  blocks_ = register_module("blocks", std::make_shared<nn::ModuleList>());
+  for (size_t i = 0; i < serial.blocks()->size(); ++i) {
+    const auto block = std::dynamic_pointer_cast<nn::TransformerBlock>((*serial.blocks())[i]);
+    COLOSSAL_CHECK(block != nullptr, "ParallelViT: blocks.{} of the serial model is not a TransformerBlock", i);
+    const double drop_path = c.depth > 1 ? c.drop_path_rate * static_cast<double>(i) / static_cast<double>(c.depth - 1)
+                                         : 0.0;  // as VisionTransformer
+    blocks_->push_back(std::make_shared<ParallelViTBlock>(*block, c, drop_path, group, options));
+  }
+  norm_ = register_module("norm", copy_of(*serial.norm(), c.embed_dim));
+  head_drop_ = register_module("head_drop", std::make_shared<nn::Dropout>(c.drop_rate, options.dropout.data));
+  head_ = register_module(
+      "head", replicated_copy(*serial.head(), std::make_shared<nn::Linear>(c.embed_dim, c.num_classes,
+                                                                           serial.head()->bias().defined(), &scratch)));
+}
+
+Tensor ParallelViT::forward(const Tensor& images) {
+  // As VisionTransformer's embed and classify: whole activations between the blocks on every rank.
+  const Tensor patches = patch_embed_->forward(images);  // [B, N, C]
+  const Tensor cls = cls_token_->expand({patches.size(0), 1, cls_token_->size(2)});
+  Tensor tokens = pos_drop_->forward(ops::add(ops::cat({cls, patches}, 1), *pos_embed_));
+  for (const auto& block : *blocks_) tokens = block->forward(tokens);
+  return head_->forward(head_drop_->forward(norm_->forward(tokens).select(1, 0)));
+}
+
+}  // namespace colossal::parallel::tp

@@ -1,0 +1,131 @@
+// The Vision Transformer split Megatron-style over the tensor-parallel group (Colossal-AI's 1D ViT),
+// built from a serial nn::models::VisionTransformer. In each block the attention holds whole heads
+// per rank (timm's fused qkv split so each rank holds its heads' q, k and v: a column-parallel
+// layer, then the row-parallel proj) and the MLP is a column-parallel fc1, GELU on this rank's
+// hidden features, a row-parallel fc2: two all-reduces forward and two backward per block.
+//
+// Replicated on every rank (what Colossal-AI's 1D ViT and Megatron's ViT backbone keep whole): the
+// patch embedding (a convolution over the image, a few percent of the FLOPs), the class token and
+// the position embedding, the layer norms, and the classifier head, so the logits [B, num_classes]
+// are whole and equal on every rank and the serial criterion (label smoothing, mixup's soft
+// targets) and top-k accuracy apply to them unchanged. Splitting the head (Colossal-AI's
+// Classifier1D) would save num_classes x embed_dim parameters per rank and need a gather of the
+// logits; at ImageNet's 1000 classes that is under 1% of ViT-B's parameters.
+//
+// Dropout follows Megatron's RNG tracker (random.h): the attention probabilities (this rank's
+// heads) and the MLP's dropout after the activation (this rank's hidden features) draw from the
+// tensor-parallel generator; the position, projection, MLP-output and head dropouts and drop path
+// (whole activations, after a row-parallel all-reduce) from the data generator.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "colossal/comm/process_group.h"
+#include "colossal/nn/activation.h"
+#include "colossal/nn/dropout.h"
+#include "colossal/nn/layer_norm.h"
+#include "colossal/nn/linear.h"
+#include "colossal/nn/models/vit.h"
+#include "colossal/nn/module.h"
+#include "colossal/nn/patch_embedding.h"
+#include "colossal/parallel/tp/linear_1d.h"
+#include "colossal/parallel/tp/random.h"
+
+namespace colossal::parallel::tp {
+
+struct ParallelViTOptions {
+  /// Where dropout draws its masks (random.h; the file's head).
+  DropoutGenerators dropout;
+};
+
+/// timm's Attention with num_heads / tp heads on each rank: qkv column-parallel (this rank's heads'
+/// q, k and v), proj row-parallel.
+class ParallelViTAttention : public nn::Module {
+ public:
+  /// Throws naming both when num_heads does not divide by the group's size.
+  ParallelViTAttention(const nn::MultiheadSelfAttention& serial, const nn::models::ViTConfig& config,
+                       std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options = {});
+  /// x [B, N, embed_dim], the same on every rank -> [B, N, embed_dim], the same on every rank.
+  Tensor forward(const Tensor& x) override;
+
+  const std::shared_ptr<ColumnParallelLinear>& qkv() const { return qkv_; }
+  const std::shared_ptr<RowParallelLinear>& proj() const { return proj_; }
+  core::Generator* attn_dropout_generator() const { return attn_dropout_generator_; }
+
+ private:
+  int64_t local_heads_;
+  double attn_dropout_;
+  core::Generator* attn_dropout_generator_;
+  std::shared_ptr<ColumnParallelLinear> qkv_;
+  std::shared_ptr<RowParallelLinear> proj_;
+  std::shared_ptr<nn::Dropout> proj_drop_;
+};
+
+/// timm's Mlp: fc1 column-parallel, exact GELU and drop1 on this rank's hidden features, fc2
+/// row-parallel, drop2.
+class ParallelViTMLP : public nn::Module {
+ public:
+  ParallelViTMLP(const nn::MLP& serial, const nn::models::ViTConfig& config, std::shared_ptr<comm::ProcessGroup> group,
+                 const ParallelViTOptions& options = {});
+  Tensor forward(const Tensor& x) override;
+
+  const std::shared_ptr<ColumnParallelLinear>& fc1() const { return fc1_; }
+  const std::shared_ptr<RowParallelLinear>& fc2() const { return fc2_; }
+
+ private:
+  std::shared_ptr<ColumnParallelLinear> fc1_;
+  std::shared_ptr<nn::GELU> act_;
+  std::shared_ptr<nn::Dropout> drop1_;
+  std::shared_ptr<RowParallelLinear> fc2_;
+  std::shared_ptr<nn::Dropout> drop2_;
+};
+
+/// timm's Block: x + drop_path(attn(norm1(x))), then + drop_path(mlp(norm2(.))), under its names.
+class ParallelViTBlock : public nn::Module {
+ public:
+  /// `drop_path`: this block's stochastic depth (the serial model's rule: drop_path_rate * i / (depth - 1)).
+  ParallelViTBlock(const nn::TransformerBlock& serial, const nn::models::ViTConfig& config, double drop_path,
+                   std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options = {});
+  Tensor forward(const Tensor& x) override;
+
+  const std::shared_ptr<ParallelViTAttention>& attn() const { return attn_; }
+  const std::shared_ptr<ParallelViTMLP>& mlp() const { return mlp_; }
+
+ private:
+  std::shared_ptr<nn::LayerNorm> norm1_;
+  std::shared_ptr<ParallelViTAttention> attn_;
+  std::shared_ptr<nn::DropPath> drop_path1_;
+  std::shared_ptr<nn::LayerNorm> norm2_;
+  std::shared_ptr<ParallelViTMLP> mlp_;
+  std::shared_ptr<nn::DropPath> drop_path2_;
+};
+
+/// The whole ViT over the tensor-parallel group, with the serial model's parameter names (timm's):
+/// blocks split as above, everything else replicated (the file's head). forward() returns the whole
+/// logits [B, num_classes] on every rank.
+class ParallelViT : public nn::Module {
+ public:
+  /// Throws naming both when the heads do not split over the group, or the MLP's hidden width does not.
+  ParallelViT(const nn::models::VisionTransformer& serial, std::shared_ptr<comm::ProcessGroup> group,
+              const ParallelViTOptions& options = {});
+  /// images [B, in_chans, img_size, img_size] -> logits [B, num_classes], the same on every rank.
+  Tensor forward(const Tensor& images) override;
+
+  const nn::models::ViTConfig& config() const { return config_; }
+  const std::shared_ptr<nn::ModuleList>& blocks() const { return blocks_; }
+  const std::shared_ptr<nn::Linear>& head() const { return head_; }
+
+ private:
+  nn::models::ViTConfig config_;
+  Tensor* cls_token_;
+  Tensor* pos_embed_;
+  std::shared_ptr<nn::PatchEmbedding> patch_embed_;
+  std::shared_ptr<nn::Dropout> pos_drop_;
+  std::shared_ptr<nn::ModuleList> blocks_;
+  std::shared_ptr<nn::LayerNorm> norm_;
+  std::shared_ptr<nn::Dropout> head_drop_;
+  std::shared_ptr<nn::Linear> head_;
+};
+
+}  // namespace colossal::parallel::tp
