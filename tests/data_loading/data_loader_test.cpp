@@ -2,6 +2,7 @@
 // epoch, errors delivered at the batch they belong to, the bound on prefetching, restarts, the
 // pinned-memory pool, and the CPU-only build's clear refusal of pin_memory and devices.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <atomic>
 #include <chrono>
@@ -231,6 +232,28 @@ TEST(DataLoader, CollationErrorsNameTheExample) {
   };
   DataLoader loader(std::make_shared<Ragged>(), {.batch_size = 4});
   expect_error([&] { loader.next(); }, {"collating batch 0", "example 2 is f32 [4], example 0 is f32 [3]"});
+}
+
+TEST(DataLoader, WorkersRunOpenMpSingleThreadedAndLeaveTheCallerAlone) {
+  // Note [Workers run single-threaded]: inside a worker, loops split over OpenMP run on that worker
+  // alone (a team of every core per worker oversubscribed the host); the caller's setting stays.
+  class ThreadCount : public Dataset {
+   public:
+    int64_t size() const override { return 8; }
+    Example get(int64_t) const override {
+      return {core::full({1}, static_cast<double>(omp_get_max_threads()), DType::f32), label_tensor(0)};
+    }
+  };
+  omp_set_num_threads(2);
+  DataLoader loader(std::make_shared<ThreadCount>(), {.batch_size = 2, .num_workers = 2});
+  for (const Batch& batch : loader) {
+    for (double threads : batch.input.to_vector<double>()) EXPECT_EQ(threads, 1.0);
+  }
+  EXPECT_EQ(omp_get_max_threads(), 2) << "the caller's thread count is its own";
+  DataLoader inline_loader(std::make_shared<ThreadCount>(), {.batch_size = 2, .num_workers = 0});
+  for (const Batch& batch : inline_loader) {
+    for (double threads : batch.input.to_vector<double>()) EXPECT_EQ(threads, 2.0) << "no workers: the caller's";
+  }
 }
 
 TEST(DataLoader, WorkersRunAtMostNumWorkersTimesPrefetchBatchesAhead) {

@@ -2,6 +2,8 @@
 // batches to a GPU on a side stream. See Note [DataLoader determinism] and Note [Device prefetch].
 #include "colossal/data/data_loader.h"
 
+#include <omp.h>
+
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -24,6 +26,15 @@ namespace colossal::data {
 // bytes of batch k are the same whichever thread made it and whatever the thread count. The
 // counter never runs more than num_workers * prefetch_factor batches ahead of the consumer, which
 // bounds memory.
+
+// Note [Workers run single-threaded]
+// A worker's transforms, random fills and collation call code that splits large loops over OpenMP's
+// threads (core/parallel_for.h: a 224 x 224 x 3 image's normal fill, a batch's copy). With one OpenMP
+// team of every core per worker, 8 workers on 16 cores ran ~128 threads, and more workers went
+// slower (issue 18: 160 ms/iter with 4 workers, 188 with 14, for a GPU that needs 70). So each worker
+// thread sets OpenMP's thread count to 1 for itself, as PyTorch's DataLoader workers run with
+// torch.set_num_threads(1): the workers are the parallelism. A loader without workers
+// (num_workers = 0) keeps the caller's setting.
 
 // Note [Device prefetch]
 // Batches for a GPU are collated into pinned host buffers. The device buffers are allocated on the
@@ -251,6 +262,7 @@ Batch DataLoader::produce_batch(int64_t epoch, int64_t batch_index, const std::v
 }
 
 void DataLoader::worker_loop(Pass& pass) const {
+  omp_set_num_threads(1);  // Note [Workers run single-threaded]: affects this thread only
   while (true) {
     int64_t k = 0;
     {
