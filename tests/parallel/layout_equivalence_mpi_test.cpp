@@ -152,6 +152,77 @@ TEST(LayoutEquivalence, DataTimesTensorParallelVit) {
   expect_tensor_parallel_vit(Layout{.data = 2, .tensor = 2}, 2, /*clip=*/0.1);
 }
 
+// GPT-2 split by per-parameter sharding specs (parallel.tensor.specs, the tutorial's way) rather than
+// the built-in policy: any consistent assignment equals serial. Each at tp = world with accumulation
+// and clipping below the gradients' norm (the norm counts replicated parameters once, split ones
+// summed: here wte and wpe may be split along the embedding dimension, c_proj biases split or not).
+using config::TensorSpecRule;
+using config::TensorSplit;
+
+void expect_specs(const std::string& name, std::vector<TensorSpecRule> rules, Layout layout) {
+  HarnessCase c = gpt2_tp_specs_case(name, std::move(rules));
+  c.accumulation = 2;
+  c.clip = 0.1;
+  const HarnessReport report = expect_layout_matches_serial(c, layout, world_group());
+  EXPECT_GT(report.compared_tensors, 0);
+  if (comm::testing::world().rank() == 0) {
+    std::printf("%s %s: max relative difference loss %.2e, gradient %.2e (%s), parameter %.2e (%s)\n", c.name.c_str(),
+                layout.name().c_str(), report.loss, report.grad, report.worst_grad.c_str(), report.param,
+                report.worst_param.c_str());
+  }
+}
+
+/// The tutorial's table: ShardSpec([-1]) (column) on c_attn, attn.c_proj, mlp.c_fc, wte and wpe,
+/// ShardSpec([0]) (row) on mlp.c_proj's weight.
+std::vector<TensorSpecRule> tutorial_table() {
+  return {{"h.*.mlp.c_fc.*", TensorSplit::kColumn},    {"h.*.mlp.c_proj.weight", TensorSplit::kRow},
+          {"wte.weight", TensorSplit::kColumn},        {"wpe.weight", TensorSplit::kColumn},
+          {"h.*.attn.c_attn.*", TensorSplit::kColumn}, {"h.*.attn.c_proj.*", TensorSplit::kColumn}};
+}
+
+TEST(LayoutEquivalence, TensorParallelGpt2SpecsOfTheTutorial) {
+  expect_specs("the tutorial's table", tutorial_table(), Layout{.tensor = comm::testing::world().size()});
+}
+
+TEST(LayoutEquivalence, DataTimesTensorParallelGpt2SpecsOfTheTutorial) {
+  if (comm::testing::world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  expect_specs("the tutorial's table", tutorial_table(), Layout{.data = 2, .tensor = 2});
+}
+
+TEST(LayoutEquivalence, TensorParallelGpt2SpecsMlpOnly) {
+  expect_specs("MLP only", {{"h.*.mlp.c_fc.*", TensorSplit::kColumn}, {"h.*.mlp.c_proj.weight", TensorSplit::kRow}},
+               Layout{.tensor = comm::testing::world().size()});
+}
+
+TEST(LayoutEquivalence, TensorParallelGpt2SpecsAttentionOnly) {
+  expect_specs("attention only",
+               {{"h.*.attn.c_attn.*", TensorSplit::kColumn}, {"h.*.attn.c_proj.weight", TensorSplit::kRow}},
+               Layout{.tensor = comm::testing::world().size()});
+}
+
+TEST(LayoutEquivalence, TensorParallelGpt2SpecsOfTheBuiltInPolicy) {
+  // Megatron's layout written as rules (a regular expression among them); the row layers' biases
+  // named "row" too, as a glob over a layer gives them.
+  expect_specs("the built-in policy as rules",
+               {{"re:h\\.[0-9]+\\.(attn\\.c_attn|mlp\\.c_fc)\\..*", TensorSplit::kColumn},
+                {"h.*.c_proj.*", TensorSplit::kRow},
+                {"wte.weight", TensorSplit::kVocab}},
+               Layout{.tensor = comm::testing::world().size()});
+}
+
+TEST(LayoutEquivalence, TensorParallelGpt2SpecsMixed) {
+  // Block 0: heads split and gathered before a replicated c_proj, a replicated c_fc before a
+  // column-split c_proj; block 1 the tutorial's; wte whole, wpe split.
+  expect_specs("mixed",
+               {{"h.0.attn.c_attn.*", TensorSplit::kColumn},
+                {"h.0.mlp.c_proj.*", TensorSplit::kColumn},
+                {"h.1.mlp.c_fc.*", TensorSplit::kColumn},
+                {"h.1.mlp.c_proj.weight", TensorSplit::kRow},
+                {"h.1.attn.*", TensorSplit::kColumn},
+                {"wpe.weight", TensorSplit::kColumn}},
+               Layout{.tensor = comm::testing::world().size()});
+}
+
 // Sequence parallelism (tp = 2 at 2 ranks, tp = 4 at 4): layer norms, residual adds and dropout on
 // sequence shards, all-gather before and reduce-scatter after each tensor-parallel region. The layer
 // norms' and row-parallel biases' gradients, each rank's from its own tokens, must be summed over

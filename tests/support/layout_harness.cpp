@@ -38,6 +38,7 @@
 #include "colossal/parallel/parallel_context.h"
 #include "colossal/parallel/tp/cross_entropy.h"
 #include "colossal/parallel/tp/gpt2_1d.h"
+#include "colossal/parallel/tp/gpt2_plan.h"
 #include "colossal/parallel/tp/shard_spec.h"
 #include "colossal/parallel/tp/vit_1d.h"
 
@@ -336,6 +337,31 @@ HarnessCase gpt2_tp_case(bool sequence_parallel) {
     return [group](const Tensor& logits, const Tensor& targets) {
       return parallel::tp::vocab_parallel_cross_entropy(logits, targets, *group);
     };
+  };
+  return c;
+}
+
+HarnessCase gpt2_tp_specs_case(std::string name, std::vector<config::TensorSpecRule> rules) {
+  HarnessCase c = gpt2_case();
+  c.name = "gpt2 specs: " + name;
+  c.build_model = [](core::Generator& init) { return tiny_gpt2(init, /*heads=*/4); };  // splits over 2 and 4
+  // The model parallelize makes, for its loss (vocab-parallel or serial as the specs split wte).
+  auto made = std::make_shared<std::shared_ptr<parallel::tp::ParallelGPT2>>();
+  c.parallelize = [rules = std::move(rules), made](
+                      nn::Module& serial, const parallel::ParallelContext& context) -> std::shared_ptr<nn::Module> {
+    auto* gpt2 = dynamic_cast<nn::models::GPT2*>(&serial);
+    if (gpt2 == nullptr) throw Error("gpt2_tp_specs_case: the serial model is not a GPT2");
+    std::vector<std::string> names;
+    for (const auto& [n, p] : gpt2->named_parameters()) names.push_back(n);
+    const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kTensor);
+    parallel::tp::ParallelGPT2Options options;
+    options.plan = parallel::tp::resolve_gpt2_specs(rules, gpt2->config(), names, group->size()).plan;
+    *made = std::make_shared<parallel::tp::ParallelGPT2>(*gpt2, group, options);
+    return *made;
+  };
+  c.parallel_criterion = [made](const parallel::ParallelContext&) -> engine::Criterion {
+    std::shared_ptr<parallel::tp::ParallelGPT2> model = *made;
+    return [model](const Tensor& logits, const Tensor& targets) { return model->loss(logits, targets); };
   };
   return c;
 }

@@ -16,8 +16,10 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "colossal/comm/process_group.h"
+#include "colossal/config/train_config.h"  // TensorSpecRule
 #include "colossal/core/random.h"
 #include "colossal/core/tensor.h"
 #include "colossal/engine/engine.h"
@@ -94,5 +96,8 @@ HarnessCase gpt2_case();
 /// with the vocab-parallel cross-entropy; with sequence_parallel, Megatron's sequence parallelism
 /// (the 16-token windows split over 2 and 4 ranks too).
 HarnessCase gpt2_tp_case(bool sequence_parallel = false);
+/// gpt2_tp_case's model split as the per-parameter sharding specs `rules` say (parallel.tensor.specs,
+/// resolved by parallel::tp::resolve_gpt2_specs), with the loss the split model computes.
+HarnessCase gpt2_tp_specs_case(std::string name, std::vector<config::TensorSpecRule> rules);
 
 }  // namespace colossal::testing

@@ -55,6 +55,13 @@ std::string choices_comment(std::span<const std::string_view> names) {
   return text;
 }
 
+template <class E>
+std::vector<std::string_view> names_of(E value) {
+  std::vector<std::string_view> names;
+  for (const auto& entry : detail::enum_entries(value)) names.push_back(entry.name);
+  return names;
+}
+
 /// Writes each field as "leaf = value" under its section's [header], top-level keys first.
 class Describer {
  public:
@@ -84,6 +91,15 @@ class Describer {
   }
   void operator()(std::string_view key, const std::vector<int64_t>& values, const detail::IntRange&) {
     line(key, array_text(values, [](int64_t value) { return fmt::format("{}", value); }));
+  }
+  void operator()(std::string_view key, const std::vector<TensorSpecRule>& rules) {
+    line(key,
+         array_text(rules,
+                    [](const TensorSpecRule& rule) {
+                      return fmt::format("{{ pattern = {}, spec = {} }}", detail::quote(rule.pattern),
+                                         detail::quote(enum_name(rule.spec)));
+                    }),
+         "spec: " + choices_comment(names_of(TensorSplit{})));
   }
   void operator()(std::string_view key, const OptionTable& options) {
     Section& section = section_named(std::string(key));
@@ -135,6 +151,9 @@ std::string describe(const TrainConfig& config) {
   return describer.text();
 }
 
+std::string_view to_string(TensorSplit value) {
+  return enum_name(value);
+}
 std::string_view to_string(TensorParallelMode value) {
   return enum_name(value);
 }

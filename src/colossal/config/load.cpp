@@ -307,6 +307,69 @@ class Binder {
     }
   }
 
+  /// An array of { pattern = "...", spec = "..." } tables; every problem of every rule is reported.
+  void operator()(std::string_view key, std::vector<TensorSpecRule>& field) {
+    if (const Entry* e = take(key)) {
+      const toml::array* array = e->node->as_array();
+      if (array == nullptr) {
+        return wrong_type(*e, key, "an array of rules { pattern = \"<glob>\", spec = \"column\" }");
+      }
+      std::vector<std::string_view> splits;
+      for (const auto& entry : detail::enum_entries(TensorSplit{})) splits.push_back(entry.name);
+      static constexpr std::string_view kRuleKeys[] = {"pattern", "spec"};
+      std::vector<TensorSpecRule> rules;
+      bool ok = true;
+      for (std::size_t i = 0; i < array->size(); ++i) {
+        const std::string element = fmt::format("{}[{}]", key, i);
+        const toml::table* table = (*array)[i].as_table();
+        if (table == nullptr) {
+          wrong_type(*e, element, "a rule { pattern = \"<glob>\", spec = \"column\" }", &(*array)[i]);
+          ok = false;
+          continue;
+        }
+        for (const auto& [name, value] : *table) {
+          if (!detail::check_choice(name.str(), kRuleKeys)) continue;
+          report(*e,
+                 fmt::format("{}: key \"{}\" {}", element, name.str(), *detail::check_choice(name.str(), kRuleKeys)));
+          ok = false;
+        }
+        TensorSpecRule rule;
+        const toml::node* pattern = table->get("pattern");
+        if (pattern == nullptr) {
+          report(*e, fmt::format("{} has no pattern: give the parameter names it applies to, a glob such as "
+                                 "\"h.*.mlp.c_fc.*\" or a regular expression after \"re:\"",
+                                 element));
+          ok = false;
+        } else if (const auto* text = pattern->as_string(); text == nullptr) {
+          wrong_type(*e, element + ".pattern", "a string", pattern);
+          ok = false;
+        } else if (auto why = detail::check_spec_pattern(text->get())) {
+          report(*e, fmt::format("{}.pattern = {}: {}", element, detail::quote(text->get()), *why));
+          ok = false;
+        } else {
+          rule.pattern = text->get();
+        }
+        const toml::node* spec = table->get("spec");
+        if (spec == nullptr) {
+          report(*e, fmt::format("{} has no spec: one of {}", element, quoted(splits)));
+          ok = false;
+        } else if (const auto* text = spec->as_string(); text == nullptr) {
+          wrong_type(*e, element + ".spec", fmt::format("one of the strings {}", quoted(splits)), spec);
+          ok = false;
+        } else if (auto why = detail::check_choice(text->get(), splits)) {
+          report(*e, fmt::format("{}.spec = {} {}", element, detail::quote(text->get()), *why));
+          ok = false;
+        } else {
+          for (const auto& entry : detail::enum_entries(TensorSplit{})) {
+            if (entry.name == text->get()) rule.spec = entry.value;
+          }
+        }
+        rules.push_back(std::move(rule));
+      }
+      if (ok) field = std::move(rules);
+    }
+  }
+
   void operator()(std::string_view key, OptionTable& field) {
     // The table itself given as something other than a table.
     if (const Entry* e = take(key)) return wrong_type(*e, key, "a table of options");

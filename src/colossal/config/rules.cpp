@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <regex>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -63,6 +64,13 @@ class ValueChecker {
       if (auto why = check_range(values[i], range)) add(fmt::format("{}[{}] = {} {}", key, i, values[i], *why));
     }
   }
+  void operator()(std::string_view key, const std::vector<TensorSpecRule>& rules) {
+    for (std::size_t i = 0; i < rules.size(); ++i) {
+      if (auto why = check_spec_pattern(rules[i].pattern)) {
+        add(fmt::format("{}[{}].pattern = {}: {}", key, i, quote(rules[i].pattern), *why));
+      }
+    }
+  }
   // Booleans, free strings, enums (always one of their names) and option tables have nothing to check.
   template <class T>
   void operator()(std::string_view, const T&) {}
@@ -98,6 +106,48 @@ std::optional<std::string> check_range(double value, const FloatRange& range) {
   const bool below_max = range.max_open ? value < range.max : value <= range.max;
   if (above_min && below_max) return std::nullopt;
   return fmt::format("is out of range: must be {}", describe_range(range));
+}
+
+namespace {
+constexpr std::string_view kRegexPrefix = "re:";
+
+/// Glob match: `*` any run of characters (dots included), `?` one character, anything else itself.
+bool glob_matches(std::string_view pattern, std::string_view name) {
+  std::size_t p = 0, n = 0, star = std::string_view::npos, resume = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p;
+      ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+}  // namespace
+
+std::optional<std::string> check_spec_pattern(std::string_view pattern) {
+  if (pattern.empty()) return "an empty pattern matches no parameter; give a glob such as \"h.*.mlp.c_fc.*\"";
+  if (!pattern.starts_with(kRegexPrefix)) return std::nullopt;
+  try {
+    std::regex(std::string(pattern.substr(kRegexPrefix.size())), std::regex::ECMAScript);
+  } catch (const std::regex_error& error) {
+    return fmt::format("the regular expression after \"re:\" does not compile ({})", error.what());
+  }
+  return std::nullopt;
+}
+
+bool spec_pattern_matches(std::string_view pattern, std::string_view name) {
+  if (!pattern.starts_with(kRegexPrefix)) return glob_matches(pattern, name);
+  const std::regex re(std::string(pattern.substr(kRegexPrefix.size())), std::regex::ECMAScript);
+  return std::regex_match(name.begin(), name.end(), re);
 }
 
 std::optional<std::string> check_choice(std::string_view value, std::span<const std::string_view> names) {
@@ -186,6 +236,25 @@ void check_rules(const TrainConfig& c, const OriginOf& origin_of, Problems& prob
                        "data.seq_len = {} does not divide by parallel.tensor.size = {}; choose a data.seq_len that "
                        "is a multiple of {}",
                        c.data.seq_len, c.parallel.tensor.size, c.parallel.tensor.size));
+    }
+  }
+
+  // Per-parameter sharding specs: the 1D split of GPT-2, without sequence parallelism.
+  if (!c.parallel.tensor.specs.empty()) {
+    if (c.parallel.tensor.mode != TensorParallelMode::k1d) {
+      fail("parallel.tensor.specs",
+           fmt::format("parallel.tensor.specs split parameters over the 1D tensor-parallel group, but "
+                       "parallel.tensor.mode = \"{}\"; use mode \"1d\" or drop the specs",
+                       enum_name(c.parallel.tensor.mode)));
+    } else if (c.parallel.tensor.sequence_parallel) {
+      fail("parallel.tensor.specs",
+           "parallel.tensor.specs and parallel.tensor.sequence_parallel = true: sequence parallelism is built for "
+           "the built-in policy only; drop the specs or set sequence_parallel = false");
+    }
+    if (c.model.name != ModelName::kGpt2) {
+      fail("parallel.tensor.specs",
+           fmt::format("parallel.tensor.specs apply to model.name = \"gpt2\" so far, not \"{}\"; drop them",
+                       enum_name(c.model.name)));
     }
   }
 
@@ -280,3 +349,11 @@ void check_owned_rules(const TrainConfig& config, const ConfigRules& rules, cons
 }
 
 }  // namespace colossal::config::detail
+
+namespace colossal::config {
+
+bool TensorSpecRule::matches(std::string_view name) const {
+  return detail::spec_pattern_matches(pattern, name);
+}
+
+}  // namespace colossal::config

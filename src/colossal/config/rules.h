@@ -25,6 +25,13 @@ std::optional<std::string> check_range(double value, const FloatRange& range);
 /// Why `value` is not among `names` (with the nearest as a suggestion), or nothing when it is.
 std::optional<std::string> check_choice(std::string_view value, std::span<const std::string_view> names);
 
+/// Why a parallel.tensor.specs pattern cannot match anything (empty; a regular expression after
+/// "re:" that does not compile), or nothing when it is usable.
+std::optional<std::string> check_spec_pattern(std::string_view pattern);
+
+/// Whether `name` matches a parallel.tensor.specs pattern (config/train_config.h: TensorSpecRule).
+bool spec_pattern_matches(std::string_view pattern, std::string_view name);
+
 /// "an integer", "a string": a type name with its article, for "got ..." in messages.
 std::string with_article(std::string_view noun);
 

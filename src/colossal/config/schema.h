@@ -56,6 +56,10 @@ inline constexpr EnumEntry<TensorParallelMode> kTensorParallelModes[] = {
     {TensorParallelMode::k2p5d, "2.5d"},
     {TensorParallelMode::k3d, "3d"},
 };
+inline constexpr EnumEntry<TensorSplit> kTensorSplits[] = {{TensorSplit::kColumn, "column"},
+                                                           {TensorSplit::kRow, "row"},
+                                                           {TensorSplit::kReplicate, "replicate"},
+                                                           {TensorSplit::kVocab, "vocab"}};
 inline constexpr EnumEntry<AmpMode> kAmpModes[] = {
     {AmpMode::kOff, "off"}, {AmpMode::kTorch, "torch"}, {AmpMode::kNaive, "naive"}};
 inline constexpr EnumEntry<ZeroPlacement> kZeroPlacements[] = {
@@ -83,6 +87,9 @@ inline constexpr EnumEntry<DeviceKind> kDeviceKinds[] = {
 // enum_entries(E{}) finds an enum's table by overload.
 inline std::span<const EnumEntry<TensorParallelMode>> enum_entries(TensorParallelMode) {
   return kTensorParallelModes;
+}
+inline std::span<const EnumEntry<TensorSplit>> enum_entries(TensorSplit) {
+  return kTensorSplits;
 }
 inline std::span<const EnumEntry<AmpMode>> enum_entries(AmpMode) {
   return kAmpModes;
@@ -134,7 +141,8 @@ inline std::span<const std::string_view> model_presets(ModelName name) {
 /// not), in the order describe() prints them. Field types and their constraints:
 ///   bool; int and int64_t with IntRange; double with FloatRange; std::string (free); an enum (its
 ///   enum_entries are the choices); std::vector<std::string> with Choices; std::vector<double> with
-///   FloatRange and ArraySize; std::vector<int64_t> with IntRange; OptionTable (free-form).
+///   FloatRange and ArraySize; std::vector<int64_t> with IntRange; OptionTable (free-form);
+///   std::vector<TensorSpecRule> (an array of { pattern, spec } tables).
 template <class Config, class Visitor>
 void visit_fields(Config& c, Visitor& v) {
   v("gradient_accumulation", c.gradient_accumulation, IntRange{1, kIntFieldMax});
@@ -149,6 +157,7 @@ void visit_fields(Config& c, Visitor& v) {
   v("parallel.tensor.mode", c.parallel.tensor.mode);
   v("parallel.tensor.depth", c.parallel.tensor.depth, IntRange{1, kMaxRanks});
   v("parallel.tensor.sequence_parallel", c.parallel.tensor.sequence_parallel);
+  v("parallel.tensor.specs", c.parallel.tensor.specs);
   // Up to a week (comm::kMaxCollectiveTimeoutSeconds): anything longer is a typo, not a wait.
   v("parallel.timeout_s", c.parallel.timeout_s, FloatRange{0, 7 * 24 * 3600, /*min_open=*/true});
 

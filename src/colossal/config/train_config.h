@@ -52,7 +52,31 @@ enum class SchedulerName {
 };
 enum class DeviceKind { kAuto, kCpu, kCuda };  ///< "auto" (cuda when present) "cpu" "cuda"
 
+/// parallel.tensor.specs[i].spec: how a parameter lives on the 1D tensor-parallel group (the
+/// tutorial's ShardSpec, by name). On a linear layer's weight (GPT-2's Conv1D [in, out]):
+enum class TensorSplit {
+  kColumn,     ///< "column": output features split (ShardSpec([-1])); on wte / wpe the embedding dimension
+  kRow,        ///< "row": input features split (ShardSpec([0])), after a column split
+  kReplicate,  ///< "replicate": whole on every rank
+  kVocab,      ///< "vocab": wte's rows (the vocabulary) split, with the vocabulary-parallel loss
+};
+
+/// One entry of parallel.tensor.specs: the parameters whose names match `pattern` get `spec`.
+struct TensorSpecRule {
+  /// A glob over the model's parameter names (h.0.mlp.c_fc.weight): `*` any run of characters,
+  /// dots included, `?` one character; or, after "re:", an ECMAScript regular expression that must
+  /// match the whole name.
+  std::string pattern;
+  TensorSplit spec = TensorSplit::kReplicate;
+
+  /// Whether `name` matches the pattern (which load_config has checked).
+  bool matches(std::string_view name) const;
+
+  friend bool operator==(const TensorSpecRule&, const TensorSpecRule&) = default;
+};
+
 /// The config-file spelling of each enum value ("2.5d", "adamw", ...).
+std::string_view to_string(TensorSplit value);
 std::string_view to_string(TensorParallelMode value);
 std::string_view to_string(AmpMode value);
 std::string_view to_string(ZeroPlacement value);
@@ -70,6 +94,13 @@ struct TensorParallelConfig {
   /// work on each rank's 1/size of the sequence (data.seq_len must divide by size), all-gathered
   /// before each column-parallel layer and reduce-scattered after each row-parallel one.
   bool sequence_parallel = false;
+  /// Per-parameter sharding specs (Colossal-AI's "parallelize your training like Megatron"
+  /// tutorial): each parameter takes the spec of the first rule whose pattern matches its name;
+  /// one no rule matches is replicated, but a bias follows its weight. Empty: the model's built-in
+  /// policy (Megatron's). GPT-2 only, mode "1d", no sequence parallelism; a rule that matches no
+  /// parameter, or an assignment the layers cannot compute (a row split with no column split
+  /// before it, attention split without whole heads), is an error at model build time.
+  std::vector<TensorSpecRule> specs;
 
   friend bool operator==(const TensorParallelConfig&, const TensorParallelConfig&) = default;
 };

@@ -29,7 +29,8 @@
 #include "colossal/nn/safetensors.h"  // read_safetensors_header
 #include "colossal/parallel/layout_rules.h"
 #include "colossal/parallel/tp/gpt2_1d.h"
-#include "colossal/parallel/tp/random.h"  // DropoutGenerators, tensor_parallel_seed
+#include "colossal/parallel/tp/gpt2_plan.h"  // resolve_gpt2_specs
+#include "colossal/parallel/tp/random.h"     // DropoutGenerators, tensor_parallel_seed
 #include "colossal/parallel/tp/vit_1d.h"
 
 namespace colossal::initialize {
@@ -213,10 +214,18 @@ void TrainingRun::build_data_and_model() {
     } else {
       auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model_.get());
       COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model built is neither a GPT-2 nor a ViT");
-      model_ = std::make_shared<parallel::tp::ParallelGPT2>(
-          *gpt2, tensor_group,
-          parallel::tp::ParallelGPT2Options{.dropout = dropout,
-                                            .sequence_parallel = c.parallel.tensor.sequence_parallel});
+      parallel::tp::ParallelGPT2Options options{.dropout = dropout,
+                                                .sequence_parallel = c.parallel.tensor.sequence_parallel};
+      // parallel.tensor.specs in place of the built-in policy (parallel/tp/gpt2_plan.h): resolved
+      // against the serial model's parameter names, an assignment the layers cannot compute an
+      // error naming the parameter before anything is split.
+      if (!c.parallel.tensor.specs.empty()) {
+        std::vector<std::string> names;
+        for (const auto& [name, parameter] : gpt2->named_parameters()) names.push_back(name);
+        options.plan =
+            parallel::tp::resolve_gpt2_specs(c.parallel.tensor.specs, gpt2->config(), names, tensor_group->size()).plan;
+      }
+      model_ = std::make_shared<parallel::tp::ParallelGPT2>(*gpt2, tensor_group, options);
     }
     model_->to(device_);  // anything the split made anew sits where the serial model did
   }
@@ -279,9 +288,10 @@ void TrainingRun::build_engine() {
   if (eo.amp && !datasets_.batch_transform) eo.amp->output_to_f32 = false;
   engine::Criterion criterion = make_criterion(c, datasets_);
   if (auto gpt2 = std::dynamic_pointer_cast<parallel::tp::ParallelGPT2>(model_)) {
-    // The logits are this rank's vocabulary slice: the loss of the whole vocabulary without gathering
-    // (its padding to a multiple of the tensor size left out). ParallelViT's logits are whole on
-    // every rank: the serial criterion stays.
+    // Under the built-in policy the logits are this rank's vocabulary slice: the loss of the whole
+    // vocabulary without gathering (its padding to a multiple of the tensor size left out); under
+    // specs that keep them whole, the serial loss. ParallelViT's logits are whole on every rank: the
+    // serial criterion stays.
     criterion = [gpt2](const Tensor& logits, const Tensor& target) { return gpt2->loss(logits, target); };
   }
   engine_ = std::make_unique<engine::Engine>(model_, optimizer, criterion, eo, scheduler);
@@ -345,8 +355,10 @@ void TrainingRun::build_hooks() {
   hooks_ = {std::make_shared<engine::LossHook>(), std::make_shared<engine::ThroughputHook>(),
             std::make_shared<engine::NonFiniteLossHook>(c.train.log_interval)};
   // Accuracy takes the argmax over the classes: it needs the logits whole on every rank, which the
-  // tensor-parallel GPT-2 (each rank its vocabulary slice) does not give; ParallelViT does.
-  if (!std::dynamic_pointer_cast<parallel::tp::ParallelGPT2>(model_))
+  // tensor-parallel GPT-2 under the built-in policy (each rank its vocabulary slice) does not give;
+  // ParallelViT and GPT-2 under specs that keep wte's rows whole do.
+  const auto split_gpt2 = std::dynamic_pointer_cast<parallel::tp::ParallelGPT2>(model_);
+  if (!split_gpt2 || split_gpt2->logits_whole())
     hooks_.insert(hooks_.begin() + 1, std::make_shared<engine::AccuracyHook>());
   if (!writer_) {
     // Under tensor parallelism the writer's tensor group (data and pipeline rank 0, as the writer)
@@ -396,7 +408,10 @@ RunResult TrainingRun::fit() {
                                   context_->group(parallel::GroupKind::kData)->backend_name())
                     : "",
         context_->layout().tensor_size() > 1
-            ? fmt::format(", tensor parallel: {} ranks", context_->layout().tensor_size())
+            ? fmt::format(", tensor parallel: {} ranks ({})", context_->layout().tensor_size(),
+                          c.parallel.tensor.specs.empty()
+                              ? std::string("built-in policy")
+                              : fmt::format("{} rules of parallel.tensor.specs", c.parallel.tensor.specs.size()))
             : "");
     std::fflush(stdout);
   }

@@ -8,6 +8,7 @@
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"
 #include "colossal/ops/elementwise.h"
+#include "colossal/ops/linalg.h"         // linear
 #include "colossal/ops/nn_functional.h"  // embedding
 #include "colossal/parallel/tp/mappings.h"
 
@@ -55,6 +56,44 @@ std::string VocabParallelEmbedding::extra_repr() const {
   return fmt::format("{} rows ({} on each of {} ranks, this one from row {}{}), dim {}", num_embeddings_,
                      weight_->shape()[0], group_->size(), first_row_,
                      padding() > 0 ? fmt::format("; {} padding rows", padding()) : "", weight_->shape()[1]);
+}
+
+// ---- split along the embedding dimension
+
+ColumnParallelEmbedding::ColumnParallelEmbedding(const Tensor& weight, std::shared_ptr<comm::ProcessGroup> group)
+    : group_(std::move(group)) {
+  COLOSSAL_CHECK(group_ != nullptr, "ColumnParallelEmbedding needs the tensor-parallel group");
+  COLOSSAL_CHECK(weight.dim() == 2, "ColumnParallelEmbedding: the table must be 2-D [V, D], got shape {}",
+                 weight.shape());
+  embedding_dim_ = weight.shape()[1];
+  COLOSSAL_CHECK(embedding_dim_ % group_->size() == 0,
+                 "ColumnParallelEmbedding: the embedding dimension {} (table of shape {}) does not split over the {} "
+                 "ranks of the tensor-parallel group; choose a parallel.tensor.size that divides {}",
+                 embedding_dim_, weight.shape(), group_->size(), embedding_dim_);
+  weight_ = &register_parameter("weight", shard_of(weight, ShardSpec::shard(1), group_->rank(), group_->size()));
+}
+
+std::shared_ptr<ColumnParallelEmbedding> ColumnParallelEmbedding::from(const nn::Embedding& serial,
+                                                                       std::shared_ptr<comm::ProcessGroup> group) {
+  COLOSSAL_CHECK(serial.padding_idx() < 0,
+                 "ColumnParallelEmbedding: an embedding with a padding row ({}) is not supported",
+                 serial.padding_idx());
+  return std::make_shared<ColumnParallelEmbedding>(serial.weight(), std::move(group));
+}
+
+Tensor ColumnParallelEmbedding::forward(const Tensor& ids) {
+  return gather_from_region(ops::embedding(ids, *weight_), -1, *group_);
+}
+
+Tensor ColumnParallelEmbedding::head_logits(const Tensor& hidden) {
+  // This rank's features of the replicated hidden states (their gradient all-gathered in backward),
+  // times its columns; the partial logits summed.
+  return reduce_from_region(ops::linear(scatter_to_region(hidden, -1, *group_), *weight_), *group_);
+}
+
+std::string ColumnParallelEmbedding::extra_repr() const {
+  return fmt::format("{} rows, dim {} ({} on each of {} ranks)", weight_->shape()[0], embedding_dim_,
+                     weight_->shape()[1], group_->size());
 }
 
 }  // namespace colossal::parallel::tp

@@ -46,4 +46,34 @@ class VocabParallelEmbedding : public nn::Module, public Sharded {
   Tensor* weight_;
 };
 
+/// The embedding table's columns (the embedding dimension) split over the group (Colossal-AI's
+/// Embedding1D, the tutorial's ShardSpec([-1]) on wte and wpe): rank r holds columns
+/// [r * D/tp, (r + 1) * D/tp) of every row, looks up its part of each embedding and the parts are
+/// gathered (gather_from_region), so every rank ends with the whole lookup; the backward is local.
+/// As GPT-2's tied head, the table multiplies this rank's features of the hidden states and the
+/// partial logits are summed (head_logits).
+class ColumnParallelEmbedding : public nn::Module, public Sharded {
+ public:
+  /// This rank's columns of `weight` [V, D]; throws naming both when D does not divide by the group's size.
+  ColumnParallelEmbedding(const Tensor& weight, std::shared_ptr<comm::ProcessGroup> group);
+  static std::shared_ptr<ColumnParallelEmbedding> from(const nn::Embedding& serial,
+                                                       std::shared_ptr<comm::ProcessGroup> group);
+
+  /// ids (i32/i64, any shape) -> [..., D], the same on every rank.
+  Tensor forward(const Tensor& ids) override;
+  /// hidden [..., D], the same on every rank -> hidden x table^T [..., V], the same on every rank
+  /// (each rank's features times its columns, summed over the group: a row-parallel product).
+  Tensor head_logits(const Tensor& hidden);
+  std::string extra_repr() const override;
+  std::map<std::string, ShardSpec> shard_specs() const override { return {{"weight", ShardSpec::shard(1)}}; }
+
+  const Tensor& weight() const { return *weight_; }  ///< this rank's columns [V, D/tp]
+  int64_t num_embeddings() const { return weight_->shape()[0]; }
+
+ private:
+  std::shared_ptr<comm::ProcessGroup> group_;
+  int64_t embedding_dim_;
+  Tensor* weight_;
+};
+
 }  // namespace colossal::parallel::tp

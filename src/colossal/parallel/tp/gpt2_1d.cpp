@@ -13,6 +13,7 @@
 #include "colossal/parallel/tp/heads.h"
 #include "colossal/parallel/tp/layer_norm_sp.h"
 #include "colossal/parallel/tp/mappings.h"
+#include "colossal/parallel/tp/replicated.h"
 
 namespace colossal::parallel::tp {
 namespace {
@@ -38,6 +39,55 @@ core::Generator* outside_generator(const ParallelGPT2Options& options) {
   return options.sequence_parallel ? options.dropout.tensor_or_data() : options.dropout.data;
 }
 
+/// A linear layer of the serial model as `split` makes it: column-parallel (output features split,
+/// in `order`; gathered with gather_output), row-parallel (input features split, the input this
+/// rank's part), or a replicated copy.
+std::shared_ptr<nn::Module> linear_for(const nn::Conv1D& serial, TensorSplit split,
+                                       const std::shared_ptr<comm::ProcessGroup>& group,
+                                       const ParallelGPT2Options& options, bool gather_output,
+                                       std::vector<int64_t> order = {}) {
+  switch (split) {
+    case TensorSplit::kColumn: {
+      auto layer = std::make_shared<ColumnParallelLinear>(serial.weight(), serial.bias(), WeightLayout::kInOut, group,
+                                                          gather_output, std::move(order));
+      layer->set_sequence_parallel(options.sequence_parallel);
+      return layer;
+    }
+    case TensorSplit::kRow: {
+      auto layer = RowParallelLinear::from(serial, group, /*input_is_parallel=*/true);
+      layer->set_sequence_parallel(options.sequence_parallel);
+      return layer;
+    }
+    case TensorSplit::kReplicate: {
+      core::Generator scratch(0);  // the fresh layer's draws, overwritten with the serial values
+      return replicated_copy(serial,
+                             std::make_shared<nn::Conv1D>(serial.in_features(), serial.out_features(), &scratch));
+    }
+    case TensorSplit::kVocab:
+      break;
+  }
+  COLOSSAL_FAIL("tensor-parallel GPT-2: a linear layer cannot take spec \"vocab\" (check_gpt2_plan)");
+}
+
+/// An embedding of the serial model as `split` makes it (kColumn: along the embedding dimension).
+std::shared_ptr<nn::Module> embedding_for(const nn::Embedding& serial, TensorSplit split,
+                                          const std::shared_ptr<comm::ProcessGroup>& group) {
+  switch (split) {
+    case TensorSplit::kVocab:
+      return VocabParallelEmbedding::from(serial, group);
+    case TensorSplit::kColumn:
+      return ColumnParallelEmbedding::from(serial, group);
+    case TensorSplit::kReplicate: {
+      core::Generator scratch(0);
+      return replicated_copy(serial, std::make_shared<nn::Embedding>(serial.num_embeddings(), serial.embedding_dim(),
+                                                                     std::nullopt, &scratch));
+    }
+    case TensorSplit::kRow:
+      break;
+  }
+  COLOSSAL_FAIL("tensor-parallel GPT-2: an embedding cannot take spec \"row\" (check_gpt2_plan)");
+}
+
 }  // namespace
 
 std::vector<int64_t> ParallelGPT2Attention::qkv_columns(int64_t n_embd, int64_t n_head, int rank, int size) {
@@ -47,55 +97,66 @@ std::vector<int64_t> ParallelGPT2Attention::qkv_columns(int64_t n_embd, int64_t 
 ParallelGPT2Attention::ParallelGPT2Attention(const nn::models::GPT2Attention& serial,
                                              const nn::models::GPT2Config& config,
                                              std::shared_ptr<comm::ProcessGroup> group,
-                                             const ParallelGPT2Options& options)
+                                             const ParallelGPT2Options& options, const Gpt2BlockPlan& plan)
     : Module("ParallelGPT2Attention"),
-      local_heads_(config.n_head / group->size()),
+      group_(std::move(group)),
+      local_heads_(plan.c_attn == TensorSplit::kColumn ? config.n_head / group_->size() : config.n_head),
+      gather_heads_(plan.c_attn == TensorSplit::kColumn && plan.attn_c_proj != TensorSplit::kRow),
       attn_dropout_(config.dropout),
-      attn_dropout_generator_(options.dropout.tensor_or_data()) {
-  const int size = group->size();
+      // Split heads draw masks of their own; whole heads, the same on every rank, the data's.
+      attn_dropout_generator_(plan.c_attn == TensorSplit::kColumn ? options.dropout.tensor_or_data()
+                                                                  : options.dropout.data) {
   // c_attn's output columns in the order that gives each rank's contiguous part its heads' q, k and v.
-  std::vector<int64_t> order = head_qkv_order(config.n_embd, config.n_head, size, "n_head");
-  c_attn_ = register_module("c_attn", std::make_shared<ColumnParallelLinear>(
-                                          serial.c_attn()->weight(), serial.c_attn()->bias(), WeightLayout::kInOut,
-                                          group, /*gather_output=*/false, std::move(order)));
-  // The heads' outputs are concatenated in head order, so c_proj's input rows split as the heads do.
-  c_proj_ = register_module("c_proj", RowParallelLinear::from(*serial.c_proj(), group, /*input_is_parallel=*/true));
-  c_attn_->set_sequence_parallel(options.sequence_parallel);
-  c_proj_->set_sequence_parallel(options.sequence_parallel);
-  // After c_proj's all-reduce every rank holds the whole output: the same mask on every rank (under
-  // sequence parallelism its own shard after the reduce-scatter: masks of its own).
+  std::vector<int64_t> order;
+  if (plan.c_attn == TensorSplit::kColumn)
+    order = head_qkv_order(config.n_embd, config.n_head, group_->size(), "n_head");
+  c_attn_ = register_module("c_attn", linear_for(*serial.c_attn(), plan.c_attn, group_, options,
+                                                 /*gather_output=*/false, std::move(order)));
+  // The heads' outputs are concatenated in head order, so a row-split c_proj's input rows split as
+  // the heads do; a column-split c_proj takes them gathered and gathers its own output.
+  c_proj_ = register_module("c_proj", linear_for(*serial.c_proj(), plan.attn_c_proj, group_, options,
+                                                 /*gather_output=*/true));
+  // After c_proj every rank holds the whole output: the same mask on every rank (under sequence
+  // parallelism its own shard after the reduce-scatter: masks of its own).
   resid_dropout_ =
       register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, outside_generator(options)));
 }
 
 Tensor ParallelGPT2Attention::forward(const Tensor& x) {
-  const Tensor attended = nn::multihead_attention(c_attn_->forward(x), local_heads_, /*causal=*/true, attn_dropout_,
-                                                  is_training(), attn_dropout_generator_);
+  Tensor attended = nn::multihead_attention(c_attn_->forward(x), local_heads_, /*causal=*/true, attn_dropout_,
+                                            is_training(), attn_dropout_generator_);
+  if (gather_heads_) attended = gather_from_region(attended, -1, *group_);
   return resid_dropout_->forward(c_proj_->forward(attended));
 }
 
 ParallelGPT2MLP::ParallelGPT2MLP(const nn::models::GPT2MLP& serial, const nn::models::GPT2Config& config,
-                                 std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options)
-    : Module("ParallelGPT2MLP") {
-  c_fc_ = register_module("c_fc", ColumnParallelLinear::from(*serial.c_fc(), group));
-  c_proj_ = register_module("c_proj", RowParallelLinear::from(*serial.c_proj(), group, /*input_is_parallel=*/true));
-  c_fc_->set_sequence_parallel(options.sequence_parallel);
-  c_proj_->set_sequence_parallel(options.sequence_parallel);
+                                 std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options,
+                                 const Gpt2BlockPlan& plan)
+    : Module("ParallelGPT2MLP"),
+      group_(std::move(group)),
+      gather_hidden_(plan.c_fc == TensorSplit::kColumn && plan.mlp_c_proj != TensorSplit::kRow) {
+  c_fc_ = register_module("c_fc", linear_for(*serial.c_fc(), plan.c_fc, group_, options, /*gather_output=*/false));
+  c_proj_ =
+      register_module("c_proj", linear_for(*serial.c_proj(), plan.mlp_c_proj, group_, options, /*gather_output=*/true));
   dropout_ = register_module("dropout", std::make_shared<nn::Dropout>(config.dropout, outside_generator(options)));
 }
 
 Tensor ParallelGPT2MLP::forward(const Tensor& x) {
   // GPT-2's gelu_new is the tanh approximation; elementwise, so it applies to each rank's features.
-  return dropout_->forward(c_proj_->forward(ops::gelu(c_fc_->forward(x), ops::GeluApproximation::tanh)));
+  Tensor hidden = ops::gelu(c_fc_->forward(x), ops::GeluApproximation::tanh);
+  if (gather_hidden_) hidden = gather_from_region(hidden, -1, *group_);
+  return dropout_->forward(c_proj_->forward(hidden));
 }
 
 ParallelGPT2Block::ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
-                                     std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options)
+                                     std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options,
+                                     const Gpt2BlockPlan& plan)
     : Module("ParallelGPT2Block") {
   ln_1_ = register_module("ln_1", copy_of(*serial.ln_1(), config.n_embd, group, options));
-  attn_ = register_module("attn", std::make_shared<ParallelGPT2Attention>(*serial.attn(), config, group, options));
+  attn_ =
+      register_module("attn", std::make_shared<ParallelGPT2Attention>(*serial.attn(), config, group, options, plan));
   ln_2_ = register_module("ln_2", copy_of(*serial.ln_2(), config.n_embd, group, options));
-  mlp_ = register_module("mlp", std::make_shared<ParallelGPT2MLP>(*serial.mlp(), config, group, options));
+  mlp_ = register_module("mlp", std::make_shared<ParallelGPT2MLP>(*serial.mlp(), config, group, options, plan));
 }
 
 Tensor ParallelGPT2Block::forward(const Tensor& x) {
@@ -105,22 +166,24 @@ Tensor ParallelGPT2Block::forward(const Tensor& x) {
 
 ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
                            const ParallelGPT2Options& options)
-    : Module("ParallelGPT2"), group_(std::move(group)), sequence_parallel_(options.sequence_parallel) {
+    : Module("ParallelGPT2"),
+      group_(std::move(group)),
+      sequence_parallel_(options.sequence_parallel),
+      plan_(options.plan ? *options.plan : Gpt2Plan::megatron(serial.config().n_layer)),
+      n_positions_(serial.config().n_positions) {
   const nn::models::GPT2Config& config = serial.config();
-  wte_ = register_module("wte", VocabParallelEmbedding::from(*serial.wte(), group_));
-  wpe_ = register_module("wpe", std::make_shared<nn::Embedding>(config.n_positions, config.n_embd));
-  {
-    autograd::NoGradGuard no_grad;
-    wpe_->to(serial.wpe()->weight().device());
-    wpe_->to(serial.wpe()->weight().dtype());
-    wpe_->weight().copy_(serial.wpe()->weight());
-  }
+  check_gpt2_plan(plan_, config, group_->size());
+  COLOSSAL_CHECK(!sequence_parallel_ || plan_.is_megatron(),
+                 "ParallelGPT2: sequence parallelism is built for the built-in plan (heads and MLP column then row, "
+                 "wte by vocabulary, wpe replicated) only; drop parallel.tensor.specs or sequence_parallel");
+  wte_ = register_module("wte", embedding_for(*serial.wte(), plan_.wte, group_));
+  wpe_ = register_module("wpe", embedding_for(*serial.wpe(), plan_.wpe, group_));
   drop_ = register_module("drop", std::make_shared<nn::Dropout>(config.dropout, outside_generator(options)));
   h_ = register_module("h", std::make_shared<nn::ModuleList>());
   for (size_t i = 0; i < serial.h()->size(); ++i) {
     const auto block = std::dynamic_pointer_cast<nn::models::GPT2Block>((*serial.h())[i]);
     COLOSSAL_CHECK(block != nullptr, "ParallelGPT2: h.{} of the serial model is not a GPT2Block", i);
-    h_->push_back(std::make_shared<ParallelGPT2Block>(*block, config, group_, options));
+    h_->push_back(std::make_shared<ParallelGPT2Block>(*block, config, group_, options, plan_.blocks[i]));
   }
   ln_f_ = register_module("ln_f", copy_of(*serial.ln_f(), config.n_embd, group_, options));
 }
@@ -128,8 +191,8 @@ ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::Proce
 Tensor ParallelGPT2::forward(const Tensor& ids) {
   COLOSSAL_CHECK(ids.dim() == 2, "ParallelGPT2: expected token ids [B, T], got shape {}", ids.shape());
   const int64_t tokens = ids.size(1);
-  COLOSSAL_CHECK(tokens <= wpe_->num_embeddings(), "ParallelGPT2: sequences of {} tokens exceed n_positions = {}",
-                 tokens, wpe_->num_embeddings());
+  COLOSSAL_CHECK(tokens <= n_positions_, "ParallelGPT2: sequences of {} tokens exceed n_positions = {}", tokens,
+                 n_positions_);
   const Tensor positions = core::arange(0.0, static_cast<double>(tokens), 1.0, TensorOptions(DType::i64, ids.device()));
   Tensor hidden = ops::add(wte_->forward(ids), wpe_->forward(positions));
   if (sequence_parallel_) {
@@ -142,18 +205,26 @@ Tensor ParallelGPT2::forward(const Tensor& ids) {
   }
   hidden = drop_->forward(hidden);
   for (const auto& block : *h_) hidden = block->forward(hidden);
-  // The tied head: this rank's vocabulary rows times the hidden states of every position, whose
-  // gradient is the sum of every rank's part (copy_to_region; under sequence parallelism the
-  // all-gather of the shards, whose backward reduce-scatters that sum).
   const Tensor normed = ln_f_->forward(hidden);
-  const Tensor whole =
-      sequence_parallel_ ? gather_from_sequence_region(normed, 1, *group_) : copy_to_region(normed, *group_);
-  return ops::linear(whole, wte_->weight());
+  if (auto vocab = std::dynamic_pointer_cast<VocabParallelEmbedding>(wte_)) {
+    // The tied head: this rank's vocabulary rows times the hidden states of every position, whose
+    // gradient is the sum of every rank's part (copy_to_region; under sequence parallelism the
+    // all-gather of the shards, whose backward reduce-scatters that sum).
+    const Tensor whole =
+        sequence_parallel_ ? gather_from_sequence_region(normed, 1, *group_) : copy_to_region(normed, *group_);
+    return ops::linear(whole, vocab->weight());
+  }
+  if (auto columns = std::dynamic_pointer_cast<ColumnParallelEmbedding>(wte_)) return columns->head_logits(normed);
+  return ops::linear(normed, std::dynamic_pointer_cast<nn::Embedding>(wte_)->weight());  // replicated
 }
 
 Tensor ParallelGPT2::loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  // The vocabulary's padding to a multiple of the group's size (VocabParallelEmbedding) is no class.
-  return vocab_parallel_cross_entropy(logits, targets, *group_, {.ignore_index = ignore_index}, wte_->num_embeddings());
+  if (auto vocab = std::dynamic_pointer_cast<VocabParallelEmbedding>(wte_)) {
+    // The vocabulary's padding to a multiple of the group's size (VocabParallelEmbedding) is no class.
+    return vocab_parallel_cross_entropy(logits, targets, *group_, {.ignore_index = ignore_index},
+                                        vocab->num_embeddings());
+  }
+  return nn::models::lm_cross_entropy(logits, targets, ignore_index);  // whole logits on every rank
 }
 
 }  // namespace colossal::parallel::tp

@@ -17,10 +17,18 @@
 // of the activation memory outside the regions. The layer norms' and the row-parallel biases'
 // gradients are summed over the group (layer_norm_sp.h); the dropouts on sequence shards draw from
 // the tensor-parallel generator. Sequences must split: T % tp == 0.
+//
+// Other layouts (ParallelGPT2Options::plan, gpt2_plan.h): each linear layer column-split,
+// row-split or replicated, wte split by vocabulary rows or along the embedding dimension or
+// replicated, wpe split along the embedding dimension or replicated, as per-parameter sharding
+// specs (parallel.tensor.specs) ask. Where a split activation meets a layer that needs it whole
+// (a column-split c_attn before a column-split or replicated c_proj), the parts are gathered
+// (gather_from_region). Sequence parallelism takes the built-in plan only.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "colossal/comm/process_group.h"
@@ -30,6 +38,7 @@
 #include "colossal/nn/models/gpt2.h"
 #include "colossal/nn/module.h"
 #include "colossal/parallel/tp/embedding_1d.h"
+#include "colossal/parallel/tp/gpt2_plan.h"
 #include "colossal/parallel/tp/linear_1d.h"
 #include "colossal/parallel/tp/random.h"
 
@@ -41,14 +50,19 @@ struct ParallelGPT2Options {
   /// Megatron's sequence parallelism (parallel.tensor.sequence_parallel): activations outside the
   /// tensor-parallel regions split along the sequence, see the file's head.
   bool sequence_parallel = false;
+  /// How each layer splits (gpt2_plan.h); empty: the built-in policy (Gpt2Plan::megatron).
+  std::optional<Gpt2Plan> plan;
 };
 
-/// GPT-2 attention with n_head / tp heads on each rank.
+/// GPT-2 attention with n_head / tp heads on each rank (c_attn column-split; all heads on every
+/// rank when it is replicated).
 class ParallelGPT2Attention : public nn::Module {
  public:
-  /// Throws naming both when n_head does not divide by the group's size.
+  /// Throws naming both when n_head does not divide by the group's size. `plan`: c_attn's and
+  /// c_proj's splits (checked by check_gpt2_plan).
   ParallelGPT2Attention(const nn::models::GPT2Attention& serial, const nn::models::GPT2Config& config,
-                        std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {});
+                        std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {},
+                        const Gpt2BlockPlan& plan = {});
   /// x [B, T, n_embd], the same on every rank -> [B, T, n_embd], the same on every rank; under
   /// sequence parallelism this rank's [B, T/tp, n_embd] in and out.
   Tensor forward(const Tensor& x) override;
@@ -58,17 +72,23 @@ class ParallelGPT2Attention : public nn::Module {
   /// their k, then their v, the layout multihead_attention reads.
   static std::vector<int64_t> qkv_columns(int64_t n_embd, int64_t n_head, int rank, int size);
 
-  const std::shared_ptr<ColumnParallelLinear>& c_attn() const { return c_attn_; }
-  const std::shared_ptr<RowParallelLinear>& c_proj() const { return c_proj_; }
-  /// Where the attention probabilities' dropout draws (the tensor-parallel generator).
+  /// The layers as the plan made them: the typed ones null where the plan chose another split.
+  std::shared_ptr<ColumnParallelLinear> c_attn() const {
+    return std::dynamic_pointer_cast<ColumnParallelLinear>(c_attn_);
+  }
+  std::shared_ptr<RowParallelLinear> c_proj() const { return std::dynamic_pointer_cast<RowParallelLinear>(c_proj_); }
+  /// Where the attention probabilities' dropout draws (the tensor-parallel generator when the heads
+  /// are split, the data generator when every rank holds them all).
   core::Generator* attn_dropout_generator() const { return attn_dropout_generator_; }
 
  private:
+  std::shared_ptr<comm::ProcessGroup> group_;
   int64_t local_heads_;
+  bool gather_heads_;  ///< c_attn split by heads, c_proj wanting its whole input
   double attn_dropout_;
   core::Generator* attn_dropout_generator_;
-  std::shared_ptr<ColumnParallelLinear> c_attn_;
-  std::shared_ptr<RowParallelLinear> c_proj_;
+  std::shared_ptr<nn::Module> c_attn_;
+  std::shared_ptr<nn::Module> c_proj_;
   std::shared_ptr<nn::Dropout> resid_dropout_;
 };
 
@@ -77,15 +97,18 @@ class ParallelGPT2Attention : public nn::Module {
 class ParallelGPT2MLP : public nn::Module {
  public:
   ParallelGPT2MLP(const nn::models::GPT2MLP& serial, const nn::models::GPT2Config& config,
-                  std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {});
+                  std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {},
+                  const Gpt2BlockPlan& plan = {});
   Tensor forward(const Tensor& x) override;
 
-  const std::shared_ptr<ColumnParallelLinear>& c_fc() const { return c_fc_; }
-  const std::shared_ptr<RowParallelLinear>& c_proj() const { return c_proj_; }
+  std::shared_ptr<ColumnParallelLinear> c_fc() const { return std::dynamic_pointer_cast<ColumnParallelLinear>(c_fc_); }
+  std::shared_ptr<RowParallelLinear> c_proj() const { return std::dynamic_pointer_cast<RowParallelLinear>(c_proj_); }
 
  private:
-  std::shared_ptr<ColumnParallelLinear> c_fc_;
-  std::shared_ptr<RowParallelLinear> c_proj_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  bool gather_hidden_;  ///< c_fc column-split, c_proj wanting its whole input
+  std::shared_ptr<nn::Module> c_fc_;
+  std::shared_ptr<nn::Module> c_proj_;
   std::shared_ptr<nn::Dropout> dropout_;
 };
 
@@ -93,7 +116,8 @@ class ParallelGPT2MLP : public nn::Module {
 class ParallelGPT2Block : public nn::Module {
  public:
   ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
-                    std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {});
+                    std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {},
+                    const Gpt2BlockPlan& plan = {});
   Tensor forward(const Tensor& x) override;
 
   const std::shared_ptr<nn::LayerNorm>& ln_1() const { return ln_1_; }
@@ -112,12 +136,16 @@ class ParallelGPT2Block : public nn::Module {
 /// wte split by vocabulary rows (VocabParallelEmbedding) serving both the lookup and the head, wpe
 /// and the final layer norm replicated, every block a ParallelGPT2Block. forward() returns this
 /// rank's slice of the logits [B, T, V/tp] (its vocabulary rows); loss() is the vocab-parallel
-/// cross-entropy of them, so no rank ever holds the whole vocabulary's logits.
+/// cross-entropy of them, so no rank ever holds the whole vocabulary's logits. Under another plan
+/// (options.plan) with wte split along the embedding dimension or replicated, the logits are whole
+/// on every rank and loss() is the serial one.
 class ParallelGPT2 : public nn::Module {
  public:
   /// Throws naming both when the heads do not split over the group; a vocabulary that does not is
   /// padded (VocabParallelEmbedding), its padding never a target and left out of loss().
-  /// Dropout draws from `options.dropout` as the file's head says.
+  /// Dropout draws from `options.dropout` as the file's head says. A plan the layers cannot compute
+  /// is an error naming the parameter (check_gpt2_plan), as is sequence parallelism with a plan
+  /// other than the built-in one.
   ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
                const ParallelGPT2Options& options = {});
   /// ids [B, T] -> this rank's logits [B, T, V'/tp] (V' the vocabulary padded to a multiple of tp;
@@ -128,16 +156,27 @@ class ParallelGPT2 : public nn::Module {
   /// nn::models::lm_cross_entropy on the gathered logits), the same on every rank.
   Tensor loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 
-  const std::shared_ptr<VocabParallelEmbedding>& wte() const { return wte_; }
-  const std::shared_ptr<nn::Embedding>& wpe() const { return wpe_; }
+  /// Whether forward()'s logits are whole on every rank (wte not split by vocabulary): then top-k
+  /// accuracy and the serial criterion apply to them.
+  bool logits_whole() const { return plan_.logits_whole(); }
+  const Gpt2Plan& plan() const { return plan_; }
+
+  /// wte as a VocabParallelEmbedding; null under a plan that splits it otherwise.
+  std::shared_ptr<VocabParallelEmbedding> wte() const {
+    return std::dynamic_pointer_cast<VocabParallelEmbedding>(wte_);
+  }
+  /// wpe replicated (the built-in policy); null under a plan that splits it.
+  std::shared_ptr<nn::Embedding> wpe() const { return std::dynamic_pointer_cast<nn::Embedding>(wpe_); }
   const std::shared_ptr<nn::ModuleList>& h() const { return h_; }
   const std::shared_ptr<nn::LayerNorm>& ln_f() const { return ln_f_; }
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
   bool sequence_parallel_;
-  std::shared_ptr<VocabParallelEmbedding> wte_;
-  std::shared_ptr<nn::Embedding> wpe_;
+  Gpt2Plan plan_;
+  std::shared_ptr<nn::Module> wte_;
+  std::shared_ptr<nn::Module> wpe_;
+  int64_t n_positions_;
   std::shared_ptr<nn::Dropout> drop_;
   std::shared_ptr<nn::ModuleList> h_;
   std::shared_ptr<nn::LayerNorm> ln_f_;
