@@ -1,0 +1,190 @@
+// PipelineSchedule: see pipeline_schedule.h.
+#include "colossal/engine/pipeline_schedule.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <utility>
+
+#include "colossal/autograd/engine.h"     // backward
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/error.h"
+#include "colossal/engine/engine.h"
+#include "colossal/ops/elementwise.h"  // div
+#include "colossal/ops/indexing.h"     // cat
+#include "colossal/parallel/pp/schedule_order.h"
+
+namespace colossal::engine {
+namespace {
+
+using parallel::pp::PipelineOp;
+
+constexpr int kMaxDims = 6;
+enum MessageKind { kHeader = 0, kActivation = 1, kGradient = 2 };
+
+/// Tags stay below 32768, the least MPI_TAG_UB the standard allows; a tag repeats only 256
+/// microbatches later, long after its message was received (Note [Pipeline messages]).
+int tag_of(MessageKind kind, int64_t microbatch, int chunk) {
+  return static_cast<int>(((microbatch % 256) * 16 + chunk % 16) * 4 + kind);
+}
+
+/// One stage's messages within a micro-step: asynchronous sends kept alive until the end, blocking
+/// receives, and a local mailbox for a "peer" that is this stage itself (one stage, several chunks).
+class Messenger {
+ public:
+  explicit Messenger(comm::ProcessGroup& group) : group_(group) {}
+  ~Messenger() { wait_sends(); }
+
+  void send(const Tensor& tensor, int peer, int tag) {
+    const Tensor payload = tensor.contiguous();
+    if (peer == group_.rank()) {
+      local_[tag] = payload;
+      return;
+    }
+    sends_.push_back(group_.send(payload, peer, tag, /*async=*/true));
+    kept_.push_back(payload);
+  }
+  Tensor receive(const Tensor& buffer, int peer, int tag) {
+    if (peer == group_.rank()) {
+      auto it = local_.find(tag);
+      COLOSSAL_CHECK(it != local_.end(), "pipeline stage {}: no local message with tag {} (a schedule mismatch)",
+                     group_.rank(), tag);
+      Tensor t = std::move(it->second);
+      local_.erase(it);
+      return t;
+    }
+    group_.recv(buffer, peer, tag);
+    return buffer;
+  }
+  /// An activation: its header (dtype, shape), then the tensor.
+  void send_activation(const Tensor& activation, int peer, int64_t microbatch, int chunk) {
+    COLOSSAL_CHECK(activation.dim() <= kMaxDims, "pipeline: activations of at most {} dimensions travel, got shape {}",
+                   kMaxDims, activation.shape());
+    std::vector<int64_t> header(2 + kMaxDims, 0);
+    header[0] = static_cast<int64_t>(activation.dtype());
+    header[1] = activation.dim();
+    for (int64_t d = 0; d < activation.dim(); ++d) header[static_cast<size_t>(2 + d)] = activation.size(d);
+    send(core::from_vector<int64_t>(header, {2 + kMaxDims}).to(group_.device()), peer,
+         tag_of(kHeader, microbatch, chunk));
+    send(activation, peer, tag_of(kActivation, microbatch, chunk));
+  }
+  Tensor receive_activation(int peer, int64_t microbatch, int chunk) {
+    const Tensor header = receive(core::empty({2 + kMaxDims}, TensorOptions(DType::i64, group_.device())), peer,
+                                  tag_of(kHeader, microbatch, chunk))
+                              .to(core::kCpu);
+    const std::vector<int64_t> h = header.to_vector<int64_t>();
+    Shape shape(h.begin() + 2, h.begin() + 2 + h[1]);
+    const auto dtype = static_cast<DType>(h[0]);
+    return receive(core::empty(shape, TensorOptions(dtype, group_.device())), peer,
+                   tag_of(kActivation, microbatch, chunk));
+  }
+  void wait_sends() {
+    for (comm::Work& w : sends_) w.wait();
+    sends_.clear();
+    kept_.clear();
+  }
+
+ private:
+  comm::ProcessGroup& group_;
+  std::vector<comm::Work> sends_;
+  std::vector<Tensor> kept_;
+  std::map<int, Tensor> local_;
+};
+
+}  // namespace
+
+PipelineSchedule::PipelineSchedule(std::vector<std::shared_ptr<nn::Module>> chunks,
+                                   std::shared_ptr<comm::ProcessGroup> group, int64_t num_microbatches)
+    : chunks_(std::move(chunks)), group_(std::move(group)), num_microbatches_(num_microbatches) {
+  COLOSSAL_CHECK(group_ != nullptr, "PipelineSchedule needs the pipeline group");
+  COLOSSAL_CHECK(!chunks_.empty(), "PipelineSchedule: stage {} has no model chunk", group_->rank());
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    COLOSSAL_CHECK(chunks_[c] != nullptr, "PipelineSchedule: chunk {} of stage {} is null", c, group_->rank());
+  }
+  COLOSSAL_CHECK(num_microbatches_ >= 1, "PipelineSchedule: the number of microbatches must be >= 1, got {}",
+                 num_microbatches_);
+  // The orders check what they need (microbatches a multiple of the stages when interleaved).
+  (void)parallel::pp::interleaved_order(group_->rank(), group_->size(), num_microbatches_,
+                                        static_cast<int>(chunks_.size()));
+}
+
+Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, const Tensor& target) {
+  const int p = group_->size(), s = group_->rank();
+  const int v = static_cast<int>(chunks_.size());
+  const int64_t m = num_microbatches_;
+  const bool first = s == 0, last = s == p - 1;
+  const Tensor& sized = first ? input : target;
+  COLOSSAL_CHECK(!(first || last) || (sized.defined() && sized.dim() >= 1 && sized.size(0) % m == 0),
+                 "pipeline stage {}: the batch's {} samples do not split into {} microbatches; use a batch size that "
+                 "is a multiple of the number of microbatches",
+                 s, sized.defined() && sized.dim() >= 1 ? sized.size(0) : 0, m);
+  const int64_t per = (first || last) ? sized.size(0) / m : 0;
+  auto slice = [&](const Tensor& t, int64_t mb) { return t.narrow(0, mb * per, per); };
+
+  Messenger messenger(*group_);
+  struct Saved {
+    Tensor input;   // a leaf receiving the gradient, or the microbatch's data on stage 0's chunk 0
+    Tensor output;  // the chunk's output, or the microbatch's loss at the very end
+  };
+  std::map<std::pair<int64_t, int>, Saved> saved;
+  std::vector<Tensor> losses, outputs;
+  amp::MixedPrecisionOptimizer* amp = engine.amp();
+
+  for (const PipelineOp& op : parallel::pp::interleaved_order(s, p, m, v)) {
+    const int c = op.chunk;
+    const int64_t mb = op.microbatch;
+    const bool very_first = first && c == 0, very_last = last && c == v - 1;
+    const int prev = first ? p - 1 : s - 1;  // chunk c's input comes from chunk c - 1 on the last stage
+    const int next = last ? 0 : s + 1;       // its output goes to chunk c + 1 on stage 0
+    if (op.kind == PipelineOp::Kind::forward) {
+      Saved& sv = saved[{mb, c}];
+      if (very_first) {
+        sv.input = amp != nullptr ? amp->cast_input(slice(input, mb)) : slice(input, mb);
+      } else {
+        // The previous chunk's output, a leaf here: its gradient is what goes back.
+        sv.input = messenger.receive_activation(prev, mb, first ? c - 1 : c).detach();
+        sv.input.set_requires_grad(true);
+      }
+      Tensor y = chunks_[static_cast<size_t>(c)]->forward(sv.input);
+      if (very_last) {
+        const Tensor out = amp != nullptr ? amp->cast_output(y) : y;
+        sv.output = engine.criterion(out, slice(target, mb));
+        losses.push_back(sv.output.detach());
+        outputs.push_back(out.detach());
+      } else {
+        messenger.send_activation(y.detach(), next, mb, c);
+        sv.output = y;
+      }
+    } else {
+      Saved& sv = saved.at({mb, c});
+      if (very_last) {
+        engine.backward(ops::div(sv.output, static_cast<double>(m)));  // the batch's mean loss
+      } else {
+        Tensor grad =
+            messenger.receive(core::empty(sv.output.shape(), TensorOptions(sv.output.dtype(), sv.output.device())),
+                              next, tag_of(kGradient, mb, last ? c + 1 : c));
+        autograd::backward(sv.output, grad);
+      }
+      if (!very_first) {
+        const Tensor g = sv.input.grad();
+        COLOSSAL_CHECK(g.defined(), "pipeline stage {}: microbatch {} chunk {} got no input gradient", s, mb, c);
+        messenger.send(g, prev, tag_of(kGradient, mb, c));
+      }
+      saved.erase({mb, c});
+    }
+  }
+  messenger.wait_sends();
+
+  // Every stage reports the last stage's mean loss (the others contribute zero).
+  autograd::NoGradGuard no_grad;
+  Tensor reported = core::zeros({}, TensorOptions(DType::f64, group_->device()));
+  if (last) {
+    for (const Tensor& l : losses) reported = ops::add(reported, l.to(DType::f64));
+    reported = ops::div(reported, static_cast<double>(m));
+    engine.set_last_output(ops::cat(outputs, 0));
+  }
+  if (p > 1) group_->all_reduce(reported, comm::ReduceOp::sum);
+  return reported;
+}
+
+}  // namespace colossal::engine
