@@ -15,6 +15,7 @@
 #include "colossal/engine/pipeline_schedule.h"
 #include "colossal/nn/activation.h"
 #include "colossal/nn/linear.h"
+#include "colossal/nn/models/gpt2.h"
 #include "colossal/nn/module.h"
 #include "colossal/ops/nn_functional.h"
 #include "colossal/optim/sgd.h"
@@ -136,6 +137,75 @@ TEST(PipelineSchedule, InterleavedEqualsTheSerialModel) {
 
 TEST(PipelineSchedule, WithGradientAccumulation) {
   expect_pipeline_equals_serial(1, 2, /*accumulation=*/2);
+}
+
+std::shared_ptr<nn::models::GPT2> tiny_gpt2() {
+  // Two blocks on a 32-token vocabulary, 8-token windows, 16 wide, f64: pieces embed, h.0, h.1, head.
+  nn::models::GPT2Config g;
+  g.vocab_size = 32;
+  g.n_positions = 8;
+  g.n_embd = 16;
+  g.n_layer = 2;
+  g.n_head = 2;
+  g.dropout = 0.0;
+  core::Generator init(5);
+  auto model = std::make_shared<nn::models::GPT2>(g, &init);
+  model->to(DType::f64);
+  return model;
+}
+
+Tensor lm_loss(const Tensor& logits, const Tensor& target) {
+  return ops::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+}
+
+TEST(PipelineSchedule, Gpt2PiecesWithTheTiedEmbeddingEqualTheSerialModel) {
+  // The tied wte lives on the first stage (embed) and the last (head); its two copies' gradients are
+  // summed between them (Note [Tied parameters across stages]), so both take the serial update.
+  const int p = world().size(), s = world().rank();
+  auto serial = tiny_gpt2();
+  auto serial_sgd = std::make_shared<optim::Sgd>(serial->parameters(), optim::SgdOptions{.lr = 0.1, .momentum = 0.9});
+  Engine serial_engine(serial, serial_sgd, lm_loss);
+
+  auto model = tiny_gpt2();
+  const auto pieces = model->layers();
+  ASSERT_EQ(pieces.size(), 4u);
+  const parallel::pp::StageParts parts = parallel::pp::partition_uniform(4, p);
+  auto chunk = std::make_shared<nn::Sequential>();
+  for (int64_t i = parts[static_cast<size_t>(s)][0].begin; i < parts[static_cast<size_t>(s)][0].end; ++i) {
+    chunk->push_back(pieces[static_cast<size_t>(i)]);
+  }
+  // A piece keeps the whole model's names (Note [Pipeline layers]); the chunk would prefix them.
+  std::vector<std::pair<std::string, Tensor>> named;
+  for (int64_t i = parts[static_cast<size_t>(s)][0].begin; i < parts[static_cast<size_t>(s)][0].end; ++i) {
+    for (const auto& entry : pieces[static_cast<size_t>(i)]->named_parameters()) named.push_back(entry);
+  }
+  std::vector<Tensor> tied;
+  for (const auto& [name, param] : named) {
+    if (name == "wte.weight") tied.push_back(param);
+  }
+  ASSERT_EQ(tied.size(), s == 0 || s == p - 1 ? 1u : 0u);
+  auto schedule = std::make_shared<PipelineSchedule>(std::vector<std::shared_ptr<nn::Module>>{chunk}, world_group(), 2);
+  schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(world(), !tied.empty()));
+  auto sgd = std::make_shared<optim::Sgd>(chunk->parameters(), optim::SgdOptions{.lr = 0.1, .momentum = 0.9});
+  EngineOptions options;
+  options.schedule = schedule;
+  Engine engine(chunk, sgd, lm_loss, options);
+
+  for (int step = 0; step < 3; ++step) {
+    std::vector<int64_t> ids, targets;
+    for (int64_t i = 0; i < 4 * 8; ++i) {
+      ids.push_back((7 * i + 3 * step) % 32);
+      targets.push_back((5 * i + step + 1) % 32);
+    }
+    const Tensor x = core::from_vector(ids, {4, 8}, DType::i64), y = core::from_vector(targets, {4, 8}, DType::i64);
+    expect_close(engine.step(x, y).item<double>(), serial_engine.step(x, y).item<double>(),
+                 fmt::format("loss at step {}", step));
+  }
+  const auto want = serial->state_dict();
+  for (const auto& [name, param] : named) {
+    const auto a = param.to_vector<double>(), b = want.at(name).to_vector<double>();
+    for (size_t e = 0; e < a.size(); ++e) expect_close(a[e], b[e], fmt::format("{} [{}]", name, e));
+  }
 }
 
 TEST(PipelineSchedule, RefusesMicrobatchesThatDoNotInterleave) {

@@ -108,6 +108,19 @@ PipelineSchedule::PipelineSchedule(std::vector<std::shared_ptr<nn::Module>> chun
                                         static_cast<int>(chunks_.size()));
 }
 
+void PipelineSchedule::set_tied_parameters(std::vector<Tensor> parameters,
+                                           std::shared_ptr<comm::ProcessGroup> tied_group) {
+  COLOSSAL_CHECK(parameters.empty() || tied_group != nullptr,
+                 "PipelineSchedule: stage {} has {} tied parameters but no group to sum their gradients over",
+                 group_->rank(), parameters.size());
+  tied_ = std::move(parameters);
+  tied_group_ = std::move(tied_group);
+}
+
+std::shared_ptr<comm::ProcessGroup> PipelineSchedule::tied_group(comm::ProcessGroup& pipeline, bool holds) {
+  return pipeline.split(holds ? 0 : comm::kNoColor, pipeline.rank());
+}
+
 Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, const Tensor& target) {
   const int p = group_->size(), s = group_->rank();
   const int v = static_cast<int>(chunks_.size());
@@ -174,6 +187,27 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
     }
   }
   messenger.wait_sends();
+
+  // Note [Tied parameters across stages]: each copy's gradient becomes the sum of every stage's, once
+  // per accumulation window (the sum of the window's accumulated shares).
+  if (tied_group_ != nullptr && tied_group_->size() > 1 && engine.last_step_updated()) {
+    COLOSSAL_CHECK(engine.gradient_handler() == nullptr,
+                   "pipeline stage {}: tied parameters across stages under data parallelism are not supported yet "
+                   "(the data-parallel reduction of their gradients is still in flight here)",
+                   s);
+    for (Tensor& param : tied_) {
+      Tensor grad = param.grad();
+      if (!grad.defined()) {
+        grad = core::zeros_like(param);  // this stage's share was nothing this micro-step
+        param.set_grad(grad);
+      }
+      if (!grad.is_contiguous()) {
+        grad = grad.contiguous();
+        param.set_grad(grad);
+      }
+      tied_group_->all_reduce(grad, comm::ReduceOp::sum);
+    }
+  }
 
   // Every stage reports the last stage's mean loss (the others contribute zero).
   autograd::NoGradGuard no_grad;

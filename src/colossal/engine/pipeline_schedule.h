@@ -16,6 +16,14 @@
 //
 // The loss is the last stage's: the mean of the microbatches' losses (each backward of loss / m, so
 // the gradients are the whole batch's mean), summed over the group so that every stage reports it.
+//
+// Note [Tied parameters across stages]
+// A weight two stages both use (GPT-2's wte: the embedding on the first stage, the output
+// projection on the last; Note [Pipeline layers]) lives as a copy on each, equal at the start. Each
+// copy's gradient is that stage's share; after the backwards of an accumulation window's last
+// micro-step the schedule sums them over the stages that hold the weight (Megatron's embedding
+// group), so every copy takes the same update and they stay equal. (Not yet with data parallelism
+// on top: refused with a message.)
 #pragma once
 
 #include <memory>
@@ -37,6 +45,15 @@ class PipelineSchedule final : public Schedule {
   PipelineSchedule(std::vector<std::shared_ptr<nn::Module>> chunks, std::shared_ptr<comm::ProcessGroup> group,
                    int64_t num_microbatches);
 
+  /// Parameters this stage holds a copy of that other stages hold too, and the group of those
+  /// stages (Note [Tied parameters across stages]): their gradients are summed over `tied_group`
+  /// after each micro-step's backwards. Every stage of `tied_group` passes its copies in the same order.
+  void set_tied_parameters(std::vector<Tensor> parameters, std::shared_ptr<comm::ProcessGroup> tied_group);
+
+  /// The group of the stages whose `holds` is true (collective over `pipeline`: every stage calls it);
+  /// null on the others.
+  static std::shared_ptr<comm::ProcessGroup> tied_group(comm::ProcessGroup& pipeline, bool holds);
+
   std::string_view name() const override { return chunks_.size() > 1 ? "interleaved 1f1b" : "1f1b"; }
   /// The micro-step's batch (dim 0 a multiple of num_microbatches) through the pipeline; `input`
   /// matters on stage 0, `target` on the last stage. Returns the mean loss on every stage.
@@ -50,6 +67,8 @@ class PipelineSchedule final : public Schedule {
   std::vector<std::shared_ptr<nn::Module>> chunks_;
   std::shared_ptr<comm::ProcessGroup> group_;
   int64_t num_microbatches_;
+  std::vector<Tensor> tied_;
+  std::shared_ptr<comm::ProcessGroup> tied_group_;
 };
 
 }  // namespace colossal::engine
