@@ -1,6 +1,7 @@
 // The colossal program. `colossal info` says what this build was compiled with; `colossal train`
 // trains from a TOML config (or, without one, runs the built-in MLP demo of train_mlp.h); `run`
-// launches ranks, `tokenize` and `export` prepare data and checkpoints.
+// launches ranks, `tokenize` and `export` prepare data and checkpoints, `describe` prints what a
+// config trains (its keys, its model's parameters and their tensor-parallel specs).
 #include <fmt/format.h>
 #include <omp.h>
 #include <unistd.h>  // execv
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "colossal/cli/describe.h"
 #include "colossal/cli/export.h"
 #include "colossal/cli/run.h"
 #include "colossal/cli/tokenize.h"
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   CLI::App* info = app.add_subcommand("info", "Print the version and the engines this build was compiled with");
   colossal::cli::add_tokenize_command(app);
   colossal::cli::add_export_command(app);
+  colossal::cli::add_describe_command(app);
   colossal::cli::add_run_command(app);
 
   colossal::cli::TrainArgs train_args;

@@ -121,4 +121,19 @@ Tensor ParallelViT::forward(const Tensor& images) {
   return head_->forward(head_drop_->forward(norm_->forward(tokens).select(1, 0)));
 }
 
+config::TensorSplit ParallelViT::split_of(const std::string& name) {
+  if (!name.starts_with("blocks.")) return config::TensorSplit::kReplicate;
+  const auto ends_with_any = [&](std::initializer_list<const char*> suffixes) {
+    for (const char* suffix : suffixes) {
+      if (name.ends_with(suffix)) return true;
+    }
+    return false;
+  };
+  if (ends_with_any({".attn.qkv.weight", ".attn.qkv.bias", ".mlp.fc1.weight", ".mlp.fc1.bias"})) {
+    return config::TensorSplit::kColumn;
+  }
+  if (ends_with_any({".attn.proj.weight", ".mlp.fc2.weight"})) return config::TensorSplit::kRow;
+  return config::TensorSplit::kReplicate;  // norms, row layers' biases
+}
+
 }  // namespace colossal::parallel::tp

@@ -20,8 +20,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "colossal/comm/process_group.h"
+#include "colossal/config/train_config.h"  // TensorSplit
 #include "colossal/nn/activation.h"
 #include "colossal/nn/dropout.h"
 #include "colossal/nn/layer_norm.h"
@@ -113,6 +115,9 @@ class ParallelViT : public nn::Module {
   Tensor forward(const Tensor& images) override;
 
   const nn::models::ViTConfig& config() const { return config_; }
+  /// How the parameter named `name` (timm's names) lives on the tensor group: column for the blocks'
+  /// qkv and fc1 (weights and biases), row for proj's and fc2's weights, replicate for the rest.
+  static config::TensorSplit split_of(const std::string& name);
   const std::shared_ptr<nn::ModuleList>& blocks() const { return blocks_; }
   const std::shared_ptr<nn::Linear>& head() const { return head_; }
 

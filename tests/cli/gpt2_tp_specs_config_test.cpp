@@ -1,0 +1,148 @@
+// configs/gpt2_tp_specs.toml, as a user runs it: it loads with the tutorial's six rules, and
+// `colossal run --nproc_per_node 2 -- colossal train --config configs/gpt2_tp_specs.toml` on CPU ranks
+// (the model shrunk by --set, everything else the config's: accumulation 4, clipping, AdamW, the
+// cosine warmup, the padded 50304-entry vocabulary) gives, step by step, the serial run's losses and
+// configs/gpt2_tp.toml's (the built-in policy) at 2 ranks; its checkpoint holds the serial tensors;
+// `colossal describe` prints each parameter's resulting spec.
+// Tolerance 1e-5 relative, the layout harness's f32 bound: the same sums in another order.
+#include <gtest/gtest.h>
+
+#include <unistd.h>  // getpid
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "metrics_jsonl.h"
+
+#include "colossal/initialize/training_run.h"  // load_run_config
+#include "colossal/nn/safetensors.h"
+
+namespace {
+
+using colossal::testing::step_losses;
+namespace fs = std::filesystem;
+
+const fs::path kConfigs = fs::path(COLOSSAL_TEST_DATA_DIR) / ".." / ".." / "configs";
+
+/// The colossal program of this build (tests/CMakeLists.txt names no COLOSSAL_BINARY for this test;
+/// the build puts the program at src/colossal/cli/colossal beside tests/).
+std::string colossal_binary() {
+  const fs::path program =
+      fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "src" / "colossal" / "cli" / "colossal";
+  if (!fs::exists(program)) throw std::runtime_error("build the colossal program first: " + program.string());
+  return program.string();
+}
+
+int run(const std::string& command, const fs::path& log) {
+  return std::system((command + " > '" + log.string() + "' 2>&1").c_str());
+}
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_tokens(const fs::path& path, int count) {
+  std::ofstream out(path, std::ios::binary);
+  for (int i = 0; i < count; ++i) {
+    const auto t = static_cast<uint16_t>((i * 7919 + (i * i) % 31) % 50257);
+    const char bytes[2] = {static_cast<char>(t & 0xFF), static_cast<char>(t >> 8)};
+    out.write(bytes, 2);
+  }
+}
+
+TEST(Gpt2TpSpecsConfig, LoadsWithTheTutorialsRules) {
+  const colossal::config::TrainConfig c = colossal::initialize::load_run_config(kConfigs / "gpt2_tp_specs.toml");
+  EXPECT_EQ(c.model.name, colossal::config::ModelName::kGpt2);
+  EXPECT_EQ(c.parallel.tensor.size, 2);
+  ASSERT_EQ(c.parallel.tensor.specs.size(), 6u);
+  EXPECT_EQ(c.parallel.tensor.specs[1],
+            (colossal::config::TensorSpecRule{"h.*.mlp.c_proj.weight", colossal::config::TensorSplit::kRow}));
+}
+
+TEST(Gpt2TpSpecsConfig, TwoCpuRanksGiveTheSerialRunsAndTheBuiltInPolicysLosses) {
+  const fs::path dir = fs::temp_directory_path() / ("colossal_gpt2_tp_specs_config_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_tokens(dir / "train.bin", 3000);
+  write_tokens(dir / "val.bin", 400);
+  ASSERT_EQ(::setenv("DATA", dir.c_str(), 1), 0);  // the configs' $DATA, inherited by the ranks
+  const std::string bin = colossal_binary();
+  // As gpt2_tp_config_test: two layers 32 wide with 4 heads, windows of 16 tokens, 3 updates of 4
+  // micro-batches, dropout off (the tensor ranks draw their own attention masks).
+  const std::string tiny =
+      " --set train.device='\"cpu\"' --set data.batch_size=4 --set data.seq_len=16 --set model.options.n_layer=2"
+      " --set model.options.n_embd=32 --set model.options.n_head=4 --set model.options.dropout=0.0"
+      " --set data.options.test_num_samples=4 --set train.max_steps=3 --set train.log_interval=1"
+      " --set train.progress=false --set lr_scheduler.warmup_steps=2 --set train.checkpoint_steps=3";
+  const auto train = [&](const std::string& config, const std::string& name, const std::string& extra) {
+    return " train --config " + (kConfigs / config).string() + tiny + extra + " --set train.checkpoint_dir='\"" +
+           (dir / name).string() + "\"' --metrics " + (dir / (name + ".jsonl")).string();
+  };
+  ASSERT_EQ(run(bin + train("gpt2_tp_specs.toml", "serial", " --set parallel.tensor.size=1"), dir / "serial.log"), 0)
+      << read(dir / "serial.log");
+  ASSERT_EQ(
+      run(bin + " run --nproc_per_node 2 -- " + bin + train("gpt2_tp_specs.toml", "specs", ""), dir / "specs.log"), 0)
+      << read(dir / "specs.log");
+  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + train("gpt2_tp.toml", "builtin", ""), dir / "builtin.log"),
+            0)
+      << read(dir / "builtin.log");
+  EXPECT_NE(read(dir / "specs.log").find("tensor parallel: 2 ranks (6 rules of parallel.tensor.specs)"),
+            std::string::npos)
+      << read(dir / "specs.log");
+
+  const std::map<int64_t, double> serial = step_losses(dir / "serial.jsonl"), specs = step_losses(dir / "specs.jsonl"),
+                                  builtin = step_losses(dir / "builtin.jsonl");
+  ASSERT_EQ(serial.size(), 12u) << read(dir / "serial.log");  // 3 updates of 4 micro-steps
+  ASSERT_EQ(specs.size(), serial.size()) << read(dir / "specs.log");
+  ASSERT_EQ(builtin.size(), serial.size()) << read(dir / "builtin.log");
+  double worst = 0;
+  for (const auto& [step, loss] : serial) {
+    const double against_serial = std::abs(specs.at(step) - loss) / std::abs(loss);
+    const double against_builtin = std::abs(specs.at(step) - builtin.at(step)) / std::abs(builtin.at(step));
+    worst = std::max({worst, against_serial, against_builtin});
+    EXPECT_LE(against_serial, 1e-5) << "step " << step << ": specs " << specs.at(step) << ", serial " << loss;
+    EXPECT_LE(against_builtin, 1e-5) << "step " << step << ": specs " << specs.at(step) << ", gpt2_tp.toml "
+                                     << builtin.at(step);
+  }
+  std::printf(
+      "configs/gpt2_tp_specs.toml at tp2 against serial and gpt2_tp.toml: %zu steps, largest relative "
+      "difference %.2e\n",
+      serial.size(), worst);
+
+  // The checkpoint is the serial one: same names, the whole padded vocabulary.
+  const colossal::nn::SafetensorsFile a = colossal::nn::load_safetensors(dir / "specs" / "epoch0-step12.safetensors");
+  const colossal::nn::SafetensorsFile b = colossal::nn::load_safetensors(dir / "serial" / "epoch0-step12.safetensors");
+  EXPECT_EQ(a.tensors.keys(), b.tensors.keys());
+  ASSERT_NE(a.tensors.find("model.wte.weight"), nullptr);
+  EXPECT_EQ(a.tensors.at("model.wte.weight").shape(), (colossal::Shape{50304, 32}));
+
+  // `colossal describe` names each parameter's spec and its rule.
+  ASSERT_EQ(run(bin + " describe --config " + (kConfigs / "gpt2_tp_specs.toml").string() + tiny, dir / "describe.log"),
+            0)
+      << read(dir / "describe.log");
+  const std::string text = read(dir / "describe.log");
+  const auto line_of = [&](const std::string& name) {
+    const size_t at = text.find("\n" + name + " ");
+    return at == std::string::npos ? std::string() : text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+  };
+  for (const auto& [name, want] : std::map<std::string, std::vector<std::string>>{
+           {"wte.weight", {"[50304, 32]", "column", "ShardSpec([-1])", "[50304, 16]", "rule 2 \"wte.weight\""}},
+           {"h.1.attn.c_attn.bias", {"column", "[48]"}},
+           {"h.1.mlp.c_proj.weight", {"[128, 32]", "row", "ShardSpec([0])", "[64, 32]", "rule 1"}},
+           {"h.1.mlp.c_proj.bias", {"replicate", "whole", "follows h.1.mlp.c_proj.weight"}},
+           {"ln_f.weight", {"replicate", "no rule"}}}) {
+    const std::string line = line_of(name);
+    for (const std::string& part : want) EXPECT_NE(line.find(part), std::string::npos) << name << ": " << line;
+  }
+  ASSERT_EQ(::unsetenv("DATA"), 0);
+  fs::remove_all(dir);
+}
+
+}  // namespace
