@@ -2,6 +2,8 @@
 // timed-out rank ends.
 #include "colossal/comm/watchdog.h"
 
+#include "colossal/comm/operation_context.h"  // with_operation_context
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -170,7 +172,7 @@ std::string rank_text(const WatchedOperation& op) {
 }  // namespace
 
 WatchedOperation::WatchedOperation(const ProcessGroup& group, std::string operation)
-    : operation_(std::move(operation)),
+    : operation_(with_operation_context(std::move(operation))),
       group_(group.shared_description()),
       world_rank_(group.global_ranks()[static_cast<size_t>(group.rank())]),
       group_rank_(group.rank()),

@@ -22,7 +22,8 @@ class WatchedOperation {
  public:
   using Clock = std::chrono::steady_clock;
 
-  /// `operation` names the call and its tensors ("all_reduce (sum) of a f32 tensor of shape [4]");
+  /// `operation` names the call and its tensors ("all_reduce (sum) of a f32 tensor of shape [4]"),
+  /// followed by the issuing thread's OperationContext (comm/operation_context.h) when there is one;
   /// the group's description, ranks and timeout are read from `group` now, so the operation can be
   /// reported after the group is gone.
   WatchedOperation(const ProcessGroup& group, std::string operation);

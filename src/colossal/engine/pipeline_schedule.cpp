@@ -8,7 +8,9 @@
 
 #include "colossal/autograd/engine.h"     // backward
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/comm/operation_context.h"
 #include "colossal/core/error.h"
+#include "colossal/core/profiler.h"  // Scope
 #include "colossal/engine/engine.h"
 #include "colossal/ops/elementwise.h"  // div
 #include "colossal/ops/indexing.h"     // cat
@@ -149,6 +151,14 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
     const bool very_first = first && c == 0, very_last = last && c == v - 1;
     const int prev = first ? p - 1 : s - 1;  // chunk c's input comes from chunk c - 1 on the last stage
     const int next = last ? 0 : s + 1;       // its output goes to chunk c + 1 on stage 0
+    // The profiler's ranges (core/profiler.h) show each stage's busy and idle time per op: the bubble.
+    core::profiler::Scope scope(op.kind == PipelineOp::Kind::forward ? "pipeline: forward" : "pipeline: backward",
+                                engine.device());
+    // A receive that never completes names the stage, the pass and the microbatch (the watchdog's
+    // message, comm/operation_context.h), not only a tag.
+    const comm::OperationContext context(fmt::format("pipeline stage {} of {}: {} of microbatch {}{}", s, p,
+                                                     op.kind == PipelineOp::Kind::forward ? "forward" : "backward", mb,
+                                                     v > 1 ? fmt::format(", chunk {}", c) : std::string()));
     if (op.kind == PipelineOp::Kind::forward) {
       Saved& sv = saved[{mb, c}];
       if (very_first) {
