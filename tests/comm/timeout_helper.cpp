@@ -5,13 +5,16 @@
 //   comm_timeout_helper skip_all_reduce   rank 1 skips an all_reduce that rank 0 waits for
 //   comm_timeout_helper skip_async        rank 1 skips; rank 0 issues it async and never waits
 //   comm_timeout_helper skip_in_subgroup  the same on new_group({1, 0}), whose ranks are reversed
+//   comm_timeout_helper skip_send         rank 0 never sends what rank 1 receives inside an
+//                                         OperationContext (a pipeline stage's, as the schedule sets)
 #include <chrono>
 #include <cstdio>
 #include <exception>
 #include <string_view>
 #include <thread>
 
-#include "colossal/comm/init.h"  // init_process_group, read_dist_env
+#include "colossal/comm/init.h"               // init_process_group, read_dist_env
+#include "colossal/comm/operation_context.h"  // OperationContext
 
 namespace {
 
@@ -43,6 +46,10 @@ int run(std::string_view scenario) {
     if (world->rank() == 1) sleep_until_stopped();
     Tensor gathered = core::empty({8});
     reversed->all_gather(gathered, t);
+  } else if (scenario == "skip_send") {
+    if (world->rank() == 0) sleep_until_stopped();
+    const comm::OperationContext context("pipeline stage 1 of 2: forward of microbatch 0");
+    world->recv(t, 0, /*tag=*/5);
   } else {
     std::fprintf(stderr, "comm_timeout_helper: unknown scenario '%.*s'\n", static_cast<int>(scenario.size()),
                  scenario.data());
@@ -57,7 +64,7 @@ int run(std::string_view scenario) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s skip_all_reduce|skip_async|skip_in_subgroup\n", argv[0]);
+    std::fprintf(stderr, "usage: %s skip_all_reduce|skip_async|skip_in_subgroup|skip_send\n", argv[0]);
     return 2;
   }
   try {

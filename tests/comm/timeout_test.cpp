@@ -224,6 +224,17 @@ TEST(MpiTimeout, SubgroupsTimeOutNamingBothRanks) {
   expect_no_leftovers(marker);
 }
 
+TEST(MpiTimeout, AReceiveThatNeverCompletesNamesWhatItWasFor) {
+  // A pipeline stage waiting for an activation its peer never sends: the message names the stage, the
+  // pass and the microbatch (comm/operation_context.h), not only the receive.
+  const std::string marker = new_job_marker("skip_send");
+  const ChildResult r = testing::run_child(mpirun("skip_send"), job_env(marker, "1"), 20s);
+  expect_ended_within(r, 1.0);
+  EXPECT_NE(r.output.find("rank 1 (rank 1 of its group) waited"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(pipeline stage 1 of 2: forward of microbatch 0)"), std::string::npos) << r.output;
+  expect_no_leftovers(marker);
+}
+
 #if defined(COLOSSAL_BINARY)
 TEST(MpiTimeout, ColossalRunNamesTheRankThatTimedOut) {
   const std::string marker = new_job_marker("colossal_run");
