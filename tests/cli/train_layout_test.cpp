@@ -96,8 +96,11 @@ TEST(TrainLayout, TwoDataParallelRanksGiveTheSerialRunsLosses) {
 // Tensor parallelism through the command line: GPT-2 (1D: heads, MLP, vocab-parallel embedding and
 // loss) at parallel.tensor.size = 2 gives the serial run's per-step losses (fp32, 1e-5), clipping and
 // gradient accumulation on; the two ranks take the same batches (one data-parallel rank).
-TEST(TrainLayout, TwoTensorParallelRanksGiveTheSerialRunsLosses) {
-  const fs::path dir = fs::temp_directory_path() / ("colossal_train_layout_test_tp_" + std::to_string(::getpid()));
+/// Trains the tiny GPT-2 config serially and on 2 ranks with `sets` (command-line --set options),
+/// expecting every step's loss within 1e-5 relative (fp32); `name` names the files.
+void expect_two_ranks_give_the_serial_losses(const std::string& sets, const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("colossal_train_layout_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   {
@@ -124,22 +127,35 @@ TEST(TrainLayout, TwoTensorParallelRanksGiveTheSerialRunsLosses) {
   ASSERT_EQ(
       run(bin + " train --config " + config + " --metrics " + (dir / "serial.jsonl").string(), dir / "serial.log"), 0)
       << read(dir / "serial.log");
-  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + " train --config " + config +
-                    " --set parallel.tensor.size=2 --metrics " + (dir / "tp2.jsonl").string(),
-                dir / "tp2.log"),
+  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + " train --config " + config + " " + sets + " --metrics " +
+                    (dir / (name + ".jsonl")).string(),
+                dir / (name + ".log")),
             0)
-      << read(dir / "tp2.log");
-  const std::map<int64_t, double> serial = step_losses(dir / "serial.jsonl"), tp = step_losses(dir / "tp2.jsonl");
+      << read(dir / (name + ".log"));
+  const std::map<int64_t, double> serial = step_losses(dir / "serial.jsonl"), tp = step_losses(dir / (name + ".jsonl"));
   ASSERT_EQ(serial.size(), 12u) << read(dir / "serial.log");  // 6 updates of 2 micro-steps
-  ASSERT_EQ(tp.size(), serial.size()) << read(dir / "tp2.log");
+  ASSERT_EQ(tp.size(), serial.size()) << read(dir / (name + ".log"));
   double worst = 0;
   for (const auto& [step, loss] : serial) {
     const double error = std::abs(tp.at(step) - loss) / std::abs(loss);
     worst = std::max(worst, error);
-    EXPECT_LE(error, 1e-5) << "step " << step << ": tp2 " << tp.at(step) << ", serial " << loss;
+    EXPECT_LE(error, 1e-5) << "step " << step << ": " << name << " " << tp.at(step) << ", serial " << loss;
   }
-  std::printf("tp2 against serial: %zu steps, largest relative difference %.2e\n", serial.size(), worst);
+  std::printf("%s against serial: %zu steps, largest relative difference %.2e\n", name.c_str(), serial.size(), worst);
   fs::remove_all(dir);
+}
+
+TEST(TrainLayout, TwoTensorParallelRanksGiveTheSerialRunsLosses) {
+  expect_two_ranks_give_the_serial_losses("--set parallel.tensor.size=2", "tp2");
+}
+
+// Pipeline parallelism through the command line (initialize/pipeline_stage.h): GPT-2's pieces cut
+// into 2 stages with 2 microbatches, the tied wte summed between the first and last stage and counted
+// once in the clipping norm, gives the serial run's losses; so does the interleaved schedule.
+TEST(TrainLayout, TwoPipelineStagesGiveTheSerialRunsLosses) {
+  expect_two_ranks_give_the_serial_losses("--set parallel.pipeline=2 --set parallel.num_microbatches=2", "pp2");
+  expect_two_ranks_give_the_serial_losses(
+      "--set parallel.pipeline=2 --set parallel.num_microbatches=2 --set parallel.num_chunks=2", "pp2v2");
 }
 
 }  // namespace

@@ -111,6 +111,7 @@ class Engine {
   const parallel::ParallelContext& context() const { return *context_; }
   /// Over which groups the overflow flag and the clipping norm are reduced.
   const parallel::GradientStatistics& gradient_statistics() const { return *gradient_statistics_; }
+  parallel::GradientStatistics& gradient_statistics() { return *gradient_statistics_; }
   Schedule& schedule() { return *schedule_; }
   /// Optimizer updates so far (skipped fp16 steps included, as the scheduler counts them); a
   /// checkpoint restores the count.

@@ -119,6 +119,13 @@ void PipelineSchedule::set_tied_parameters(std::vector<Tensor> parameters,
   tied_group_ = std::move(tied_group);
 }
 
+void PipelineSchedule::rebind_tied_parameters(std::vector<Tensor> parameters) {
+  COLOSSAL_CHECK(parameters.size() == tied_.size(),
+                 "PipelineSchedule: rebinding {} tied parameters with {} tensors on stage {}", tied_.size(),
+                 parameters.size(), group_->rank());
+  tied_ = std::move(parameters);
+}
+
 std::shared_ptr<comm::ProcessGroup> PipelineSchedule::tied_group(comm::ProcessGroup& pipeline, bool holds) {
   return pipeline.split(holds ? 0 : comm::kNoColor, pipeline.rank());
 }

@@ -59,6 +59,15 @@ class PipelineSchedule final : public Schedule {
   /// matters on stage 0, `target` on the last stage. Returns the mean loss on every stage.
   Tensor forward_backward(Engine& engine, const Tensor& input, const Tensor& target) override;
 
+  /// Replaces the tied parameters' handles, same order and group (after mixed precision converted the
+  /// model: handles taken before go stale, Note [Parameter slots]).
+  void rebind_tied_parameters(std::vector<Tensor> parameters);
+
+  /// This stage's copies of tied parameters (set_tied_parameters), and whether this stage is the one
+  /// that counts them in the clipping norm (the first stage holding them; true without any).
+  const std::vector<Tensor>& tied_parameters() const { return tied_; }
+  bool counts_tied_parameters() const { return tied_group_ == nullptr || tied_group_->rank() == 0; }
+
   int stage() const { return group_->rank(); }
   int num_stages() const { return group_->size(); }
   int64_t num_microbatches() const { return num_microbatches_; }

@@ -25,6 +25,7 @@
 #include "colossal/engine/checkpoint.h"
 #include "colossal/engine/hooks.h"
 #include "colossal/engine/log_hooks.h"
+#include "colossal/initialize/pipeline_stage.h"
 #include "colossal/nn/hub_weights.h"
 #include "colossal/nn/safetensors.h"  // read_safetensors_header
 #include "colossal/parallel/layout_rules.h"
@@ -42,10 +43,32 @@ using config::TrainConfig;
 /// What the config asks for that this assembly cannot build yet, named by key.
 void reject_unsupported(const TrainConfig& c) {
   if (c.parallel.pipeline > 1) {
-    unsupported(fmt::format(
-        "parallel.pipeline = {}: pipeline parallelism is not built yet; data parallelism is (parallel.data, or 0 "
-        "for every process), and tensor parallelism for GPT-2 (parallel.tensor.size)",
-        c.parallel.pipeline));
+    // The pipeline schedule runs a stage's chunks (initialize/pipeline_stage.h); what it does not
+    // combine with yet is refused here, by key.
+    if (c.parallel.tensor.size > 1) {
+      unsupported(
+          fmt::format("parallel.pipeline = {} with parallel.tensor.size = {}: pipeline x tensor parallelism is "
+                      "not built yet; use one of them",
+                      c.parallel.pipeline, c.parallel.tensor.size));
+    }
+    if (!c.train.checkpoint_dir.empty() || !c.train.resume_from.empty()) {
+      unsupported(
+          fmt::format("parallel.pipeline = {}: checkpoints under pipeline parallelism are not built yet; set "
+                      "train.checkpoint_dir = \"\" (and no train.resume_from)",
+                      c.parallel.pipeline));
+    }
+    if (c.fp16.mode == config::AmpMode::kTorch) {
+      unsupported(
+          fmt::format("parallel.pipeline = {} with fp16.mode = \"torch\": autocast does not reach the stages' "
+                      "passes yet; use fp16.mode = \"naive\" or bf16 = true",
+                      c.parallel.pipeline));
+    }
+    if (c.data.batch_size % c.parallel.num_microbatches != 0) {
+      unsupported(
+          fmt::format("data.batch_size = {} does not split into parallel.num_microbatches = {} microbatches; "
+                      "use a batch size that is a multiple of it",
+                      c.data.batch_size, c.parallel.num_microbatches));
+    }
   }
   if (c.parallel.tensor.size > 1) {
     // Tensor parallelism (1D) reaches GPT-2 and ViT so far: parallel/tp/gpt2_1d.h, vit_1d.h.
@@ -229,6 +252,14 @@ void TrainingRun::build_data_and_model() {
     }
     model_->to(device_);  // anything the split made anew sits where the serial model did
   }
+  if (context_->layout().pipeline_size() > 1) {
+    // This rank's stage: the whole model is cut into pieces and the stage keeps its chunks
+    // (initialize/pipeline_stage.h; every rank builds the whole model first, for now).
+    PipelineStage stage = make_pipeline_stage(*model_, *context_, c);
+    if (writer_ && options_.verbose) fmt::print("{}\n", stage.description);
+    model_ = stage.module;
+    pipeline_schedule_ = stage.schedule;
+  }
 
   // The global batch of iteration k is the serial run's batch k (data.batch_size x dp samples of
   // one shared order), split among the data-parallel ranks: each takes every dp-th sample.
@@ -268,6 +299,10 @@ void TrainingRun::build_data_and_model() {
     to.shuffle = false;
     to.drop_last = false;
     to.batch_transform = nullptr;
+    COLOSSAL_CHECK(context_->layout().pipeline_size() == 1,
+                   "parallel.pipeline = {}: evaluating a test set under pipeline parallelism is not built yet; set "
+                   "data.test_path = \"\" (token data) or train.test_interval = 0",
+                   context_->layout().pipeline_size());
     test_loader_ = std::make_unique<data::DataLoader>(datasets_.test, to);
   }
 }
@@ -279,6 +314,7 @@ void TrainingRun::build_engine() {
       make_scheduler(c, *optimizer, std::max<int64_t>(1, plan_.total_updates), plan_.updates_per_epoch);
   engine::EngineOptions eo;
   eo.context = context_;
+  if (pipeline_schedule_) eo.schedule = pipeline_schedule_;
   eo.gradient_accumulation = c.gradient_accumulation;
   if (c.clip_grad_norm > 0) eo.clip_grad_norm = c.clip_grad_norm;
   eo.amp = make_amp_options(c);
@@ -294,7 +330,36 @@ void TrainingRun::build_engine() {
     // serial criterion stays.
     criterion = [gpt2](const Tensor& logits, const Tensor& target) { return gpt2->loss(logits, target); };
   }
+  // The tied weights' names in the stage, to find them again once mixed precision has converted it.
+  std::vector<std::string> tied_names;
+  if (pipeline_schedule_) {
+    for (const Tensor& tied : pipeline_schedule_->tied_parameters()) {
+      for (const auto& [name, param] : model_->named_parameters()) {
+        if (param.impl() == tied.impl()) tied_names.push_back(name);
+      }
+    }
+  }
   engine_ = std::make_unique<engine::Engine>(model_, optimizer, criterion, eo, scheduler);
+  if (pipeline_schedule_) {
+    std::vector<Tensor> fresh;
+    for (const std::string& name : tied_names) fresh.push_back(model_->parameter(name));
+    pipeline_schedule_->rebind_tied_parameters(std::move(fresh));
+  }
+  if (pipeline_schedule_ && !pipeline_schedule_->counts_tied_parameters()) {
+    // A tied weight's copies carry the same summed gradient: the first stage holding it counts it
+    // in the clipping norm, the others leave theirs out (their fp32 masters under mixed precision).
+    std::vector<Tensor> elsewhere;
+    for (const Tensor& tied : pipeline_schedule_->tied_parameters()) {
+      if (amp::MixedPrecisionOptimizer* amp = engine_->amp()) {
+        for (size_t k = 0; k < amp->model_params().size(); ++k) {
+          if (amp->model_params()[k].impl() == tied.impl()) elsewhere.push_back(amp->master_params()[k]);
+        }
+      } else {
+        elsewhere.push_back(tied);
+      }
+    }
+    engine_->gradient_statistics().set_counted_elsewhere(std::move(elsewhere));
+  }
   trainer_ = std::make_unique<engine::Trainer>(*engine_);
 }
 
@@ -358,7 +423,8 @@ void TrainingRun::build_hooks() {
   // tensor-parallel GPT-2 under the built-in policy (each rank its vocabulary slice) does not give;
   // ParallelViT and GPT-2 under specs that keep wte's rows whole do.
   const auto split_gpt2 = std::dynamic_pointer_cast<parallel::tp::ParallelGPT2>(model_);
-  if (!split_gpt2 || split_gpt2->logits_whole())
+  // Under a pipeline the logits are the last stage's alone.
+  if ((!split_gpt2 || split_gpt2->logits_whole()) && context_->layout().pipeline_size() == 1)
     hooks_.insert(hooks_.begin() + 1, std::make_shared<engine::AccuracyHook>());
   if (!writer_) {
     // Under tensor parallelism the writer's tensor group (data and pipeline rank 0, as the writer)

@@ -23,6 +23,7 @@
 #include "colossal/engine/checkpoint.h"  // NamedGenerators
 #include "colossal/engine/engine.h"
 #include "colossal/engine/hook.h"
+#include "colossal/engine/pipeline_schedule.h"
 #include "colossal/engine/trainer.h"
 #include "colossal/initialize/builders.h"
 #include "colossal/initialize/run_plan.h"
@@ -106,6 +107,8 @@ class TrainingRun {
   /// tensor_generator_ those of activations split over the tensor group (parallel/tp/random.h).
   std::unique_ptr<core::Generator> init_generator_, dropout_generator_, tensor_generator_;
   std::shared_ptr<nn::Module> model_;
+  /// Under parallel.pipeline > 1: the schedule of this rank's stage (model_ holds its chunks).
+  std::shared_ptr<engine::PipelineSchedule> pipeline_schedule_;
   std::shared_ptr<data::Sampler> sampler_;
   RunPlan plan_;
   std::unique_ptr<data::DataLoader> train_loader_, test_loader_;

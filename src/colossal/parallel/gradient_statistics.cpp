@@ -27,6 +27,12 @@ void GradientStatistics::set_replicated_over_tensor(std::vector<Tensor> tensors)
   std::sort(replicated_.begin(), replicated_.end());
 }
 
+void GradientStatistics::set_counted_elsewhere(std::vector<Tensor> tensors) {
+  elsewhere_.clear();
+  for (const Tensor& t : tensors) elsewhere_.push_back(t.impl());
+  std::sort(elsewhere_.begin(), elsewhere_.end());
+}
+
 bool GradientStatistics::any_found_inf(bool local_found_inf) const {
   if (groups_.empty()) return local_found_inf;
   bool found = local_found_inf;
@@ -44,7 +50,7 @@ Tensor GradientStatistics::grad_norm(const std::vector<Tensor>& params, double n
   const bool inf_norm = std::isinf(norm_type);
   const bool skip_replicated = tensor_group_ != nullptr && tensor_group_->rank() != 0 && !replicated_.empty();
   // A precomputed sum counts every tensor; a tensor rank other than 0 must leave the replicated out.
-  const bool reuse = local_sum_of_squares.defined() && norm_type == 2.0 && !skip_replicated;
+  const bool reuse = local_sum_of_squares.defined() && norm_type == 2.0 && !skip_replicated && elsewhere_.empty();
   if (groups_.empty()) return reuse ? ops::sqrt(local_sum_of_squares) : optim::total_grad_norm(params, norm_type);
   // Each rank's share as sum |g|^p (or max |g|), reduced over every group, then the p-th root. A
   // tensor every rank of the tensor group holds whole counts on tensor rank 0 only.
@@ -56,6 +62,7 @@ Tensor GradientStatistics::grad_norm(const std::vector<Tensor>& params, double n
     counted.reserve(params.size());
     for (const Tensor& p : params) {
       if (skip_replicated && std::binary_search(replicated_.begin(), replicated_.end(), p.impl())) continue;
+      if (std::binary_search(elsewhere_.begin(), elsewhere_.end(), p.impl())) continue;
       counted.push_back(p);
     }
     if (norm_type == 2.0) {

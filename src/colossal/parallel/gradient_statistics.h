@@ -27,6 +27,10 @@ class GradientStatistics {
   /// rank 0, instead of once per rank. The rest are shards, each counted where it lives.
   void set_replicated_over_tensor(std::vector<Tensor> tensors);
 
+  /// Tensors this rank holds a copy of that another rank counts in the norm (a pipeline's tied
+  /// weight on every stage but the first that holds it: Note [Tied parameters across stages]).
+  void set_counted_elsewhere(std::vector<Tensor> tensors);
+
   /// The groups reduced over, in a fixed order (tensor, pipeline, data) that every rank shares.
   const std::vector<std::shared_ptr<comm::ProcessGroup>>& groups() const { return groups_; }
 
@@ -47,6 +51,7 @@ class GradientStatistics {
   std::vector<std::shared_ptr<comm::ProcessGroup>> groups_;
   std::shared_ptr<comm::ProcessGroup> tensor_group_;  // null when the tensor group is not reduced over
   std::vector<const core::TensorImpl*> replicated_;   // sorted, for lookup
+  std::vector<const core::TensorImpl*> elsewhere_;    // sorted, for lookup
 };
 
 }  // namespace colossal::parallel

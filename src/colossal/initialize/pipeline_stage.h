@@ -1,0 +1,32 @@
+// This rank's stage of a pipeline-parallel run (parallel.pipeline > 1): the model's pieces
+// (nn/models' layers(), Note [Pipeline layers]) cut among the stages, balanced by parameter count as
+// Colossal-AI's default does (parallel/pp/partition.h), into parallel.num_chunks chunks per stage,
+// and the PipelineSchedule that runs them with parallel.num_microbatches microbatches, the weights
+// two stages share (GPT-2's tied wte) summed between them.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "colossal/config/train_config.h"
+#include "colossal/engine/pipeline_schedule.h"
+#include "colossal/nn/module.h"
+#include "colossal/parallel/parallel_context.h"
+
+namespace colossal::initialize {
+
+struct PipelineStage {
+  /// This stage's chunks under one module (the Engine's model: its parameters are the stage's).
+  std::shared_ptr<nn::Module> module;
+  std::shared_ptr<engine::PipelineSchedule> schedule;
+  /// "pipeline: 4 stages x 1 chunk, 14 pieces balanced by parameters; stage 0: [0, 4)": for the log.
+  std::string description;
+};
+
+/// Cuts `model` (whole on this rank; a GPT-2, ViT or ResNet) for this rank's pipeline stage. Every
+/// rank of the pipeline group must call it (it splits the group for tied weights). Throws naming
+/// model.name when the model has no pieces, or the numbers when they do not fill the stages.
+PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelContext& context,
+                                  const config::TrainConfig& c);
+
+}  // namespace colossal::initialize
