@@ -3,7 +3,8 @@
 // tokens, norms and head replicated: parallel/tp/vit_1d.h) gives the serial run's loss at every
 // step, with gradient accumulation and clipping on; the logits are whole on every rank, so the
 // accuracy hook reports the serial run's test accuracy; the checkpoint holds the serial tensors
-// under timm's names. Heads that do not split are an error naming both.
+// under timm's names and resumes serially (and the serial file at tp2) with the uninterrupted run's
+// losses. Heads that do not split are an error naming both.
 // Tolerance 1e-5 relative, the layout harness's f32 bound: the same sums in another order.
 #include <gtest/gtest.h>
 
@@ -141,6 +142,27 @@ TEST(TrainVitTp, TwoTensorParallelRanksGiveTheSerialRunsLossesAndAccuracy) {
     norm += vb[i] * vb[i];
   }
   EXPECT_LE(std::sqrt(diff / norm), 1e-5) << "qkv.weight in the tp2 checkpoint is not the serial one (q/k/v order?)";
+
+  // Layout-independent checkpoints: the tp2 file of epoch 1 resumes serially, and the serial one at
+  // tp2, each going on with the uninterrupted serial run's losses (steps 7 to 12; momentum, position
+  // and generators included).
+  const auto expect_resumed = [&](const std::string& launcher, const std::string& extra, const std::string& from,
+                                  const std::string& name) {
+    ASSERT_EQ(run(launcher + bin + common + extra + " --set train.resume_from='\"" +
+                      (dir / from / "epoch1-step6.safetensors").string() + "\"' --metrics " +
+                      (dir / (name + ".jsonl")).string(),
+                  dir / (name + ".log")),
+              0)
+        << read(dir / (name + ".log"));
+    const std::map<int64_t, double> resumed = step_losses(dir / (name + ".jsonl"));
+    ASSERT_EQ(resumed.size(), 6u) << read(dir / (name + ".log"));
+    for (const auto& [step, loss] : resumed) {
+      EXPECT_LE(std::abs(loss - serial.at(step)), 1e-5 * std::abs(serial.at(step)))
+          << name << ": step " << step << " resumed " << loss << ", uninterrupted " << serial.at(step);
+    }
+  };
+  expect_resumed("", "", "tp2", "tp2_to_serial");
+  expect_resumed(bin + " run --nproc_per_node 2 -- ", " --set parallel.tensor.size=2", "serial", "serial_to_tp2");
 
   // Three heads do not split over two ranks: the error names both.
   ASSERT_NE(run(bin + " run --nproc_per_node 2 -- " + bin + common +
