@@ -2,7 +2,8 @@
 // `colossal run --nproc_per_node 2 -- colossal train --config configs/gpt2_tp_specs.toml` on CPU ranks
 // (the model shrunk by --set, everything else the config's: accumulation 4, clipping, AdamW, the
 // cosine warmup, the padded 50304-entry vocabulary) gives, step by step, the serial run's losses and
-// configs/gpt2_tp.toml's (the built-in policy) at 2 ranks; its checkpoint holds the serial tensors;
+// configs/gpt2_tp.toml's (the built-in policy) at 2 ranks; its checkpoint holds the serial tensors
+// and resumes under the built-in policy with the uninterrupted run's losses;
 // `colossal describe` prints each parameter's resulting spec.
 // Tolerance 1e-5 relative, the layout harness's f32 bound: the same sums in another order.
 #include <gtest/gtest.h>
@@ -80,7 +81,7 @@ TEST(Gpt2TpSpecsConfig, TwoCpuRanksGiveTheSerialRunsAndTheBuiltInPolicysLosses) 
       " --set train.device='\"cpu\"' --set data.batch_size=4 --set data.seq_len=16 --set model.options.n_layer=2"
       " --set model.options.n_embd=32 --set model.options.n_head=4 --set model.options.dropout=0.0"
       " --set data.options.test_num_samples=4 --set train.max_steps=3 --set train.log_interval=1"
-      " --set train.progress=false --set lr_scheduler.warmup_steps=2 --set train.checkpoint_steps=3";
+      " --set train.progress=false --set lr_scheduler.warmup_steps=2 --set train.checkpoint_steps=1";
   const auto train = [&](const std::string& config, const std::string& name, const std::string& extra) {
     return " train --config " + (kConfigs / config).string() + tiny + extra + " --set train.checkpoint_dir='\"" +
            (dir / name).string() + "\"' --metrics " + (dir / (name + ".jsonl")).string();
@@ -122,6 +123,22 @@ TEST(Gpt2TpSpecsConfig, TwoCpuRanksGiveTheSerialRunsAndTheBuiltInPolicysLosses) 
   EXPECT_EQ(a.tensors.keys(), b.tensors.keys());
   ASSERT_NE(a.tensors.find("model.wte.weight"), nullptr);
   EXPECT_EQ(a.tensors.at("model.wte.weight").shape(), (colossal::Shape{50304, 32}));
+
+  // The specs run's checkpoint after 2 updates resumes under the built-in policy (another split of
+  // every layer but the layer norms) with the uninterrupted serial run's losses.
+  ASSERT_EQ(
+      run(bin + " run --nproc_per_node 2 -- " + bin +
+              train("gpt2_tp.toml", "specs_to_builtin",
+                    " --set train.resume_from='\"" + (dir / "specs" / "epoch0-step8.safetensors").string() + "\"'"),
+          dir / "specs_to_builtin.log"),
+      0)
+      << read(dir / "specs_to_builtin.log");
+  const std::map<int64_t, double> resumed = step_losses(dir / "specs_to_builtin.jsonl");
+  ASSERT_EQ(resumed.size(), 4u) << read(dir / "specs_to_builtin.log");  // steps 9 to 12
+  for (const auto& [step, loss] : resumed) {
+    EXPECT_LE(std::abs(loss - serial.at(step)), 1e-5 * std::abs(serial.at(step)))
+        << "resumed under the built-in policy: step " << step << " " << loss << ", uninterrupted " << serial.at(step);
+  }
 
   // `colossal describe` names each parameter's spec and its rule.
   ASSERT_EQ(run(bin + " describe --config " + (kConfigs / "gpt2_tp_specs.toml").string() + tiny, dir / "describe.log"),
