@@ -105,7 +105,10 @@ void run_describe(const DescribeOptions& o) {
   std::vector<Row> rows;
   for (const auto& [name, parameter] : model->named_parameters()) rows.push_back({name, parameter.shape()});
   std::string how = "one process holds every parameter (parallel.tensor.size = 1)";
-  if (tp > 1) {
+  if (tp > 1 && c.parallel.tensor.mode != config::TensorParallelMode::k1d) {
+    how = fmt::format("parallel.tensor.mode = \"{}\" over {} ranks: only mode \"1d\" is built so far",
+                      config::to_string(c.parallel.tensor.mode), tp);
+  } else if (tp > 1) {
     if (auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model.get())) {
       const parallel::tp::ResolvedGpt2Plan resolved =
           c.parallel.tensor.specs.empty()
