@@ -12,8 +12,9 @@
 #include "colossal/core/error.h"
 #include "colossal/core/profiler.h"  // Scope
 #include "colossal/engine/engine.h"
-#include "colossal/ops/elementwise.h"  // div
-#include "colossal/ops/indexing.h"     // cat
+#include "colossal/ops/elementwise.h"            // div
+#include "colossal/ops/indexing.h"               // cat
+#include "colossal/parallel/gradient_handler.h"  // GradientHandler
 #include "colossal/parallel/pp/schedule_order.h"
 
 namespace colossal::engine {
@@ -152,7 +153,23 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   std::vector<Tensor> losses, outputs;
   amp::MixedPrecisionOptimizer* amp = engine.amp();
 
-  for (const PipelineOp& op : parallel::pp::interleaved_order(s, p, m, v)) {
+  // Note [Gradient reduction under a pipeline]: a parameter gets a gradient from every microbatch's
+  // backward; the gradient handler (data parallelism) must reduce it once, after the last. So its
+  // sync is on only during each chunk's last backward of a window-ending micro-step.
+  const std::vector<PipelineOp> order = parallel::pp::interleaved_order(s, p, m, v);
+  parallel::GradientHandler* handler = engine.gradient_handler();
+  const bool sync_window = handler != nullptr && engine.last_step_updated();
+  std::vector<size_t> last_backward(static_cast<size_t>(v), 0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i].kind == PipelineOp::Kind::backward) last_backward[static_cast<size_t>(order[i].chunk)] = i;
+  }
+  if (handler != nullptr) handler->set_sync(false);
+
+  for (size_t index = 0; index < order.size(); ++index) {
+    const PipelineOp& op = order[index];
+    if (handler != nullptr && op.kind == PipelineOp::Kind::backward) {
+      handler->set_sync(sync_window && index == last_backward[static_cast<size_t>(op.chunk)]);
+    }
     const int c = op.chunk;
     const int64_t mb = op.microbatch;
     const bool very_first = first && c == 0, very_last = last && c == v - 1;
@@ -204,6 +221,7 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
     }
   }
   messenger.wait_sends();
+  if (handler != nullptr) handler->set_sync(sync_window);  // as the Engine set it
 
   // Note [Tied parameters across stages]: each copy's gradient becomes the sum of every stage's, once
   // per accumulation window (the sum of the window's accumulated shares).

@@ -17,6 +17,12 @@
 // The loss is the last stage's: the mean of the microbatches' losses (each backward of loss / m, so
 // the gradients are the whole batch's mean), summed over the group so that every stage reports it.
 //
+// Note [Gradient reduction under a pipeline]
+// Each microbatch's backward adds to the stage's gradients; a gradient handler (data parallelism over
+// the stage's replicas) must reduce each parameter once, after its last contribution. The schedule
+// keeps the handler's sync off except during each chunk's last backward of a micro-step that ends the
+// accumulation window, when that chunk's parameters receive their last contributions.
+//
 // Note [Tied parameters across stages]
 // A weight two stages both use (GPT-2's wte: the embedding on the first stage, the output
 // projection on the last; Note [Pipeline layers]) lives as a copy on each, equal at the start. Each
