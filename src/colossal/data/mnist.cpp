@@ -1,6 +1,7 @@
 // IDX parsing and the MNIST-style dataset.
 #include "colossal/data/mnist.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -81,14 +82,21 @@ Tensor read_idx(const std::string& path, int64_t expected_rank) {
   COLOSSAL_CHECK(bytes.size() >= header_bytes,
                  "{}: truncated header: {} dimension sizes need bytes 4 to {}, but the file has {} bytes", where, rank,
                  header_bytes, bytes.size());
+  // Each size is checked before it multiplies (4 sizes of 2^32 - 1 overflow 64 bits), and zero sizes
+  // count as 1 in the bound: an empty array's other sizes still make its strides.
+  constexpr int64_t kMaxElements = int64_t{1} << 40;
   Shape dims;
   int64_t count = 1;
+  int64_t nonzero_count = 1;
   for (int64_t d = 0; d < rank; ++d) {
     const int64_t size = read_be32(bytes.data() + 4 + 4 * d);
     dims.push_back(size);
+    COLOSSAL_CHECK(size <= kMaxElements / nonzero_count,
+                   "{}: dimension {} (offset {}) is {}: dimension sizes {} declare an implausibly large array (over "
+                   "2^40 elements, zero sizes counted as 1)",
+                   where, d, 4 + 4 * d, size, dims);
+    nonzero_count *= std::max<int64_t>(size, 1);
     count *= size;
-    COLOSSAL_CHECK(count <= (int64_t{1} << 40),
-                   "{}: dimension sizes {} (offset 4 on) declare an implausibly large array", where, dims);
   }
   const int64_t expected = count * type->bytes;
   const auto actual = static_cast<int64_t>(bytes.size() - header_bytes);
