@@ -146,7 +146,8 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // Not only parse_error: a number too large for a double (1E400) is out_of_range.
     COLOSSAL_FAIL("{}: the header is not valid JSON ({}); the file is corrupt or not safetensors", where, e.what());
   }
   COLOSSAL_CHECK(json.is_object(), "{}: the header must be a JSON object, got {}", where, json.type_name());

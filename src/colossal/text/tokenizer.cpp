@@ -120,7 +120,8 @@ Gpt2Tokenizer Gpt2Tokenizer::from_strings(std::string_view encoder_json, std::st
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(encoder_json);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // Not only parse_error: a number too large for a double (1E400) is out_of_range.
     COLOSSAL_FAIL("{}: not valid JSON ({}); expected GPT-2's encoder.json, an object of token -> id", encoder_name,
                   e.what());
   }
