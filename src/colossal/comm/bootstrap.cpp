@@ -136,9 +136,11 @@ DistEnv parse_openmpi(const EnvReader& vars) {
   return out;
 }
 
-/// Tasks on node `node` from a Slurm tasks-per-node list: "2(x3),1" is 2, 2, 2, 1.
+/// Tasks on node `node` from a Slurm tasks-per-node list: "2(x3),1" is 2, 2, 2, 1. nullopt for a list
+/// that does not parse, a repeat below 1, or a node it does not reach.
 std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
-  int index = 0;
+  if (node < 0) return std::nullopt;
+  int index = 0;  // the first node of the current item; stays <= node, so adding a repeat cannot overflow
   size_t pos = 0;
   while (pos < list.size()) {
     const size_t comma = list.find(',', pos);
@@ -155,7 +157,8 @@ std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
       const std::string_view times = item.substr(paren + 2, item.size() - paren - 3);
       if (std::from_chars(times.data(), times.data() + times.size(), repeat).ec != std::errc()) return std::nullopt;
     }
-    if (node < index + repeat) return tasks;
+    if (repeat < 1) return std::nullopt;
+    if (node - index < repeat) return tasks;
     index += repeat;
   }
   return std::nullopt;
@@ -235,7 +238,20 @@ std::string first_slurm_host(std::string_view host_list) {
   return host;
 }
 
-DistEnv parse_dist_env(const EnvLookup& lookup) {
+namespace {
+
+/// DistEnv::job_id for an environment parsed as `source`.
+std::string job_id_of(const EnvLookup& lookup, EnvSource source) {
+  const auto get = [&](std::string_view name) { return lookup(std::string(name)).value_or(""); };
+  if (std::string id = get(env::kColossalJobId); !id.empty()) return id;
+  if (source == EnvSource::torchrun) return get(env::kTorchelasticRunId);
+  if (source == EnvSource::slurm && !get(env::kSlurmJobId).empty()) {
+    return fmt::format("{}.{}", get(env::kSlurmJobId), get(env::kSlurmStepId));
+  }
+  return "";
+}
+
+DistEnv parse_dist_env_without_job(const EnvLookup& lookup) {
   if (lookup(std::string(env::kColossalLauncher)).value_or("") == "1") {
     return parse_torchrun_like(EnvReader(lookup, "launcher"), EnvSource::launcher,
                                fmt::format("{}=1 is", env::kColossalLauncher));
@@ -255,6 +271,14 @@ DistEnv parse_dist_env(const EnvLookup& lookup) {
   if (lookup(std::string(env::kMasterPort)).value_or("") != "")
     single.master_port = EnvReader(lookup, "single").port(env::kMasterPort);
   return single;
+}
+
+}  // namespace
+
+DistEnv parse_dist_env(const EnvLookup& lookup) {
+  DistEnv out = parse_dist_env_without_job(lookup);
+  out.job_id = job_id_of(lookup, out.source);
+  return out;
 }
 
 DistEnv parse_dist_env(const std::map<std::string, std::string>& variables) {

@@ -34,6 +34,10 @@ struct DistEnv {
   /// Base port on master_addr; rendezvous_port() is the one the rendezvous binds.
   int master_port = 29500;
   EnvSource source = EnvSource::single;
+  /// Names the job for the TCP rendezvous (RendezvousOptions::job_id): COLOSSAL_JOB_ID when set, else
+  /// torchrun's TORCHELASTIC_RUN_ID, Slurm's SLURM_JOB_ID.SLURM_STEP_ID, or "" (our launcher and
+  /// Open MPI set none).
+  std::string job_id;
 
   /// The port the TCP rendezvous uses: master_port + 1 under torchrun, else master_port.
   /// See Note [Rendezvous port under torchrun] in bootstrap.cpp.

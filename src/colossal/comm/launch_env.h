@@ -33,6 +33,10 @@ inline constexpr std::string_view kColossalLauncher = "COLOSSAL_LAUNCHER";
 /// Which backend started the ranks: "processes" or "mpi" (cli::to_string(LaunchBackend)). Set by
 /// `colossal run` for the ranks' programs and tests; nothing in the library branches on it.
 inline constexpr std::string_view kLaunchBackend = "COLOSSAL_LAUNCH_BACKEND";
+/// Names the job for the TCP rendezvous (comm/tcp_rendezvous.h, RendezvousOptions::job_id): rank 0
+/// turns away a rank whose job id differs. Set by the user (any text, the same in every rank); read by
+/// bootstrap (DistEnv::job_id), where it wins over the launchers' own ids below.
+inline constexpr std::string_view kColossalJobId = "COLOSSAL_JOB_ID";
 /// Seconds the TCP rendezvous waits for the other ranks (default 300). Set by the user; read by
 /// comm/tcp_rendezvous.cpp (default_rendezvous_timeout).
 inline constexpr std::string_view kRendezvousTimeout = "COLOSSAL_RENDEZVOUS_TIMEOUT";
@@ -46,6 +50,9 @@ inline constexpr std::string_view kCollectiveTimeout = "COLOSSAL_COLLECTIVE_TIME
 /// OpenMP threads per rank: `colossal run` sets cores / local ranks unless the user has; libgomp
 /// reads it.
 inline constexpr std::string_view kOmpNumThreads = "OMP_NUM_THREADS";
+
+/// torchrun's run id (--rdzv-id; a fresh one per --standalone run): the job id under torchrun.
+inline constexpr std::string_view kTorchelasticRunId = "TORCHELASTIC_RUN_ID";
 
 // ---- Open MPI's (mpirun sets them in every rank) -------------------------------------------------
 // Read by bootstrap (EnvSource::openmpi) and by `colossal run`'s shell step under the mpi backend,
@@ -70,7 +77,9 @@ inline constexpr std::string_view kSlurmNtasksPerNode = "SLURM_NTASKS_PER_NODE";
 inline constexpr std::string_view kSlurmStepNodeList = "SLURM_STEP_NODELIST";
 inline constexpr std::string_view kSlurmJobNodeList = "SLURM_JOB_NODELIST";
 inline constexpr std::string_view kSlurmNodeList = "SLURM_NODELIST";
-/// The job's id, from which bootstrap picks a MASTER_PORT when none is set.
+/// The job's id, from which bootstrap picks a MASTER_PORT when none is set; with the step's id, the
+/// job id of the rendezvous (DistEnv::job_id).
 inline constexpr std::string_view kSlurmJobId = "SLURM_JOB_ID";
+inline constexpr std::string_view kSlurmStepId = "SLURM_STEP_ID";
 
 }  // namespace colossal::comm::env

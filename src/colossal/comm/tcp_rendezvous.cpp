@@ -1,8 +1,9 @@
 // The TCP rendezvous (comm/tcp_rendezvous.h) on POSIX sockets. Every wait is bounded by the
 // deadline; every failure says which rank, which address and what to check.
 //
-// Wire format, integers big-endian: a rank sends its hello {magic, version, rank, world_size} (4 x u32);
-// rank 0 answers, once all ranks are in, {magic, blob length} (2 x u32) and the blob.
+// The wire format is in tcp_rendezvous.h (detail::). Rank 0 reads the hellos of every connection at once,
+// answers a rank of another job with a refusal and keeps waiting, and fails (telling the peer why) when
+// a rank of its own job disagrees with it.
 #include "colossal/comm/tcp_rendezvous.h"
 
 #include <arpa/inet.h>
@@ -36,8 +37,11 @@ std::chrono::milliseconds default_rendezvous_timeout() {
   if (text == nullptr || *text == '\0') return std::chrono::seconds(300);
   char* end = nullptr;
   const double seconds = std::strtod(text, &end);
-  COLOSSAL_CHECK(end != text && *end == '\0' && std::isfinite(seconds) && seconds > 0,
-                 "{}='{}' is not a positive number of seconds", env::kRendezvousTimeout, text);
+  // At most 1e9 s (about 32 years): more would overflow the milliseconds and the clock's deadline.
+  constexpr double kMaxSeconds = 1e9;
+  COLOSSAL_CHECK(end != text && *end == '\0' && std::isfinite(seconds) && seconds > 0 && seconds <= kMaxSeconds,
+                 "{}='{}' is not a positive number of seconds (at most {:g})", env::kRendezvousTimeout, text,
+                 kMaxSeconds);
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
 }
 
@@ -45,10 +49,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMagic = 0x434c5353;  // "CLSS"
-constexpr uint32_t kVersion = 1;
-constexpr uint32_t kMaxBlob = 1u << 20;
+constexpr uint32_t kVersion = 2;         // 2: the hello carries the job
+constexpr uint32_t kMaxBlob = detail::kMaxRendezvousBlob;
 /// How long rank 0 gives one connection to say hello, so a silent stranger cannot stall it.
 constexpr auto kHelloWait = std::chrono::seconds(5);
+
+uint32_t read_be32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+void write_be32(uint32_t value, uint8_t* p) {
+  p[0] = static_cast<uint8_t>(value >> 24);
+  p[1] = static_cast<uint8_t>(value >> 16);
+  p[2] = static_cast<uint8_t>(value >> 8);
+  p[3] = static_cast<uint8_t>(value);
+}
 
 std::string errno_text(int error) {
   return std::system_category().message(error);
@@ -145,14 +160,6 @@ Io write_exact(int fd, const void* buffer, size_t n, Clock::time_point deadline,
   return Io::ok;
 }
 
-std::array<uint8_t, 16> encode_hello(int rank, int world_size) {
-  const std::array<uint32_t, 4> words{htonl(kMagic), htonl(kVersion), htonl(static_cast<uint32_t>(rank)),
-                                      htonl(static_cast<uint32_t>(world_size))};
-  std::array<uint8_t, 16> bytes;
-  std::memcpy(bytes.data(), words.data(), bytes.size());
-  return bytes;
-}
-
 /// "2, 3" or "2, 3, ..., 17 (40 ranks)".
 std::string list_ranks(const std::vector<int>& ranks) {
   constexpr size_t kMaxListed = 16;
@@ -160,40 +167,32 @@ std::string list_ranks(const std::vector<int>& ranks) {
   return fmt::format("{}, ... ({} ranks)", fmt::join(ranks.begin(), ranks.begin() + kMaxListed, ", "), ranks.size());
 }
 
-/// Rank 0: listens on every interface (IPv6 with IPv4 mapped where the host has IPv6, else IPv4).
+/// Rank 0: listens on the address it was given (o.addr, resolved; the first of its addresses that
+/// binds), and nowhere else: a rendezvous told 127.0.0.1 cannot be reached from another host.
 Socket listen_on(const RendezvousOptions& o) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(o.port);
+  if (const int rc = ::getaddrinfo(o.addr.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    COLOSSAL_FAIL("rendezvous: rank 0 cannot resolve its own address '{}' ({}); {} must name rank 0's host", o.addr,
+                  ::gai_strerror(rc), env::kMasterAddr);
+  }
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard(found, ::freeaddrinfo);
   int last_error = 0;
-  for (int family : {AF_INET6, AF_INET}) {
-    Socket s(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
     if (!s.valid()) {
       last_error = errno;
       continue;
     }
-    const int one = 1, zero = 0;
+    const int one = 1;
     ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    int bound = -1;
-    if (family == AF_INET6) {
-      ::setsockopt(s.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-      sockaddr_in6 address{};
-      address.sin6_family = AF_INET6;
-      address.sin6_addr = in6addr_any;
-      address.sin6_port = htons(static_cast<uint16_t>(o.port));
-      bound = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&address), sizeof address);
-    } else {
-      sockaddr_in address{};
-      address.sin_family = AF_INET;
-      address.sin_addr.s_addr = htonl(INADDR_ANY);
-      address.sin_port = htons(static_cast<uint16_t>(o.port));
-      bound = ::bind(s.fd(), reinterpret_cast<sockaddr*>(&address), sizeof address);
-    }
-    if (bound != 0) {
-      last_error = errno;
-      if (last_error == EADDRINUSE) break;  // IPv4 would collide on the same port too
-      continue;
-    }
     // A deep accept queue: a large job's ranks all connect at once, and a full queue drops their SYNs
     // (each retried only after a second or more).
-    if (::listen(s.fd(), SOMAXCONN) != 0) {
+    if (::bind(s.fd(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(s.fd(), SOMAXCONN) != 0) {
       last_error = errno;
       continue;
     }
@@ -201,24 +200,55 @@ Socket listen_on(const RendezvousOptions& o) {
     return s;
   }
   COLOSSAL_FAIL(
-      "rendezvous: rank 0 cannot listen on port {} ({}); the port must be free on rank 0's host: pick another "
-      "{} (under torchrun the rendezvous takes {} + 1)",
-      o.port, errno_text(last_error), env::kMasterPort, env::kMasterPort);
+      "rendezvous: rank 0 cannot listen on port {} of {} ({}); the port must be free on rank 0's host and {} must "
+      "name that host: pick another {} (under torchrun the rendezvous takes {} + 1)",
+      o.port, o.addr, errno_text(last_error), env::kMasterAddr, env::kMasterPort, env::kMasterPort);
 }
+
+/// Tells a peer rank 0 will not take why (a rejection answer), as far as it listens within a second.
+void refuse(int fd, const std::string& reason) {
+  const std::vector<uint8_t> answer = detail::encode_refusal(reason);
+  int error = 0;
+  write_exact(fd, answer.data(), answer.size(), Clock::now() + std::chrono::seconds(1), &error);
+}
+
+/// A connection whose hello has not all come yet.
+struct PendingPeer {
+  Socket socket;
+  Clock::time_point deadline;
+  std::array<uint8_t, detail::kHelloBytes> bytes{};
+  size_t received = 0;
+};
+
+/// Connections rank 0 holds waiting for their hellos; more are refused (closed at once) so that a
+/// flood of strangers cannot exhaust the descriptors.
+constexpr size_t kMaxPendingPeers = 256;
 
 std::vector<uint8_t> serve(const RendezvousOptions& o, const std::vector<uint8_t>& blob, Clock::time_point deadline) {
   COLOSSAL_CHECK(blob.size() <= kMaxBlob, "rendezvous: a blob of {} bytes is over the {} byte limit", blob.size(),
                  kMaxBlob);
   Socket listener = listen_on(o);
+  const uint64_t job = detail::job_hash(o.job_id);
   std::vector<Socket> peers(static_cast<size_t>(o.world_size));
-  int arrived = 1;  // rank 0 itself
-  while (arrived < o.world_size) {
-    int error = 0;
-    const Io ready = wait_for(listener.fd(), POLLIN, deadline, &error);
-    if (ready == Io::timeout) {
+  std::vector<bool> arrived(static_cast<size_t>(o.world_size));
+  arrived[0] = true;  // rank 0 itself
+  int missing_count = o.world_size - 1;
+  // Hellos are read from every pending connection at once: a stranger that connects and says nothing
+  // (or says it slowly) holds only its own slot, for at most kHelloWait, and never the ranks behind it.
+  std::vector<PendingPeer> pending;
+  while (missing_count > 0) {
+    const auto now = Clock::now();
+    std::erase_if(pending, [&](const PendingPeer& p) { return p.deadline <= now; });
+    auto wake = deadline;
+    std::vector<pollfd> polled{{listener.fd(), POLLIN, 0}};
+    for (const PendingPeer& p : pending) {
+      polled.push_back({p.socket.fd(), POLLIN, 0});
+      wake = std::min(wake, p.deadline);
+    }
+    if (now >= deadline) {
       std::vector<int> missing;
       for (int r = 1; r < o.world_size; ++r) {
-        if (!peers[static_cast<size_t>(r)].valid()) missing.push_back(r);
+        if (!arrived[static_cast<size_t>(r)]) missing.push_back(r);
       }
       COLOSSAL_FAIL(
           "rendezvous: rank{} {} of {} never connected to rank 0 at {}:{} within {}; check that every rank was "
@@ -226,38 +256,67 @@ std::vector<uint8_t> serve(const RendezvousOptions& o, const std::vector<uint8_t
           missing.size() == 1 ? "" : "s", list_ranks(missing), o.world_size, o.addr, o.port, seconds_text(o.timeout),
           o.addr, o.port, env::kMasterAddr, env::kMasterPort, env::kWorldSize, env::kRendezvousTimeout);
     }
-    COLOSSAL_CHECK(ready == Io::ok, "rendezvous: rank 0 failed waiting for connections on port {}: {}", o.port,
-                   errno_text(error));
-    Socket peer(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!peer.valid()) continue;  // the connection went away again (ECONNABORTED, EAGAIN)
-    std::array<uint32_t, 4> hello{};
-    const auto hello_deadline = std::min(deadline, Clock::now() + kHelloWait);
-    if (read_exact(peer.fd(), hello.data(), sizeof hello, hello_deadline, &error) != Io::ok) continue;
-    if (ntohl(hello[0]) != kMagic) continue;  // a stranger on our port: ignore it
-    const auto version = ntohl(hello[1]);
-    const int rank = static_cast<int>(ntohl(hello[2]));
-    const int world_size = static_cast<int>(ntohl(hello[3]));
-    COLOSSAL_CHECK(version == kVersion,
-                   "rendezvous: rank {} speaks rendezvous version {}, rank 0 version {}; run the same "
-                   "colossal build on every rank",
-                   rank, version, kVersion);
-    COLOSSAL_CHECK(world_size == o.world_size,
-                   "rendezvous: rank {} says the world has {} ranks, rank 0 says {}; every rank needs the same {}",
-                   rank, world_size, o.world_size, env::kWorldSize);
-    COLOSSAL_CHECK(rank >= 1 && rank < o.world_size, "rendezvous: a peer claims rank {}, outside ranks 1 to {}", rank,
-                   o.world_size - 1);
-    COLOSSAL_CHECK(!peers[static_cast<size_t>(rank)].valid(),
-                   "rendezvous: two processes claim rank {}; every rank needs its own {}", rank, env::kRank);
-    peers[static_cast<size_t>(rank)] = std::move(peer);
-    arrived++;
+    const int n = ::poll(polled.data(), polled.size(), milliseconds_left(wake));
+    if (n < 0) {
+      COLOSSAL_CHECK(errno == EINTR, "rendezvous: rank 0 failed waiting for connections on port {}: {}", o.port,
+                     errno_text(errno));
+      continue;
+    }
+    // Hellos first (the listener's new connections join `pending` after this pass).
+    std::vector<PendingPeer> still_pending;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      PendingPeer& p = pending[i];
+      if (polled[i + 1].revents == 0) {
+        still_pending.push_back(std::move(p));
+        continue;
+      }
+      const ssize_t got = ::recv(p.socket.fd(), p.bytes.data() + p.received, p.bytes.size() - p.received, MSG_DONTWAIT);
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        still_pending.push_back(std::move(p));
+        continue;
+      }
+      if (got <= 0) continue;  // hung up or failed before its hello: forget it
+      p.received += static_cast<size_t>(got);
+      if (p.received < p.bytes.size()) {
+        still_pending.push_back(std::move(p));
+        continue;
+      }
+      const std::optional<detail::RendezvousHello> hello = detail::decode_hello(p.bytes);
+      if (!hello) continue;  // a stranger on our port (not colossal's magic): ignore it
+      if (hello->job != job) {
+        // A rank of another job that was given our port: turn it away and keep waiting for ours.
+        refuse(p.socket.fd(), fmt::format("rank 0 there serves job '{}'", o.job_id));
+        continue;
+      }
+      try {
+        detail::check_hello(*hello, o, arrived);
+      } catch (const Error& e) {
+        // Our job, but it disagrees with rank 0 (world size, version, rank): the job cannot start. Say so
+        // to the peer too, which would otherwise see only a closed connection.
+        refuse(p.socket.fd(), e.what());
+        throw;
+      }
+      arrived[static_cast<size_t>(hello->rank)] = true;
+      peers[static_cast<size_t>(hello->rank)] = std::move(p.socket);
+      missing_count--;
+    }
+    pending = std::move(still_pending);
+    if (polled[0].revents != 0) {
+      for (;;) {
+        Socket peer(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (!peer.valid()) break;                          // none left (EAGAIN), or it went away again (ECONNABORTED)
+        if (pending.size() >= kMaxPendingPeers) continue;  // closed at once
+        pending.push_back(PendingPeer{std::move(peer), std::min(deadline, Clock::now() + kHelloWait)});
+      }
+    }
   }
   // Everyone is here: the answer is small, but give slow peers a little time past the deadline.
-  const std::array<uint32_t, 2> header{htonl(kMagic), htonl(static_cast<uint32_t>(blob.size()))};
+  const std::vector<uint8_t> header = detail::encode_answer_header(static_cast<uint32_t>(blob.size()));
   const auto send_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(10));
   for (int r = 1; r < o.world_size; ++r) {
     int error = 0;
     const int fd = peers[static_cast<size_t>(r)].fd();
-    const bool sent = write_exact(fd, header.data(), sizeof header, send_deadline, &error) == Io::ok &&
+    const bool sent = write_exact(fd, header.data(), header.size(), send_deadline, &error) == Io::ok &&
                       write_exact(fd, blob.data(), blob.size(), send_deadline, &error) == Io::ok;
     COLOSSAL_CHECK(sent, "rendezvous: rank 0 could not send the id to rank {}: {}", r,
                    error ? errno_text(error) : std::string("it hung up"));
@@ -343,7 +402,7 @@ std::vector<uint8_t> join(const RendezvousOptions& o, Clock::time_point deadline
   }
 
   int error = 0;
-  const auto hello = encode_hello(o.rank, o.world_size);
+  const std::vector<uint8_t> hello = detail::encode_hello(o.rank, o.world_size, o.job_id);
   COLOSSAL_CHECK(write_exact(s.fd(), hello.data(), hello.size(), deadline, &error) == Io::ok,
                  "rendezvous: rank {} reached {}:{} but could not say hello: {}", o.rank, o.addr, o.port,
                  error ? errno_text(error) : std::string("timed out"));
@@ -363,19 +422,97 @@ std::vector<uint8_t> join(const RendezvousOptions& o, Clock::time_point deadline
   // Wait a little past our own deadline: a rank 0 that started with us times out at about the same
   // moment, and its closing the connection tells us more than our timing out would.
   const auto answer_deadline = deadline + std::min<std::chrono::milliseconds>(o.timeout, std::chrono::seconds(5));
-  std::array<uint32_t, 2> header{};
-  check_read(read_exact(s.fd(), header.data(), sizeof header, answer_deadline, &error), "the id");
-  const uint32_t length = ntohl(header[1]);
-  COLOSSAL_CHECK(ntohl(header[0]) == kMagic && length <= kMaxBlob,
-                 "rendezvous: {}:{} answered rank {} with something that is not colossal's rendezvous; is another "
-                 "service listening on that port (under torchrun its store holds {})?",
-                 o.addr, o.port, o.rank, env::kMasterPort);
+  std::array<uint8_t, detail::kAnswerHeaderBytes> header{};
+  check_read(read_exact(s.fd(), header.data(), header.size(), answer_deadline, &error), "the id");
+  const uint32_t length = detail::decode_answer_header(header, o);
+  if (length == detail::kRefusal) {
+    // Rank 0 turned us away: its reason, and our job to compare.
+    std::array<uint8_t, 4> reason_length{};
+    check_read(read_exact(s.fd(), reason_length.data(), reason_length.size(), answer_deadline, &error), "its reason");
+    std::string reason(std::min<uint32_t>(read_be32(reason_length.data()), detail::kMaxRefusalBytes), '\0');
+    check_read(read_exact(s.fd(), reason.data(), reason.size(), answer_deadline, &error), "its reason");
+    COLOSSAL_FAIL(
+        "rendezvous: rank 0 at {}:{} refused rank {} of job '{}': {}; when two jobs share a host, give each "
+        "its own {}",
+        o.addr, o.port, o.rank, o.job_id, reason, env::kMasterPort);
+  }
   std::vector<uint8_t> blob(length);
   check_read(read_exact(s.fd(), blob.data(), blob.size(), answer_deadline, &error), "the id");
   return blob;
 }
 
 }  // namespace
+
+namespace detail {
+
+uint64_t job_hash(std::string_view job_id) {
+  uint64_t hash = 0xcbf29ce484222325;  // FNV-1a, 64 bits
+  for (const char c : job_id) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 0x100000001b3;
+  }
+  return hash;
+}
+
+std::vector<uint8_t> encode_hello(int rank, int world_size, std::string_view job_id) {
+  std::vector<uint8_t> bytes(kHelloBytes);
+  const uint64_t job = job_hash(job_id);
+  write_be32(kMagic, bytes.data());
+  write_be32(kVersion, bytes.data() + 4);
+  write_be32(static_cast<uint32_t>(rank), bytes.data() + 8);
+  write_be32(static_cast<uint32_t>(world_size), bytes.data() + 12);
+  write_be32(static_cast<uint32_t>(job >> 32), bytes.data() + 16);
+  write_be32(static_cast<uint32_t>(job), bytes.data() + 20);
+  return bytes;
+}
+
+std::optional<RendezvousHello> decode_hello(std::span<const uint8_t, kHelloBytes> bytes) {
+  if (read_be32(bytes.data()) != kMagic) return std::nullopt;
+  return RendezvousHello{read_be32(bytes.data() + 4), static_cast<int>(read_be32(bytes.data() + 8)),
+                         static_cast<int>(read_be32(bytes.data() + 12)),
+                         (uint64_t{read_be32(bytes.data() + 16)} << 32) | read_be32(bytes.data() + 20)};
+}
+
+void check_hello(const RendezvousHello& hello, const RendezvousOptions& o, const std::vector<bool>& arrived) {
+  COLOSSAL_CHECK(hello.version == kVersion,
+                 "rendezvous: rank {} speaks rendezvous version {}, rank 0 version {}; run the same "
+                 "colossal build on every rank",
+                 hello.rank, hello.version, kVersion);
+  COLOSSAL_CHECK(hello.world_size == o.world_size,
+                 "rendezvous: rank {} says the world has {} ranks, rank 0 says {}; every rank needs the same {}",
+                 hello.rank, hello.world_size, o.world_size, env::kWorldSize);
+  COLOSSAL_CHECK(hello.rank >= 1 && hello.rank < o.world_size,
+                 "rendezvous: a peer claims rank {}, outside ranks 1 to {}", hello.rank, o.world_size - 1);
+  COLOSSAL_CHECK(static_cast<size_t>(hello.rank) < arrived.size() && !arrived[static_cast<size_t>(hello.rank)],
+                 "rendezvous: two processes claim rank {}; every rank needs its own {}", hello.rank, env::kRank);
+}
+
+std::vector<uint8_t> encode_answer_header(uint32_t blob_length) {
+  std::vector<uint8_t> bytes(kAnswerHeaderBytes);
+  write_be32(kMagic, bytes.data());
+  write_be32(blob_length, bytes.data() + 4);
+  return bytes;
+}
+
+std::vector<uint8_t> encode_refusal(std::string_view reason) {
+  reason = reason.substr(0, kMaxRefusalBytes);
+  std::vector<uint8_t> bytes = encode_answer_header(kRefusal);
+  bytes.resize(kAnswerHeaderBytes + 4);
+  write_be32(static_cast<uint32_t>(reason.size()), bytes.data() + kAnswerHeaderBytes);
+  bytes.insert(bytes.end(), reason.begin(), reason.end());
+  return bytes;
+}
+
+uint32_t decode_answer_header(std::span<const uint8_t, kAnswerHeaderBytes> bytes, const RendezvousOptions& o) {
+  const uint32_t length = read_be32(bytes.data() + 4);
+  COLOSSAL_CHECK(read_be32(bytes.data()) == kMagic && (length <= kMaxBlob || length == kRefusal),
+                 "rendezvous: {}:{} answered rank {} with something that is not colossal's rendezvous; is another "
+                 "service listening on that port (under torchrun its store holds {})?",
+                 o.addr, o.port, o.rank, env::kMasterPort);
+  return length;
+}
+
+}  // namespace detail
 
 std::vector<uint8_t> tcp_rendezvous_broadcast(const RendezvousOptions& options, const std::vector<uint8_t>& blob) {
   COLOSSAL_CHECK(options.world_size >= 1 && options.rank >= 0 && options.rank < options.world_size,
