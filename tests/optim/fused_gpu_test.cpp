@@ -421,6 +421,7 @@ TEST(ClipGradGpu, SumOfSquaresAndScaleMatchTheCpu) {
   // tails, and views off a 16-byte boundary (the per-element path). The squares are exact in f64
   // (a 24-bit mantissa squared fits 53 bits), so the totals differ only by the order of the f64
   // additions: relative 1e-12 covers ~10^4 partials. Scaled tensors are compared bit for bit.
+  COLOSSAL_REQUIRE_GPU();
   const Device gpu = core::cuda_device(0);
   const std::vector<DType> dtypes = {DType::f32, DType::bf16, DType::f16, DType::f64};
   for (const double scale : {1.0, 1.0 / 1024, 0.37}) {
