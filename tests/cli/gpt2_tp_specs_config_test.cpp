@@ -159,6 +159,19 @@ TEST(Gpt2TpSpecsConfig, TwoCpuRanksGiveTheSerialRunsAndTheBuiltInPolicysLosses) 
     for (const std::string& part : want) EXPECT_NE(line.find(part), std::string::npos) << name << ": " << line;
   }
   ASSERT_EQ(::unsetenv("DATA"), 0);
+  // And a pipeline's stages as colossal train cuts them (initialize/pipeline_stage.h): the embedding's
+  // pieces, blocks and head balanced by parameters, the tied wte counted once (in the embedding).
+  ASSERT_EQ(run(bin + " describe --config " + (kConfigs / "gpt2_tp.toml").string() + tiny +
+                    " --set parallel.tensor.size=1 --set parallel.pipeline=2 --set parallel.num_microbatches=2",
+                dir / "describe_pp.log"),
+            0)
+      << read(dir / "describe_pp.log");
+  const std::string pp = read(dir / "describe_pp.log");
+  EXPECT_NE(pp.find("# pipeline: 2 stages x 1 chunk(s), 4 pieces balanced by parameters, 2 microbatches"),
+            std::string::npos)
+      << pp;
+  EXPECT_NE(pp.find("stage 0 chunk 0: pieces [0, "), std::string::npos) << pp;
+  EXPECT_NE(pp.find("GPT2Head ("), std::string::npos) << pp;
   fs::remove_all(dir);
 }
 

@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "colossal/core/error.h"
-#include "colossal/initialize/builders.h"      // gpt2_config, make_datasets, make_model
-#include "colossal/initialize/training_run.h"  // load_run_config
+#include "colossal/initialize/builders.h"        // gpt2_config, make_datasets, make_model
+#include "colossal/initialize/pipeline_stage.h"  // pipeline_pieces, plan_pipeline
+#include "colossal/initialize/training_run.h"    // load_run_config
 #include "colossal/parallel/tp/gpt2_plan.h"
 #include "colossal/parallel/tp/shard_spec.h"  // ShardSpec::padded_size
 #include "colossal/parallel/tp/vit_1d.h"
@@ -150,6 +151,27 @@ void run_describe(const DescribeOptions& o) {
     if (r.split == TensorSplit::kColumn && (r.name.ends_with("c_attn.weight") || r.name.ends_with("attn.qkv.weight"))) {
       fmt::print("(the fused q/k/v projection's column split holds whole heads per rank: its heads' q, k and v)\n");
       break;
+    }
+  }
+  if (c.parallel.pipeline > 1) {
+    // The stages as colossal train cuts them (initialize/pipeline_stage.h).
+    const auto pieces = initialize::pipeline_pieces(*model);
+    const parallel::pp::StageParts parts =
+        initialize::plan_pipeline(pieces, c.parallel.pipeline, c.parallel.num_chunks);
+    fmt::print("# pipeline: {} stages x {} chunk(s), {} pieces balanced by parameters, {} microbatches of {} samples\n",
+               c.parallel.pipeline, c.parallel.num_chunks, pieces.size(), c.parallel.num_microbatches,
+               c.data.batch_size / std::max(1, c.parallel.num_microbatches));
+    for (size_t s = 0; s < parts.size(); ++s) {
+      for (size_t k = 0; k < parts[s].size(); ++k) {
+        int64_t params = 0;
+        std::vector<std::string> kinds;
+        for (int64_t i = parts[s][k].begin; i < parts[s][k].end; ++i) {
+          for (const Tensor& t : pieces[static_cast<size_t>(i)]->parameters()) params += t.numel();
+          kinds.push_back(pieces[static_cast<size_t>(i)]->type_name());
+        }
+        fmt::print("stage {} chunk {}: pieces [{}, {}) {} ({} parameters)\n", s, k, parts[s][k].begin, parts[s][k].end,
+                   fmt::join(kinds, " "), params);
+      }
     }
   }
 }

@@ -15,9 +15,7 @@
 #include "colossal/parallel/pp/partition.h"
 
 namespace colossal::initialize {
-namespace {
-
-std::vector<std::shared_ptr<nn::Module>> pieces_of(nn::Module& model) {
+std::vector<std::shared_ptr<nn::Module>> pipeline_pieces(nn::Module& model) {
   if (auto* gpt2 = dynamic_cast<nn::models::GPT2*>(&model)) return gpt2->layers();
   if (auto* vit = dynamic_cast<nn::models::VisionTransformer*>(&model)) return vit->layers();
   if (auto* resnet = dynamic_cast<nn::models::ResNet*>(&model)) return resnet->layers();
@@ -25,7 +23,25 @@ std::vector<std::shared_ptr<nn::Module>> pieces_of(nn::Module& model) {
                 model.type_name());
 }
 
-}  // namespace
+parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces, int num_stages,
+                                       int num_chunks) {
+  // A weight two pieces share (GPT-2's tied wte, in the embedding and the head) counts once, in the
+  // first: counted twice it would leave the head a stage of its own.
+  std::vector<double> weights;
+  std::set<const core::TensorImpl*> counted;
+  for (const auto& piece : pieces) {
+    double n = 0;
+    for (const Tensor& param : piece->parameters()) {
+      if (counted.insert(param.impl()).second) n += static_cast<double>(param.numel());
+    }
+    weights.push_back(n);
+  }
+  COLOSSAL_CHECK(static_cast<int64_t>(pieces.size()) >= int64_t{num_stages} * num_chunks,
+                 "parallel.pipeline = {} with parallel.num_chunks = {}: the model has {} pieces, fewer than the {} "
+                 "parts the stages need",
+                 num_stages, num_chunks, pieces.size(), int64_t{num_stages} * num_chunks);
+  return parallel::pp::partition_balanced(weights, num_stages, num_chunks);
+}
 
 PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelContext& context,
                                   const config::TrainConfig& c) {
@@ -37,18 +53,8 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
                  "parallel.pipeline = {}: pipeline parallelism over NCCL (GPUs) is not built yet (its crossing sends "
                  "and receives still need pairing); it runs on CPU ranks (train.device = \"cpu\", MPI)",
                  p);
-  const std::vector<std::shared_ptr<nn::Module>> pieces = pieces_of(model);
-  std::vector<double> weights;
-  for (const auto& piece : pieces) {
-    double n = 0;
-    for (const Tensor& param : piece->parameters()) n += static_cast<double>(param.numel());
-    weights.push_back(n);
-  }
-  COLOSSAL_CHECK(static_cast<int64_t>(pieces.size()) >= int64_t{p} * v,
-                 "parallel.pipeline = {} with parallel.num_chunks = {}: the model has {} pieces, fewer than the {} "
-                 "parts the stages need",
-                 p, v, pieces.size(), int64_t{p} * v);
-  const parallel::pp::StageParts parts = parallel::pp::partition_balanced(weights, p, v);
+  const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(model);
+  const parallel::pp::StageParts parts = plan_pipeline(pieces, p, v);
 
   // Which stages hold each parameter: one held by several is tied between them.
   std::map<const core::TensorImpl*, std::set<int>> holders;

@@ -7,11 +7,13 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "colossal/config/train_config.h"
 #include "colossal/engine/pipeline_schedule.h"
 #include "colossal/nn/module.h"
 #include "colossal/parallel/parallel_context.h"
+#include "colossal/parallel/pp/partition.h"
 
 namespace colossal::initialize {
 
@@ -22,6 +24,15 @@ struct PipelineStage {
   /// "pipeline: 4 stages x 1 chunk, 14 pieces balanced by parameters; stage 0: [0, 4)": for the log.
   std::string description;
 };
+
+/// The model's pieces for a pipeline (nn/models' layers()); throws naming the model when it has none.
+std::vector<std::shared_ptr<nn::Module>> pipeline_pieces(nn::Module& model);
+
+/// How `pieces` are cut among `num_stages` stages of `num_chunks` chunks: balanced by parameter count,
+/// a weight shared by two pieces counted once (in the first).
+/// Throws naming the numbers when there are fewer pieces than parts.
+parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces, int num_stages,
+                                       int num_chunks);
 
 /// Cuts `model` (whole on this rank; a GPT-2, ViT or ResNet) for this rank's pipeline stage. Every
 /// rank of the pipeline group must call it (it splits the group for tied weights). Throws naming
