@@ -134,6 +134,36 @@ TEST(PipelineSchedule, OneFOneBEqualsTheSerialModel) {
   expect_pipeline_equals_serial(1, 1);
 }
 
+TEST(PipelineSchedule, EvaluationGivesEveryStageTheSerialOutput) {
+  // Engine::evaluate through the pipeline (one microbatch forward, the last stage's output broadcast):
+  // every stage gets the serial model's logits, with 1 and 2 chunks per stage.
+  const int p = world().size(), s = world().rank();
+  const auto serial_pieces = make_pieces(11);
+  auto serial = std::make_shared<nn::Sequential>();
+  for (const auto& piece : serial_pieces) serial->push_back(piece);
+  const auto [x, y] = batch(0);
+  const auto expected = serial->forward(x).to_vector<double>();
+  for (const int chunks : {1, 2}) {
+    const auto pieces = make_pieces(11);
+    const parallel::pp::StageParts parts = parallel::pp::partition_uniform(kPieces, p, chunks);
+    auto stage = std::make_shared<nn::ModuleList>();
+    std::vector<std::shared_ptr<nn::Module>> chunk_modules;
+    for (const parallel::pp::PieceRange& r : parts[static_cast<size_t>(s)]) {
+      auto chunk = std::make_shared<nn::Sequential>();
+      for (int64_t i = r.begin; i < r.end; ++i) chunk->push_back(pieces[static_cast<size_t>(i)]);
+      chunk_modules.push_back(chunk);
+      stage->push_back(chunk);
+    }
+    EngineOptions options;
+    options.schedule = std::make_shared<PipelineSchedule>(chunk_modules, world_group(), chunks == 1 ? 1 : p);
+    auto engine = make_engine(stage, options);
+    const Tensor out = engine->evaluate(x);
+    ASSERT_EQ(out.shape(), (Shape{kBatch, kClasses})) << chunks << " chunk(s)";
+    const auto got = out.to_vector<double>();
+    for (size_t e = 0; e < got.size(); ++e) expect_close(got[e], expected[e], fmt::format("logit {}", e));
+  }
+}
+
 TEST(PipelineSchedule, InterleavedEqualsTheSerialModel) {
   expect_pipeline_equals_serial(2, 4);
 }

@@ -256,4 +256,53 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   return reported;
 }
 
+Tensor PipelineSchedule::evaluate(Engine& engine, const Tensor& input) {
+  autograd::NoGradGuard no_grad;
+  const int p = group_->size(), s = group_->rank();
+  const int v = static_cast<int>(chunks_.size());
+  const bool first = s == 0, last = s == p - 1;
+  Messenger messenger(*group_);
+  amp::MixedPrecisionOptimizer* amp = engine.amp();
+  Tensor output;
+  for (const PipelineOp& op : parallel::pp::forward_only_order(1, v)) {
+    const int c = op.chunk;
+    const comm::OperationContext context(
+        fmt::format("pipeline stage {} of {}: evaluation forward{}", s, p, v > 1 ? fmt::format(", chunk {}", c) : ""));
+    Tensor x;
+    if (first && c == 0) {
+      x = amp != nullptr ? amp->cast_input(input) : input;
+    } else {
+      x = messenger.receive_activation(first ? p - 1 : s - 1, 0, first ? c - 1 : c);
+    }
+    Tensor y = chunks_[static_cast<size_t>(c)]->forward(x);
+    if (last && c == v - 1) {
+      output = amp != nullptr ? amp->cast_output(y) : y;
+    } else {
+      messenger.send_activation(y, last ? 0 : s + 1, 0, c);
+    }
+  }
+  messenger.wait_sends();
+  if (p == 1) return output;
+  // The output to every stage: its dtype and shape first, then the tensor.
+  std::vector<int64_t> h(2 + kMaxDims, 0);
+  if (last) {
+    COLOSSAL_CHECK(output.dim() <= kMaxDims, "pipeline: outputs of at most {} dimensions, got shape {}", kMaxDims,
+                   output.shape());
+    h[0] = static_cast<int64_t>(output.dtype());
+    h[1] = output.dim();
+    for (int64_t d = 0; d < output.dim(); ++d) h[static_cast<size_t>(2 + d)] = output.size(d);
+  }
+  Tensor header = core::from_vector<int64_t>(h, {2 + kMaxDims}).to(group_->device());
+  group_->broadcast(header, p - 1);
+  const std::vector<int64_t> got = header.to(core::kCpu).to_vector<int64_t>();
+  if (!last) {
+    output = core::empty(Shape(got.begin() + 2, got.begin() + 2 + got[1]),
+                         TensorOptions(static_cast<DType>(got[0]), group_->device()));
+  } else {
+    output = output.contiguous();
+  }
+  group_->broadcast(output, p - 1);
+  return output;
+}
+
 }  // namespace colossal::engine

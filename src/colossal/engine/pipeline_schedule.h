@@ -64,6 +64,10 @@ class PipelineSchedule final : public Schedule {
   /// The micro-step's batch (dim 0 a multiple of num_microbatches) through the pipeline; `input`
   /// matters on stage 0, `target` on the last stage. Returns the mean loss on every stage.
   Tensor forward_backward(Engine& engine, const Tensor& input, const Tensor& target) override;
+  /// Evaluation: the batch forward through every stage as one microbatch (no activations kept), the
+  /// last stage's output then broadcast over the group, so every stage computes the same loss and
+  /// metrics (and rank 0, the first stage, logs them).
+  Tensor evaluate(Engine& engine, const Tensor& input) override;
 
   /// Replaces the tied parameters' handles, same order and group (after mixed precision converted the
   /// model: handles taken before go stale, Note [Parameter slots]).

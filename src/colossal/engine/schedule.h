@@ -24,6 +24,9 @@ class Schedule {
   /// window's division); records the output with engine.set_last_output. Returns this rank's
   /// unscaled loss, detached.
   virtual Tensor forward_backward(Engine& engine, const Tensor& input, const Tensor& target) = 0;
+  /// The model's output for `input` without autograd (evaluation), the same on every rank that calls
+  /// it; undefined: the Engine runs its model's forward itself (the default).
+  virtual Tensor evaluate(Engine& /*engine*/, const Tensor& /*input*/) { return Tensor(); }
 };
 
 /// The whole batch through the whole model on this rank.

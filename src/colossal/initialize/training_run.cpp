@@ -299,10 +299,6 @@ void TrainingRun::build_data_and_model() {
     to.shuffle = false;
     to.drop_last = false;
     to.batch_transform = nullptr;
-    COLOSSAL_CHECK(context_->layout().pipeline_size() == 1,
-                   "parallel.pipeline = {}: evaluating a test set under pipeline parallelism is not built yet; set "
-                   "data.test_path = \"\" (token data) or train.test_interval = 0",
-                   context_->layout().pipeline_size());
     test_loader_ = std::make_unique<data::DataLoader>(datasets_.test, to);
   }
 }
