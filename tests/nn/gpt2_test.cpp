@@ -162,6 +162,8 @@ TEST(GPT2, ConfigFromHuggingFaceJson) {
   EXPECT_EQ(config.num_parameters(), GPT2Config::gpt2_350m().num_parameters());
   EXPECT_EQ(config.dropout, 0.1);
   EXPECT_ERROR_CONTAINS(GPT2Config::from_json(R"({"activation_function": "relu"})"), "activation_function \"relu\"");
+  // A number too large for a double is nlohmann's out_of_range, not a parse error: still invalid JSON.
+  EXPECT_ERROR_CONTAINS(GPT2Config::from_json(R"({"n_embd": 1E400})"), "GPT2Config::from_json: not valid JSON");
   EXPECT_ERROR_CONTAINS(GPT2Config::from_json(R"({"embd_pdrop": 0.1, "attn_pdrop": 0.0})"), "differ");
   EXPECT_ERROR_CONTAINS(GPT2Config::from_json(R"({"n_layer": "12"})"), "'n_layer' must be an integer");
   EXPECT_ERROR_CONTAINS(GPT2Config::from_json("{not json"), "not valid JSON");

@@ -142,6 +142,7 @@ TEST(ViT, ConfigFromJson) {
   EXPECT_FALSE(model.parameter("blocks.0.attn.qkv.bias").defined());
   EXPECT_EQ(model.num_parameters(), config.num_parameters());
   EXPECT_ERROR_CONTAINS(ViTConfig::from_json(R"({"qkv_bias": 1})"), "'qkv_bias' must be true or false");
+  EXPECT_ERROR_CONTAINS(ViTConfig::from_json(R"({"embed_dim": 1E400})"), "ViTConfig::from_json: not valid JSON");
   EXPECT_ERROR_CONTAINS(ViTConfig::from_json(R"({"depth": 2.5})"), "'depth' must be an integer");
 }
 

@@ -87,7 +87,7 @@ ViTConfig ViTConfig::from_json(std::string_view json) {
   nlohmann::json parsed;
   try {
     parsed = nlohmann::json::parse(json);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1E400
     COLOSSAL_FAIL("ViTConfig::from_json: not valid JSON: {}", e.what());
   }
   COLOSSAL_CHECK(parsed.is_object(), "ViTConfig::from_json: expected a JSON object, got {}", parsed.type_name());
