@@ -31,6 +31,27 @@ int tag_of(MessageKind kind, int64_t microbatch, int chunk) {
   return static_cast<int>(((microbatch % 256) * 16 + chunk % 16) * 4 + kind);
 }
 
+/// A tensor's dtype and shape as the i64 header that travels before it (Note [Pipeline messages]).
+Tensor header_of(const Tensor& t, Device device) {
+  COLOSSAL_CHECK(t.dim() <= kMaxDims, "pipeline: tensors of at most {} dimensions travel between stages, got shape {}",
+                 kMaxDims, t.shape());
+  std::vector<int64_t> h(2 + kMaxDims, 0);
+  h[0] = static_cast<int64_t>(t.dtype());
+  h[1] = t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) h[static_cast<size_t>(2 + d)] = t.size(d);
+  return core::from_vector<int64_t>(h, {2 + kMaxDims}).to(device);
+}
+
+/// An empty tensor on `device` of the dtype and shape a header carries.
+Tensor empty_from_header(const Tensor& header, Device device) {
+  const std::vector<int64_t> h = header.to(core::kCpu).to_vector<int64_t>();
+  return core::empty(Shape(h.begin() + 2, h.begin() + 2 + h[1]), TensorOptions(static_cast<DType>(h[0]), device));
+}
+
+Tensor empty_header(Device device) {
+  return core::empty({2 + kMaxDims}, TensorOptions(DType::i64, device));
+}
+
 /// One stage's messages within a micro-step: asynchronous sends kept alive until the end, blocking
 /// receives, and a local mailbox for a "peer" that is this stage itself (one stage, several chunks).
 class Messenger {
@@ -61,25 +82,12 @@ class Messenger {
   }
   /// An activation: its header (dtype, shape), then the tensor.
   void send_activation(const Tensor& activation, int peer, int64_t microbatch, int chunk) {
-    COLOSSAL_CHECK(activation.dim() <= kMaxDims, "pipeline: activations of at most {} dimensions travel, got shape {}",
-                   kMaxDims, activation.shape());
-    std::vector<int64_t> header(2 + kMaxDims, 0);
-    header[0] = static_cast<int64_t>(activation.dtype());
-    header[1] = activation.dim();
-    for (int64_t d = 0; d < activation.dim(); ++d) header[static_cast<size_t>(2 + d)] = activation.size(d);
-    send(core::from_vector<int64_t>(header, {2 + kMaxDims}).to(group_.device()), peer,
-         tag_of(kHeader, microbatch, chunk));
+    send(header_of(activation, group_.device()), peer, tag_of(kHeader, microbatch, chunk));
     send(activation, peer, tag_of(kActivation, microbatch, chunk));
   }
   Tensor receive_activation(int peer, int64_t microbatch, int chunk) {
-    const Tensor header = receive(core::empty({2 + kMaxDims}, TensorOptions(DType::i64, group_.device())), peer,
-                                  tag_of(kHeader, microbatch, chunk))
-                              .to(core::kCpu);
-    const std::vector<int64_t> h = header.to_vector<int64_t>();
-    Shape shape(h.begin() + 2, h.begin() + 2 + h[1]);
-    const auto dtype = static_cast<DType>(h[0]);
-    return receive(core::empty(shape, TensorOptions(dtype, group_.device())), peer,
-                   tag_of(kActivation, microbatch, chunk));
+    const Tensor header = receive(empty_header(group_.device()), peer, tag_of(kHeader, microbatch, chunk));
+    return receive(empty_from_header(header, group_.device()), peer, tag_of(kActivation, microbatch, chunk));
   }
   void wait_sends() {
     for (comm::Work& w : sends_) w.wait();
@@ -284,23 +292,9 @@ Tensor PipelineSchedule::evaluate(Engine& engine, const Tensor& input) {
   messenger.wait_sends();
   if (p == 1) return output;
   // The output to every stage: its dtype and shape first, then the tensor.
-  std::vector<int64_t> h(2 + kMaxDims, 0);
-  if (last) {
-    COLOSSAL_CHECK(output.dim() <= kMaxDims, "pipeline: outputs of at most {} dimensions, got shape {}", kMaxDims,
-                   output.shape());
-    h[0] = static_cast<int64_t>(output.dtype());
-    h[1] = output.dim();
-    for (int64_t d = 0; d < output.dim(); ++d) h[static_cast<size_t>(2 + d)] = output.size(d);
-  }
-  Tensor header = core::from_vector<int64_t>(h, {2 + kMaxDims}).to(group_->device());
+  Tensor header = last ? header_of(output, group_->device()) : empty_header(group_->device());
   group_->broadcast(header, p - 1);
-  const std::vector<int64_t> got = header.to(core::kCpu).to_vector<int64_t>();
-  if (!last) {
-    output = core::empty(Shape(got.begin() + 2, got.begin() + 2 + got[1]),
-                         TensorOptions(static_cast<DType>(got[0]), group_->device()));
-  } else {
-    output = output.contiguous();
-  }
+  output = last ? output.contiguous() : empty_from_header(header, group_->device());
   group_->broadcast(output, p - 1);
   return output;
 }
