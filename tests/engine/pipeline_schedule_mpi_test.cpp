@@ -74,6 +74,29 @@ std::unique_ptr<Engine> make_engine(std::shared_ptr<nn::Module> model, EngineOpt
   return std::make_unique<Engine>(std::move(model), sgd, ce, std::move(options));
 }
 
+/// A stage built from `pieces`: one Sequential chunk per range, all under one ModuleList (the Engine's
+/// model), and the pieces' parameters under the whole model's names (Note [Pipeline layers]).
+struct Stage {
+  std::shared_ptr<nn::ModuleList> module = std::make_shared<nn::ModuleList>();
+  std::vector<std::shared_ptr<nn::Module>> chunks;
+  std::vector<std::pair<std::string, Tensor>> named;
+};
+
+Stage stage_of(const std::vector<std::shared_ptr<nn::Module>>& pieces,
+               const std::vector<parallel::pp::PieceRange>& ranges) {
+  Stage stage;
+  for (const parallel::pp::PieceRange& r : ranges) {
+    auto chunk = std::make_shared<nn::Sequential>();
+    for (int64_t i = r.begin; i < r.end; ++i) {
+      chunk->push_back(pieces[static_cast<size_t>(i)]);
+      for (const auto& entry : pieces[static_cast<size_t>(i)]->named_parameters()) stage.named.push_back(entry);
+    }
+    stage.chunks.push_back(chunk);
+    stage.module->push_back(chunk);
+  }
+  return stage;
+}
+
 void expect_close(double actual, double expected, const std::string& what) {
   EXPECT_NEAR(actual, expected, kTolerance * std::max(1.0, std::abs(expected))) << what;
 }
@@ -93,17 +116,10 @@ void expect_pipeline_equals_serial(int num_chunks, int64_t m, int64_t accumulati
   // Pipelined: this stage's chunks, each a Sequential of its pieces.
   const auto pieces = make_pieces(11);
   const parallel::pp::StageParts parts = parallel::pp::partition_uniform(kPieces, p, num_chunks);
-  auto stage = std::make_shared<nn::ModuleList>();
-  std::vector<std::shared_ptr<nn::Module>> chunks;
-  for (const parallel::pp::PieceRange& r : parts[static_cast<size_t>(s)]) {
-    auto chunk = std::make_shared<nn::Sequential>();
-    for (int64_t i = r.begin; i < r.end; ++i) chunk->push_back(pieces[static_cast<size_t>(i)]);
-    chunks.push_back(chunk);
-    stage->push_back(chunk);
-  }
+  const Stage stage = stage_of(pieces, parts[static_cast<size_t>(s)]);
   EngineOptions options{.gradient_accumulation = accumulation};
-  options.schedule = std::make_shared<PipelineSchedule>(chunks, world_group(), m);
-  auto engine = make_engine(stage, options);
+  options.schedule = std::make_shared<PipelineSchedule>(stage.chunks, world_group(), m);
+  auto engine = make_engine(stage.module, options);
 
   for (int step = 0; step < steps; ++step) {
     for (int64_t micro = 0; micro < accumulation; ++micro) {
@@ -146,17 +162,10 @@ TEST(PipelineSchedule, EvaluationGivesEveryStageTheSerialOutput) {
   for (const int chunks : {1, 2}) {
     const auto pieces = make_pieces(11);
     const parallel::pp::StageParts parts = parallel::pp::partition_uniform(kPieces, p, chunks);
-    auto stage = std::make_shared<nn::ModuleList>();
-    std::vector<std::shared_ptr<nn::Module>> chunk_modules;
-    for (const parallel::pp::PieceRange& r : parts[static_cast<size_t>(s)]) {
-      auto chunk = std::make_shared<nn::Sequential>();
-      for (int64_t i = r.begin; i < r.end; ++i) chunk->push_back(pieces[static_cast<size_t>(i)]);
-      chunk_modules.push_back(chunk);
-      stage->push_back(chunk);
-    }
+    const Stage stage = stage_of(pieces, parts[static_cast<size_t>(s)]);
     EngineOptions options;
-    options.schedule = std::make_shared<PipelineSchedule>(chunk_modules, world_group(), chunks == 1 ? 1 : p);
-    auto engine = make_engine(stage, options);
+    options.schedule = std::make_shared<PipelineSchedule>(stage.chunks, world_group(), chunks == 1 ? 1 : p);
+    auto engine = make_engine(stage.module, options);
     const Tensor out = engine->evaluate(x);
     ASSERT_EQ(out.shape(), (Shape{kBatch, kClasses})) << chunks << " chunk(s)";
     const auto got = out.to_vector<double>();
@@ -269,23 +278,13 @@ TEST(PipelineSchedule, VitPiecesEqualTheSerialModelIn1F1BAndInterleaved) {
     const auto pieces = model->layers();
     ASSERT_EQ(pieces.size(), 4u);
     const parallel::pp::StageParts parts = parallel::pp::partition_uniform(4, p, chunks);
-    auto stage = std::make_shared<nn::ModuleList>();
-    std::vector<std::shared_ptr<nn::Module>> chunk_modules;
-    std::vector<std::pair<std::string, Tensor>> named;
-    for (const parallel::pp::PieceRange& r : parts[static_cast<size_t>(s)]) {
-      auto chunk = std::make_shared<nn::Sequential>();
-      for (int64_t i = r.begin; i < r.end; ++i) {
-        chunk->push_back(pieces[static_cast<size_t>(i)]);
-        for (const auto& entry : pieces[static_cast<size_t>(i)]->named_parameters()) named.push_back(entry);
-      }
-      chunk_modules.push_back(chunk);
-      stage->push_back(chunk);
-    }
+    const Stage stage = stage_of(pieces, parts[static_cast<size_t>(s)]);
     EngineOptions options;
-    options.schedule = std::make_shared<PipelineSchedule>(chunk_modules, world_group(), 4);
-    Engine engine(stage,
-                  std::make_shared<optim::Sgd>(stage->parameters(), optim::SgdOptions{.lr = 0.1, .momentum = 0.9}), ce,
-                  options);
+    options.schedule = std::make_shared<PipelineSchedule>(stage.chunks, world_group(), 4);
+    Engine engine(
+        stage.module,
+        std::make_shared<optim::Sgd>(stage.module->parameters(), optim::SgdOptions{.lr = 0.1, .momentum = 0.9}), ce,
+        options);
     for (int step = 0; step < 3; ++step) {
       std::vector<double> pixels;
       std::vector<int64_t> labels;
@@ -297,7 +296,7 @@ TEST(PipelineSchedule, VitPiecesEqualTheSerialModelIn1F1BAndInterleaved) {
                    fmt::format("loss at step {}", step));
     }
     const auto want = serial->state_dict();
-    for (const auto& [name, param] : named) {
+    for (const auto& [name, param] : stage.named) {
       const auto a = param.to_vector<double>(), b = want.at(name).to_vector<double>();
       for (size_t e = 0; e < a.size(); ++e) expect_close(a[e], b[e], fmt::format("{} [{}]", name, e));
     }
