@@ -4,7 +4,7 @@
 # model on one GPU: ms/step (the metrics' wall_s slope over logged steps 10-40) and MFU per GPU,
 # counting each GPU's share of (6N + 12 L C T) FLOPs per token (N without wpe), against 989.4 TFLOP/s.
 #
-#   tools/gpu-check --run bench/compare/tp_mfu.sh [1.3b] [350m] [serial]
+#   tools/gpu-check --run bench/compare/tp_mfu.sh [1.3b] [350m] [serial] [serial350m] [1.3b-sp] [1.3b-tp4]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -31,17 +31,19 @@ print(f"{name}: {ms:.2f} ms/step, {B * T / ms * 1e3:.0f} tokens/s, MFU per GPU {
 EOF
 }
 
-run() {  # name, gpus, layers, width, heads
+run() {  # name, gpus (= tensor-parallel size), layers, width, heads, [extra --set ...]
   local name=$1 gpus=$2 L=$3 C=$4 H=$5
+  shift 5
   local args=(train --config configs/gpt2_tp.toml --set "data.path=\"$out/tokens.bin\"" --set 'data.test_path=""'
     --set gradient_accumulation=1 --set bf16=true --set data.batch_size=8 --set lr_scheduler.warmup_steps=5
     --set "model.options={ vocab_multiple = 64, dropout = 0.0, n_layer = $L, n_embd = $C, n_head = $H }"
     --set train.max_steps=40 --set train.log_interval=5 --set train.progress=false --set 'train.checkpoint_dir=""'
-    --metrics "$out/$name.jsonl")
+    --metrics "$out/$name.jsonl" "$@")
   if [[ $gpus == 1 ]]; then
     "$colossal" "${args[@]}" --set parallel.tensor.size=1 > "$out/$name.log" 2>&1
   else
-    "$colossal" run --nproc_per_node "$gpus" -- "$colossal" "${args[@]}" > "$out/$name.log" 2>&1
+    "$colossal" run --nproc_per_node "$gpus" -- "$colossal" "${args[@]}" --set parallel.tensor.size="$gpus" \
+      > "$out/$name.log" 2>&1
   fi
   if [[ $? != 0 ]]; then
     echo "$name: FAILED"; tail -8 "$out/$name.log"; return
@@ -54,6 +56,9 @@ for part in "${parts[@]}"; do
     1.3b) run gpt1.3b_tp2 2 24 2048 16 ;;
     350m) run gpt350m_tp2 2 24 1024 16 ;;
     serial) run gpt1.3b_1gpu 1 24 2048 16 ;;
-    *) echo "unknown part '$part' (1.3b, 350m, serial)"; exit 2 ;;
+    serial350m) run gpt350m_1gpu 1 24 1024 16 ;;
+    1.3b-sp) run gpt1.3b_tp2_sp 2 24 2048 16 --set parallel.tensor.sequence_parallel=true ;;
+    1.3b-tp4) run gpt1.3b_tp4 4 24 2048 16 ;;
+    *) echo "unknown part '$part' (1.3b, 350m, serial, serial350m, 1.3b-sp, 1.3b-tp4)"; exit 2 ;;
   esac
 done

@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "colossal/ops/linalg.h"
 #include "layout_harness.h"
@@ -27,15 +28,17 @@ std::shared_ptr<comm::ProcessGroup> world() {
   return std::shared_ptr<comm::ProcessGroup>(&comm::testing::world(), [](comm::ProcessGroup*) {});
 }
 
-void run_case(HarnessCase c, ops::Float32MatmulPrecision precision, const char* label) {
+void run_case(HarnessCase c, ops::Float32MatmulPrecision precision, const char* label,
+              std::optional<Layout> layout = std::nullopt) {
   const ops::Float32MatmulPrecision before = ops::float32_matmul_precision();
   ops::set_float32_matmul_precision(precision);
-  const HarnessReport report = expect_layout_matches_serial(c, Layout{.data = world()->size()}, world());
+  const Layout l = layout.value_or(Layout{.data = world()->size()});
+  const HarnessReport report = expect_layout_matches_serial(c, l, world());
   ops::set_float32_matmul_precision(before);
   EXPECT_GT(report.compared_tensors, 0);
   if (world()->rank() == 0) {
-    std::printf("%s dp%d %s: max relative difference loss %.2e, gradient %.2e (%s), parameter %.2e (%s)\n",
-                c.name.c_str(), world()->size(), label, report.loss, report.grad, report.worst_grad.c_str(),
+    std::printf("%s %s %s: max relative difference loss %.2e, gradient %.2e (%s), parameter %.2e (%s)\n",
+                c.name.c_str(), l.name().c_str(), label, report.loss, report.grad, report.worst_grad.c_str(),
                 report.param, report.worst_param.c_str());
   }
 }
@@ -59,6 +62,46 @@ TEST(LayoutEquivalenceNccl, DataParallelBf16) {
   c.precision = Precision::bf16;
   c.tolerance = 3e-2;  // as the MPI case (tests/parallel/layout_equivalence_mpi_test.cpp)
   run_case(c, ops::Float32MatmulPrecision::high, "bf16");
+}
+
+// Tensor parallelism over NCCL (1D Megatron GPT-2 and ViT: the copy/reduce pairs, the vocab-parallel
+// embedding and cross-entropy, sequence parallelism's all-gather/reduce-scatter) at tp = world, and
+// dp2 x tp2 on 4 GPUs, with accumulation and a clip below the gradients' norm; f32 with TF32 off at
+// the harness's 1e-5 (the same sums split across ranks and added in another order).
+TEST(LayoutEquivalenceNccl, TensorParallelGpt2) {
+  HarnessCase c = gpt2_tp_case();
+  c.accumulation = 2;
+  c.clip = 0.1;
+  run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off)", Layout{.tensor = world()->size()});
+}
+
+TEST(LayoutEquivalenceNccl, TensorParallelGpt2SequenceParallel) {
+  HarnessCase c = gpt2_tp_case(/*sequence_parallel=*/true);
+  c.accumulation = 2;
+  c.clip = 0.1;
+  run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off)", Layout{.tensor = world()->size()});
+}
+
+TEST(LayoutEquivalenceNccl, TensorParallelVit) {
+  HarnessCase c = vit_tp_case();
+  c.accumulation = 2;
+  c.clip = 0.1;
+  run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off)", Layout{.tensor = world()->size()});
+}
+
+TEST(LayoutEquivalenceNccl, TensorParallelGpt2Bf16) {
+  HarnessCase c = gpt2_tp_case();
+  c.precision = Precision::bf16;
+  c.tolerance = 3e-2;  // as the data-parallel bf16 case above
+  run_case(c, ops::Float32MatmulPrecision::high, "bf16", Layout{.tensor = world()->size()});
+}
+
+TEST(LayoutEquivalenceNccl, DataTimesTensorParallelGpt2) {
+  if (world()->size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 GPUs";
+  HarnessCase c = gpt2_tp_case();
+  c.accumulation = 2;
+  c.clip = 0.1;
+  run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off)", Layout{.data = 2, .tensor = 2});
 }
 
 }  // namespace
