@@ -354,5 +354,36 @@ TEST(Tensor, ElementCountOverflowIsAnError) {
   EXPECT_ERROR_CONTAINS(core::empty({int64_t{1} << 33, int64_t{1} << 33}), "more elements than fit in 64 bits");
 }
 
+TEST(Tensor, ByteCountOverflowIsAnErrorNamingTheShapeAndDType) {
+  // 2^61 f64 elements fit in int64, their 2^64 bytes do not: a size_t product wraps to 0 bytes and
+  // a 0-byte storage would back a tensor claiming 2^61 elements.
+  EXPECT_ERROR_CONTAINS(core::empty({int64_t{1} << 61}, DType::f64),
+                        "empty: shape [2305843009213693952] of f64 needs 2305843009213693952 elements of 8 bytes, "
+                        "more bytes than fit in 64 bits");
+  EXPECT_ERROR_CONTAINS(zeros({int64_t{1} << 31, int64_t{1} << 31}, DType::f32),
+                        "shape [2147483648, 2147483648] of f32");
+  EXPECT_EQ(checked_nbytes({3, 5}, DType::bf16, "t"), 30u);
+  EXPECT_EQ(checked_nbytes({}, DType::i64, "t"), 8u);
+  EXPECT_EQ(checked_nbytes({4, 0}, DType::f64, "t"), 0u);
+}
+
+TEST(Tensor, ZeroSizedShapeWhoseStridesOverflowIsAnError) {
+  // No elements, but row-major strides count zero sizes as 1: the first stride would be 2^80.
+  const Shape huge = {0, int64_t{1} << 40, int64_t{1} << 40};
+  EXPECT_ERROR_CONTAINS(core::empty(huge),
+                        "empty: shape [0, 1099511627776, 1099511627776] has no elements, but its "
+                        "other sizes multiply past 64 bits");
+  // Still fine when the strides fit, with the zero anywhere.
+  EXPECT_EQ(core::empty({int64_t{1} << 30, 0, int64_t{1} << 30}).strides(),
+            (Shape{int64_t{1} << 30, int64_t{1} << 30, 1}));
+  // A view of a tensor without elements goes through the same check.
+  const Tensor none = core::empty({0});
+  EXPECT_ERROR_CONTAINS(none.view(huge), "view: shape [0, 1099511627776, 1099511627776] has no elements");
+  EXPECT_ERROR_CONTAINS(none.view({-1, int64_t{1} << 40, int64_t{1} << 40}),
+                        "shape [-1, 1099511627776, 1099511627776] is invalid for a tensor of 0 elements (its sizes "
+                        "multiply past 64 bits)");
+  EXPECT_EQ(none.view({0, 3, int64_t{1} << 40}).strides(), (Shape{int64_t{3} << 40, int64_t{1} << 40, 1}));
+}
+
 }  // namespace
 }  // namespace colossal::core

@@ -263,8 +263,7 @@ float Event::elapsed_ms(const Event& end) const {
 }
 
 Tensor pinned_empty(const Shape& shape, DType dtype) {
-  check_shape(shape, "pinned_empty");
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
+  const size_t nbytes = checked_nbytes(shape, dtype, "pinned_empty");
   void* ptr = nullptr;
   COLOSSAL_CUDA_CHECK(cudaHostAlloc(&ptr, std::max<size_t>(nbytes, 1), cudaHostAllocDefault));
   Storage storage = Storage::wrap(ptr, nbytes, kCpu, [](void* p) { cudaFreeHost(p); });

@@ -1,6 +1,7 @@
 // Tensor metadata, autograd state accessors, factories and printing.
 #include "colossal/core/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <ostream>
@@ -28,15 +29,33 @@ int64_t shape_numel(const Shape& shape) {
 
 void check_shape(const Shape& shape, const char* what) {
   int64_t n = 1;
+  int64_t span = 1;  // zeros counted as 1: the largest stride times its size, what contiguous_strides reaches
   for (int64_t s : shape) {
     COLOSSAL_CHECK(s >= 0, "{}: negative size in shape {}", what, shape);
     COLOSSAL_CHECK(!__builtin_mul_overflow(n, s, &n), "{}: shape {} has more elements than fit in 64 bits", what,
                    shape);
+    COLOSSAL_CHECK(!__builtin_mul_overflow(span, std::max<int64_t>(s, 1), &span),
+                   "{}: shape {} has no elements, but its other sizes multiply past 64 bits, so its strides "
+                   "cannot be represented",
+                   what, shape);
   }
 }
 
+size_t checked_nbytes(const Shape& shape, DType dtype, const char* what) {
+  check_shape(shape, what);
+  int64_t nbytes = 0;
+  COLOSSAL_CHECK(!__builtin_mul_overflow(shape_numel(shape), static_cast<int64_t>(element_size(dtype)), &nbytes),
+                 "{}: shape {} of {} needs {} elements of {} bytes, more bytes than fit in 64 bits", what, shape, dtype,
+                 shape_numel(shape), element_size(dtype));
+  return static_cast<size_t>(nbytes);
+}
+
 TensorImpl::TensorImpl(Storage storage, Shape shape, Shape strides, int64_t offset, DType dtype)
-    : storage_(std::move(storage)), shape_(std::move(shape)), strides_(std::move(strides)), offset_(offset), dtype_(dtype) {
+    : storage_(std::move(storage)),
+      shape_(std::move(shape)),
+      strides_(std::move(strides)),
+      offset_(offset),
+      dtype_(dtype) {
   numel_ = shape_numel(shape_);
   int64_t expected = 1;
   contiguous_ = true;
@@ -63,15 +82,21 @@ const TensorImpl& checked(const std::shared_ptr<TensorImpl>& impl) {
 }
 }  // namespace
 
-const Shape& Tensor::shape() const { return checked(impl_).shape(); }
-const Shape& Tensor::strides() const { return checked(impl_).strides(); }
-int64_t Tensor::dim() const { return static_cast<int64_t>(shape().size()); }
+const Shape& Tensor::shape() const {
+  return checked(impl_).shape();
+}
+const Shape& Tensor::strides() const {
+  return checked(impl_).strides();
+}
+int64_t Tensor::dim() const {
+  return static_cast<int64_t>(shape().size());
+}
 int64_t Tensor::wrap_dim(int64_t d, const char* op) const {
   const int64_t rank = dim();
   // A 0-d tensor accepts dim 0 and -1, as in PyTorch.
   const int64_t bound = std::max<int64_t>(rank, 1);
-  COLOSSAL_CHECK(d >= -bound && d < bound, "{}: dimension {} out of range for a tensor of shape {} (valid: {} to {})", op,
-                 d, shape(), -bound, bound - 1);
+  COLOSSAL_CHECK(d >= -bound && d < bound, "{}: dimension {} out of range for a tensor of shape {} (valid: {} to {})",
+                 op, d, shape(), -bound, bound - 1);
   return d < 0 ? d + bound : d;
 }
 int64_t Tensor::size(int64_t d) const {
@@ -82,15 +107,28 @@ int64_t Tensor::stride(int64_t d) const {
   COLOSSAL_CHECK(dim() > 0, "stride: a 0-d tensor has no dimension {}", d);
   return strides()[wrap_dim(d, "stride")];
 }
-int64_t Tensor::offset() const { return checked(impl_).offset(); }
-int64_t Tensor::numel() const { return checked(impl_).numel(); }
-DType Tensor::dtype() const { return checked(impl_).dtype(); }
-Device Tensor::device() const { return checked(impl_).device(); }
-bool Tensor::is_contiguous() const { return checked(impl_).is_contiguous(); }
-const Storage& Tensor::storage() const { return checked(impl_).storage(); }
+int64_t Tensor::offset() const {
+  return checked(impl_).offset();
+}
+int64_t Tensor::numel() const {
+  return checked(impl_).numel();
+}
+DType Tensor::dtype() const {
+  return checked(impl_).dtype();
+}
+Device Tensor::device() const {
+  return checked(impl_).device();
+}
+bool Tensor::is_contiguous() const {
+  return checked(impl_).is_contiguous();
+}
+const Storage& Tensor::storage() const {
+  return checked(impl_).storage();
+}
 void* Tensor::raw_data() const {
   const auto& impl = checked(impl_);
-  return static_cast<char*>(impl.storage().data()) + impl.offset() * static_cast<int64_t>(core::element_size(impl.dtype()));
+  return static_cast<char*>(impl.storage().data()) +
+         impl.offset() * static_cast<int64_t>(core::element_size(impl.dtype()));
 }
 
 bool Tensor::requires_grad() const {
@@ -99,10 +137,11 @@ bool Tensor::requires_grad() const {
 }
 
 Tensor& Tensor::set_requires_grad(bool requires_grad) {
-  COLOSSAL_CHECK(is_leaf(), "set_requires_grad: only leaf tensors can be marked; this tensor of shape {} was produced by {}",
+  COLOSSAL_CHECK(is_leaf(),
+                 "set_requires_grad: only leaf tensors can be marked; this tensor of shape {} was produced by {}",
                  shape(), "an op (use detach() to make a leaf)");
-  COLOSSAL_CHECK(!requires_grad || is_floating(dtype()), "set_requires_grad: only floating tensors can require gradients, got {}",
-                 dtype());
+  COLOSSAL_CHECK(!requires_grad || is_floating(dtype()),
+                 "set_requires_grad: only floating tensors can require gradients, got {}", dtype());
   if (requires_grad || autograd_meta_if_exists()) autograd_meta().requires_grad = requires_grad;
   return *this;
 }
@@ -114,8 +153,8 @@ Tensor Tensor::grad() const {
 
 void Tensor::set_grad(const Tensor& grad) {
   if (grad.defined()) {
-    COLOSSAL_CHECK(grad.shape() == shape(), "set_grad: gradient shape {} does not match the tensor's shape {}", grad.shape(),
-                   shape());
+    COLOSSAL_CHECK(grad.shape() == shape(), "set_grad: gradient shape {} does not match the tensor's shape {}",
+                   grad.shape(), shape());
   }
   autograd_meta().grad = grad;
 }
@@ -130,11 +169,14 @@ AutogradMeta& Tensor::autograd_meta() {
   COLOSSAL_CHECK(impl_ != nullptr, "autograd on an undefined tensor");
   return impl_->ensure_autograd_meta();
 }
-AutogradMeta* Tensor::autograd_meta_if_exists() const { return impl_ ? impl_->autograd_meta() : nullptr; }
+AutogradMeta* Tensor::autograd_meta_if_exists() const {
+  return impl_ ? impl_->autograd_meta() : nullptr;
+}
 
 Tensor Tensor::detach() const {
   const auto& impl = checked(impl_);
-  return Tensor(std::make_shared<TensorImpl>(impl.storage(), impl.shape(), impl.strides(), impl.offset(), impl.dtype()));
+  return Tensor(
+      std::make_shared<TensorImpl>(impl.storage(), impl.shape(), impl.strides(), impl.offset(), impl.dtype()));
 }
 
 const Tensor& Tensor::fill_(double value) const {
@@ -162,9 +204,7 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
 }
 
 Tensor empty(const Shape& shape, TensorOptions options) {
-  check_shape(shape, "empty");
-  const int64_t n = shape_numel(shape);
-  Storage storage(static_cast<size_t>(n) * element_size(options.dtype), options.device);
+  Storage storage(checked_nbytes(shape, options.dtype, "empty"), options.device);
   Tensor t(std::make_shared<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, options.dtype));
   if (options.requires_grad) t.set_requires_grad(true);
   return t;
@@ -177,12 +217,24 @@ Tensor full(const Shape& shape, double value, TensorOptions options) {
   if (requires_grad) t.set_requires_grad(true);
   return t;
 }
-Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
-Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
-Tensor empty_like(const Tensor& t) { return empty(t.shape(), TensorOptions(t.dtype(), t.device())); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), TensorOptions(t.dtype(), t.device())); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), TensorOptions(t.dtype(), t.device())); }
-Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
+Tensor zeros(const Shape& shape, TensorOptions options) {
+  return full(shape, 0.0, options);
+}
+Tensor ones(const Shape& shape, TensorOptions options) {
+  return full(shape, 1.0, options);
+}
+Tensor empty_like(const Tensor& t) {
+  return empty(t.shape(), TensorOptions(t.dtype(), t.device()));
+}
+Tensor zeros_like(const Tensor& t) {
+  return zeros(t.shape(), TensorOptions(t.dtype(), t.device()));
+}
+Tensor ones_like(const Tensor& t) {
+  return ones(t.shape(), TensorOptions(t.dtype(), t.device()));
+}
+Tensor scalar_tensor(double value, TensorOptions options) {
+  return full({}, value, options);
+}
 
 Tensor arange(double start, double end, double step, TensorOptions options) {
   COLOSSAL_CHECK(step != 0.0, "arange: step must be non-zero");
@@ -210,7 +262,8 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptio
       std::memcpy(cpu.raw_data(), values.data(), values.size() * sizeof(T));
     }
   }
-  Tensor out = (options.dtype == cpu.dtype() && options.device.is_cpu()) ? cpu : empty(shape, options.with_requires_grad(false));
+  Tensor out =
+      (options.dtype == cpu.dtype() && options.device.is_cpu()) ? cpu : empty(shape, options.with_requires_grad(false));
   if (!out.is_same(cpu)) out.copy_(cpu);
   if (options.requires_grad) out.set_requires_grad(true);
   return out;
@@ -227,8 +280,8 @@ std::vector<T> Tensor::to_vector() const {
   return out;
 }
 
-#define COLOSSAL_INSTANTIATE(T)                                                                   \
-  template Tensor from_vector<T>(const std::vector<T>&, const Shape&, TensorOptions);            \
+#define COLOSSAL_INSTANTIATE(T)                                                       \
+  template Tensor from_vector<T>(const std::vector<T>&, const Shape&, TensorOptions); \
   template std::vector<T> Tensor::to_vector<T>() const;
 COLOSSAL_INSTANTIATE(float)
 COLOSSAL_INSTANTIATE(double)
@@ -253,16 +306,15 @@ double element_as_double(const Tensor& t, int64_t flat_index) {
     offset += (rest % t.shape()[d]) * t.strides()[d];
     rest /= t.shape()[d];
   }
-  return dispatch_all(t.dtype(), [&]<class T>() {
-    return static_cast<double>(static_cast<T*>(t.raw_data())[offset]);
-  });
+  return dispatch_all(t.dtype(), [&]<class T>() { return static_cast<double>(static_cast<T*>(t.raw_data())[offset]); });
 }
 }  // namespace detail
 
 std::string to_string(const Tensor& t, int64_t max_elements) {
   if (!t.defined()) return "Tensor(undefined)";
   std::ostringstream os;
-  os << "Tensor(shape=" << fmt::format("{}", t.shape()) << ", dtype=" << dtype_name(t.dtype()) << ", device=" << t.device().str();
+  os << "Tensor(shape=" << fmt::format("{}", t.shape()) << ", dtype=" << dtype_name(t.dtype())
+     << ", device=" << t.device().str();
   if (t.requires_grad()) os << ", requires_grad";
   if (t.numel() <= max_elements) {
     Tensor cpu = t.device().is_cpu() ? t : to_device_raw(t, kCpu);
@@ -274,6 +326,8 @@ std::string to_string(const Tensor& t, int64_t max_elements) {
   return os.str();
 }
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << to_string(t); }
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  return os << to_string(t);
+}
 
 }  // namespace colossal::core

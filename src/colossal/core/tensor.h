@@ -33,12 +33,24 @@ struct TensorOptions {
   bool requires_grad = false;
 
   TensorOptions() = default;
-  TensorOptions(DType d) : dtype(d) {}  // NOLINT: lets zeros({2}, DType::f64) read naturally
+  TensorOptions(DType d) : dtype(d) {}    // NOLINT: lets zeros({2}, DType::f64) read naturally
   TensorOptions(Device d) : device(d) {}  // NOLINT
   TensorOptions(DType t, Device d, bool rg = false) : dtype(t), device(d), requires_grad(rg) {}
-  TensorOptions with_dtype(DType d) const { auto o = *this; o.dtype = d; return o; }
-  TensorOptions with_device(Device d) const { auto o = *this; o.device = d; return o; }
-  TensorOptions with_requires_grad(bool r) const { auto o = *this; o.requires_grad = r; return o; }
+  TensorOptions with_dtype(DType d) const {
+    auto o = *this;
+    o.dtype = d;
+    return o;
+  }
+  TensorOptions with_device(Device d) const {
+    auto o = *this;
+    o.device = d;
+    return o;
+  }
+  TensorOptions with_requires_grad(bool r) const {
+    auto o = *this;
+    o.requires_grad = r;
+    return o;
+  }
 };
 
 class TensorImpl;
@@ -183,8 +195,14 @@ class TensorImpl {
 /// Row-major strides for a shape.
 Shape contiguous_strides(const Shape& shape);
 int64_t shape_numel(const Shape& shape);
-/// Throws naming `what` if any size is negative.
+/// Throws naming `what` and the shape if any size is negative, if the element count does not fit
+/// in int64, or if the row-major strides would not (the sizes multiplied with zeros counted as 1:
+/// [0, 2^40, 2^40] has no elements, but its first stride is 2^80).
 void check_shape(const Shape& shape, const char* what);
+/// The bytes a contiguous tensor of `shape` and `dtype` holds, after check_shape; throws naming
+/// `what`, the shape and the dtype when they do not fit in int64 (a size_t product would wrap to a
+/// small allocation for a huge tensor). What every allocating factory calls.
+size_t checked_nbytes(const Shape& shape, DType dtype, const char* what);
 
 // ---- factories
 Tensor empty(const Shape& shape, TensorOptions options = {});

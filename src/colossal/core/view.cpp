@@ -20,8 +20,8 @@ Tensor as_strided(const Tensor& t, const Shape& shape, const Shape& strides, int
     for (size_t d = 0; d < shape.size(); ++d) last += (shape[d] - 1) * strides[d];
     const int64_t capacity = static_cast<int64_t>(t.storage().nbytes() / t.element_size());
     COLOSSAL_CHECK(offset >= 0 && last < capacity,
-                   "as_strided: view (shape {}, strides {}, offset {}) reaches element {} of a storage of {} elements", shape,
-                   strides, offset, last, capacity);
+                   "as_strided: view (shape {}, strides {}, offset {}) reaches element {} of a storage of {} elements",
+                   shape, strides, offset, last, capacity);
   }
   return Tensor(std::make_shared<TensorImpl>(t.storage(), shape, strides, offset, t.dtype()));
 }
@@ -36,13 +36,15 @@ Shape infer_shape(const Shape& shape, int64_t numel) {
       infer_at = static_cast<int64_t>(d);
     } else {
       COLOSSAL_CHECK(out[d] >= 0, "shape {}: sizes must be >= 0 or -1", shape);
-      known *= out[d];
+      COLOSSAL_CHECK(!__builtin_mul_overflow(known, out[d], &known),
+                     "shape {} is invalid for a tensor of {} elements (its sizes multiply past 64 bits)", shape, numel);
     }
   }
   if (infer_at >= 0) {
     COLOSSAL_CHECK(known != 0 && numel % known == 0, "shape {} is invalid for a tensor of {} elements", shape, numel);
     out[infer_at] = numel / known;
   }
+  check_shape(out, "view");  // a tensor without elements viewed as [0, 2^40, 2^40]: strides past 64 bits
   COLOSSAL_CHECK(shape_numel(out) == numel, "shape {} is invalid for a tensor of {} elements", shape, numel);
   return out;
 }
@@ -89,8 +91,8 @@ Tensor view_raw(const Tensor& t, const Shape& shape) {
 }
 
 Tensor permute_raw(const Tensor& t, const std::vector<int64_t>& dims) {
-  COLOSSAL_CHECK(static_cast<int64_t>(dims.size()) == t.dim(), "permute: {} dims given for a tensor of shape {}", dims.size(),
-                 t.shape());
+  COLOSSAL_CHECK(static_cast<int64_t>(dims.size()) == t.dim(), "permute: {} dims given for a tensor of shape {}",
+                 dims.size(), t.shape());
   Shape shape(dims.size()), strides(dims.size());
   std::vector<bool> seen(dims.size(), false);
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -132,8 +134,8 @@ Tensor narrow_raw(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
   const int64_t d = t.wrap_dim(dim, "narrow");
   const int64_t size = t.shape()[d];
   COLOSSAL_CHECK(start >= 0 && length >= 0 && start + length <= size,
-                 "narrow: [{}, {}) is out of range for dimension {} of size {} (shape {})", start, start + length, d, size,
-                 t.shape());
+                 "narrow: [{}, {}) is out of range for dimension {} of size {} (shape {})", start, start + length, d,
+                 size, t.shape());
   return slice_raw(t, d, start, start + length);
 }
 
@@ -141,8 +143,8 @@ Tensor select_raw(const Tensor& t, int64_t dim, int64_t index) {
   COLOSSAL_CHECK(t.dim() > 0, "select: cannot select from a 0-d tensor");
   const int64_t d = t.wrap_dim(dim, "select");
   const int64_t size = t.shape()[d];
-  COLOSSAL_CHECK(index >= -size && index < size, "select: index {} is out of range for dimension {} of size {}", index, d,
-                 size);
+  COLOSSAL_CHECK(index >= -size && index < size, "select: index {} is out of range for dimension {} of size {}", index,
+                 d, size);
   if (index < 0) index += size;
   Shape shape = t.shape();
   Shape strides = t.strides();
@@ -154,8 +156,9 @@ Tensor select_raw(const Tensor& t, int64_t dim, int64_t index) {
 
 Tensor unsqueeze_raw(const Tensor& t, int64_t dim) {
   const int64_t rank = t.dim();
-  COLOSSAL_CHECK(dim >= -(rank + 1) && dim <= rank, "unsqueeze: dimension {} out of range for shape {} (valid: {} to {})", dim,
-                 t.shape(), -(rank + 1), rank);
+  COLOSSAL_CHECK(dim >= -(rank + 1) && dim <= rank,
+                 "unsqueeze: dimension {} out of range for shape {} (valid: {} to {})", dim, t.shape(), -(rank + 1),
+                 rank);
   if (dim < 0) dim += rank + 1;
   Shape shape = t.shape();
   Shape strides = t.strides();
@@ -194,8 +197,8 @@ Tensor expand_raw(const Tensor& t, const Shape& requested) {
       shape[d] = have;
       strides[d] = t.strides()[d - lead];
     } else {
-      COLOSSAL_CHECK(have == 1, "expand: shape {} cannot be broadcast to {} (dimension {} has size {}, not 1)", t.shape(),
-                     requested, d - lead, have);
+      COLOSSAL_CHECK(have == 1, "expand: shape {} cannot be broadcast to {} (dimension {} has size {}, not 1)",
+                     t.shape(), requested, d - lead, have);
       shape[d] = want;
       strides[d] = 0;
     }
@@ -209,8 +212,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   for (size_t i = 0; i < rank; ++i) {
     const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
     const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-    COLOSSAL_CHECK(da == db || da == 1 || db == 1, "{}: shapes {} and {} cannot be broadcast together (dimension {}: {} vs {})",
-                   op, a, b, i, da, db);
+    COLOSSAL_CHECK(da == db || da == 1 || db == 1,
+                   "{}: shapes {} and {} cannot be broadcast together (dimension {}: {} vs {})", op, a, b, i, da, db);
     out[i] = da == 1 ? db : da;
   }
   return out;
