@@ -4,9 +4,10 @@
 
 #include <fmt/format.h>
 
-#include "colossal/autograd/grad_mode.h"  // NoGradGuard
-#include "colossal/ops/conv.h"            // batch_norm2d
-#include "colossal/ops/elementwise.h"     // add_
+#include "colossal/autograd/checkpoint.h"  // is_recomputing
+#include "colossal/autograd/grad_mode.h"   // NoGradGuard
+#include "colossal/ops/conv.h"             // batch_norm2d
+#include "colossal/ops/elementwise.h"      // add_
 
 namespace colossal::nn {
 
@@ -40,19 +41,25 @@ Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual) {
 Tensor BatchNorm2d::normalize(const Tensor& x, bool relu, const Tensor& residual) {
   const bool tracking = running_mean_->defined();
   const bool use_batch_stats = is_training() || !tracking;
+  // An activation-checkpointing recompute repeats a training forward whose running statistics
+  // were already updated: it normalises by the same batch statistics and leaves them alone.
+  const bool update_stats = is_training() && tracking && !autograd::is_recomputing();
   double momentum = momentum_.value_or(0.0);
-  if (is_training() && tracking) {
+  if (update_stats) {
     autograd::NoGradGuard no_grad;
     ops::add_(*num_batches_tracked_, 1.0);
     if (!momentum_) momentum = 1.0 / num_batches_tracked_->item<double>();
   }
-  // In evaluation without running stats the op gets none and uses the batch's own statistics.
+  // Without running stats (none tracked, or none to update) the op gets none and uses the batch's.
+  Tensor no_mean, no_var;
+  Tensor& mean = update_stats || !is_training() ? *running_mean_ : no_mean;
+  Tensor& var = update_stats || !is_training() ? *running_var_ : no_var;
   if (residual.defined()) {
-    return ops::batch_norm_add_relu2d(x, residual, *running_mean_, *running_var_, *weight_, *bias_, use_batch_stats,
-                                      momentum, eps_, layout_);
+    return ops::batch_norm_add_relu2d(x, residual, mean, var, *weight_, *bias_, use_batch_stats, momentum, eps_,
+                                      layout_);
   }
   auto op = relu ? ops::batch_norm_relu2d : ops::batch_norm2d;
-  return op(x, *running_mean_, *running_var_, *weight_, *bias_, use_batch_stats, momentum, eps_, layout_);
+  return op(x, mean, var, *weight_, *bias_, use_batch_stats, momentum, eps_, layout_);
 }
 
 std::string BatchNorm2d::extra_repr() const {

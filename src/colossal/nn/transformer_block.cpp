@@ -1,15 +1,18 @@
-// TransformerBlock: submodule wiring and the two pre-norm residual branches.
+// TransformerBlock: submodule wiring and the two pre-norm residual branches, checkpointed on request.
 #include "colossal/nn/transformer_block.h"
 
 #include <cmath>
 
-#include "colossal/ops/elementwise.h"  // add
+#include "colossal/autograd/checkpoint.h"  // checkpoint
+#include "colossal/ops/elementwise.h"      // add
 
 namespace colossal::nn {
 
 TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, const TransformerBlockOptions& options,
                                    core::Generator* generator)
-    : Module("TransformerBlock") {
+    : Module("TransformerBlock"),
+      dropout_generator_(options.dropout_generator),
+      checkpoint_activations_(options.checkpoint_activations) {
   COLOSSAL_CHECK(options.mlp_ratio > 0.0, "TransformerBlock: mlp_ratio must be positive, got {}", options.mlp_ratio);
   norm1_ = register_module("norm1", std::make_shared<LayerNorm>(dim, options.norm_eps));
   attn_ = register_module("attn", std::make_shared<MultiheadSelfAttention>(
@@ -33,6 +36,12 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t num_heads, const Transfo
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
+  if (!checkpoint_activations_ || !is_training()) return forward_block(x);
+  return autograd::checkpoint([this](const Tensor& in) { return forward_block(in); }, x,
+                              {.generators = {dropout_generator_}});
+}
+
+Tensor TransformerBlock::forward_block(const Tensor& x) {
   const Tensor h = ops::add(x, drop_path1_->forward(attn_->forward(norm1_->forward(x))));
   return ops::add(h, drop_path2_->forward(mlp_->forward(norm2_->forward(h))));
 }

@@ -27,6 +27,9 @@ struct TransformerBlockOptions {
   ops::GeluApproximation activation = ops::GeluApproximation::none;
   /// Drives every dropout and drop path; nullptr means core::default_generator(). Must outlive the block.
   core::Generator* dropout_generator = nullptr;
+  /// Recompute the block in backward while training instead of keeping its activations
+  /// (autograd/checkpoint.h), with dropout_generator rewound so the masks repeat.
+  bool checkpoint_activations = false;
 };
 
 class TransformerBlock : public Module {
@@ -36,6 +39,10 @@ class TransformerBlock : public Module {
                    core::Generator* generator = nullptr);
   /// x [B, N, dim] -> [B, N, dim].
   Tensor forward(const Tensor& x) override;
+
+  bool checkpoint_activations() const { return checkpoint_activations_; }
+  void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
+  core::Generator* dropout_generator() const { return dropout_generator_; }
 
   const std::shared_ptr<LayerNorm>& norm1() const { return norm1_; }
   const std::shared_ptr<MultiheadSelfAttention>& attn() const { return attn_; }
@@ -49,6 +56,10 @@ class TransformerBlock : public Module {
   std::shared_ptr<LayerNorm> norm2_;
   std::shared_ptr<MLP> mlp_;
   std::shared_ptr<DropPath> drop_path2_;
+  core::Generator* dropout_generator_;
+  bool checkpoint_activations_;
+
+  Tensor forward_block(const Tensor& x);
 };
 
 }  // namespace colossal::nn

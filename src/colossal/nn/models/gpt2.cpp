@@ -6,11 +6,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "colossal/nn/attention.h"       // multihead_attention
-#include "colossal/nn/init.h"            // normal_
-#include "colossal/ops/elementwise.h"    // add
-#include "colossal/ops/linalg.h"         // linear, gelu_mlp
-#include "colossal/ops/nn_functional.h"  // cross_entropy
+#include "colossal/autograd/checkpoint.h"  // checkpoint
+#include "colossal/nn/attention.h"         // multihead_attention
+#include "colossal/nn/init.h"              // normal_
+#include "colossal/ops/elementwise.h"      // add
+#include "colossal/ops/linalg.h"           // linear, gelu_mlp
+#include "colossal/ops/nn_functional.h"    // cross_entropy
 
 namespace colossal::nn::models {
 
@@ -154,7 +155,9 @@ Tensor GPT2MLP::forward(const Tensor& x) {
 }
 
 GPT2Block::GPT2Block(const GPT2Config& config, core::Generator* generator, core::Generator* dropout_generator)
-    : Module("GPT2Block") {
+    : Module("GPT2Block"),
+      dropout_generator_(dropout_generator),
+      checkpoint_activations_(config.checkpoint_activations) {
   ln_1_ = register_module("ln_1", std::make_shared<LayerNorm>(config.n_embd, config.layer_norm_epsilon));
   attn_ = register_module("attn", std::make_shared<GPT2Attention>(config, generator, dropout_generator));
   ln_2_ = register_module("ln_2", std::make_shared<LayerNorm>(config.n_embd, config.layer_norm_epsilon));
@@ -162,6 +165,14 @@ GPT2Block::GPT2Block(const GPT2Config& config, core::Generator* generator, core:
 }
 
 Tensor GPT2Block::forward(const Tensor& x) {
+  // As Hugging Face's GPT2Model: checkpointed only while training (evaluation keeps nothing for
+  // backward anyway); the block's dropouts all draw from dropout_generator_.
+  if (!checkpoint_activations_ || !is_training()) return forward_block(x);
+  return autograd::checkpoint([this](const Tensor& in) { return forward_block(in); }, x,
+                              {.generators = {dropout_generator_}});
+}
+
+Tensor GPT2Block::forward_block(const Tensor& x) {
   const Tensor h = ops::add(x, attn_->forward(ln_1_->forward(x)));
   return ops::add(h, mlp_->forward(ln_2_->forward(h)));
 }
@@ -212,6 +223,11 @@ GPT2::GPT2(const GPT2Config& config, core::Generator* generator, core::Generator
       init::normal_(param, 0.0, config.initializer_range, generator);
     }
   }
+}
+
+void GPT2::set_checkpoint_activations(bool on) {
+  config_.checkpoint_activations = on;
+  for (size_t i = 0; i < h_->size(); ++i) h_->at<GPT2Block>(i)->set_checkpoint_activations(on);
 }
 
 Tensor GPT2::forward(const Tensor& ids) {

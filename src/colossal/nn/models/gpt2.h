@@ -35,6 +35,12 @@ struct GPT2Config {
   /// Megatron). 1 is no padding. The padding rows are ordinary trainable rows no target names;
   /// the softmax includes their logits and they learn to stay small, as in nanoGPT.
   int64_t vocab_multiple = 1;
+  /// Recompute each block's activations in backward instead of keeping them (activation
+  /// checkpointing: Hugging Face's gradient_checkpointing_enable(), Megatron's full recompute,
+  /// model.options.checkpoint_activations). Only the blocks' inputs stay alive between forward and
+  /// backward, for about a third more compute; the dropout generators are rewound so the
+  /// recompute draws the forward's masks and losses and gradients are the same as without it.
+  bool checkpoint_activations = false;
 
   /// vocab_size rounded up to a multiple of vocab_multiple.
   int64_t padded_vocab_size() const;
@@ -91,11 +97,17 @@ class GPT2MLP : public Module {
   std::shared_ptr<Dropout> dropout_;
 };
 
-/// HF's GPT2Block: x + attn(ln_1(x)), then + mlp(ln_2(.)).
+/// HF's GPT2Block: x + attn(ln_1(x)), then + mlp(ln_2(.)); recomputed in backward while training
+/// with checkpoint_activations on (GPT2Config::checkpoint_activations at construction).
 class GPT2Block : public Module {
  public:
   GPT2Block(const GPT2Config& config, core::Generator* generator, core::Generator* dropout_generator);
   Tensor forward(const Tensor& x) override;
+
+  bool checkpoint_activations() const { return checkpoint_activations_; }
+  void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
+  /// The generator every dropout of the block draws from (nullptr: core::default_generator()).
+  core::Generator* dropout_generator() const { return dropout_generator_; }
 
   const std::shared_ptr<LayerNorm>& ln_1() const { return ln_1_; }
   const std::shared_ptr<GPT2Attention>& attn() const { return attn_; }
@@ -107,6 +119,10 @@ class GPT2Block : public Module {
   std::shared_ptr<GPT2Attention> attn_;
   std::shared_ptr<LayerNorm> ln_2_;
   std::shared_ptr<GPT2MLP> mlp_;
+  core::Generator* dropout_generator_;
+  bool checkpoint_activations_;
+
+  Tensor forward_block(const Tensor& x);
 };
 
 /// The language model. Initialised as HF's _init_weights: every weight N(0, initializer_range),
@@ -125,6 +141,10 @@ class GPT2 : public Module {
   /// hidden: wte, wpe, drop), one piece per block h.<i>, and "head" (hidden -> logits: ln_f and
   /// the tied wte, which therefore appears in the first piece and the last).
   std::vector<std::shared_ptr<Module>> layers();
+
+  /// Every block's activation checkpointing on or off (and config().checkpoint_activations); what
+  /// Hugging Face's gradient_checkpointing_enable() and _disable() do.
+  void set_checkpoint_activations(bool on);
 
   const GPT2Config& config() const { return config_; }
   const std::shared_ptr<Embedding>& wte() const { return wte_; }

@@ -2,8 +2,9 @@
 // and the pipeline pieces.
 #include "colossal/nn/models/resnet.h"
 
-#include "colossal/nn/init.h"   // kaiming_normal_, zeros_
-#include "colossal/ops/conv.h"  // max_pool2d, adaptive_avg_pool2d
+#include "colossal/autograd/checkpoint.h"  // checkpoint
+#include "colossal/nn/init.h"              // kaiming_normal_, zeros_
+#include "colossal/ops/conv.h"             // max_pool2d, adaptive_avg_pool2d
 
 namespace colossal::nn::models {
 
@@ -75,6 +76,11 @@ BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, core::
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {
+  if (!checkpoint_activations_ || !is_training()) return forward_block(x);
+  return autograd::checkpoint([this](const Tensor& in) { return forward_block(in); }, x);
+}
+
+Tensor BasicBlock::forward_block(const Tensor& x) {
   const Tensor out = bn1_->forward_relu(conv1_->forward(x));
   return residual(*bn2_, conv2_->forward(out), downsample_, x);
 }
@@ -93,6 +99,11 @@ Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::
 }
 
 Tensor Bottleneck::forward(const Tensor& x) {
+  if (!checkpoint_activations_ || !is_training()) return forward_block(x);
+  return autograd::checkpoint([this](const Tensor& in) { return forward_block(in); }, x);
+}
+
+Tensor Bottleneck::forward_block(const Tensor& x) {
   Tensor out = bn1_->forward_relu(conv1_->forward(x));
   out = bn2_->forward_relu(conv2_->forward(out));
   return residual(*bn3_, conv3_->forward(out), downsample_, x);
@@ -144,6 +155,8 @@ ResNet::ResNet(const ResNetConfig& config, core::Generator* generator) : Module(
   fc_ = register_module("fc",
                         std::make_shared<Linear>((config.width << 3) * expansion, config.num_classes, true, generator));
 
+  set_checkpoint_activations(config.checkpoint_activations);
+
   // torchvision's init: convs kaiming_normal(fan_out, relu); BatchNorms are ones and zeros already.
   for (const auto& [name, module] : named_modules()) {
     if (auto* conv = dynamic_cast<Conv2d*>(module)) {
@@ -152,6 +165,17 @@ ResNet::ResNet(const ResNetConfig& config, core::Generator* generator) : Module(
     if (!config.zero_init_residual) continue;
     if (auto* block = dynamic_cast<Bottleneck*>(module)) init::zeros_(block->last_bn()->weight());
     if (auto* block = dynamic_cast<BasicBlock*>(module)) init::zeros_(block->last_bn()->weight());
+  }
+}
+
+void ResNet::set_checkpoint_activations(bool on) {
+  config_.checkpoint_activations = on;
+  for (const auto& stage : stages_) {
+    for (size_t b = 0; b < stage->size(); ++b) {
+      Module* block = (*stage)[b].get();
+      if (auto* basic = dynamic_cast<BasicBlock*>(block)) basic->set_checkpoint_activations(on);
+      if (auto* bottleneck = dynamic_cast<Bottleneck*>(block)) bottleneck->set_checkpoint_activations(on);
+    }
   }
 }
 

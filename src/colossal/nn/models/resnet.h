@@ -42,6 +42,12 @@ struct ResNetConfig {
   /// PyTorch's channels_last memory format, the fast layout on the GPU (Note [image layouts] in
   /// ops/conv.h). On the CPU it only adds transposes.
   bool channels_last = false;
+  /// Recompute each residual block (layer<k>.<i>) in backward while training instead of keeping
+  /// its activations (torchvision's memory_efficient idea; model.options.checkpoint_activations):
+  /// only the blocks' inputs stay alive. The recompute normalises by the same batch statistics and
+  /// leaves the running statistics as the forward updated them (BatchNorm2d asks
+  /// autograd::is_recomputing()), so losses, gradients and buffers are unchanged.
+  bool checkpoint_activations = false;
 
   ops::ImageLayout layout() const { return channels_last ? ops::ImageLayout::nhwc : ops::ImageLayout::nchw; }
   void validate() const;
@@ -61,6 +67,8 @@ class BasicBlock : public Module {
   Tensor forward(const Tensor& x) override;
   /// The branch's last BatchNorm (zero_init_residual sets its gamma to 0).
   const std::shared_ptr<BatchNorm2d>& last_bn() const { return bn2_; }
+  bool checkpoint_activations() const { return checkpoint_activations_; }
+  void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
 
  private:
   std::shared_ptr<Conv2d> conv1_;
@@ -68,6 +76,9 @@ class BasicBlock : public Module {
   std::shared_ptr<Conv2d> conv2_;
   std::shared_ptr<BatchNorm2d> bn2_;
   std::shared_ptr<Sequential> downsample_;
+  bool checkpoint_activations_ = false;
+
+  Tensor forward_block(const Tensor& x);
 };
 
 /// torchvision's Bottleneck: relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + downsample(x)),
@@ -79,6 +90,8 @@ class Bottleneck : public Module {
              ops::ImageLayout layout = ops::ImageLayout::nchw);
   Tensor forward(const Tensor& x) override;
   const std::shared_ptr<BatchNorm2d>& last_bn() const { return bn3_; }
+  bool checkpoint_activations() const { return checkpoint_activations_; }
+  void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
 
  private:
   std::shared_ptr<Conv2d> conv1_;
@@ -88,6 +101,9 @@ class Bottleneck : public Module {
   std::shared_ptr<Conv2d> conv3_;
   std::shared_ptr<BatchNorm2d> bn3_;
   std::shared_ptr<Sequential> downsample_;
+  bool checkpoint_activations_ = false;
+
+  Tensor forward_block(const Tensor& x);
 };
 
 class ResNet : public Module {
@@ -102,6 +118,8 @@ class ResNet : public Module {
   /// relu, max pool), one piece per residual block layer<k>.<i>, and "head" (global average pool,
   /// fc).
   std::vector<std::shared_ptr<Module>> layers();
+  /// Every residual block's activation checkpointing on or off (and config().checkpoint_activations).
+  void set_checkpoint_activations(bool on);
 
   const ResNetConfig& config() const { return config_; }
   /// layer1..layer4 (index 0..3).

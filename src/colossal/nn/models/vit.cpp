@@ -156,16 +156,17 @@ VisionTransformer::VisionTransformer(const ViTConfig& config, core::Generator* g
   for (int64_t i = 0; i < config.depth; ++i) {
     const double drop_path =
         config.depth > 1 ? config.drop_path_rate * static_cast<double>(i) / static_cast<double>(config.depth - 1) : 0.0;
-    blocks_->push_back(
-        std::make_shared<TransformerBlock>(c, config.num_heads,
-                                           TransformerBlockOptions{.mlp_ratio = config.mlp_ratio,
-                                                                   .qkv_bias = config.qkv_bias,
-                                                                   .proj_dropout = config.proj_drop_rate,
-                                                                   .attn_dropout = config.attn_drop_rate,
-                                                                   .drop_path = drop_path,
-                                                                   .norm_eps = config.norm_eps,
-                                                                   .dropout_generator = dropout_generator},
-                                           generator));
+    blocks_->push_back(std::make_shared<TransformerBlock>(
+        c, config.num_heads,
+        TransformerBlockOptions{.mlp_ratio = config.mlp_ratio,
+                                .qkv_bias = config.qkv_bias,
+                                .proj_dropout = config.proj_drop_rate,
+                                .attn_dropout = config.attn_drop_rate,
+                                .drop_path = drop_path,
+                                .norm_eps = config.norm_eps,
+                                .dropout_generator = dropout_generator,
+                                .checkpoint_activations = config.checkpoint_activations},
+        generator));
   }
   norm_ = register_module("norm", std::make_shared<LayerNorm>(c, config.norm_eps));
   head_drop_ = register_module("head_drop", std::make_shared<Dropout>(config.drop_rate, dropout_generator));
@@ -190,6 +191,11 @@ Tensor VisionTransformer::forward(const Tensor& images) {
   Tensor tokens = embed(*patch_embed_, *cls_token_, *pos_embed_, *pos_drop_, images);
   for (const auto& block : *blocks_) tokens = block->forward(tokens);
   return classify(*norm_, *head_drop_, *head_, tokens);
+}
+
+void VisionTransformer::set_checkpoint_activations(bool on) {
+  config_.checkpoint_activations = on;
+  for (size_t i = 0; i < blocks_->size(); ++i) blocks_->at<TransformerBlock>(i)->set_checkpoint_activations(on);
 }
 
 std::vector<std::shared_ptr<Module>> VisionTransformer::layers() {

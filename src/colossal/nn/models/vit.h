@@ -39,6 +39,10 @@ struct ViTConfig {
   /// Start the head at zero (weight and bias), as timm's 'jax' init and most fine-tuning recipes,
   /// so the first logits are uniform. Off: trunc_normal(std 0.02) like every other Linear.
   bool zero_head_init = false;
+  /// Recompute each block in backward while training instead of keeping its activations (timm's
+  /// set_grad_checkpointing(), model.options.checkpoint_activations); dropout and drop path draw
+  /// the same masks in the recompute, so losses and gradients are unchanged.
+  bool checkpoint_activations = false;
 
   int64_t num_patches() const { return (img_size / patch_size) * (img_size / patch_size); }
   /// The model's parameter count, computed without building it.
@@ -78,6 +82,8 @@ class VisionTransformer : public Module {
   /// tokens [B, 1 + num_patches, embed_dim]: patch_embed, cls_token, pos_embed, pos_drop), one
   /// piece per block blocks.<i>, and "head" (tokens -> logits: norm, class-token pooling, head).
   std::vector<std::shared_ptr<Module>> layers();
+  /// Every block's activation checkpointing on or off (and config().checkpoint_activations).
+  void set_checkpoint_activations(bool on);
 
   const ViTConfig& config() const { return config_; }
   const std::shared_ptr<PatchEmbedding>& patch_embed() const { return patch_embed_; }
