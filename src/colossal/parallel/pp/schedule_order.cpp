@@ -46,7 +46,7 @@ std::vector<PipelineOp> interleaved_order(int stage, int num_stages, int64_t num
                  num_microbatches, num_stages, num_stages);
   const int64_t p = num_stages, v = num_chunks;
   const int64_t total = num_microbatches * v;
-  const int64_t warmup = num_microbatches == p ? total : std::min(total, (p - stage - 1) * 2 + (v - 1) * p);
+  const int64_t warmup = warmup_forwards(stage, num_stages, num_microbatches, num_chunks);
   auto op = [&](int64_t k, bool forward) {
     const int64_t in_group = k % (p * v);
     int chunk = static_cast<int>(in_group / p);
@@ -63,6 +63,12 @@ std::vector<PipelineOp> interleaved_order(int stage, int num_stages, int64_t num
   }
   for (int64_t k = total - warmup; k < total; ++k) order.push_back(op(k, false));
   return order;
+}
+
+int64_t warmup_forwards(int stage, int num_stages, int64_t num_microbatches, int num_chunks) {
+  const int64_t p = num_stages, v = num_chunks, total = num_microbatches * v;
+  if (v == 1) return std::min<int64_t>(p - stage - 1, num_microbatches);
+  return num_microbatches == p ? total : std::min(total, (p - stage - 1) * 2 + (v - 1) * p);
 }
 
 std::vector<PipelineOp> forward_only_order(int64_t num_microbatches, int num_chunks) {

@@ -36,6 +36,11 @@ std::vector<PipelineOp> one_f_one_b_order(int stage, int num_stages, int64_t num
 /// naming the numbers when num_microbatches does not divide by num_stages.
 std::vector<PipelineOp> interleaved_order(int stage, int num_stages, int64_t num_microbatches, int num_chunks);
 
+/// The forwards interleaved_order runs before its first backward pair: (p - s - 1) * 2 + (v - 1) * p
+/// (Note [Interleaved order]), all of them when num_microbatches == num_stages; min(p - s - 1, m) with
+/// one chunk.
+int64_t warmup_forwards(int stage, int num_stages, int64_t num_microbatches, int num_chunks);
+
 /// Every microbatch forward through every chunk, in order, no backward (evaluation).
 std::vector<PipelineOp> forward_only_order(int64_t num_microbatches, int num_chunks = 1);
 
