@@ -161,8 +161,11 @@ struct ModelConfig {
   /// "vit_tiny_patch4_28" (MNIST); resnet: "resnet18", "resnet34", "resnet50"; mlp has none.
   /// Empty: the model's own default, adjusted by options.
   std::string preset;
-  /// Keyword arguments of the model builder (num_classes, dropout, n_layer, activation
-  /// checkpointing, ...), checked by the builder with OptionTable::reject_unknown.
+  /// Keyword arguments of the model builder (num_classes, dropout, n_layer, ...), checked by the
+  /// builder with OptionTable::reject_unknown. Every model takes checkpoint_activations = true:
+  /// each transformer block (gpt2, vit) or residual block (resnet) is recomputed in backward
+  /// instead of keeping its activations (Hugging Face's gradient_checkpointing, Colossal-AI's
+  /// checkpoint=True), with the same losses and gradients.
   OptionTable options{"model.options"};
   /// A safetensors file of weights under Hugging Face (GPT-2) or timm (ViT) names to start from
   /// (nn/hub_weights.h); empty: the model's own initialisation.

@@ -92,6 +92,30 @@ void check_image_model(const TrainConfig& c, const Datasets& d, int64_t num_clas
   }
 }
 
+/// model.options.checkpoint_activations: a boolean, false when absent. The names other libraries
+/// use for the same switch are pointed at it rather than reported as unknown.
+bool checkpoint_activations(const config::OptionTable& o) {
+  for (std::string_view alias : {"gradient_checkpointing", "checkpoint", "activation_checkpointing"}) {
+    if (o.values().contains(alias)) {
+      unsupported(
+          fmt::format("{}.{}: colossal calls activation checkpointing checkpoint_activations (Hugging "
+                      "Face's gradient_checkpointing, Colossal-AI's checkpoint); set "
+                      "{}.checkpoint_activations = true",
+                      o.prefix(), alias, o.prefix()));
+    }
+  }
+  return o.get_bool("checkpoint_activations", false);
+}
+
+/// The run log's line for the switch, printed when it is on.
+void print_checkpointing(bool on, int64_t blocks, std::string_view what) {
+  if (!on) return;
+  fmt::print(
+      "model: activation checkpointing on: each of the {} {} keeps only its input from forward and is "
+      "recomputed in backward\n",
+      blocks, what);
+}
+
 int64_t count_parameters(nn::Module& model) {
   int64_t n = 0;
   for (const Tensor& p : model.parameters()) n += p.numel();
@@ -118,8 +142,10 @@ std::shared_ptr<nn::Module> make_vit(const TrainConfig& c, const Datasets& d, co
   } else {
     unsupported(fmt::format("model.preset = \"{}\" is not a ViT preset", p));
   }
+  v.checkpoint_activations = checkpoint_activations(o);  // before the unknown keys: it names aliases
   o.reject_unknown({"img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_ratio",
-                    "qkv_bias", "dropout", "drop_rate", "attn_drop_rate", "drop_path_rate", "zero_head_init"});
+                    "qkv_bias", "dropout", "drop_rate", "attn_drop_rate", "drop_path_rate", "zero_head_init",
+                    "checkpoint_activations"});
   v.img_size = o.get_int("img_size", d.image_size, 1);
   v.in_chans = o.get_int("in_chans", d.channels, 1);
   v.num_classes = o.get_int("num_classes", d.num_classes, 1);
@@ -151,6 +177,7 @@ std::shared_ptr<nn::Module> make_vit(const TrainConfig& c, const Datasets& d, co
   fmt::print("model: ViT img {} patch {} embed {} depth {} heads {} mlp_ratio {} classes {} ({} parameters)\n",
              v.img_size, v.patch_size, v.embed_dim, v.depth, v.num_heads, v.mlp_ratio, v.num_classes,
              v.num_parameters());
+  print_checkpointing(v.checkpoint_activations, v.depth, "transformer blocks");
   return std::make_shared<nn::models::VisionTransformer>(v, &init, &dropout);
 }
 
@@ -168,8 +195,9 @@ std::shared_ptr<nn::Module> make_resnet(const TrainConfig& c, const Datasets& d,
   } else {
     unsupported(fmt::format("model.preset = \"{}\" is not a ResNet preset", p));
   }
-  o.reject_unknown(
-      {"num_classes", "in_chans", "cifar_stem", "zero_init_residual", "block", "layers", "width", "channels_last"});
+  r.checkpoint_activations = checkpoint_activations(o);  // before the unknown keys: it names aliases
+  o.reject_unknown({"num_classes", "in_chans", "cifar_stem", "zero_init_residual", "block", "layers", "width",
+                    "channels_last", "checkpoint_activations"});
   r.num_classes = o.get_int("num_classes", d.num_classes, 1);
   r.in_chans = o.get_int("in_chans", d.channels, 1);
   r.cifar_stem = o.get_bool("cifar_stem", r.cifar_stem);
@@ -211,6 +239,8 @@ std::shared_ptr<nn::Module> make_resnet(const TrainConfig& c, const Datasets& d,
              r.block == nn::models::ResNetBlockKind::basic ? "basic" : "bottleneck", r.layers[0], r.layers[1],
              r.layers[2], r.layers[3], r.width, r.cifar_stem ? "CIFAR 3x3" : "ImageNet 7x7",
              r.channels_last ? "channels_last" : "NCHW", r.num_classes, count_parameters(*model));
+  print_checkpointing(r.checkpoint_activations, r.layers[0] + r.layers[1] + r.layers[2] + r.layers[3],
+                      "residual blocks");
   return model;
 }
 
@@ -235,8 +265,9 @@ nn::models::GPT2Config gpt2_config(const TrainConfig& c) {
     unsupported(fmt::format("model.preset = \"{}\" is not a GPT-2 preset", p));
   }
   const config::OptionTable& o = c.model.options;
+  g.checkpoint_activations = checkpoint_activations(o);  // before the unknown keys: it names aliases
   o.reject_unknown({"n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "vocab_multiple", "dropout",
-                    "layer_norm_epsilon", "initializer_range"});
+                    "layer_norm_epsilon", "initializer_range", "checkpoint_activations"});
   g.n_layer = o.get_int("n_layer", g.n_layer, 1);
   g.n_embd = o.get_int("n_embd", g.n_embd, 1);
   g.n_head = o.get_int("n_head", g.n_head, 1);
@@ -275,6 +306,7 @@ std::shared_ptr<nn::Module> make_model(const TrainConfig& c, const Datasets& d, 
           "parameters)\n",
           g.n_layer, g.n_embd, g.n_head, g.n_positions, g.vocab_size, g.padded_vocab_size(), g.dropout,
           g.num_parameters());
+      print_checkpointing(g.checkpoint_activations, g.n_layer, "transformer blocks");
       return std::make_shared<nn::models::GPT2>(g, &init, &dropout);
     }
     case config::ModelName::kMlp:

@@ -3,7 +3,8 @@
 
 #include <utility>
 
-#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/autograd/checkpoint.h"  // checkpoint
+#include "colossal/autograd/grad_mode.h"   // NoGradGuard
 #include "colossal/core/error.h"
 #include "colossal/nn/attention.h"  // multihead_attention
 #include "colossal/ops/elementwise.h"
@@ -151,7 +152,7 @@ Tensor ParallelGPT2MLP::forward(const Tensor& x) {
 ParallelGPT2Block::ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
                                      std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options,
                                      const Gpt2BlockPlan& plan)
-    : Module("ParallelGPT2Block") {
+    : Module("ParallelGPT2Block"), dropout_(options.dropout), checkpoint_activations_(serial.checkpoint_activations()) {
   ln_1_ = register_module("ln_1", copy_of(*serial.ln_1(), config.n_embd, group, options));
   attn_ =
       register_module("attn", std::make_shared<ParallelGPT2Attention>(*serial.attn(), config, group, options, plan));
@@ -160,6 +161,12 @@ ParallelGPT2Block::ParallelGPT2Block(const nn::models::GPT2Block& serial, const 
 }
 
 Tensor ParallelGPT2Block::forward(const Tensor& x) {
+  if (!checkpoint_activations_ || !is_training()) return forward_block(x);
+  return autograd::checkpoint([this](const Tensor& in) { return forward_block(in); }, x,
+                              {.generators = {dropout_.data, dropout_.tensor}});
+}
+
+Tensor ParallelGPT2Block::forward_block(const Tensor& x) {
   const Tensor h = ops::add(x, attn_->forward(ln_1_->forward(x)));
   return ops::add(h, mlp_->forward(ln_2_->forward(h)));
 }
@@ -186,6 +193,10 @@ ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::Proce
     h_->push_back(std::make_shared<ParallelGPT2Block>(*block, config, group_, options, plan_.blocks[i]));
   }
   ln_f_ = register_module("ln_f", copy_of(*serial.ln_f(), config.n_embd, group_, options));
+}
+
+void ParallelGPT2::set_checkpoint_activations(bool on) {
+  for (size_t i = 0; i < h_->size(); ++i) h_->at<ParallelGPT2Block>(i)->set_checkpoint_activations(on);
 }
 
 Tensor ParallelGPT2::forward(const Tensor& ids) {

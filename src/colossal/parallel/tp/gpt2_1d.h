@@ -112,13 +112,21 @@ class ParallelGPT2MLP : public nn::Module {
   std::shared_ptr<nn::Dropout> dropout_;
 };
 
-/// x + attn(ln_1(x)), then + mlp(ln_2(.)), with the serial block's parameter names.
+/// x + attn(ln_1(x)), then + mlp(ln_2(.)), with the serial block's parameter names. Checkpointed
+/// as the serial block is (its checkpoint_activations): recomputed in backward while training,
+/// both dropout generators rewound so every rank draws its forward masks again, and the block's
+/// all-reduces (or, under sequence parallelism, all-gathers and reduce-scatters) issued again
+/// inside backward, in the same order on every rank of the group since every rank runs the same
+/// graph (Megatron's recompute).
 class ParallelGPT2Block : public nn::Module {
  public:
   ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
                     std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {},
                     const Gpt2BlockPlan& plan = {});
   Tensor forward(const Tensor& x) override;
+
+  bool checkpoint_activations() const { return checkpoint_activations_; }
+  void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
 
   const std::shared_ptr<nn::LayerNorm>& ln_1() const { return ln_1_; }
   const std::shared_ptr<ParallelGPT2Attention>& attn() const { return attn_; }
@@ -130,6 +138,10 @@ class ParallelGPT2Block : public nn::Module {
   std::shared_ptr<ParallelGPT2Attention> attn_;
   std::shared_ptr<nn::LayerNorm> ln_2_;
   std::shared_ptr<ParallelGPT2MLP> mlp_;
+  DropoutGenerators dropout_;
+  bool checkpoint_activations_;
+
+  Tensor forward_block(const Tensor& x);
 };
 
 /// The whole GPT-2 language model over the tensor-parallel group, built from a serial GPT2: the tied
@@ -155,6 +167,8 @@ class ParallelGPT2 : public nn::Module {
   /// The mean next-token loss of forward()'s logits against targets [B, T] (as
   /// nn::models::lm_cross_entropy on the gathered logits), the same on every rank.
   Tensor loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+  /// Every block's activation checkpointing on or off (built as the serial model's blocks are).
+  void set_checkpoint_activations(bool on);
 
   /// Whether forward()'s logits are whole on every rank (wte not split by vocabulary): then top-k
   /// accuracy and the serial criterion apply to them.

@@ -3,7 +3,8 @@
 
 #include <utility>
 
-#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/autograd/checkpoint.h"  // checkpoint
+#include "colossal/autograd/grad_mode.h"   // NoGradGuard
 #include "colossal/core/error.h"
 #include "colossal/nn/attention.h"     // multihead_attention
 #include "colossal/ops/elementwise.h"  // add
@@ -62,7 +63,7 @@ Tensor ParallelViTMLP::forward(const Tensor& x) {
 ParallelViTBlock::ParallelViTBlock(const nn::TransformerBlock& serial, const nn::models::ViTConfig& config,
                                    double drop_path, std::shared_ptr<comm::ProcessGroup> group,
                                    const ParallelViTOptions& options)
-    : Module("ParallelViTBlock") {
+    : Module("ParallelViTBlock"), dropout_(options.dropout), checkpoint_activations_(serial.checkpoint_activations()) {
   norm1_ = register_module("norm1", copy_of(*serial.norm1(), config.embed_dim));
   attn_ = register_module("attn", std::make_shared<ParallelViTAttention>(*serial.attn(), config, group, options));
   drop_path1_ = register_module("drop_path1", std::make_shared<nn::DropPath>(drop_path, options.dropout.data));
@@ -72,6 +73,12 @@ ParallelViTBlock::ParallelViTBlock(const nn::TransformerBlock& serial, const nn:
 }
 
 Tensor ParallelViTBlock::forward(const Tensor& x) {
+  if (!checkpoint_activations_ || !is_training()) return forward_block(x);
+  return autograd::checkpoint([this](const Tensor& in) { return forward_block(in); }, x,
+                              {.generators = {dropout_.data, dropout_.tensor}});
+}
+
+Tensor ParallelViTBlock::forward_block(const Tensor& x) {
   const Tensor h = ops::add(x, drop_path1_->forward(attn_->forward(norm1_->forward(x))));
   return ops::add(h, drop_path2_->forward(mlp_->forward(norm2_->forward(h))));
 }
@@ -110,6 +117,11 @@ ParallelViT::ParallelViT(const nn::models::VisionTransformer& serial, std::share
   head_ = register_module(
       "head", replicated_copy(*serial.head(), std::make_shared<nn::Linear>(c.embed_dim, c.num_classes,
                                                                            serial.head()->bias().defined(), &scratch)));
+}
+
+void ParallelViT::set_checkpoint_activations(bool on) {
+  config_.checkpoint_activations = on;
+  for (size_t i = 0; i < blocks_->size(); ++i) blocks_->at<ParallelViTBlock>(i)->set_checkpoint_activations(on);
 }
 
 Tensor ParallelViT::forward(const Tensor& images) {

@@ -84,12 +84,17 @@ class ParallelViTMLP : public nn::Module {
 };
 
 /// timm's Block: x + drop_path(attn(norm1(x))), then + drop_path(mlp(norm2(.))), under its names.
+/// Checkpointed as the serial block is (its checkpoint_activations), as ParallelGPT2Block: both
+/// dropout generators rewound, the block's all-reduces issued again in backward.
 class ParallelViTBlock : public nn::Module {
  public:
   /// `drop_path`: this block's stochastic depth (the serial model's rule: drop_path_rate * i / (depth - 1)).
   ParallelViTBlock(const nn::TransformerBlock& serial, const nn::models::ViTConfig& config, double drop_path,
                    std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options = {});
   Tensor forward(const Tensor& x) override;
+
+  bool checkpoint_activations() const { return checkpoint_activations_; }
+  void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
 
   const std::shared_ptr<ParallelViTAttention>& attn() const { return attn_; }
   const std::shared_ptr<ParallelViTMLP>& mlp() const { return mlp_; }
@@ -101,6 +106,10 @@ class ParallelViTBlock : public nn::Module {
   std::shared_ptr<nn::LayerNorm> norm2_;
   std::shared_ptr<ParallelViTMLP> mlp_;
   std::shared_ptr<nn::DropPath> drop_path2_;
+  DropoutGenerators dropout_;
+  bool checkpoint_activations_;
+
+  Tensor forward_block(const Tensor& x);
 };
 
 /// The whole ViT over the tensor-parallel group, with the serial model's parameter names (timm's):
@@ -113,6 +122,8 @@ class ParallelViT : public nn::Module {
               const ParallelViTOptions& options = {});
   /// images [B, in_chans, img_size, img_size] -> logits [B, num_classes], the same on every rank.
   Tensor forward(const Tensor& images) override;
+  /// Every block's activation checkpointing on or off (built as the serial model's blocks are).
+  void set_checkpoint_activations(bool on);
 
   const nn::models::ViTConfig& config() const { return config_; }
   /// How the parameter named `name` (timm's names) lives on the tensor group: column for the blocks'
