@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <map>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "colossal/autograd/engine.h"     // backward
@@ -15,23 +17,32 @@
 #include "colossal/ops/elementwise.h"            // div
 #include "colossal/ops/indexing.h"               // cat
 #include "colossal/parallel/gradient_handler.h"  // GradientHandler
+#include "colossal/parallel/pp/exchange_plan.h"
 #include "colossal/parallel/pp/schedule_order.h"
 
 namespace colossal::engine {
 namespace {
 
+using parallel::pp::ExchangeBatch;
+using parallel::pp::PipelineMessage;
 using parallel::pp::PipelineOp;
 
 constexpr int kMaxDims = 6;
-enum MessageKind { kHeader = 0, kActivation = 1, kGradient = 2 };
 
-/// Tags stay below 32768, the least MPI_TAG_UB the standard allows; a tag repeats only 256
-/// microbatches later, long after its message was received (Note [Pipeline messages]).
-int tag_of(MessageKind kind, int64_t microbatch, int chunk) {
-  return static_cast<int>(((microbatch % 256) * 16 + chunk % 16) * 4 + kind);
+/// A message's identity as its tag: NCCL ignores it, MPI matches by it, and the strict group
+/// (comm/strict_p2p_process_group.h) checks both ends agree on it. Tags stay below 32768, the least
+/// MPI_TAG_UB the standard allows; one repeats only 256 microbatches later.
+int tag_of(const PipelineMessage& m) {
+  return static_cast<int>(((m.microbatch % 256) * 16 + m.chunk % 16) * 4 + static_cast<int>(m.kind));
 }
 
-/// A tensor's dtype and shape as the i64 header that travels before it (Note [Pipeline messages]).
+/// (kind, microbatch, sending chunk): a message as both ends name it.
+using MessageKey = std::tuple<int, int64_t, int>;
+MessageKey key_of(PipelineMessage::Kind kind, int64_t microbatch, int chunk) {
+  return {static_cast<int>(kind), microbatch, chunk};
+}
+
+/// A tensor's dtype and shape as the i64 header that travels before it (Note [Pipeline exchanges]).
 Tensor header_of(const Tensor& t, Device device) {
   COLOSSAL_CHECK(t.dim() <= kMaxDims, "pipeline: tensors of at most {} dimensions travel between stages, got shape {}",
                  kMaxDims, t.shape());
@@ -42,65 +53,142 @@ Tensor header_of(const Tensor& t, Device device) {
   return core::from_vector<int64_t>(h, {2 + kMaxDims}).to(device);
 }
 
-/// An empty tensor on `device` of the dtype and shape a header carries.
-Tensor empty_from_header(const Tensor& header, Device device) {
+/// The dtype and shape a header carries (read on the host: once per shape, not per message).
+std::pair<Shape, DType> read_header(const Tensor& header) {
   const std::vector<int64_t> h = header.to(core::kCpu).to_vector<int64_t>();
-  return core::empty(Shape(h.begin() + 2, h.begin() + 2 + h[1]), TensorOptions(static_cast<DType>(h[0]), device));
+  return {Shape(h.begin() + 2, h.begin() + 2 + h[1]), static_cast<DType>(h[0])};
 }
 
 Tensor empty_header(Device device) {
   return core::empty({2 + kMaxDims}, TensorOptions(DType::i64, device));
 }
 
-/// One stage's messages within a micro-step: asynchronous sends kept alive until the end, blocking
-/// receives, and a local mailbox for a "peer" that is this stage itself (one stage, several chunks).
-class Messenger {
+/// One stage's side of a pass through the pipeline: issues the order's exchange batches
+/// (parallel/pp/exchange_plan.h) with the tensors the ops leave in its outbox, and files what comes
+/// in its inbox. A batch with a receive is waited for before the op that needs it; one of sends only
+/// at the end (finish), so the sends overlap the next ops.
+class Exchanger {
  public:
-  explicit Messenger(comm::ProcessGroup& group) : group_(group) {}
-  ~Messenger() { wait_sends(); }
+  /// `shapes`: the activation shapes this stage learnt for this batch shape, by sending chunk,
+  /// filled from headers when they come.
+  Exchanger(comm::ProcessGroup& group, std::map<int, std::pair<Shape, DType>>& shapes)
+      : group_(group), shapes_(shapes) {}
+  ~Exchanger() {
+    try {
+      finish();
+    } catch (const std::exception&) {
+      // Leaving on an error already thrown: the sends' own failures say nothing more.
+    }
+  }
 
-  void send(const Tensor& tensor, int peer, int tag) {
-    const Tensor payload = tensor.contiguous();
-    if (peer == group_.rank()) {
-      local_[tag] = payload;
+  /// What an op leaves to send: its output (an activation) or its input's gradient.
+  void post(PipelineMessage::Kind kind, int64_t microbatch, int chunk, Tensor tensor) {
+    outbox_[key_of(kind, microbatch, chunk)] = tensor.contiguous();
+  }
+  /// What the op needs, received by an earlier batch.
+  Tensor take(PipelineMessage::Kind kind, int64_t microbatch, int chunk) {
+    auto it = inbox_.find(key_of(kind, microbatch, chunk));
+    COLOSSAL_CHECK(it != inbox_.end(),
+                   "pipeline stage {}: no {} of microbatch {} (chunk {}) has arrived before the op that needs it (a "
+                   "schedule mismatch)",
+                   group_.rank(), kind == PipelineMessage::Kind::activation ? "activation" : "gradient", microbatch,
+                   chunk);
+    Tensor t = std::move(it->second);
+    inbox_.erase(it);
+    return t;
+  }
+
+  /// Issues `batch`; `gradient_like(microbatch, chunk)` gives the tensor whose shape a gradient for
+  /// this stage's chunk has.
+  template <class GradientLike>
+  void issue(const ExchangeBatch& batch, const GradientLike& gradient_like) {
+    const Device device = group_.device();
+    const int self = group_.rank();
+    std::vector<comm::P2POp> ops;
+    std::vector<std::pair<PipelineMessage, Tensor>> incoming;
+    std::string what;
+    for (const PipelineMessage& m : batch.messages) {
+      if (!what.empty()) what += ", ";
+      what += parallel::pp::describe(m);
+      const MessageKey payload = key_of(
+          m.kind == PipelineMessage::Kind::header ? PipelineMessage::Kind::activation : m.kind, m.microbatch, m.chunk);
+      if (m.peer == self) {  // one stage, several chunks: the mailbox
+        if (m.send) inbox_[payload] = take_outgoing(payload, m);
+        continue;
+      }
+      if (m.send) {
+        if (m.kind == PipelineMessage::Kind::header) {
+          auto it = outbox_.find(payload);
+          COLOSSAL_CHECK(it != outbox_.end(), "pipeline stage {}: nothing to {}", self, parallel::pp::describe(m));
+          ops.push_back({comm::P2POp::Kind::send, header_of(it->second, device), m.peer, tag_of(m)});
+        } else {
+          ops.push_back({comm::P2POp::Kind::send, take_outgoing(payload, m), m.peer, tag_of(m)});
+        }
+        continue;
+      }
+      Tensor buffer;
+      if (m.kind == PipelineMessage::Kind::header) {
+        buffer = empty_header(device);
+      } else if (m.kind == PipelineMessage::Kind::activation) {
+        auto it = shapes_.find(m.chunk);
+        COLOSSAL_CHECK(it != shapes_.end(), "pipeline stage {}: the shape of the {} is not known (no header came)",
+                       self, parallel::pp::describe(m));
+        buffer = core::empty(it->second.first, TensorOptions(it->second.second, device));
+      } else {
+        const Tensor& like = gradient_like(m.microbatch, m.chunk);
+        buffer = core::empty(like.shape(), TensorOptions(like.dtype(), like.device()));
+      }
+      ops.push_back({comm::P2POp::Kind::recv, buffer, m.peer, tag_of(m)});
+      incoming.emplace_back(m, buffer);
+    }
+    if (ops.empty()) return;
+    // A receive that never completes names the stage, the microbatches and the messages (the
+    // watchdog's message, comm/operation_context.h), not only tags.
+    const comm::OperationContext context(fmt::format("pipeline stage {} of {}: {}", self, group_.size(), what));
+    comm::Work work = group_.batch_send_recv(ops, /*async=*/true);
+    if (incoming.empty()) {
+      sends_.push_back(std::move(work));
       return;
     }
-    sends_.push_back(group_.send(payload, peer, tag, /*async=*/true));
-    kept_.push_back(payload);
-  }
-  Tensor receive(const Tensor& buffer, int peer, int tag) {
-    if (peer == group_.rank()) {
-      auto it = local_.find(tag);
-      COLOSSAL_CHECK(it != local_.end(), "pipeline stage {}: no local message with tag {} (a schedule mismatch)",
-                     group_.rank(), tag);
-      Tensor t = std::move(it->second);
-      local_.erase(it);
-      return t;
+    work.wait();
+    for (auto& [m, buffer] : incoming) {
+      if (m.kind == PipelineMessage::Kind::header) {
+        shapes_[m.chunk] = read_header(buffer);
+      } else {
+        inbox_[key_of(m.kind, m.microbatch, m.chunk)] = buffer;
+      }
     }
-    group_.recv(buffer, peer, tag);
-    return buffer;
   }
-  /// An activation: its header (dtype, shape), then the tensor.
-  void send_activation(const Tensor& activation, int peer, int64_t microbatch, int chunk) {
-    send(header_of(activation, group_.device()), peer, tag_of(kHeader, microbatch, chunk));
-    send(activation, peer, tag_of(kActivation, microbatch, chunk));
-  }
-  Tensor receive_activation(int peer, int64_t microbatch, int chunk) {
-    const Tensor header = receive(empty_header(group_.device()), peer, tag_of(kHeader, microbatch, chunk));
-    return receive(empty_from_header(header, group_.device()), peer, tag_of(kActivation, microbatch, chunk));
-  }
-  void wait_sends() {
-    for (comm::Work& w : sends_) w.wait();
+
+  /// Waits for the sends still in flight.
+  void finish() {
+    std::vector<comm::Work> sends = std::move(sends_);
     sends_.clear();
-    kept_.clear();
+    for (comm::Work& w : sends) w.wait();
   }
 
  private:
+  Tensor take_outgoing(const MessageKey& key, const PipelineMessage& m) {
+    auto it = outbox_.find(key);
+    COLOSSAL_CHECK(it != outbox_.end(), "pipeline stage {}: nothing to {}", group_.rank(), parallel::pp::describe(m));
+    Tensor t = std::move(it->second);
+    outbox_.erase(it);
+    return t;
+  }
+
   comm::ProcessGroup& group_;
+  std::map<int, std::pair<Shape, DType>>& shapes_;
+  std::map<MessageKey, Tensor> outbox_, inbox_;
   std::vector<comm::Work> sends_;
-  std::vector<Tensor> kept_;
-  std::map<int, Tensor> local_;
 };
+
+/// The shapes' key: training or evaluation, the microbatches and the batch's shape, which every
+/// stage knows (each is given the batch) and which fix every activation's shape.
+std::vector<int64_t> shape_key(bool training, int64_t num_microbatches, const Tensor& input) {
+  std::vector<int64_t> key{training ? 1 : 0, num_microbatches, static_cast<int64_t>(input.dtype())};
+  for (int64_t d = 0; d < input.dim(); ++d) key.push_back(input.size(d));
+  return key;
+}
 
 }  // namespace
 
@@ -144,6 +232,8 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   const int v = static_cast<int>(chunks_.size());
   const int64_t m = num_microbatches_;
   const bool first = s == 0, last = s == p - 1;
+  COLOSSAL_CHECK(input.defined() && input.dim() >= 1,
+                 "pipeline stage {}: every stage needs the batch's input (its shape fixes the activations' shapes)", s);
   const Tensor& sized = first ? input : target;
   COLOSSAL_CHECK(!(first || last) || (sized.defined() && sized.dim() >= 1 && sized.size(0) % m == 0),
                  "pipeline stage {}: the batch's {} samples do not split into {} microbatches; use a batch size that "
@@ -152,12 +242,23 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   const int64_t per = (first || last) ? sized.size(0) / m : 0;
   auto slice = [&](const Tensor& t, int64_t mb) { return t.narrow(0, mb * per, per); };
 
-  Messenger messenger(*group_);
+  // Note [Pipeline exchanges]: microbatch 0's activations carry headers the first time a batch of
+  // this shape comes; their shapes are kept for the rest.
+  const std::vector<int64_t> key = shape_key(true, m, input);
+  const bool shapes_known = shapes_.contains(key);
+  Exchanger exchanger(*group_, shapes_[key]);
+  const std::vector<ExchangeBatch> batches = parallel::pp::exchange_batches(s, p, m, v, !shapes_known);
+  size_t next_batch = 0;
+
   struct Saved {
     Tensor input;   // a leaf receiving the gradient, or the microbatch's data on stage 0's chunk 0
     Tensor output;  // the chunk's output, or the microbatch's loss at the very end
   };
   std::map<std::pair<int64_t, int>, Saved> saved;
+  // A gradient for chunk c's output has the output's shape.
+  auto gradient_like = [&](int64_t mb, int sending_chunk) -> const Tensor& {
+    return saved.at({mb, last ? sending_chunk - 1 : sending_chunk}).output;
+  };
   std::vector<Tensor> losses, outputs;
   amp::MixedPrecisionOptimizer* amp = engine.amp();
 
@@ -173,7 +274,11 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   }
   if (handler != nullptr) handler->set_sync(false);
 
-  for (size_t index = 0; index < order.size(); ++index) {
+  for (size_t index = 0; index <= order.size(); ++index) {
+    while (next_batch < batches.size() && batches[next_batch].before_op == index) {
+      exchanger.issue(batches[next_batch++], gradient_like);
+    }
+    if (index == order.size()) break;
     const PipelineOp& op = order[index];
     if (handler != nullptr && op.kind == PipelineOp::Kind::backward) {
       handler->set_sync(sync_window && index == last_backward[static_cast<size_t>(op.chunk)]);
@@ -181,13 +286,10 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
     const int c = op.chunk;
     const int64_t mb = op.microbatch;
     const bool very_first = first && c == 0, very_last = last && c == v - 1;
-    const int prev = first ? p - 1 : s - 1;  // chunk c's input comes from chunk c - 1 on the last stage
-    const int next = last ? 0 : s + 1;       // its output goes to chunk c + 1 on stage 0
     // The profiler's ranges (core/profiler.h) show each stage's busy and idle time per op: the bubble.
     core::profiler::Scope scope(op.kind == PipelineOp::Kind::forward ? "pipeline: forward" : "pipeline: backward",
                                 engine.device());
-    // A receive that never completes names the stage, the pass and the microbatch (the watchdog's
-    // message, comm/operation_context.h), not only a tag.
+    // The collectives an op issues (data parallelism's) name the stage, the pass and the microbatch.
     const comm::OperationContext context(fmt::format("pipeline stage {} of {}: {} of microbatch {}{}", s, p,
                                                      op.kind == PipelineOp::Kind::forward ? "forward" : "backward", mb,
                                                      v > 1 ? fmt::format(", chunk {}", c) : std::string()));
@@ -197,7 +299,7 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
         sv.input = amp != nullptr ? amp->cast_input(slice(input, mb)) : slice(input, mb);
       } else {
         // The previous chunk's output, a leaf here: its gradient is what goes back.
-        sv.input = messenger.receive_activation(prev, mb, first ? c - 1 : c).detach();
+        sv.input = exchanger.take(PipelineMessage::Kind::activation, mb, first ? c - 1 : c).detach();
         sv.input.set_requires_grad(true);
       }
       Tensor y = chunks_[static_cast<size_t>(c)]->forward(sv.input);
@@ -207,7 +309,7 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
         losses.push_back(sv.output.detach());
         outputs.push_back(out.detach());
       } else {
-        messenger.send_activation(y.detach(), next, mb, c);
+        exchanger.post(PipelineMessage::Kind::activation, mb, c, y.detach());
         sv.output = y;
       }
     } else {
@@ -215,20 +317,17 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
       if (very_last) {
         engine.backward(ops::div(sv.output, static_cast<double>(m)));  // the batch's mean loss
       } else {
-        Tensor grad =
-            messenger.receive(core::empty(sv.output.shape(), TensorOptions(sv.output.dtype(), sv.output.device())),
-                              next, tag_of(kGradient, mb, last ? c + 1 : c));
-        autograd::backward(sv.output, grad);
+        autograd::backward(sv.output, exchanger.take(PipelineMessage::Kind::gradient, mb, last ? c + 1 : c));
       }
       if (!very_first) {
         const Tensor g = sv.input.grad();
         COLOSSAL_CHECK(g.defined(), "pipeline stage {}: microbatch {} chunk {} got no input gradient", s, mb, c);
-        messenger.send(g, prev, tag_of(kGradient, mb, c));
+        exchanger.post(PipelineMessage::Kind::gradient, mb, c, g);
       }
       saved.erase({mb, c});
     }
   }
-  messenger.wait_sends();
+  exchanger.finish();
   if (handler != nullptr) handler->set_sync(sync_window);  // as the Engine set it
 
   // Note [Tied parameters across stages]: each copy's gradient becomes the sum of every stage's, once
@@ -269,32 +368,53 @@ Tensor PipelineSchedule::evaluate(Engine& engine, const Tensor& input) {
   const int p = group_->size(), s = group_->rank();
   const int v = static_cast<int>(chunks_.size());
   const bool first = s == 0, last = s == p - 1;
-  Messenger messenger(*group_);
+  COLOSSAL_CHECK(input.defined() && input.dim() >= 1,
+                 "pipeline stage {}: every stage needs the batch's input (its shape fixes the activations' shapes)", s);
+  const std::vector<int64_t> key = shape_key(false, 1, input);
+  const bool shapes_known = shapes_.contains(key);
+  std::map<int, std::pair<Shape, DType>>& shapes = shapes_[key];
   amp::MixedPrecisionOptimizer* amp = engine.amp();
   Tensor output;
-  for (const PipelineOp& op : parallel::pp::forward_only_order(1, v)) {
-    const int c = op.chunk;
-    const comm::OperationContext context(
-        fmt::format("pipeline stage {} of {}: evaluation forward{}", s, p, v > 1 ? fmt::format(", chunk {}", c) : ""));
-    Tensor x;
-    if (first && c == 0) {
-      x = amp != nullptr ? amp->cast_input(input) : input;
-    } else {
-      x = messenger.receive_activation(first ? p - 1 : s - 1, 0, first ? c - 1 : c);
+  {
+    Exchanger exchanger(*group_, shapes);
+    const std::vector<ExchangeBatch> batches =
+        parallel::pp::exchange_batches(s, p, 1, v, !shapes_known, /*forward_only=*/true);
+    const std::vector<PipelineOp> order = parallel::pp::forward_only_order(1, v);
+    auto no_gradients = [](int64_t, int) -> const Tensor& {
+      COLOSSAL_FAIL("pipeline evaluation: no gradient travels");
+    };
+    size_t next_batch = 0;
+    for (size_t index = 0; index <= order.size(); ++index) {
+      while (next_batch < batches.size() && batches[next_batch].before_op == index) {
+        exchanger.issue(batches[next_batch++], no_gradients);
+      }
+      if (index == order.size()) break;
+      const int c = order[index].chunk;
+      const Tensor x = first && c == 0 ? (amp != nullptr ? amp->cast_input(input) : input)
+                                       : exchanger.take(PipelineMessage::Kind::activation, 0, first ? c - 1 : c);
+      Tensor y = chunks_[static_cast<size_t>(c)]->forward(x);
+      if (last && c == v - 1) {
+        output = amp != nullptr ? amp->cast_output(y) : y;
+      } else {
+        exchanger.post(PipelineMessage::Kind::activation, 0, c, y);
+      }
     }
-    Tensor y = chunks_[static_cast<size_t>(c)]->forward(x);
-    if (last && c == v - 1) {
-      output = amp != nullptr ? amp->cast_output(y) : y;
-    } else {
-      messenger.send_activation(y, last ? 0 : s + 1, 0, c);
-    }
+    exchanger.finish();
   }
-  messenger.wait_sends();
   if (p == 1) return output;
-  // The output to every stage: its dtype and shape first, then the tensor.
-  Tensor header = last ? header_of(output, group_->device()) : empty_header(group_->device());
-  group_->broadcast(header, p - 1);
-  output = last ? output.contiguous() : empty_from_header(header, group_->device());
+  // The output to every stage; its dtype and shape first, the first time a batch of this shape comes
+  // (kept under the key -1, no chunk's).
+  const comm::OperationContext context(fmt::format("pipeline stage {} of {}: evaluation output broadcast", s, p));
+  if (!shapes_known) {
+    Tensor header = last ? header_of(output, group_->device()) : empty_header(group_->device());
+    group_->broadcast(header, p - 1);
+    shapes[-1] = read_header(header);
+  }
+  if (last) {
+    output = output.contiguous();
+  } else {
+    output = core::empty(shapes.at(-1).first, TensorOptions(shapes.at(-1).second, group_->device()));
+  }
   group_->broadcast(output, p - 1);
   return output;
 }

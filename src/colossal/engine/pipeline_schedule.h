@@ -5,14 +5,18 @@
 // receiving activations from the previous stage and gradients from the next over the group.
 //
 // Note [Pipeline messages]
-// Sends are asynchronous and kept until the micro-step ends; receives wait. Every send's receive is
-// posted when the receiver reaches that op in its order, and the orders never wait on each other in
-// a cycle (the whole-pipeline simulation in tests/parallel/pp shows it), so no stage blocks forever.
-// Each activation travels after a small header with its dtype and shape (the next stage cannot know
-// them otherwise: a last batch may be shorter); a gradient has its activation's shape and travels
-// alone. Tags keep the kinds and microbatch-chunks apart under MPI. (NCCL matches by order and its
-// sends wait for their receives: the GPU path will pair crossing sends and receives with
-// batch_send_recv, as Megatron does; this schedule runs on MPI ranks today.)
+// Activations go forward and gradients back in the batches of parallel/pp/exchange_plan.h (Note
+// [Pipeline exchanges]): before each op (each forward-backward pair when interleaved) one
+// batch_send_recv with the previous op's output and this op's input, the same sequences on both ends
+// of every direction, so the exchange runs over NCCL (which matches by order and completes a send only
+// once its receive is posted) as over MPI; a batch with a receive is waited for before its op, one of
+// sends only at the end of the micro-step. Shapes: every stage is given the batch, whose shape keys
+// the activation shapes the stage has learnt; the first time a shape comes, microbatch 0's
+// activations travel after a header (dtype, shape; one host read each), and the rest allocate from
+// what was learnt. Every exchange runs under an OperationContext naming the stage, the microbatches
+// and the messages, so a peer that never comes ends the rank (the collective timeout) with them
+// named. Tags carry each message's identity: MPI matches by them; the strict group
+// (comm/strict_p2p_process_group.h), under which the tests run, checks both ends agree on them.
 //
 // The loss is the last stage's: the mean of the microbatches' losses (each backward of loss / m, so
 // the gradients are the whole batch's mean), summed over the group so that every stage reports it.
@@ -32,8 +36,10 @@
 // on top: refused with a message.)
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "colossal/comm/process_group.h"
@@ -61,8 +67,9 @@ class PipelineSchedule final : public Schedule {
   static std::shared_ptr<comm::ProcessGroup> tied_group(comm::ProcessGroup& pipeline, bool holds);
 
   std::string_view name() const override { return chunks_.size() > 1 ? "interleaved 1f1b" : "1f1b"; }
-  /// The micro-step's batch (dim 0 a multiple of num_microbatches) through the pipeline; `input`
-  /// matters on stage 0, `target` on the last stage. Returns the mean loss on every stage.
+  /// The micro-step's batch (dim 0 a multiple of num_microbatches) through the pipeline; `input`'s
+  /// values matter on stage 0 (its shape on every stage: Note [Pipeline messages]), `target` on the
+  /// last stage. Returns the mean loss on every stage.
   Tensor forward_backward(Engine& engine, const Tensor& input, const Tensor& target) override;
   /// Evaluation: the batch forward through every stage as one microbatch (no activations kept), the
   /// last stage's output then broadcast over the group, so every stage computes the same loss and
@@ -88,6 +95,8 @@ class PipelineSchedule final : public Schedule {
   int64_t num_microbatches_;
   std::vector<Tensor> tied_;
   std::shared_ptr<comm::ProcessGroup> tied_group_;
+  /// The activation shapes each batch shape gave, by sending chunk (Note [Pipeline exchanges]).
+  std::map<std::vector<int64_t>, std::map<int, std::pair<Shape, DType>>> shapes_;
 };
 
 }  // namespace colossal::engine

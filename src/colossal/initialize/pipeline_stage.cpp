@@ -47,12 +47,6 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
                                   const config::TrainConfig& c) {
   const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kPipeline);
   const int p = group->size(), stage = group->rank(), v = c.parallel.num_chunks;
-  // Note [Pipeline messages]: NCCL's sends wait for their receives on the communicator's one stream,
-  // so the schedule's unpaired sends could stall a GPU pipeline until the watchdog ends it.
-  COLOSSAL_CHECK(group->backend_name() != "nccl",
-                 "parallel.pipeline = {}: pipeline parallelism over NCCL (GPUs) is not built yet (its crossing sends "
-                 "and receives still need pairing); it runs on CPU ranks (train.device = \"cpu\", MPI)",
-                 p);
   const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(model);
   const parallel::pp::StageParts parts = plan_pipeline(pieces, p, v);
 
