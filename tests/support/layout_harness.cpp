@@ -41,6 +41,7 @@
 #include "colossal/parallel/tp/gpt2_plan.h"
 #include "colossal/parallel/tp/shard_spec.h"
 #include "colossal/parallel/tp/vit_1d.h"
+#include "colossal/parallel/zero/low_level_zero.h"
 
 namespace colossal::testing {
 namespace {
@@ -82,7 +83,7 @@ std::optional<amp::AmpOptions> amp_options(Precision p) {
 /// Trains c for c.steps updates on rows [share * rank, share * (rank + 1)) of each global batch,
 /// through an Engine over `context` (null: serial).
 Trace run(const HarnessCase& c, std::shared_ptr<const parallel::ParallelContext> context, Device device, int64_t rank,
-          int64_t share) {
+          int64_t share, std::optional<parallel::zero::ZeroOptions> zero = std::nullopt) {
   core::Generator init(1234);
   std::shared_ptr<nn::Module> model = c.build_model(init);
   model->to(device);
@@ -113,8 +114,15 @@ Trace run(const HarnessCase& c, std::shared_ptr<const parallel::ParallelContext>
   options.gradient_accumulation = c.accumulation;
   options.clip_grad_norm = c.clip;
   options.amp = amp_options(c.precision);
+  options.zero = zero;
   options.before_update = [&trace, &whole](engine::Engine& e) {
     Values grads;
+    if (parallel::zero::LowLevelZero* z = e.zero()) {
+      // Each rank holds its shard's gradients: gathered whole (f32), as the update uses them.
+      for (const auto& [name, g] : z->gather_gradients()) grads[name] = host_f64(g);
+      trace.grads.push_back(std::move(grads));
+      return;
+    }
     for (const auto& [name, p] : e.model().named_parameters()) {
       if (p.grad().defined()) grads[name] = host_f64(whole(name, p.grad()));
     }
@@ -158,8 +166,11 @@ void compare(const std::string& where, const Values& got, const Values& want, do
 }  // namespace
 
 std::string Layout::name() const {
-  if (tensor == 1) return fmt::format("dp{}", data);
-  return data == 1 ? fmt::format("tp{}", tensor) : fmt::format("dp{}_tp{}", data, tensor);
+  std::string name = tensor == 1 ? fmt::format("dp{}", data)
+                     : data == 1 ? fmt::format("tp{}", tensor)
+                                 : fmt::format("dp{}_tp{}", data, tensor);
+  if (zero > 0) name += fmt::format("_zero{}", zero);
+  return name;
 }
 
 HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& layout,
@@ -181,7 +192,12 @@ HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& l
   }
   const Device device = world->device();
   const Trace serial = run(c, nullptr, device, 0, c.global_batch);
-  const Trace parallel = run(c, context, device, context->rank(parallel::GroupKind::kData), c.global_batch / dp);
+  std::optional<parallel::zero::ZeroOptions> zero;
+  if (layout.zero > 0) {
+    zero = parallel::zero::ZeroOptions{
+        .stage = layout.zero, .reduce_bucket_bytes = layout.zero_bucket_bytes, .granularity = layout.zero_granularity};
+  }
+  const Trace parallel = run(c, context, device, context->rank(parallel::GroupKind::kData), c.global_batch / dp, zero);
 
   for (int64_t step = 0; step < c.steps; ++step) {
     const auto s = static_cast<size_t>(step);

@@ -26,6 +26,7 @@
 #include "colossal/nn/module.h"
 #include "colossal/optim/optimizer.h"
 #include "colossal/parallel/parallel_context.h"
+#include "colossal/parallel/zero/partition.h"  // Granularity
 
 namespace colossal::testing {
 
@@ -38,8 +39,15 @@ enum class Precision {
 struct Layout {
   int data = 1;    ///< data-parallel ranks (the world must hold data * pipeline * tensor)
   int tensor = 1;  ///< tensor-parallel ranks (1D); needs HarnessCase::parallelize
-  // pipeline and zero join with their issues.
-  std::string name() const;  ///< "dp2", "tp2", "dp2_tp2"
+  /// ZeRO stage over the data ranks (parallel/zero/low_level_zero.h): 0 off, 1 or 2.
+  int zero = 0;
+  /// ZeRO's bucket size: small, so that the tiny models fill several buckets and split parameters
+  /// between ranks.
+  int64_t zero_bucket_bytes = 512;
+  /// ZeRO's granularity; unset: the optimizer's default (parallel::zero::uses_tensor_norms).
+  std::optional<parallel::zero::Granularity> zero_granularity;
+  // pipeline joins with its issue.
+  std::string name() const;  ///< "dp2", "tp2", "dp2_tp2", "dp2_zero1"
 };
 
 struct HarnessCase {

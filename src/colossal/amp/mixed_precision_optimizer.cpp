@@ -157,7 +157,12 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
   result.loss_scale = loss_scale();
   const Device device = master_params_.empty() ? Device{} : master_params_.front().device();
 
-  if (options_.mode != AmpMode::torch) {
+  if (sharded_) {
+    // ZeRO left each shard's reduced f32 gradient in its master's .grad (shard_masters).
+    for (Tensor& param : model_params_) {
+      if (param.grad().defined()) param.set_grad(Tensor());
+    }
+  } else if (options_.mode != AmpMode::torch) {
     core::profiler::Scope scope("update: gradients to f32 masters", device);
     // The masters' f32 gradients are new tensors each step (freed again by zero_grad, so they never
     // sit beside the activations), filled from the 16-bit gradients in one multi-tensor copy.
@@ -207,10 +212,54 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
   }
   if (options_.mode != AmpMode::torch) {
     core::profiler::Scope scope("update: masters to the model", device);
-    optim::multi_tensor_copy(model_params_, master_params_);
+    optim::multi_tensor_copy(sharded_ ? model_slices() : model_params_, master_params_);
   }
   result.stepped = true;
   return result;
+}
+
+void MixedPrecisionOptimizer::shard_masters(std::vector<Tensor> shards, std::vector<int64_t> begins) {
+  COLOSSAL_CHECK(!sharded_, "MixedPrecisionOptimizer::shard_masters: the masters are sharded already");
+  COLOSSAL_CHECK(shards.size() == master_params_.size() && begins.size() == master_params_.size(),
+                 "MixedPrecisionOptimizer::shard_masters: {} shards and {} offsets for {} masters", shards.size(),
+                 begins.size(), master_params_.size());
+  std::unordered_map<const core::TensorImpl*, size_t> index;
+  for (size_t k = 0; k < master_params_.size(); ++k) {
+    const Tensor& shard = shards[k];
+    COLOSSAL_CHECK(shard.defined() && shard.dim() == 1 && shard.dtype() == DType::f32 && begins[k] >= 0 &&
+                       begins[k] + shard.numel() <= model_params_[k].numel(),
+                   "MixedPrecisionOptimizer::shard_masters: the shard of '{}' must be 1-D f32 elements within the "
+                   "parameter's {}, got {} {} from element {}",
+                   names_[k], model_params_[k].numel(), shard.dtype(), shard.shape(), begins[k]);
+    index.emplace(master_params_[k].impl(), k);
+  }
+  for (size_t g = 0; g < optimizer_->param_groups().size(); ++g) {
+    for (size_t i = 0; i < optimizer_->param_groups()[g].params.size(); ++i) {
+      COLOSSAL_CHECK(optimizer_->find_state(g, i) == nullptr || optimizer_->find_state(g, i)->buffers.empty(),
+                     "MixedPrecisionOptimizer::shard_masters: the {} optimizer has state already; shard before the "
+                     "first step or load",
+                     optimizer_->name());
+      Tensor& param = optimizer_->param_groups()[g].params[i];
+      const auto it = index.find(param.impl());
+      COLOSSAL_CHECK(it != index.end(),
+                     "MixedPrecisionOptimizer::shard_masters: param group {} holds {} that is no master", g,
+                     optimizer_->param_groups()[g].param_label(i));
+      param = shards[it->second];
+    }
+  }
+  for (size_t k = 0; k < shards.size(); ++k) shards[k].autograd_meta().name = names_[k];
+  master_params_ = std::move(shards);
+  shard_begins_ = std::move(begins);
+  sharded_ = true;
+}
+
+std::vector<Tensor> MixedPrecisionOptimizer::model_slices() const {
+  std::vector<Tensor> slices;
+  slices.reserve(model_params_.size());
+  for (size_t k = 0; k < model_params_.size(); ++k) {
+    slices.push_back(model_params_[k].detach().view({-1}).narrow(0, shard_begins_[k], master_params_[k].numel()));
+  }
+  return slices;
 }
 
 void MixedPrecisionOptimizer::zero_grad() {
@@ -279,9 +328,10 @@ void MixedPrecisionOptimizer::load_state_dict(const optim::StateDict& state) {
   }
   if (options_.mode != AmpMode::torch) {
     autograd::NoGradGuard no_grad;
+    const std::vector<Tensor> targets = sharded_ ? model_slices() : model_params_;
     for (size_t k = 0; k < names_.size(); ++k) {
       master_params_[k].copy_(masters.at(names_[k]));
-      model_params_[k].copy_(master_params_[k]);
+      targets[k].copy_(master_params_[k]);
     }
   }
 }

@@ -138,6 +138,18 @@ class MixedPrecisionOptimizer {
   const std::vector<Tensor>& master_params() const { return master_params_; }
   const std::vector<std::string>& param_names() const { return names_; }
 
+  /// ZeRO's hand-over (parallel/zero/low_level_zero.h): master k becomes `shards[k]`, the 1-D f32
+  /// tensor of elements [begins[k], begins[k] + shards[k].numel()) of model parameter k flattened
+  /// (empty where this rank steps none of it), and the optimizer's groups are rebound to the shards
+  /// (the full masters are released). From then on step() takes the masters' gradients as the
+  /// gradient handler left them (it writes each shard's reduced f32 gradient into its .grad) and drops
+  /// the model's, writes each shard back into its slice of the model's parameter (naive, bf16; the
+  /// handler all-gathers the other slices), and state_dict() holds the shards. In torch mode the shards
+  /// are views of the model's f32 parameters, stepped in place. Call it before the optimizer has state.
+  void shard_masters(std::vector<Tensor> shards, std::vector<int64_t> begins);
+  /// Whether shard_masters was called.
+  bool masters_sharded() const { return sharded_; }
+
   /// Installs the overflow-flag reduction (see FoundInfSync); an empty function restores the default.
   void set_found_inf_sync(FoundInfSync sync) { found_inf_sync_ = std::move(sync); }
   /// Installs the gradient-norm function clipping uses (see GradNormFn); an empty function restores
@@ -160,6 +172,8 @@ class MixedPrecisionOptimizer {
   /// squares of the results (0-d f64 on the device, non-finite exactly when some element is), in
   /// one pass (optim::sum_of_squares).
   Tensor unscale_and_sum_squares(double inv_scale) const;
+  /// After shard_masters: the slice of each model parameter (flattened) its master shard covers.
+  std::vector<Tensor> model_slices() const;
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;
@@ -168,6 +182,8 @@ class MixedPrecisionOptimizer {
   std::vector<std::string> names_;
   std::vector<Tensor> model_params_;
   std::vector<Tensor> master_params_;
+  bool sharded_ = false;               // shard_masters was called
+  std::vector<int64_t> shard_begins_;  // per master: its first element in the flattened model parameter
   FoundInfSync found_inf_sync_;
   GradNormFn grad_norm_;
 };

@@ -41,7 +41,15 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
   schedule_ = options_.schedule ? options_.schedule : std::make_shared<NonPipelineSchedule>();
   if (options_.amp) amp_ = std::make_unique<amp::MixedPrecisionOptimizer>(model_, optimizer_, *options_.amp);
   // After the mixed-precision conversion: the gradient hooks sit on the tensors backward fills.
-  if (options_.gradient_handler) {
+  if (options_.zero) {
+    COLOSSAL_CHECK(!options_.gradient_handler, "Engine: options.zero and options.gradient_handler are exclusive");
+    COLOSSAL_CHECK(context_->layout().tensor_size() == 1 && context_->layout().pipeline_size() == 1,
+                   "zero.stage = {} with parallel.tensor.size = {} and parallel.pipeline = {}: ZeRO shards over the "
+                   "data-parallel group of a data-parallel-only layout so far; set both to 1",
+                   options_.zero->stage, context_->layout().tensor_size(), context_->layout().pipeline_size());
+    gradient_handler_ = std::make_unique<parallel::zero::LowLevelZero>(
+        *model_, *optimizer_, amp_.get(), context_->group(parallel::GroupKind::kData), *options_.zero);
+  } else if (options_.gradient_handler) {
     gradient_handler_ = options_.gradient_handler(*model_, *context_);
   } else if (context_->layout().data_size() > 1) {
     gradient_handler_ = std::make_unique<parallel::DataParallel>(*model_, context_->group(parallel::GroupKind::kData),
@@ -126,13 +134,21 @@ void Engine::update() {
     if (options_.clip_grad_norm) {
       core::profiler::Scope scope("update: gradient norm", device_);
       // The factor stays on the device and scales the gradients inside the optimizer's update
-      // (Note [Clipping in one pass] in optim/clip_grad.cpp).
-      last_grad_norm_ = gradient_statistics_->grad_norm(model_->parameters(), options_.clip_norm_type);
+      // (Note [Clipping in one pass] in optim/clip_grad.cpp). Under ZeRO the update's gradients are
+      // those of the shards the optimizer steps.
+      std::vector<Tensor> params;
+      if (parallel::zero::LowLevelZero* z = zero()) {
+        params = z->shards();
+      } else {
+        params = model_->parameters();
+      }
+      last_grad_norm_ = gradient_statistics_->grad_norm(params, options_.clip_norm_type);
       optimizer_->scale_gradients_in_next_step(optim::clip_coefficient(last_grad_norm_, *options_.clip_grad_norm));
     }
     core::profiler::Scope scope("update: optimizer step", device_);
     optimizer_->step();
   }
+  if (gradient_handler_) gradient_handler_->after_update(!last_step_skipped_);
   zero_grad();
   if (lr_scheduler_) lr_scheduler_->step();
   ++num_updates_;

@@ -20,6 +20,7 @@
 #include "colossal/parallel/gradient_handler.h"
 #include "colossal/parallel/gradient_statistics.h"
 #include "colossal/parallel/parallel_context.h"
+#include "colossal/parallel/zero/low_level_zero.h"
 
 namespace colossal::engine {
 
@@ -50,6 +51,10 @@ struct EngineOptions {
   std::function<std::unique_ptr<parallel::GradientHandler>(nn::Module& model, const parallel::ParallelContext& context)>
       gradient_handler;
   parallel::DataParallelOptions data_parallel;
+  /// ZeRO stages 1 and 2 over the context's data group (config zero.*): the gradient handler is a
+  /// parallel::zero::LowLevelZero, which shards the optimizer (after the mixed-precision wrapper's
+  /// conversion). Not with `gradient_handler` set, nor with tensor or pipeline parallelism.
+  std::optional<parallel::zero::ZeroOptions> zero;
   /// The forward/backward order of a micro-step; null: NonPipelineSchedule.
   std::shared_ptr<Schedule> schedule;
   /// Called at the end of each accumulation window once the gradient handler has finished (the
@@ -107,6 +112,8 @@ class Engine {
   parallel::GradientHandler* gradient_handler() { return gradient_handler_.get(); }
   /// The gradient handler when it is a parallel::DataParallel, else null.
   parallel::DataParallel* data_parallel() { return dynamic_cast<parallel::DataParallel*>(gradient_handler_.get()); }
+  /// The gradient handler when it is ZeRO (options.zero), else null.
+  parallel::zero::LowLevelZero* zero() { return dynamic_cast<parallel::zero::LowLevelZero*>(gradient_handler_.get()); }
   /// The run's layout and groups (a single-process one when options.context was null).
   const parallel::ParallelContext& context() const { return *context_; }
   /// Over which groups the overflow flag and the clipping norm are reduced.

@@ -1,8 +1,9 @@
 // GradientHandler: how the gradients of one micro-step window are made the update's gradients across
 // the ranks that share a model. The Engine drives it through one interface whatever it does:
 // DataParallel (parallel/dp/) all-reduces replicas' gradients in buckets during backward; ZeRO will
-// reduce-scatter them into shards. The Engine calls set_sync before each backward and finish after
-// the window's last one, before unscaling, clipping and the optimizer step.
+// reduce-scatter them into shards (parallel/zero/). The Engine calls set_sync before each backward,
+// finish after the window's last one (before unscaling, clipping and the optimizer step), and
+// after_update after the step.
 #pragma once
 
 #include <string_view>
@@ -20,6 +21,9 @@ class GradientHandler {
   virtual void set_sync(bool sync) = 0;
   /// Waits for the window's reduction and leaves the reduced gradients in the parameters' .grad.
   virtual void finish() = 0;
+  /// Called by the Engine after the update (`stepped`: false when mixed precision skipped it for an
+  /// overflow): ZeRO all-gathers the parameters each rank updated. Nothing for DataParallel.
+  virtual void after_update(bool stepped) { (void)stepped; }
   /// The group the gradients are reduced over.
   virtual const comm::ProcessGroup& group() const = 0;
   /// True when, after finish(), every rank of group() holds the same gradients (an all-reduce);

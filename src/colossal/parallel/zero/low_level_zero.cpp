@@ -1,0 +1,479 @@
+// LowLevelZero: see low_level_zero.h.
+#include "colossal/parallel/zero/low_level_zero.h"
+
+#include <algorithm>
+#include <charconv>
+#include <deque>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "colossal/autograd/function.h"   // register_grad_ready_hook
+#include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/error.h"
+#include "colossal/core/profiler.h"    // Scope
+#include "colossal/ops/elementwise.h"  // add_
+
+namespace colossal::parallel::zero {
+
+// Note [ZeRO step]
+// One window of LowLevelZero, with the Engine around it:
+//  1. backward: each parameter's gradient-ready hook marks it in its bucket (Partition: buckets in
+//     the order backward produces gradients); a full bucket, once every earlier one has gone (the
+//     collectives' order must be the same on every rank), is packed into its flat buffer in chunk
+//     order, its parameters' gradients are dropped, and the buffer is reduce-scattered (averaged)
+//     asynchronously: rank r receives its chunk. A completed reduction is added, in f32, into the
+//     rank's shard gradient (one f32 buffer of its chunks end to end). Stage 1 does this in the
+//     window's last backward only (before it the full gradients accumulate locally, DDP's no_sync);
+//     stage 2 in every backward, accumulating the shard, so a full gradient never outlives its bucket.
+//  2. finish(): buckets that did not fill (parameters without a gradient) go with zeros, every
+//     reduction is waited for, and each shard tensor the optimizer steps gets its slice of the
+//     shard gradient as .grad.
+//  3. the Engine unscales, checks overflow and clips over those shard gradients; their statistics are
+//     reduced over the data group (replicates_gradients() is false: parallel/gradient_statistics.h),
+//     which adds each rank's part of the norm once since the shards partition the parameters.
+//  4. the optimizer steps the shards: views of the model's f32 parameters (fp32, torch amp) or the
+//     f32 masters of the shard (naive fp16, bf16; the wrapper writes them back into their slices).
+//  5. after_update: every bucket's chunks are all-gathered, each rank's slices into every replica.
+// The optimizer never sees a whole parameter: its param groups hold the 1-D shards (empty ones where
+// a rank owns none of a parameter, so that every rank's optimizer has the same parameters, steps and
+// state keys, which is what the checkpoint's gather needs).
+
+struct LowLevelZero::Entry {
+  std::string name;
+  Tensor param;              // the model's parameter, whose gradient backward fills
+  Piece own;                 // this rank's piece of it
+  int64_t shard_offset = 0;  // where the piece sits in this rank's shard
+};
+
+struct LowLevelZero::BucketState {
+  std::vector<bool> ready;
+  size_t num_ready = 0;
+  bool launched = false;
+};
+
+struct LowLevelZero::InFlight {
+  size_t bucket = 0;
+  comm::Work work;
+  Tensor flat;  // the packed gradients, held until the reduction is done
+  Tensor out;   // this rank's reduced chunk
+};
+
+namespace {
+
+constexpr std::string_view kMasterPrefix = "master.";
+
+/// (i, buffer) from an optimizer state key "state.<i>.<buffer>".
+bool parse_state_key(std::string_view key, size_t& index, std::string_view& buffer) {
+  constexpr std::string_view kState = "state.";
+  if (!key.starts_with(kState)) return false;
+  key.remove_prefix(kState.size());
+  const size_t dot = key.find('.');
+  if (dot == std::string_view::npos) return false;
+  auto [end, ec] = std::from_chars(key.data(), key.data() + dot, index);
+  if (ec != std::errc() || end != key.data() + dot) return false;
+  buffer = key.substr(dot + 1);
+  return true;
+}
+
+/// Elements [begin, begin + numel) of `t` flattened (a view; t contiguous).
+Tensor flat_slice(const Tensor& t, int64_t begin, int64_t numel) {
+  return t.detach().view({-1}).narrow(0, numel == 0 ? 0 : begin, numel);
+}
+
+}  // namespace
+
+bool uses_tensor_norms(const optim::Optimizer& optimizer) {
+  return optimizer.name() == "LAMB" || optimizer.name() == "LARS";
+}
+
+LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::MixedPrecisionOptimizer* amp,
+                           std::shared_ptr<comm::ProcessGroup> group, ZeroOptions options)
+    : model_(model), optimizer_(optimizer), amp_(amp), group_(std::move(group)), options_(options) {
+  COLOSSAL_CHECK(group_ != nullptr, "ZeRO needs a process group");
+  COLOSSAL_CHECK(options_.stage == 1 || options_.stage == 2,
+                 "zero.stage = {}: LowLevelZero shards optimizer states (1) and gradients (2); valid: 1, 2",
+                 options_.stage);
+  COLOSSAL_CHECK(options_.reduce_bucket_bytes > 0, "zero.reduce_bucket_mb must be > 0, got {} bytes",
+                 options_.reduce_bucket_bytes);
+  COLOSSAL_CHECK(amp_ == nullptr || &amp_->optimizer() == &optimizer_,
+                 "ZeRO: the mixed-precision wrapper wraps another optimizer than the one given");
+  autograd::NoGradGuard no_grad;
+
+  // The optimizer's parameters in group order, with the model's tensor and name of each.
+  std::unordered_map<const core::TensorImpl*, std::string> model_names;
+  for (const auto& [name, param] : model_.named_parameters()) model_names.emplace(param.impl(), name);
+  std::vector<Tensor> masters;  // the whole tensors the optimizer holds now
+  if (amp_ != nullptr) {
+    COLOSSAL_CHECK(!amp_->masters_sharded(), "ZeRO: the mixed-precision masters are sharded already");
+    for (size_t k = 0; k < amp_->model_params().size(); ++k) {
+      entries_.push_back(Entry{amp_->param_names()[k], amp_->model_params()[k], {}, 0});
+      masters.push_back(amp_->master_params()[k]);
+    }
+  } else {
+    for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
+      const optim::ParamGroup& param_group = optimizer_.param_groups()[g];
+      for (size_t i = 0; i < param_group.params.size(); ++i) {
+        const auto it = model_names.find(param_group.params[i].impl());
+        COLOSSAL_CHECK(it != model_names.end(),
+                       "ZeRO: {} param group {} holds {}, which is not a parameter of the model; build the "
+                       "optimizer over model.named_parameters()",
+                       optimizer_.name(), g, param_group.param_label(i));
+        entries_.push_back(Entry{it->second, param_group.params[i], {}, 0});
+        masters.push_back(param_group.params[i]);
+      }
+    }
+  }
+  std::unordered_map<const core::TensorImpl*, size_t> entry_of;
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const Entry& e = entries_[k];
+    COLOSSAL_CHECK(e.param.device() == group_->device(),
+                   "ZeRO: parameter '{}' is on {} but the {} group's tensors live on {}", e.name, e.param.device(),
+                   group_->backend_name(), group_->device());
+    COLOSSAL_CHECK(e.param.is_contiguous(), "ZeRO: parameter '{}' is not contiguous", e.name);
+    entry_of.emplace(e.param.impl(), k);
+    names_.push_back(e.name);
+  }
+  for (const auto& [name, param] : model_.named_parameters()) {
+    COLOSSAL_CHECK(!param.requires_grad() || entry_of.contains(param.impl()),
+                   "ZeRO: parameter '{}' requires a gradient but is in no param group of the {} optimizer; freeze it "
+                   "(requires_grad = false) or give it to the optimizer",
+                   name, optimizer_.name());
+  }
+  for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
+    for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) {
+      const optim::ParamState* state = optimizer_.find_state(g, i);
+      COLOSSAL_CHECK(state == nullptr || (state->buffers.empty() && state->step == 0),
+                     "ZeRO: the {} optimizer has state already (param group {}, {}); build ZeRO before the first "
+                     "step and load checkpoints through the Engine",
+                     optimizer_.name(), g, optimizer_.param_groups()[g].param_label(i));
+    }
+  }
+
+  if (options_.broadcast_parameters) {
+    for (const auto& [name, tensor] : model_.state_dict()) {
+      COLOSSAL_CHECK(tensor.is_contiguous(), "ZeRO: '{}' is not contiguous", name);
+      group_->broadcast(tensor, 0);
+    }
+    if (amp_ != nullptr && amp_->mode() != amp::AmpMode::torch) {
+      for (const Tensor& master : masters) group_->broadcast(master, 0);
+    }
+  }
+
+  // Buckets fill in reverse registration order, roughly the order backward produces gradients.
+  std::unordered_set<size_t> seen;
+  std::vector<ParamSize> sizes;
+  auto named = model_.named_parameters();
+  std::reverse(named.begin(), named.end());
+  for (const auto& [name, param] : named) {
+    const auto it = entry_of.find(param.impl());
+    if (it == entry_of.end() || !seen.insert(it->second).second) continue;
+    fill_order_.push_back(it->second);
+    sizes.push_back(ParamSize{param.numel(), static_cast<int64_t>(core::element_size(param.dtype())),
+                              static_cast<int>(param.dtype())});
+  }
+  COLOSSAL_CHECK(fill_order_.size() == entries_.size(),
+                 "ZeRO: {} of the optimizer's {} parameters are parameters of the model", fill_order_.size(),
+                 entries_.size());
+  const Granularity granularity =
+      options_.granularity.value_or(uses_tensor_norms(optimizer_) ? Granularity::tensor : Granularity::element);
+  partition_ = std::make_unique<Partition>(sizes, options_.reduce_bucket_bytes, group_->size(), granularity);
+  entry_slot_.resize(entries_.size());
+  for (size_t p = 0; p < fill_order_.size(); ++p) entry_slot_[fill_order_[p]] = p;
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const size_t p = entry_slot_[k];
+    entries_[k].own = partition_->piece(p, group_->rank());
+    entries_[k].shard_offset = partition_->shard_offset(partition_->bucket_of(p)) + entries_[k].own.offset;
+  }
+
+  // The shards the optimizer steps from now on.
+  std::vector<int64_t> begins;
+  const bool own_masters = amp_ != nullptr && amp_->mode() != amp::AmpMode::torch;
+  if (own_masters) {
+    master_shard_ = core::zeros({partition_->shard_numel()}, TensorOptions(DType::f32, group_->device()));
+  }
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const Entry& e = entries_[k];
+    Tensor shard;
+    if (own_masters) {
+      shard = master_shard_.narrow(0, e.own.numel == 0 ? 0 : e.shard_offset, e.own.numel);
+      shard.copy_(flat_slice(masters[k], e.own.begin, e.own.numel));
+    } else {
+      shard = flat_slice(e.param, e.own.begin, e.own.numel);  // stepped in place
+    }
+    shards_.push_back(shard);
+    begins.push_back(e.own.begin);
+  }
+  if (amp_ != nullptr) {
+    amp_->shard_masters(shards_, begins);
+  } else {
+    for (auto& param_group : optimizer_.param_groups()) {
+      for (Tensor& param : param_group.params) param = shards_[entry_of.at(param.impl())];
+    }
+  }
+
+  buckets_.resize(partition_->buckets().size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = partition_->buckets()[b];
+    buckets_[b].ready.assign(bucket.params.size(), false);
+    for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
+      autograd::register_grad_ready_hook(entries_[fill_order_[bucket.params[slot]]].param,
+                                         [this, b, slot](Tensor&) { mark_ready(b, slot); });
+    }
+  }
+}
+
+LowLevelZero::~LowLevelZero() = default;
+
+std::string_view LowLevelZero::name() const {
+  return options_.stage == 1 ? "ZeRO stage 1 (shards optimizer states; bucketed reduce-scatter at the window's end)"
+                             : "ZeRO stage 2 (shards optimizer states and gradients; reduce-scatter every backward)";
+}
+
+void LowLevelZero::set_sync(bool sync) {
+  if (options_.stage == 2) flush_backward();  // a new backward begins: the last one's unfilled buckets go
+  sync_ = sync;
+}
+
+void LowLevelZero::mark_ready(size_t b, size_t slot) {
+  if (options_.stage == 1 && !sync_) return;  // accumulates locally until the window's last backward
+  BucketState& bucket = buckets_[b];
+  COLOSSAL_CHECK(!bucket.launched,
+                 "ZeRO: parameter '{}' got a second gradient in one backward after its bucket was sent (a parameter "
+                 "used by two backward passes needs set_sync(false) on the first, at stage 1)",
+                 entries_[fill_order_[partition_->buckets()[b].params[slot]]].name);
+  backward_marked_ = true;
+  if (!bucket.ready[slot]) {
+    bucket.ready[slot] = true;
+    ++bucket.num_ready;
+  }
+  launch_ready_in_order();
+}
+
+void LowLevelZero::launch_ready_in_order() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].num_ready == buckets_[next_launch_].ready.size()) {
+    launch(next_launch_);
+    ++next_launch_;
+  }
+}
+
+void LowLevelZero::flush_backward() {
+  if (!backward_marked_) return;
+  for (; next_launch_ < buckets_.size(); ++next_launch_) launch(next_launch_);
+  for (BucketState& bucket : buckets_) {
+    bucket.ready.assign(bucket.ready.size(), false);
+    bucket.num_ready = 0;
+    bucket.launched = false;
+  }
+  next_launch_ = 0;
+  backward_marked_ = false;
+}
+
+void LowLevelZero::launch(size_t b) {
+  autograd::NoGradGuard no_grad;
+  core::profiler::Scope scope("zero: bucket reduce-scatter", group_->device());
+  drain(/*all=*/false);
+  const Bucket& bucket = partition_->buckets()[b];
+  buckets_[b].launched = true;
+  window_reduced_ = true;
+  if (bucket.chunk == 0) return;  // parameters without elements: nothing to send, on every rank
+  const DType dtype = entries_[fill_order_[bucket.params.front()]].param.dtype();
+  // Padding and parameters without a gradient (unused in this backward) reduce as zeros.
+  Tensor flat = core::zeros({bucket.chunk * group_->size()}, TensorOptions(dtype, group_->device()));
+  for (size_t i = 0; i < bucket.params.size(); ++i) {
+    Entry& e = entries_[fill_order_[bucket.params[i]]];
+    const Tensor grad = e.param.grad();
+    if (!grad.defined()) continue;
+    const Tensor g = grad.dtype() == dtype ? grad.contiguous() : grad.to(dtype).contiguous();
+    for (const Piece& piece : bucket.pieces[i]) {
+      flat.narrow(0, piece.rank * bucket.chunk + piece.offset, piece.numel)
+          .copy_(flat_slice(g, piece.begin, piece.numel));
+    }
+    e.param.set_grad(Tensor());  // the bucket holds it now
+  }
+  Tensor out = core::empty({bucket.chunk}, TensorOptions(dtype, group_->device()));
+  comm::Work work = group_->reduce_scatter(out, flat, comm::ReduceOp::avg, /*async=*/true);
+  in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out)});
+}
+
+void LowLevelZero::drain(bool all) {
+  while (!in_flight_.empty()) {
+    InFlight& front = in_flight_.front();
+    if (!all && !front.work.is_completed()) break;
+    front.work.wait();
+    if (!shard_grad_.defined()) {
+      shard_grad_ = core::zeros({partition_->shard_numel()}, TensorOptions(DType::f32, group_->device()));
+    }
+    const Bucket& bucket = partition_->buckets()[front.bucket];
+    Tensor dst = shard_grad_.narrow(0, partition_->shard_offset(front.bucket), bucket.chunk);
+    ops::add_(dst, front.out);  // in f32: the window's micro-steps accumulate in the shard
+    in_flight_.erase(in_flight_.begin());
+  }
+}
+
+void LowLevelZero::finish() {
+  autograd::NoGradGuard no_grad;
+  flush_backward();
+  drain(/*all=*/true);
+  if (!window_reduced_) return;
+  if (!shard_grad_.defined()) {
+    shard_grad_ = core::zeros({partition_->shard_numel()}, TensorOptions(DType::f32, group_->device()));
+  }
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const Entry& e = entries_[k];
+    shards_[k].set_grad(shard_grad_.narrow(0, e.own.numel == 0 ? 0 : e.shard_offset, e.own.numel));
+  }
+  // The optimizer's zero_grad releases the buffer with the shards' gradients.
+  shard_grad_ = Tensor();
+  window_reduced_ = false;
+}
+
+void LowLevelZero::after_update(bool stepped) {
+  if (!stepped) return;
+  autograd::NoGradGuard no_grad;
+  core::profiler::Scope scope("zero: parameter all-gather", group_->device());
+  const int rank = group_->rank();
+  for (const Bucket& bucket : partition_->buckets()) {
+    if (bucket.chunk == 0) continue;
+    const DType dtype = entries_[fill_order_[bucket.params.front()]].param.dtype();
+    Tensor mine = core::zeros({bucket.chunk}, TensorOptions(dtype, group_->device()));
+    for (size_t i = 0; i < bucket.params.size(); ++i) {
+      const Entry& e = entries_[fill_order_[bucket.params[i]]];
+      if (e.own.numel > 0)
+        mine.narrow(0, e.own.offset, e.own.numel).copy_(flat_slice(e.param, e.own.begin, e.own.numel));
+    }
+    Tensor all = core::empty({bucket.chunk * group_->size()}, TensorOptions(dtype, group_->device()));
+    group_->all_gather(all, mine);
+    for (size_t i = 0; i < bucket.params.size(); ++i) {
+      const Entry& e = entries_[fill_order_[bucket.params[i]]];
+      for (const Piece& piece : bucket.pieces[i]) {
+        if (piece.rank == rank) continue;
+        flat_slice(e.param, piece.begin, piece.numel)
+            .copy_(all.narrow(0, piece.rank * bucket.chunk + piece.offset, piece.numel));
+      }
+    }
+  }
+}
+
+Tensor LowLevelZero::gather_piece(const Tensor& local, size_t k) const {
+  const Entry& e = entries_[k];
+  const size_t p = entry_slot_[k];
+  COLOSSAL_CHECK(local.numel() == e.own.numel,
+                 "ZeRO: a tensor of parameter '{}' has {} elements but this rank's shard of it has {}", e.name,
+                 local.numel(), e.own.numel);
+  const int64_t most = partition_->max_piece(p);
+  Tensor whole = core::empty({e.param.numel()}, TensorOptions(local.dtype(), group_->device()));
+  if (most > 0) {
+    Tensor mine = core::zeros({most}, TensorOptions(local.dtype(), group_->device()));
+    if (e.own.numel > 0) mine.narrow(0, 0, e.own.numel).copy_(local.reshape({-1}));
+    Tensor all = core::empty({most * group_->size()}, TensorOptions(local.dtype(), group_->device()));
+    group_->all_gather(all, mine);
+    const Bucket& bucket = partition_->buckets()[partition_->bucket_of(p)];
+    for (const Piece& piece : bucket.pieces[partition_->slot_of(p)]) {
+      whole.narrow(0, piece.begin, piece.numel).copy_(all.narrow(0, piece.rank * most, piece.numel));
+    }
+  }
+  return whole.view(e.param.shape());
+}
+
+Tensor LowLevelZero::own_piece(const Tensor& whole, size_t k, const std::string& key) const {
+  const Entry& e = entries_[k];
+  COLOSSAL_CHECK(whole.numel() == e.param.numel(),
+                 "checkpoint tensor \"{}\" has shape {} but parameter '{}' has shape {} (was the checkpoint written "
+                 "for another model config?)",
+                 key, whole.shape(), e.name, e.param.shape());
+  return whole.contiguous().view({-1}).narrow(0, e.own.numel == 0 ? 0 : e.own.begin, e.own.numel).clone();
+}
+
+optim::StateDict LowLevelZero::gather_optimizer_state(const optim::StateDict& state) const {
+  autograd::NoGradGuard no_grad;
+  optim::StateDict out;
+  for (const auto& [key, tensor] : state) {  // sorted: the same order on every rank
+    size_t index = 0;
+    std::string_view buffer;
+    if (parse_state_key(key, index, buffer) && buffer != "step") {
+      COLOSSAL_CHECK(index < entries_.size(), "ZeRO: optimizer state '{}' names parameter {} of {}", key, index,
+                     entries_.size());
+      out.emplace(key, gather_piece(tensor, index));
+    } else {
+      out.emplace(key, tensor);
+    }
+  }
+  return out;
+}
+
+optim::StateDict LowLevelZero::shard_optimizer_state(const optim::StateDict& state) const {
+  autograd::NoGradGuard no_grad;
+  optim::StateDict out;
+  for (const auto& [key, tensor] : state) {
+    size_t index = 0;
+    std::string_view buffer;
+    if (parse_state_key(key, index, buffer) && buffer != "step") {
+      COLOSSAL_CHECK(index < entries_.size(),
+                     "checkpoint tensor \"optimizer.{}\" names parameter {}, but the optimizer has {}", key, index,
+                     entries_.size());
+      out.emplace(key, own_piece(tensor, index, "optimizer." + key));
+    } else {
+      out.emplace(key, tensor);
+    }
+  }
+  return out;
+}
+
+optim::StateDict LowLevelZero::gather_amp_state(const optim::StateDict& state) const {
+  autograd::NoGradGuard no_grad;
+  std::unordered_map<std::string, size_t> index;
+  for (size_t k = 0; k < names_.size(); ++k) index.emplace(names_[k], k);
+  optim::StateDict out;
+  for (const auto& [key, tensor] : state) {
+    const auto it = key.starts_with(kMasterPrefix) ? index.find(key.substr(kMasterPrefix.size())) : index.end();
+    out.emplace(key, it == index.end() ? tensor : gather_piece(tensor, it->second));
+  }
+  return out;
+}
+
+optim::StateDict LowLevelZero::shard_amp_state(const optim::StateDict& state) const {
+  autograd::NoGradGuard no_grad;
+  std::unordered_map<std::string, size_t> index;
+  for (size_t k = 0; k < names_.size(); ++k) index.emplace(names_[k], k);
+  optim::StateDict out;
+  for (const auto& [key, tensor] : state) {
+    const auto it = key.starts_with(kMasterPrefix) ? index.find(key.substr(kMasterPrefix.size())) : index.end();
+    out.emplace(key, it == index.end() ? tensor : own_piece(tensor, it->second, "amp." + key));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> LowLevelZero::gather_gradients() const {
+  autograd::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    Tensor grad = shards_[k].grad();
+    if (!grad.defined()) grad = core::zeros({entries_[k].own.numel}, TensorOptions(DType::f32, group_->device()));
+    out.emplace_back(entries_[k].name, gather_piece(grad, k));
+  }
+  return out;
+}
+
+ModelStateBytes LowLevelZero::model_state_bytes() const {
+  ModelStateBytes bytes;
+  int64_t largest_bucket = 0;
+  for (const Entry& e : entries_) bytes.parameters += static_cast<int64_t>(e.param.nbytes());
+  for (const Bucket& bucket : partition_->buckets()) {
+    const auto element = static_cast<int64_t>(entries_[fill_order_[bucket.params.front()]].param.element_size());
+    largest_bucket = std::max(largest_bucket, bucket.chunk * (group_->size() + 1) * element);
+  }
+  bytes.gradients = partition_->shard_numel() * 4 + (options_.stage == 1 ? bytes.parameters : largest_bucket);
+  if (master_shard_.defined()) bytes.master_weights = static_cast<int64_t>(master_shard_.nbytes());
+  for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
+    for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) {
+      if (const optim::ParamState* state = optimizer_.find_state(g, i)) {
+        for (const auto& [name, buffer] : state->buffers)
+          bytes.optimizer_states += static_cast<int64_t>(buffer.nbytes());
+      }
+    }
+  }
+  return bytes;
+}
+
+}  // namespace colossal::parallel::zero

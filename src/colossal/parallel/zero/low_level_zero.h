@@ -1,0 +1,140 @@
+// LowLevelZero: ZeRO stages 1 and 2 (Rajbhandari et al.; Colossal-AI's LowLevelZeroOptimizer) as the
+// Engine's gradient handler. Each rank of the data-parallel group steps only its shard of the
+// parameters (parallel/zero/partition.h): the optimizer's states and, under naive fp16 / bf16, the
+// fp32 master weights exist for that shard alone (stage 1). Gradients are reduce-scattered in buckets
+// during backward, each rank keeping the fp32 gradients of its shard (stage 2 does so at every
+// micro-step, so no full gradient outlives its bucket; stage 1 accumulates the full local gradients
+// over the window and reduces at its end). After the step each rank's updated parameters are
+// all-gathered back into every replica. See Note [ZeRO step] in low_level_zero.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "colossal/amp/mixed_precision_optimizer.h"
+#include "colossal/comm/process_group.h"
+#include "colossal/core/tensor.h"
+#include "colossal/nn/module.h"
+#include "colossal/optim/optimizer.h"
+#include "colossal/parallel/gradient_handler.h"
+#include "colossal/parallel/zero/partition.h"
+
+namespace colossal::parallel::zero {
+
+struct ZeroOptions {
+  /// 1: optimizer states and fp32 masters sharded; 2: gradients too (config zero.stage).
+  int stage = 1;
+  /// Gradient bytes per bucket (config zero.reduce_bucket_mb; Colossal-AI's and DDP's 25 MiB).
+  int64_t reduce_bucket_bytes = int64_t{25} << 20;
+  /// Unset: Granularity::tensor for optimizers whose update takes norms per tensor (LAMB, LARS:
+  /// uses_tensor_norms), element otherwise.
+  std::optional<Granularity> granularity;
+  /// Broadcast parameters, buffers and fp32 masters from the group's rank 0 at construction.
+  bool broadcast_parameters = true;
+};
+
+/// Whether `optimizer`'s update of a tensor depends on norms over the whole tensor (LAMB's and
+/// LARS's trust ratios), so ZeRO must keep its tensors whole on one rank.
+bool uses_tensor_norms(const optim::Optimizer& optimizer);
+
+/// Bytes of model state this rank holds (the ZeRO paper's accounting: no activations, no buffers).
+struct ModelStateBytes {
+  int64_t parameters = 0;        ///< the model's parameters (whole on every rank at stages 1 and 2)
+  int64_t gradients = 0;         ///< see LowLevelZero::model_state_bytes
+  int64_t master_weights = 0;    ///< fp32 masters of the shard (naive fp16 / bf16)
+  int64_t optimizer_states = 0;  ///< the optimizer's buffers (moments, momentum) of the shard
+  int64_t total() const { return parameters + gradients + master_weights + optimizer_states; }
+};
+
+class LowLevelZero final : public GradientHandler {
+ public:
+  /// Shards `optimizer` (built over `model`'s parameters, without state yet; under mixed precision
+  /// already wrapped by `amp`, which must then be non-null) over `group`: rebinds its param groups to
+  /// the shards this rank steps and registers gradient-ready hooks on the model's parameters. Build
+  /// it after any dtype or device conversion of the model (the Engine does, after the mixed-precision
+  /// wrapper). Every rank of `group` must construct it with the same model and optimizer structure.
+  /// Throws naming the parameter when a trainable one is in no optimizer group, the stage when it is
+  /// not 1 or 2, and the optimizer when it has state.
+  LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::MixedPrecisionOptimizer* amp,
+               std::shared_ptr<comm::ProcessGroup> group, ZeroOptions options);
+  ~LowLevelZero() override;
+  LowLevelZero(const LowLevelZero&) = delete;
+  LowLevelZero& operator=(const LowLevelZero&) = delete;
+
+  /// Before each backward. Stage 1: whether it ends the window (its gradients are reduced) or only
+  /// accumulates locally. Stage 2 reduces every backward's gradients into the shard either way.
+  void set_sync(bool sync) override;
+  /// Waits for the window's reductions and puts each shard's reduced fp32 gradient into the .grad
+  /// of the tensor the optimizer steps for it (shards()); the model's gradients are dropped.
+  void finish() override;
+  /// All-gathers the updated parameters (nothing when the step was skipped).
+  void after_update(bool stepped) override;
+  const comm::ProcessGroup& group() const override { return *group_; }
+  /// Each rank holds the gradients of its shard only.
+  bool replicates_gradients() const override { return false; }
+  std::string_view name() const override;
+
+  int stage() const { return options_.stage; }
+  const Partition& partition() const { return *partition_; }
+  /// The tensors the optimizer steps, index-aligned with param_names() (the optimizer's parameters
+  /// in group order): 1-D shards of each parameter, empty where this rank owns none of it.
+  const std::vector<Tensor>& shards() const { return shards_; }
+  const std::vector<std::string>& param_names() const { return names_; }
+
+  /// Checkpoints hold the serial optimizer and mixed-precision state (Note [Checkpoints of a
+  /// sharded model] in engine/checkpoint_sharding.cpp). gather_* all-gather each shard's tensors
+  /// ("state.<i>.<buffer>", "master.<name>") into the whole parameter's (every rank of the group
+  /// calls them together, with the same keys); shard_* cut this rank's pieces out of whole ones.
+  optim::StateDict gather_optimizer_state(const optim::StateDict& state) const;
+  optim::StateDict shard_optimizer_state(const optim::StateDict& state) const;
+  optim::StateDict gather_amp_state(const optim::StateDict& state) const;
+  optim::StateDict shard_amp_state(const optim::StateDict& state) const;
+
+  /// After finish(): every parameter's reduced gradient, whole (all-gathered over the group), by
+  /// name: for tests and debugging. Collective.
+  std::vector<std::pair<std::string, Tensor>> gather_gradients() const;
+
+  /// This rank's model states now: parameters, optimizer states and masters as held; gradients as a
+  /// window holds them at most: stage 1 the full local gradients (model dtype) plus the fp32 shard,
+  /// stage 2 the fp32 shard plus one bucket in flight.
+  ModelStateBytes model_state_bytes() const;
+
+ private:
+  struct Entry;
+  struct BucketState;
+  struct InFlight;
+  void mark_ready(size_t bucket, size_t slot);
+  void launch_ready_in_order();
+  void launch(size_t bucket);
+  void flush_backward();
+  void drain(bool all);
+  Tensor gather_piece(const Tensor& local, size_t param) const;
+  Tensor own_piece(const Tensor& whole, size_t param, const std::string& key) const;
+
+  nn::Module& model_;
+  optim::Optimizer& optimizer_;
+  amp::MixedPrecisionOptimizer* amp_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  ZeroOptions options_;
+  std::vector<Entry> entries_;  // the optimizer's parameters, in group order
+  std::vector<std::string> names_;
+  std::vector<Tensor> shards_;
+  std::unique_ptr<Partition> partition_;
+  std::vector<size_t> fill_order_;  // partition index -> entry index
+  std::vector<size_t> entry_slot_;  // entry index -> partition index
+  std::vector<BucketState> buckets_;
+  std::vector<InFlight> in_flight_;
+  size_t next_launch_ = 0;
+  bool sync_ = true;
+  bool backward_marked_ = false;  // the current backward marked a parameter
+  bool window_reduced_ = false;   // the window launched a reduction
+  Tensor shard_grad_;             // f32, partition().shard_numel(): the window's reduced gradients
+  bool shard_grad_written_ = false;
+  Tensor master_shard_;  // naive / bf16: the f32 masters of this rank's shard, end to end
+};
+
+}  // namespace colossal::parallel::zero
