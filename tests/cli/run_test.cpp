@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -360,6 +361,9 @@ void expect_ranks_bootstrap_from_the_launcher(const LaunchOptions& options, std:
     EXPECT_EQ(env.local_world_size, options.nproc_per_node);
     EXPECT_EQ(env.master_port, options.master_port);
     EXPECT_EQ(variables.at(std::string(comm::env::kLaunchBackend)), backend);
+    // One job id, the launcher's, in every rank (the TCP rendezvous compares them).
+    EXPECT_FALSE(env.job_id.empty());
+    EXPECT_EQ(env.job_id, comm::parse_dist_env(environments.begin()->second).job_id);
   }
 }
 
@@ -374,6 +378,89 @@ TEST(RunMpi, RanksBootstrapFromWhatTheLauncherSets) {
   LaunchOptions o = mpi(2);
   o.master_port = 29612;
   expect_ranks_bootstrap_from_the_launcher(o, "mpi");
+}
+
+// ---- the job id (Note [A job id per launch] in run.cpp) ---------------------------------------------
+
+/// The COLOSSAL_JOB_ID each rank saw, by rank.
+std::map<int, std::string> job_ids(const LaunchOptions& options) {
+  const Captured run = run_launcher(options, sh("echo \"id=$COLOSSAL_JOB_ID\""));
+  EXPECT_EQ(run.result.exit_code, 0) << joined(run.err);
+  static const std::regex line(R"(^\[rank (\d+)\] id=(.*)$)");
+  std::map<int, std::string> ids;
+  std::smatch m;
+  for (const std::string& l : run.out) {
+    if (std::regex_match(l, m, line)) ids[std::stoi(m[1].str())] = m[2].str();
+  }
+  return ids;
+}
+
+/// Sets or unsets an environment variable for one scope.
+class ScopedVariable {
+ public:
+  ScopedVariable(std::string_view name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name_.c_str())) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name_.c_str(), value, 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+  ~ScopedVariable() {
+    if (old_) {
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+TEST(RunProcesses, EachLaunchGivesItsRanksOneFreshJobId) {
+  const ScopedVariable unset(comm::env::kColossalJobId, nullptr);
+  const std::map<int, std::string> first = job_ids(processes(3)), second = job_ids(processes(3));
+  ASSERT_EQ(first.size(), 3u);
+  ASSERT_EQ(second.size(), 3u);
+  EXPECT_FALSE(first.at(0).empty());
+  for (const auto& [rank, id] : first) EXPECT_EQ(id, first.at(0)) << "rank " << rank;
+  for (const auto& [rank, id] : second) EXPECT_EQ(id, second.at(0)) << "rank " << rank;
+  EXPECT_NE(first.at(0), second.at(0)) << "two launches share a job id";
+}
+
+TEST(RunProcesses, TheUsersJobIdIsPassedOn) {
+  const ScopedVariable user(comm::env::kColossalJobId, "my-job-7");
+  EXPECT_EQ(job_ids(processes(2)), (std::map<int, std::string>{{0, "my-job-7"}, {1, "my-job-7"}}));
+  // Several nodes, one launcher each: the user's id is what they share.
+  LaunchOptions o = processes(2);
+  o.nnodes = 2;
+  o.node_rank = 1;
+  EXPECT_EQ(job_ids(o), (std::map<int, std::string>{{2, "my-job-7"}, {3, "my-job-7"}}));
+}
+
+TEST(RunProcesses, SeveralNodesMakeNoJobIdOfTheirOwn) {
+  // Each node's launcher would make a different one and the rendezvous would turn the other
+  // nodes' ranks away.
+  const ScopedVariable unset(comm::env::kColossalJobId, nullptr);
+  LaunchOptions o = processes(2);
+  o.nnodes = 2;
+  EXPECT_EQ(job_ids(o), (std::map<int, std::string>{{0, ""}, {1, ""}}));
+}
+
+TEST(RunMpi, RanksGetOneFreshJobId) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on PATH";
+  const ScopedVariable unset(comm::env::kColossalJobId, nullptr);
+  const std::map<int, std::string> first = job_ids(mpi(2)), second = job_ids(mpi(2));
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_FALSE(first.at(0).empty());
+  EXPECT_EQ(first.at(1), first.at(0));
+  EXPECT_EQ(second.at(1), second.at(0));
+  EXPECT_NE(first.at(0), second.at(0));
 }
 
 // ---- the launcher's death ------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>  // snprintf
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -634,6 +635,28 @@ void check_options(const LaunchOptions& o, const std::vector<std::string>& comma
   if (o.grace_seconds < 0) throw Error(fmt::format("the grace period {} s must not be negative", o.grace_seconds));
 }
 
+// Note [A job id per launch]
+// The TCP rendezvous turns away a rank of another job (comm/tcp_rendezvous.h, RendezvousOptions::
+// job_id): a rank left over from an earlier job, or a second job started on the same port, must not
+// join this one. The job is named by COLOSSAL_JOB_ID. A user's value is passed on unchanged; without
+// one, a launcher that starts the whole job (--nnodes 1) makes a fresh id, this host's name, the
+// launcher's pid and the start time in nanoseconds, which no other launch shares. With several
+// nodes each node runs a launcher of its own, and ids made apart would differ and turn away each
+// other's ranks, so none is made: the user names the job, the same on every node.
+
+/// COLOSSAL_JOB_ID for the ranks of this launch (Note [A job id per launch]); empty: none is set.
+std::string job_id_for(const LaunchOptions& o) {
+  if (const char* user = std::getenv(std::string(launch_env::kColossalJobId).c_str()); user != nullptr && *user != 0) {
+    return user;
+  }
+  if (o.nnodes != 1) return "";
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "localhost");
+  const auto now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch());
+  return fmt::format("colossal-run-{}-{}-{}", host, static_cast<long>(::getpid()), now.count());
+}
+
 /// Variables every rank gets from either backend (RANK and LOCAL_RANK are per rank).
 std::vector<std::pair<std::string, std::string>> common_environment(const LaunchOptions& o, LaunchBackend backend) {
   std::vector<std::pair<std::string, std::string>> env = {
@@ -645,6 +668,9 @@ std::vector<std::pair<std::string, std::string>> common_environment(const Launch
       {std::string(launch_env::kColossalLauncher), "1"},
       {std::string(launch_env::kLaunchBackend), std::string(to_string(backend))},
   };
+  if (std::string job_id = job_id_for(o); !job_id.empty()) {
+    env.emplace_back(launch_env::kColossalJobId, std::move(job_id));
+  }
   // Ranks sharing the cores should not each start a thread per core.
   const std::string omp_threads(launch_env::kOmpNumThreads);
   if (std::getenv(omp_threads.c_str()) == nullptr) {
@@ -733,9 +759,16 @@ LaunchResult launch_processes(const LaunchOptions& o, const std::vector<std::str
 // a rank dies by a signal, or every rank fails at once, Open MPI 4.1 prints only "1 process
 // returned a non-zero exit code". So each rank's shell step runs the command (not exec: it must
 // outlive it) and, when it fails, leaves its exit status in a file rank.<RANK> of a folder the
-// launcher watches. Ranks that mpirun stops afterwards die with their shell and leave nothing, so
-// the first file to appear names the rank that failed. A shell reports death by signal n as status
-// 128 + n, which is read back as the signal. The report is the fallback (e.g. ranks on other hosts).
+// launcher watches. Ranks that mpirun stops afterwards die with their shell and leave nothing, but
+// a rank may fail of the first one's death before mpirun stops it: a peer killed mid all-reduce
+// makes Open MPI's shared-memory transport fail in the others ("Read -1, expected 278288"), and
+// their steps write files too, within milliseconds (too close for file times, which move by the
+// kernel's tick). So after its file each failing step claims a symlink `first` -> rank.<RANK>,
+// which only one can create: the rank whose shell saw its command end first, the one killed (its
+// shell wakes at once, while the others must first notice the broken link). The lowest rank with a
+// file is the fallback for a step stopped between its file and its claim. A shell reports death by
+// signal n as status 128 + n, which is read back as the signal. mpirun's report is the fallback
+// when no step left a file (e.g. ranks on other hosts).
 
 struct RankFailure {
   int rank = -1;
@@ -749,21 +782,38 @@ RankFailure from_status(int rank, int status_code) {
   return f;
 }
 
+/// The status a rank's step left in `file`, for `rank`.
+std::optional<RankFailure> read_status_file(const std::filesystem::path& file, int rank) {
+  std::FILE* in = std::fopen(file.c_str(), "r");
+  if (in == nullptr) return std::nullopt;
+  int code = 0;
+  const bool read = std::fscanf(in, "%d", &code) == 1;
+  std::fclose(in);
+  if (!read) return std::nullopt;
+  return from_status(rank, code);
+}
+
+/// The rank whose step claimed `first` in dir, if one has.
+std::optional<RankFailure> read_first_failure(const std::filesystem::path& dir) {
+  std::error_code ec;
+  const std::filesystem::path target = std::filesystem::read_symlink(dir / "first", ec);
+  const std::string name = target.filename().string();
+  if (ec || name.rfind("rank.", 0) != 0) return std::nullopt;
+  return read_status_file(dir / name, std::atoi(name.c_str() + 5));
+}
+
 /// The lowest rank with a status file in dir, if any.
-std::optional<RankFailure> read_status_files(const std::filesystem::path& dir) {
-  std::optional<RankFailure> first;
+std::optional<RankFailure> read_lowest_failure(const std::filesystem::path& dir) {
+  std::optional<RankFailure> lowest;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("rank.", 0) != 0) continue;
     const int rank = std::atoi(name.c_str() + 5);
-    std::FILE* file = std::fopen(entry.path().c_str(), "r");
-    int code = 0;
-    const bool read = file != nullptr && std::fscanf(file, "%d", &code) == 1;
-    if (file != nullptr) std::fclose(file);
-    if (read && (!first || rank < first->rank)) first = from_status(rank, code);
+    if (lowest && rank >= lowest->rank) continue;
+    if (auto failure = read_status_file(entry.path(), rank)) lowest = failure;
   }
-  return first;
+  return lowest;
 }
 
 std::optional<RankFailure> parse_mpirun_report(const std::vector<std::string>& lines) {
@@ -832,8 +882,8 @@ LaunchResult launch_mpi(const LaunchOptions& o, const std::vector<std::string>& 
       "{rank}=${ompi_rank} {local_rank}=${ompi_local_rank} {world}=${ompi_size} {local_world}=${ompi_local_size}; "
       "export {rank} {local_rank} {world} {local_world}; "
       "d=$1; shift; \"$@\"; c=$?; "
-      "if [ $c -ne 0 ]; then echo $c > \"$d/.rank.${rank}\" && mv \"$d/.rank.${rank}\" \"$d/rank.${rank}\"; "
-      "fi; exit $c",
+      "if [ $c -ne 0 ]; then echo $c > \"$d/.rank.${rank}\" && mv \"$d/.rank.${rank}\" \"$d/rank.${rank}\" && "
+      "ln -s \"rank.${rank}\" \"$d/first\" 2>/dev/null; fi; exit $c",
       fmt::arg("rank", launch_env::kRank), fmt::arg("local_rank", launch_env::kLocalRank),
       fmt::arg("world", launch_env::kWorldSize), fmt::arg("local_world", launch_env::kLocalWorldSize),
       fmt::arg("ompi_rank", launch_env::kOmpiRank), fmt::arg("ompi_local_rank", launch_env::kOmpiLocalRank),
@@ -855,8 +905,8 @@ LaunchResult launch_mpi(const LaunchOptions& o, const std::vector<std::string>& 
   std::optional<Clock::time_point> stop_at;
   supervisor.run([](size_t) {},
                  [&] {
-                   if (!failure) failure = read_status_files(status_dir.path());
-                   if (failure && !stop_at) {
+                   if (!failure) failure = read_first_failure(status_dir.path());
+                   if (!stop_at && (failure || read_lowest_failure(status_dir.path()))) {
                      stop_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                   std::chrono::duration<double>(o.grace_seconds));
                    }
@@ -865,7 +915,8 @@ LaunchResult launch_mpi(const LaunchOptions& o, const std::vector<std::string>& 
   router.finish();
 
   const int status = children[0].status;
-  if (!failure) failure = read_status_files(status_dir.path());
+  if (!failure) failure = read_first_failure(status_dir.path());
+  if (!failure) failure = read_lowest_failure(status_dir.path());
   if (!failure) failure = parse_mpirun_report(router.mpirun_lines());
   if (supervisor.interrupt_signal() != 0) {
     result.interrupt_signal = supervisor.interrupt_signal();
@@ -923,7 +974,8 @@ CLI::App* add_run_command(CLI::App& app) {
   auto command = std::make_shared<std::vector<std::string>>();
   CLI::App* run = app.add_subcommand("run", "Start the ranks of a distributed job on this node and watch over them");
   run->footer(fmt::format(
-      "Each rank gets {}, {}, {}, {}, {}, {}, {}, {}=1 and {}, and {} = cores / ranks unless set; every line it "
+      "Each rank gets {}, {}, {}, {}, {}, {}, {}, {}=1 and {}, {} (yours, or a fresh one per launch on one node), "
+      "and {} = cores / ranks unless set; every line it "
       "prints appears as \"[rank N] ...\". When a rank fails the others are stopped (SIGTERM, then SIGKILL after "
       "the grace period) and run exits with the failing rank's code; when the launcher dies, even by SIGKILL, the "
       "ranks die with it.\n"
@@ -934,7 +986,7 @@ CLI::App* add_run_command(CLI::App& app) {
       "  colossal run --nproc_per_node 4 -- colossal train --config configs/gpt2_tokens.toml",
       launch_env::kRank, launch_env::kLocalRank, launch_env::kWorldSize, launch_env::kLocalWorldSize,
       launch_env::kGroupRank, launch_env::kMasterAddr, launch_env::kMasterPort, launch_env::kColossalLauncher,
-      launch_env::kLaunchBackend, launch_env::kOmpNumThreads));
+      launch_env::kLaunchBackend, launch_env::kColossalJobId, launch_env::kOmpNumThreads));
   run->add_option("--nproc_per_node,--nproc-per-node", options->nproc_per_node, "Ranks to start on this node")
       ->capture_default_str();
   run->add_option("--nnodes", options->nnodes, "Nodes in the job, each running its own `colossal run`")

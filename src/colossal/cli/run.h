@@ -74,8 +74,9 @@ LaunchBackend resolve_backend(LaunchBackend requested, const std::string& mpirun
 /// Runs `command` (program and arguments; the program is searched on PATH) as
 /// options.nproc_per_node ranks and waits for them. Each rank gets stdin from /dev/null and the
 /// environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the node rank),
-/// MASTER_ADDR, MASTER_PORT, COLOSSAL_LAUNCHER=1, COLOSSAL_LAUNCH_BACKEND, and OMP_NUM_THREADS =
-/// cores / local ranks unless already set. Every line a rank prints goes to output_fd (stdout) or
+/// MASTER_ADDR, MASTER_PORT, COLOSSAL_LAUNCHER=1, COLOSSAL_LAUNCH_BACKEND, COLOSSAL_JOB_ID (the
+/// user's, else with nnodes = 1 a fresh one per launch: Note [A job id per launch] in run.cpp), and
+/// OMP_NUM_THREADS = cores / local ranks unless already set. Every line a rank prints goes to output_fd (stdout) or
 /// error_fd (stderr) as "[rank N] line", whole lines at a time. SIGINT, SIGTERM and SIGHUP received
 /// meanwhile are forwarded to the ranks (a second one kills them); the handlers are process-wide,
 /// so run one launch() at a time. Should the launcher die, even by SIGKILL, the ranks die with it

@@ -34,8 +34,9 @@ inline constexpr std::string_view kColossalLauncher = "COLOSSAL_LAUNCHER";
 /// `colossal run` for the ranks' programs and tests; nothing in the library branches on it.
 inline constexpr std::string_view kLaunchBackend = "COLOSSAL_LAUNCH_BACKEND";
 /// Names the job for the TCP rendezvous (comm/tcp_rendezvous.h, RendezvousOptions::job_id): rank 0
-/// turns away a rank whose job id differs. Set by the user (any text, the same in every rank); read by
-/// bootstrap (DistEnv::job_id), where it wins over the launchers' own ids below.
+/// turns away a rank whose job id differs. Set by the user (any text, the same in every rank), else
+/// by `colossal run` on one node (a fresh id per launch; Note [A job id per launch] in cli/run.cpp);
+/// read by bootstrap (DistEnv::job_id), where it wins over the launchers' own ids below.
 inline constexpr std::string_view kColossalJobId = "COLOSSAL_JOB_ID";
 /// Seconds the TCP rendezvous waits for the other ranks (default 300). Set by the user; read by
 /// comm/tcp_rendezvous.cpp (default_rendezvous_timeout).

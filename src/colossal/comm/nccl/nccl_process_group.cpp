@@ -358,6 +358,7 @@ ncclUniqueId exchange_unique_id(const DistEnv& env, std::chrono::milliseconds re
   options.port = env.rendezvous_port();
   options.rank = env.rank;
   options.world_size = env.world_size;
+  options.job_id = env.job_id;  // a rank of another job on this port is turned away
   options.timeout = rendezvous_timeout;
   std::vector<uint8_t> blob(sizeof id);
   std::memcpy(blob.data(), &id, sizeof id);
