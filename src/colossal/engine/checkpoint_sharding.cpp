@@ -24,6 +24,10 @@ namespace colossal::engine {
 // Saving gathers each split tensor over the tensor group (every rank of the group takes part; the
 // world's rank 0 writes); loading reads the whole file on every rank and keeps each its shard
 // (shard_of), so the file is exactly the one a serial run writes after the same steps.
+// ZeRO (parallel/zero/) keeps whole parameters on every rank but splits the optimizer's buffers and
+// the masters over the data group: its own gather_* / shard_* turn its 1-D shards into the serial
+// tensors and back, keyed the same way, so a checkpoint written under ZeRO at dp=2 resumes at dp=1
+// without it, and the reverse.
 
 namespace {
 
@@ -44,7 +48,7 @@ bool parse_state_key(std::string_view key, size_t& index, std::string_view& buff
 
 }  // namespace
 
-CheckpointSharding::CheckpointSharding(Engine& engine) {
+CheckpointSharding::CheckpointSharding(Engine& engine) : zero_(engine.zero()) {
   const parallel::ParallelContext& context = engine.context();
   if (!context.has_group(parallel::GroupKind::kTensor) || context.size(parallel::GroupKind::kTensor) == 1) return;
   group_ = context.group(parallel::GroupKind::kTensor);
@@ -117,6 +121,7 @@ nn::StateDict CheckpointSharding::gather_model(const nn::StateDict& model) const
 }
 
 optim::StateDict CheckpointSharding::gather_optimizer(const optim::StateDict& optimizer) const {
+  if (zero_ != nullptr) return zero_->gather_optimizer_state(optimizer);  // ZeRO has no tensor group
   if (!active()) return optimizer;
   optim::StateDict out;
   for (const auto& [key, tensor] : optimizer) out.emplace(key, gather(tensor, optimizer_spec(key, tensor)));
@@ -124,6 +129,7 @@ optim::StateDict CheckpointSharding::gather_optimizer(const optim::StateDict& op
 }
 
 optim::StateDict CheckpointSharding::gather_amp(const optim::StateDict& amp) const {
+  if (zero_ != nullptr) return zero_->gather_amp_state(amp);
   if (!active()) return amp;
   optim::StateDict out;
   for (const auto& [key, tensor] : amp) out.emplace(key, gather(tensor, amp_spec(key)));
@@ -138,6 +144,7 @@ nn::StateDict CheckpointSharding::shard_model(const nn::StateDict& model) const 
 }
 
 optim::StateDict CheckpointSharding::shard_optimizer(const optim::StateDict& optimizer) const {
+  if (zero_ != nullptr) return zero_->shard_optimizer_state(optimizer);
   if (!active()) return optimizer;
   optim::StateDict out;
   for (const auto& [key, tensor] : optimizer) {
@@ -147,6 +154,7 @@ optim::StateDict CheckpointSharding::shard_optimizer(const optim::StateDict& opt
 }
 
 optim::StateDict CheckpointSharding::shard_amp(const optim::StateDict& amp) const {
+  if (zero_ != nullptr) return zero_->shard_amp_state(amp);
   if (!active()) return amp;
   optim::StateDict out;
   for (const auto& [key, tensor] : amp) out.emplace(key, shard("amp." + key, tensor, amp_spec(key)));

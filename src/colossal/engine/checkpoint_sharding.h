@@ -2,7 +2,9 @@
 // the tensor-parallel group holds (its shard of each split parameter, of the optimizer's moments and
 // of the fp32 master weights) and the serial model's whole tensors under its names, which is what a
 // checkpoint stores whatever the layout that wrote it. save_checkpoint gathers, load_checkpoint
-// takes each rank's shard. See Note [Checkpoints of a sharded model] in checkpoint_sharding.cpp.
+// takes each rank's shard. Under ZeRO the optimizer's state and the fp32 masters are also split over
+// the data group (parallel/zero/low_level_zero.h), gathered and cut the same way. See Note [Checkpoints of a sharded
+// model] in checkpoint_sharding.cpp.
 #pragma once
 
 #include <map>
@@ -14,6 +16,7 @@
 #include "colossal/nn/state_dict.h"
 #include "colossal/optim/optimizer.h"  // optim::StateDict
 #include "colossal/parallel/tp/shard_spec.h"
+#include "colossal/parallel/zero/low_level_zero.h"
 
 namespace colossal::engine {
 
@@ -52,6 +55,9 @@ class CheckpointSharding {
   Tensor shard(const std::string& key, const Tensor& serial, const parallel::tp::ShardSpec& spec) const;
 
   std::shared_ptr<comm::ProcessGroup> group_;
+  /// The engine's ZeRO handler, whose ranks each hold a shard of the optimizer and masters; null
+  /// without ZeRO.
+  const parallel::zero::LowLevelZero* zero_ = nullptr;
   std::map<std::string, parallel::tp::ShardSpec> specs_;
   /// The model's name of the optimizer's i-th parameter (across groups, as its state_dict counts).
   std::vector<std::string> optimizer_names_;

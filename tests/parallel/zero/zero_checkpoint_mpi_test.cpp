@@ -1,0 +1,195 @@
+// Checkpoints under ZeRO are layout-independent (engine/checkpoint_sharding.h): a run saved under
+// ZeRO at dp = world size resumes on one process without ZeRO, and a run saved without ZeRO resumes
+// under it, in both cases with the losses and parameters of the uninterrupted run. The checkpoint
+// holds the serial optimizer moments and (bf16) fp32 masters, gathered from the shards; resuming cuts
+// each rank's shard back out of them. Tolerance: 1e-5 relative as the layout harness (f32: the
+// layouts sum in another order); bf16 3e-2 as its data-parallel test.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../../comm/mpi_test_main.h"
+#include "colossal/config/train_config.h"
+#include "colossal/engine/checkpoint.h"
+#include "colossal/engine/engine.h"
+#include "colossal/nn/safetensors.h"
+#include "colossal/optim/adam.h"
+#include "colossal/parallel/parallel_context.h"
+#include "layout_harness.h"
+
+namespace colossal::testing {
+namespace {
+
+constexpr int64_t kGlobalBatch = 8;
+constexpr int64_t kAccumulation = 2;
+
+std::shared_ptr<comm::ProcessGroup> world_group() {
+  return std::shared_ptr<comm::ProcessGroup>(&comm::testing::world(), [](comm::ProcessGroup*) {});
+}
+
+struct Trained {
+  std::shared_ptr<nn::Module> model;
+  std::unique_ptr<engine::Engine> engine;
+  int64_t rank = 0, share = kGlobalBatch;
+};
+
+/// The MLP of the layout harness with AdamW (decay and no-decay groups), accumulation and clipping,
+/// serial (zero_stage < 0: one process, the global batch) or under ZeRO over the whole world.
+Trained build(int zero_stage, bool bf16) {
+  Trained t;
+  core::Generator init(1234);
+  t.model = mlp_case().build_model(init);
+  optim::AdamOptions o = optim::adamw_defaults();
+  o.lr = 1e-2;
+  auto optimizer = std::make_shared<optim::AdamW>(optim::make_param_groups(t.model->named_parameters(), 0.05), o);
+  engine::EngineOptions options;
+  options.gradient_accumulation = kAccumulation;
+  options.clip_grad_norm = 0.05;
+  if (bf16) options.amp = amp::AmpOptions::for_mode(amp::AmpMode::bf16);
+  if (zero_stage >= 0) {
+    config::ParallelConfig pc;
+    pc.data = comm::testing::world().size();
+    auto context =
+        std::make_shared<const parallel::ParallelContext>(parallel::ParallelContext::create(pc, world_group()));
+    t.rank = context->rank(parallel::GroupKind::kData);
+    t.share = kGlobalBatch / pc.data;
+    options.context = context;
+    if (zero_stage > 0) options.zero = parallel::zero::ZeroOptions{.stage = zero_stage, .reduce_bucket_bytes = 512};
+  }
+  const HarnessCase c = mlp_case();
+  t.engine = std::make_unique<engine::Engine>(t.model, optimizer, c.criterion, options);
+  return t;
+}
+
+/// Trains updates [first, last) and returns each micro-step's loss (the global batch's).
+std::vector<double> train(Trained& t, int64_t first, int64_t last) {
+  const HarnessCase c = mlp_case();
+  std::vector<double> losses;
+  for (int64_t step = first; step < last; ++step) {
+    for (int64_t micro = 0; micro < kAccumulation; ++micro) {
+      auto [x, y] = c.rows(step, micro, t.rank * t.share, (t.rank + 1) * t.share);
+      losses.push_back(t.engine->step(x, y).item<double>());
+    }
+  }
+  return losses;
+}
+
+std::vector<double> parameters(Trained& t) {
+  std::vector<double> values;
+  for (const auto& [name, p] : t.model->named_parameters()) {
+    for (double v : p.detach().to(DType::f64).contiguous().to_vector<double>()) values.push_back(v);
+  }
+  return values;
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tolerance,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_LE(std::abs(got[i] - want[i]), tolerance * std::max(std::abs(want[i]), 1e-3))
+        << what << " [" << i << "]: " << got[i] << " against " << want[i];
+  }
+}
+
+/// Relative difference by norm, as the layout harness compares tensors (a per-element bound would
+/// hold bf16's rounding of a near-zero element to the tolerance of a large one).
+void expect_close_by_norm(const std::vector<double>& got, const std::vector<double>& want, double tolerance,
+                          const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  EXPECT_LE(std::sqrt(diff), tolerance * std::sqrt(norm)) << what;
+}
+
+std::filesystem::path checkpoint_path(const std::string& name) {
+  return std::filesystem::path(::testing::TempDir()) /
+         fmt::format("colossal_zero_{}_np{}.safetensors", name, comm::testing::world().size());
+}
+
+/// `saver` trains 2 updates and saves, then goes on for 2 more (the uninterrupted run); `resumer`
+/// loads the file and trains the same 2: losses and parameters must equal the uninterrupted run's.
+void expect_resume_matches(int saver_stage, int resumer_stage, bool bf16, const std::string& name) {
+  const double tolerance = bf16 ? 3e-2 : 1e-5;
+  const std::filesystem::path path = checkpoint_path(name);
+  Trained saver = build(saver_stage, bf16);
+  train(saver, 0, 2);
+  engine::CheckpointInfo info;
+  info.num_updates = saver.engine->num_updates();
+  engine::save_checkpoint(path, *saver.engine, {}, info);
+  comm::testing::world().barrier();  // rank 0 has written it
+  const std::vector<double> want_losses = train(saver, 2, 4);
+  const std::vector<double> want_params = parameters(saver);
+
+  Trained resumer = build(resumer_stage, bf16);
+  engine::load_checkpoint(path, *resumer.engine, {});
+  const std::vector<double> losses = train(resumer, 2, 4);
+  expect_close(losses, want_losses, tolerance, name + " losses after resuming");
+  expect_close_by_norm(parameters(resumer), want_params, tolerance, name + " parameters after resuming");
+  comm::testing::world().barrier();
+  if (comm::testing::world().rank() == 0) std::filesystem::remove(path);
+}
+
+TEST(ZeroCheckpoint, Stage2ResumesSerial) {
+  expect_resume_matches(/*saver_stage=*/2, /*resumer_stage=*/-1, /*bf16=*/false, "stage2_to_serial");
+}
+
+TEST(ZeroCheckpoint, SerialResumesUnderStage1) {
+  expect_resume_matches(-1, 1, false, "serial_to_stage1");
+}
+
+TEST(ZeroCheckpoint, Stage1ResumesUnderStage2) {
+  expect_resume_matches(1, 2, false, "stage1_to_stage2");
+}
+
+TEST(ZeroCheckpoint, Stage2Bf16ResumesSerial) {
+  // The fp32 masters are gathered from the shards: without them the bf16 model alone would resume
+  // from rounded weights.
+  expect_resume_matches(2, -1, /*bf16=*/true, "stage2_bf16_to_serial");
+}
+
+TEST(ZeroCheckpoint, SerialBf16ResumesUnderStage2) {
+  expect_resume_matches(-1, 2, true, "serial_bf16_to_stage2");
+}
+
+TEST(ZeroCheckpoint, WholeCheckpointEqualsTheSerialOne) {
+  // The file written under ZeRO holds what a serial run writes after the same updates.
+  const std::filesystem::path zero_path = checkpoint_path("whole_zero"), serial_path = checkpoint_path("whole_serial");
+  Trained zero = build(2, false), serial = build(-1, false);
+  train(zero, 0, 2);
+  train(serial, 0, 2);
+  engine::save_checkpoint(zero_path, *zero.engine, {}, {});
+  if (comm::testing::world().rank() == 0) engine::save_checkpoint(serial_path, *serial.engine, {}, {});
+  comm::testing::world().barrier();
+  const nn::SafetensorsFile a = nn::load_safetensors(zero_path), b = nn::load_safetensors(serial_path);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [key, tensor] : b.tensors) {
+    ASSERT_TRUE(a.tensors.contains(key)) << key;
+    const Tensor& got = a.tensors.at(key);
+    ASSERT_EQ(got.shape(), tensor.shape()) << key;
+    ASSERT_EQ(got.dtype(), tensor.dtype()) << key;
+    expect_close(got.to(DType::f64).contiguous().to_vector<double>(),
+                 tensor.to(DType::f64).contiguous().to_vector<double>(), 1e-5, key);
+  }
+  comm::testing::world().barrier();
+  if (comm::testing::world().rank() == 0) {
+    std::filesystem::remove(zero_path);
+    std::filesystem::remove(serial_path);
+  }
+}
+
+}  // namespace
+}  // namespace colossal::testing
+
+int main(int argc, char** argv) {
+  return colossal::comm::testing::run_mpi_tests(argc, argv);
+}
