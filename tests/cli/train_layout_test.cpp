@@ -158,4 +158,15 @@ TEST(TrainLayout, TwoPipelineStagesGiveTheSerialRunsLosses) {
       "--set parallel.pipeline=2 --set parallel.num_microbatches=2 --set parallel.num_chunks=2", "pp2v2");
 }
 
+// ZeRO through the command line (parallel/zero/low_level_zero.h): two data-parallel ranks of 2
+// samples each with zero.stage = 1 and 2 (optimizer states, and then gradients, sharded; buckets of
+// 1 MiB hold the whole tiny GPT-2, so each rank owns half of every bucket) give the serial run's
+// losses at batch 4, with the accumulation and clipping of the helper's config.
+TEST(TrainLayout, TwoZeroRanksGiveTheSerialRunsLosses) {
+  expect_two_ranks_give_the_serial_losses("--set parallel.data=2 --set data.batch_size=2 --set zero.stage=2",
+                                          "dp2_zero2");
+  expect_two_ranks_give_the_serial_losses(
+      "--set parallel.data=2 --set data.batch_size=2 --set zero.stage=1 --set zero.reduce_bucket_mb=1", "dp2_zero1");
+}
+
 }  // namespace

@@ -85,7 +85,24 @@ void reject_unsupported(const TrainConfig& c) {
           "GPT-2 so far; set it to false");
     }
   }
-  if (c.zero.stage > 0) unsupported(fmt::format("zero.stage = {}: ZeRO is not built yet; use 0", c.zero.stage));
+  if (c.zero.stage == 3) {
+    unsupported("zero.stage = 3: parameter sharding (ZeRO-3) is not built yet; use zero.stage = 1 or 2");
+  }
+  if (c.zero.stage > 0) {
+    // ZeRO stages 1 and 2: parallel/zero/low_level_zero.h, over the data group of a data-only layout.
+    if (c.parallel.pipeline > 1 || c.parallel.tensor.size > 1) {
+      unsupported(
+          fmt::format("zero.stage = {} with parallel.pipeline = {} and parallel.tensor.size = {}: ZeRO shards "
+                      "over a data-parallel-only layout so far; set both to 1 or zero.stage = 0",
+                      c.zero.stage, c.parallel.pipeline, c.parallel.tensor.size));
+    }
+    if (c.zero.offload_optimizer) {
+      unsupported(
+          fmt::format("zero.offload_optimizer = true with zero.stage = {}: optimizer offload is not built "
+                      "yet; set it to false",
+                      c.zero.stage));
+    }
+  }
 }
 
 /// fp16 / bf16 as the Engine's mixed-precision options (amp/mixed_precision_optimizer.h).
@@ -314,6 +331,10 @@ void TrainingRun::build_engine() {
   eo.gradient_accumulation = c.gradient_accumulation;
   if (c.clip_grad_norm > 0) eo.clip_grad_norm = c.clip_grad_norm;
   eo.amp = make_amp_options(c);
+  if (c.zero.stage > 0) {
+    eo.zero = parallel::zero::ZeroOptions{.stage = c.zero.stage,
+                                          .reduce_bucket_bytes = int64_t{c.zero.reduce_bucket_mb} << 20};
+  }
   // The class-target cross-entropies make_criterion builds compute in f32 from 16-bit logits and
   // return an f32 loss: the f32 copy of the logits would change nothing. Soft (mixup) targets must
   // share the logits' dtype, so those keep the f32 output.
