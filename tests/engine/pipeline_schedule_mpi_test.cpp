@@ -15,6 +15,7 @@
 #include "../comm/mpi_test_main.h"
 #include "colossal/comm/strict_p2p_process_group.h"
 #include "colossal/engine/engine.h"
+#include "colossal/engine/pipeline_report.h"
 #include "colossal/engine/pipeline_schedule.h"
 #include "colossal/nn/activation.h"
 #include "colossal/nn/linear.h"
@@ -207,6 +208,36 @@ TEST(PipelineSchedule, ABatchOfAnotherShapeLearnsItsShapesAgain) {
                    fmt::format("{} chunk(s), a batch of {}", chunks, rows));
     }
   }
+}
+
+TEST(PipelineSchedule, TimingGivesEveryStageItsBusyAndIdleTime) {
+  // Note [Pipeline bubble]: with timing on, each stage's span holds its busy time, and the report
+  // gathers every stage's at every stage; off, the last measurement stays.
+  const int p = world().size(), s = world().rank();
+  const auto pieces = make_pieces(11);
+  const Stage stage = stage_of(pieces, parallel::pp::partition_uniform(kPieces, p)[static_cast<size_t>(s)]);
+  EngineOptions options;
+  auto schedule = std::make_shared<PipelineSchedule>(stage.chunks, world_group(), 4);
+  options.schedule = schedule;
+  auto engine = make_engine(stage.module, options);
+  const auto [x, y] = batch(0);
+  schedule->set_timing(true);
+  engine->step(x, y);
+  schedule->set_timing(false);
+  const StageTiming mine = schedule->last_timing();
+  EXPECT_GT(mine.busy_ms, 0.0);
+  EXPECT_GE(mine.span_ms, mine.busy_ms);
+  engine->step(x, y);
+  EXPECT_EQ(schedule->last_timing().span_ms, mine.span_ms);
+  const BubbleReport report = gather_bubble_report(*schedule);
+  ASSERT_EQ(report.stages.size(), static_cast<size_t>(p));
+  EXPECT_EQ(report.stages[static_cast<size_t>(s)].busy_ms, mine.busy_ms);
+  for (const StageTiming& t : report.stages) EXPECT_GE(t.idle_ms(), 0.0);
+  EXPECT_DOUBLE_EQ(report.expected(), (p - 1) / 4.0);
+  EXPECT_NE(
+      report.describe().find(fmt::format("pipeline bubble: {} stages x 1 chunk, 4 microbatches; stage 0 busy", p)),
+      std::string::npos)
+      << report.describe();
 }
 
 TEST(PipelineSchedule, WithGradientAccumulation) {

@@ -153,6 +153,7 @@ void visit_fields(Config& c, Visitor& v) {
   v("parallel.pipeline", c.parallel.pipeline, IntRange{1, kMaxRanks});
   v("parallel.num_microbatches", c.parallel.num_microbatches, IntRange{1, kIntFieldMax});
   v("parallel.num_chunks", c.parallel.num_chunks, IntRange{1, 1024});
+  v("parallel.pipeline_report", c.parallel.pipeline_report, IntRange{0, kIntFieldMax});
   v("parallel.tensor.size", c.parallel.tensor.size, IntRange{1, kMaxRanks});
   v("parallel.tensor.mode", c.parallel.tensor.mode);
   v("parallel.tensor.depth", c.parallel.tensor.depth, IntRange{1, kMaxRanks});

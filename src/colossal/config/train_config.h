@@ -117,6 +117,9 @@ struct ParallelConfig {
   /// Model chunks per pipeline stage (NUM_CHUNKS); more than 1 selects the interleaved 1F1B
   /// schedule, which needs num_microbatches to be a multiple of pipeline.
   int num_chunks = 1;
+  /// Under a pipeline, every this many steps the trainer prints each stage's busy and idle time and the
+  /// measured bubble against (p - 1) / (v m) (engine/pipeline_report.h); 0: never.
+  int pipeline_report = 0;
   /// Seconds any collective or send/recv may stay outstanding before a rank ends with a message
   /// naming it, rather than hang on a peer that skipped it or died (comm/watchdog.h); the environment
   /// variable COLOSSAL_COLLECTIVE_TIMEOUT overrides it.

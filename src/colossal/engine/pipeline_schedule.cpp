@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -11,6 +13,7 @@
 #include "colossal/autograd/engine.h"     // backward
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/comm/operation_context.h"
+#include "colossal/core/cuda_device.h"  // Event, current_stream (the GPU's step timing)
 #include "colossal/core/error.h"
 #include "colossal/core/profiler.h"  // Scope
 #include "colossal/engine/engine.h"
@@ -182,6 +185,53 @@ class Exchanger {
   std::vector<comm::Work> sends_;
 };
 
+/// The stage's clock over a micro-step (Note [Pipeline bubble]).
+class StepTimer {
+ public:
+  explicit StepTimer(Device device) : device_(device) {
+    if (device_.is_cuda()) {
+      events_.emplace_back(/*enable_timing=*/true);
+      events_.back().record(core::cuda::current_stream(device_));
+    } else {
+      start_ = Clock::now();
+    }
+  }
+  void begin_op() {
+    if (device_.is_cuda()) {
+      events_.emplace_back(true);
+      events_.back().record(core::cuda::current_stream(device_));
+    } else {
+      op_start_ = Clock::now();
+    }
+  }
+  void end_op() {
+    if (device_.is_cuda()) {
+      events_.emplace_back(true);
+      events_.back().record(core::cuda::current_stream(device_));
+    } else {
+      const Clock::time_point now = Clock::now();
+      busy_ms_ += std::chrono::duration<double, std::milli>(now - op_start_).count();
+      end_ = now;
+    }
+  }
+  StageTiming finish() {
+    if (!device_.is_cuda()) return {std::chrono::duration<double, std::milli>(end_ - start_).count(), busy_ms_};
+    if (events_.size() < 3) return {};
+    events_.back().synchronize();
+    StageTiming t;
+    t.span_ms = events_.front().elapsed_ms(events_.back());
+    for (size_t i = 1; i + 1 < events_.size(); i += 2) t.busy_ms += events_[i].elapsed_ms(events_[i + 1]);
+    return t;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Device device_;
+  std::vector<core::cuda::Event> events_;  // the step's start, then each op's start and end
+  Clock::time_point start_, op_start_, end_;
+  double busy_ms_ = 0;
+};
+
 /// The shapes' key: training or evaluation, the microbatches and the batch's shape, which every
 /// stage knows (each is given the batch) and which fix every activation's shape.
 std::vector<int64_t> shape_key(bool training, int64_t num_microbatches, const Tensor& input) {
@@ -273,12 +323,15 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
     if (order[i].kind == PipelineOp::Kind::backward) last_backward[static_cast<size_t>(order[i].chunk)] = i;
   }
   if (handler != nullptr) handler->set_sync(false);
+  std::optional<StepTimer> timer;
+  if (timing_) timer.emplace(engine.device());
 
   for (size_t index = 0; index <= order.size(); ++index) {
     while (next_batch < batches.size() && batches[next_batch].before_op == index) {
       exchanger.issue(batches[next_batch++], gradient_like);
     }
     if (index == order.size()) break;
+    if (timer) timer->begin_op();
     const PipelineOp& op = order[index];
     if (handler != nullptr && op.kind == PipelineOp::Kind::backward) {
       handler->set_sync(sync_window && index == last_backward[static_cast<size_t>(op.chunk)]);
@@ -326,7 +379,9 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
       }
       saved.erase({mb, c});
     }
+    if (timer) timer->end_op();
   }
+  if (timer) last_timing_ = timer->finish();
   exchanger.finish();
   if (handler != nullptr) handler->set_sync(sync_window);  // as the Engine set it
 

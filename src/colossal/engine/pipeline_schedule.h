@@ -34,6 +34,14 @@
 // micro-step the schedule sums them over the stages that hold the weight (Megatron's embedding
 // group), so every copy takes the same update and they stay equal. (Not yet with data parallelism
 // on top: refused with a message.)
+// Note [Pipeline bubble]
+// With timing on, a stage measures each micro-step: its span, from the start of its first op to the
+// end of its last, and its busy time, the sum of its forwards' and backwards' own times; the rest of
+// the span it waited for its neighbours (the bubble, and any exchange that took longer than the
+// compute it overlaps). Host clocks on the CPU; on a GPU, timing events on the compute stream around
+// each op, recorded after the op's receives were waited for, so an op's time is its kernels' and not
+// the wait. The bubble fraction idle / busy is comparable to the schedule's (p - 1) / (v m): 1F1B's
+// span is (m + p - 1) op pairs of which m are busy (engine/pipeline_report.h gathers and prints it).
 #pragma once
 
 #include <map>
@@ -47,6 +55,14 @@
 #include "colossal/nn/module.h"
 
 namespace colossal::engine {
+
+/// One stage's time over a micro-step (Note [Pipeline bubble]): from the start of its first op to the
+/// end of its last (span), and the part of it spent inside its forwards and backwards (busy).
+struct StageTiming {
+  double span_ms = 0;
+  double busy_ms = 0;
+  double idle_ms() const { return span_ms - busy_ms; }
+};
 
 class PipelineSchedule final : public Schedule {
  public:
@@ -85,6 +101,14 @@ class PipelineSchedule final : public Schedule {
   const std::vector<Tensor>& tied_parameters() const { return tied_; }
   bool counts_tied_parameters() const { return tied_group_ == nullptr || tied_group_->rank() == 0; }
 
+  /// Measures the micro-steps from now on (Note [Pipeline bubble]; on a GPU each then waits for its
+  /// last op to finish on the device), or stops.
+  void set_timing(bool on) { timing_ = on; }
+  /// The last measured micro-step's timing on this stage.
+  const StageTiming& last_timing() const { return last_timing_; }
+  const std::shared_ptr<comm::ProcessGroup>& group() const { return group_; }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+
   int stage() const { return group_->rank(); }
   int num_stages() const { return group_->size(); }
   int64_t num_microbatches() const { return num_microbatches_; }
@@ -95,6 +119,8 @@ class PipelineSchedule final : public Schedule {
   int64_t num_microbatches_;
   std::vector<Tensor> tied_;
   std::shared_ptr<comm::ProcessGroup> tied_group_;
+  bool timing_ = false;
+  StageTiming last_timing_;
   /// The activation shapes each batch shape gave, by sending chunk (Note [Pipeline exchanges]).
   std::map<std::vector<int64_t>, std::map<int, std::pair<Shape, DType>>> shapes_;
 };

@@ -25,6 +25,7 @@
 #include "colossal/engine/checkpoint.h"
 #include "colossal/engine/hooks.h"
 #include "colossal/engine/log_hooks.h"
+#include "colossal/engine/pipeline_report.h"
 #include "colossal/initialize/pipeline_stage.h"
 #include "colossal/nn/hub_weights.h"
 #include "colossal/nn/safetensors.h"  // read_safetensors_header
@@ -443,6 +444,11 @@ void TrainingRun::build_hooks() {
   // Under a pipeline the logits are the last stage's alone.
   if ((!split_gpt2 || split_gpt2->logits_whole()) && context_->layout().pipeline_size() == 1)
     hooks_.insert(hooks_.begin() + 1, std::make_shared<engine::AccuracyHook>());
+  // The bubble report (parallel.pipeline_report) is a collective over each pipeline: on every rank.
+  if (pipeline_schedule_ && c.parallel.pipeline_report > 0) {
+    hooks_.push_back(
+        std::make_shared<engine::PipelineReportHook>(pipeline_schedule_, c.parallel.pipeline_report, writer_));
+  }
   if (!writer_) {
     // Under tensor parallelism the writer's tensor group (data and pipeline rank 0, as the writer)
     // takes part in each save: the shards are gathered there. Other replicas hold the same state.

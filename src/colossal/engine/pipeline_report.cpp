@@ -1,0 +1,76 @@
+// The pipeline's bubble report: see pipeline_report.h.
+#include "colossal/engine/pipeline_report.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <utility>
+
+#include "colossal/core/error.h"
+
+namespace colossal::engine {
+
+double BubbleReport::measured() const {
+  double sum = 0;
+  for (const StageTiming& t : stages) sum += t.busy_ms > 0 ? t.idle_ms() / t.busy_ms : 0;
+  return stages.empty() ? 0 : sum / static_cast<double>(stages.size());
+}
+
+double BubbleReport::expected() const {
+  return static_cast<double>(num_stages - 1) /
+         (static_cast<double>(num_chunks) * static_cast<double>(num_microbatches));
+}
+
+std::string BubbleReport::describe() const {
+  std::string out = fmt::format("pipeline bubble: {} stages x {} chunk{}, {} microbatches;", num_stages, num_chunks,
+                                num_chunks > 1 ? "s" : "", num_microbatches);
+  for (size_t s = 0; s < stages.size(); ++s) {
+    out += fmt::format("{} stage {} busy {:.1f} ms idle {:.1f} ms", s == 0 ? "" : ",", s, stages[s].busy_ms,
+                       stages[s].idle_ms());
+  }
+  out += fmt::format("; bubble (idle / busy) {:.3f}, schedule (p - 1) / (v m) {:.3f}", measured(), expected());
+  return out;
+}
+
+BubbleReport gather_bubble_report(const PipelineSchedule& schedule) {
+  comm::ProcessGroup& group = *schedule.group();
+  const int p = group.size();
+  const Tensor mine = core::from_vector<double>({schedule.last_timing().span_ms, schedule.last_timing().busy_ms}, {2})
+                          .to(group.device());
+  Tensor all = core::empty({2 * p}, TensorOptions(DType::f64, group.device()));
+  group.all_gather(all, mine);
+  const std::vector<double> values = all.to(core::kCpu).to_vector<double>();
+  BubbleReport report;
+  report.num_stages = p;
+  report.num_chunks = schedule.num_chunks();
+  report.num_microbatches = schedule.num_microbatches();
+  for (int s = 0; s < p; ++s)
+    report.stages.push_back({values[static_cast<size_t>(2 * s)], values[static_cast<size_t>(2 * s + 1)]});
+  return report;
+}
+
+PipelineReportHook::PipelineReportHook(std::shared_ptr<PipelineSchedule> schedule, int64_t interval, bool print)
+    : Hook(/*priority=*/5), schedule_(std::move(schedule)), interval_(interval), print_(print) {
+  COLOSSAL_CHECK(schedule_ != nullptr, "PipelineReportHook needs the pipeline schedule");
+  COLOSSAL_CHECK(interval_ >= 1, "parallel.pipeline_report = {}: the steps between reports must be >= 1", interval_);
+}
+
+void PipelineReportHook::before_train_iter(Trainer&) {
+  // Step 0 warms up (allocations, the shapes' headers): the first report is at step `interval`.
+  measuring_ = iterations_ > 0 && iterations_ % interval_ == 0;
+  schedule_->set_timing(measuring_);
+}
+
+void PipelineReportHook::after_train_iter(Trainer&, const Tensor&, const Tensor&, const Tensor&) {
+  ++iterations_;
+  if (!measuring_) return;
+  measuring_ = false;
+  schedule_->set_timing(false);
+  last_ = gather_bubble_report(*schedule_);
+  if (print_) {
+    fmt::print("step {}: {}\n", iterations_ - 1, last_.describe());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace colossal::engine
