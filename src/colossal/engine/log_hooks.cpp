@@ -172,8 +172,43 @@ void LogMemoryHook::before_train(Trainer&) {
   *out_ << "Before training | memory |" << memory_line(nullptr) << '\n' << std::flush;
 }
 
+parallel::zero::ModelStateBytes model_state_bytes(Engine& engine) {
+  if (parallel::zero::LowLevelZero* zero = engine.zero()) return zero->model_state_bytes();
+  parallel::zero::ModelStateBytes bytes;
+  for (const Tensor& param : engine.model().parameters()) {
+    bytes.parameters += static_cast<int64_t>(param.nbytes());
+    if (param.requires_grad()) bytes.gradients += static_cast<int64_t>(param.nbytes());
+  }
+  const optim::Optimizer& optimizer = engine.optimizer();
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    for (size_t i = 0; i < optimizer.param_groups()[g].params.size(); ++i) {
+      if (const optim::ParamState* state = optimizer.find_state(g, i)) {
+        for (const auto& [name, buffer] : state->buffers)
+          bytes.optimizer_states += static_cast<int64_t>(buffer.nbytes());
+      }
+    }
+  }
+  if (amp::MixedPrecisionOptimizer* amp = engine.amp(); amp != nullptr && amp->mode() != amp::AmpMode::torch) {
+    for (const Tensor& master : amp->master_params()) bytes.master_weights += static_cast<int64_t>(master.nbytes());
+  }
+  return bytes;
+}
+
 void LogMemoryHook::after_train_epoch(Trainer& trainer) {
-  *out_ << epoch_prefix(trainer, "memory") << memory_line(&trainer.train_metrics()) << '\n' << std::flush;
+  MetricTable& metrics = trainer.train_metrics();
+  std::string line = memory_line(&metrics);
+  const parallel::zero::ModelStateBytes states = model_state_bytes(trainer.engine());
+  const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / kBytesPerMib; };
+  metrics["model_states_mib"] = mib(states.total());
+  metrics["model_parameters_mib"] = mib(states.parameters);
+  metrics["model_gradients_mib"] = mib(states.gradients);
+  metrics["model_masters_mib"] = mib(states.master_weights);
+  metrics["model_optimizer_mib"] = mib(states.optimizer_states);
+  line += fmt::format(
+      " model_states={:.1f}MiB (parameters={:.1f}MiB gradients={:.1f}MiB masters={:.1f}MiB optimizer={:.1f}MiB)",
+      mib(states.total()), mib(states.parameters), mib(states.gradients), mib(states.master_weights),
+      mib(states.optimizer_states));
+  *out_ << epoch_prefix(trainer, "memory") << line << '\n' << std::flush;
 }
 
 // ---- LogTimingHook

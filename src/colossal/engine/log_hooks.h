@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "colossal/engine/engine.h"  // Engine; parallel::zero::ModelStateBytes
 #include "colossal/engine/hook.h"
 #include "colossal/engine/hooks.h"  // DeviceLossSum
 #include "colossal/engine/tensorboard.h"
@@ -74,13 +75,22 @@ struct HostMemory {
 };
 HostMemory read_host_memory();
 
+/// The model states this rank holds, as the ZeRO paper counts them (no activations, no buffers):
+/// under ZeRO its handler's count (parallel::zero::LowLevelZero::model_state_bytes); otherwise the
+/// parameters and optimizer buffers as held, gradients as large as the parameters (what backward
+/// fills) and the mixed-precision wrapper's fp32 masters (naive, bf16).
+parallel::zero::ModelStateBytes model_state_bytes(Engine& engine);
+
 /// Reports memory at before_train (a baseline line) and after each training pass, as Colossal-AI's
 /// LogMemoryByEpochHook: host RSS and its high-water mark and, in a CUDA build with a GPU, the
 /// caching allocator's allocated, reserved and peak-allocated bytes on the current device. After
 /// each pass it publishes, in MiB, train_metrics()["host_rss_mib"], ["host_peak_rss_mib"] and with
 /// CUDA ["cuda_allocated_mib"], ["cuda_reserved_mib"], ["cuda_peak_allocated_mib"], and prints
 ///   "Epoch 1/3 | memory | host_rss=512.0MiB host_peak_rss=530.2MiB cuda:0 allocated=... reserved=... peak=..."
-/// to `out` (stdout by default). The peak is not reset, so it is the run's peak so far.
+/// to `out` (stdout by default), followed by this rank's model states (model_state_bytes:
+/// " model_states=...MiB (parameters=... gradients=... masters=... optimizer=...)", published as
+/// ["model_states_mib"], ["model_parameters_mib"], ["model_gradients_mib"], ["model_masters_mib"],
+/// ["model_optimizer_mib"]). The peak is not reset, so it is the run's peak so far.
 class LogMemoryHook : public Hook {
  public:
   explicit LogMemoryHook(std::ostream* out = nullptr, int priority = 5);

@@ -1,3 +1,5 @@
+// ZeRO in the Engine: checkpoints and the model-state accounting.
+//
 // Checkpoints under ZeRO are layout-independent (engine/checkpoint_sharding.h): a run saved under
 // ZeRO at dp = world size resumes on one process without ZeRO, and a run saved without ZeRO resumes
 // under it, in both cases with the losses and parameters of the uninterrupted run. The checkpoint
@@ -19,6 +21,7 @@
 #include "colossal/config/train_config.h"
 #include "colossal/engine/checkpoint.h"
 #include "colossal/engine/engine.h"
+#include "colossal/engine/log_hooks.h"  // model_state_bytes
 #include "colossal/nn/safetensors.h"
 #include "colossal/optim/adam.h"
 #include "colossal/parallel/parallel_context.h"
@@ -42,7 +45,7 @@ struct Trained {
 
 /// The MLP of the layout harness with AdamW (decay and no-decay groups), accumulation and clipping,
 /// serial (zero_stage < 0: one process, the global batch) or under ZeRO over the whole world.
-Trained build(int zero_stage, bool bf16) {
+Trained build(int zero_stage, bool bf16, int64_t bucket_bytes = 512) {
   Trained t;
   core::Generator init(1234);
   t.model = mlp_case().build_model(init);
@@ -61,7 +64,8 @@ Trained build(int zero_stage, bool bf16) {
     t.rank = context->rank(parallel::GroupKind::kData);
     t.share = kGlobalBatch / pc.data;
     options.context = context;
-    if (zero_stage > 0) options.zero = parallel::zero::ZeroOptions{.stage = zero_stage, .reduce_bucket_bytes = 512};
+    if (zero_stage > 0)
+      options.zero = parallel::zero::ZeroOptions{.stage = zero_stage, .reduce_bucket_bytes = bucket_bytes};
   }
   const HarnessCase c = mlp_case();
   t.engine = std::make_unique<engine::Engine>(t.model, optimizer, c.criterion, options);
@@ -184,6 +188,46 @@ TEST(ZeroCheckpoint, WholeCheckpointEqualsTheSerialOne) {
   if (comm::testing::world().rank() == 0) {
     std::filesystem::remove(zero_path);
     std::filesystem::remove(serial_path);
+  }
+}
+
+// The ZeRO paper's accounting for mixed-precision Adam over Nd ranks (Psi parameters): 2 Psi of
+// 16-bit parameters everywhere, and 12 Psi of fp32 masters and moments split Nd ways. Summed over
+// the ranks the moments are exactly the serial optimizer's (the shards partition the parameters);
+// the masters are the shard buffers, which hold each bucket's padding too.
+TEST(ZeroEngine, ModelStatesAreShardedOverTheDataRanks) {
+  const int nd = comm::testing::world().size();
+  Trained serial = build(-1, /*bf16=*/true);
+  train(serial, 0, 1);
+  int64_t psi = 0;
+  for (const Tensor& p : serial.model->parameters()) psi += p.numel();
+  const parallel::zero::ModelStateBytes whole = engine::model_state_bytes(*serial.engine);
+  EXPECT_EQ(whole.parameters, 2 * psi);
+  EXPECT_EQ(whole.gradients, 2 * psi);
+  EXPECT_EQ(whole.master_weights, 4 * psi);
+  EXPECT_EQ(whole.optimizer_states, 8 * psi);
+  for (int stage : {1, 2}) {
+    // Buckets of 64 bytes: the stage-2 bucket in flight stays well below the whole gradients even
+    // for this tiny model.
+    Trained zero = build(stage, true, 64);
+    train(zero, 0, 1);
+    const parallel::zero::LowLevelZero& handler = *zero.engine->zero();
+    const parallel::zero::ModelStateBytes mine = engine::model_state_bytes(*zero.engine);
+    const int64_t shard = handler.partition().shard_numel();
+    const auto buckets = static_cast<int64_t>(handler.partition().buckets().size());
+    EXPECT_EQ(mine.parameters, 2 * psi) << "stage " << stage;
+    EXPECT_EQ(mine.master_weights, 4 * shard) << "stage " << stage;
+    EXPECT_LE(shard * nd, psi + buckets * (nd - 1)) << "stage " << stage << ": padding beyond a bucket's tail";
+    Tensor summed = core::from_vector<int64_t>({mine.optimizer_states}, {1});
+    comm::testing::world().all_reduce(summed, comm::ReduceOp::sum);
+    EXPECT_EQ(summed.item<int64_t>(), 8 * psi) << "stage " << stage;
+    EXPECT_LE(mine.optimizer_states, 8 * shard) << "stage " << stage;
+    // Stage 1 keeps the full 16-bit gradients over the window, stage 2 only its f32 shard (and a bucket in flight).
+    if (stage == 1) {
+      EXPECT_EQ(mine.gradients, 2 * psi + 4 * shard);
+    } else {
+      EXPECT_LT(mine.gradients - 4 * shard, 2 * psi);
+    }
   }
 }
 
