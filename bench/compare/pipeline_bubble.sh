@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# GPT-2 350M (24 layers, 1024 wide, 16 heads) at pipeline parallelism 2 through `colossal train`
+# (configs/gpt2_tokens.toml's run, bf16 with fp32 masters, AdamW, B16 T1024 split into 8 microbatches of
+# 2, dropout 0, random tokens) on 2 GPUs, non-interleaved (v = 1) and interleaved (v = 2), beside the
+# same model on one GPU: tokens/s (the metrics' wall_s slope over logged steps 10-40), and the pipeline's
+# bubble report (parallel.pipeline_report: each stage's busy and idle ms of a micro-step, the measured
+# bubble idle / busy against (p - 1) / (v m) = 0.125 and 0.0625), averaged over the reported steps.
+#
+#   tools/gpu-check --run bench/compare/pipeline_bubble.sh [serial] [v1] [v2]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+parts=("$@")
+[[ ${#parts[@]} == 0 ]] && parts=(serial v1 v2)
+colossal=${COLOSSAL:-build-gpu/src/colossal/cli/colossal}
+out=${OUT:-/tmp/pipeline-bubble}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
+
+report() {  # name, metrics file, log
+  python3 - "$@" <<'PY'
+import json, re, sys
+name, path, log = sys.argv[1], sys.argv[2], sys.argv[3]
+pts = [(j["step"], j["wall_s"]) for j in map(json.loads, open(path)) if j.get("event") == "step" and "wall_s" in j]
+pts = [p for p in pts if 10 <= p[0] <= 40]
+if len(pts) < 2:
+    print(f"{name}: too few steps"); sys.exit()
+ms = 1e3 * (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+line = f"{name}: {ms:.1f} ms/step, {16 * 1024 / ms * 1e3:.0f} tokens/s"
+bubbles = [(float(m.group(1)), float(m.group(2))) for m in
+           re.finditer(r"bubble \(idle / busy\) ([0-9.]+), schedule \(p - 1\) / \(v m\) ([0-9.]+)", open(log).read())]
+if bubbles:
+    measured = sum(b[0] for b in bubbles) / len(bubbles)
+    line += f"; bubble {measured:.3f} (mean of {len(bubbles)} reports) against (p - 1) / (v m) = {bubbles[0][1]:.4f}"
+    stages = re.findall(r"stage (\d) busy ([0-9.]+) ms idle ([0-9.]+) ms", open(log).read())
+    if stages:
+        line += "; last report: " + ", ".join(f"stage {s} busy {b} ms idle {i} ms" for s, b, i in stages[-2:])
+print(line)
+PY
+}
+
+run() {  # name, gpus, [extra --set ...]
+  local name=$1 gpus=$2
+  shift 2
+  local args=(train --config configs/gpt2_tokens.toml --set "data.path=\"$out/tokens.bin\"" --set 'data.test_path=""'
+    --set gradient_accumulation=1 --set bf16=true --set data.batch_size=16 --set data.seq_len=1024
+    --set lr_scheduler.warmup_steps=5 --set model.preset='"gpt2-medium"'
+    --set "model.options={ vocab_multiple = 64, dropout = 0.0 }"
+    --set train.max_steps=40 --set train.log_interval=5 --set train.progress=false --set 'train.checkpoint_dir=""'
+    --metrics "$out/$name.jsonl" "$@")
+  if [[ $gpus == 1 ]]; then
+    "$colossal" "${args[@]}" > "$out/$name.log" 2>&1
+  else
+    "$colossal" run --nproc_per_node "$gpus" -- "$colossal" "${args[@]}" > "$out/$name.log" 2>&1
+  fi
+  if [[ $? != 0 ]]; then
+    echo "$name: FAILED"; tail -8 "$out/$name.log"; return
+  fi
+  report "$name" "$out/$name.jsonl" "$out/$name.log"
+}
+
+for part in "${parts[@]}"; do
+  case $part in
+    serial) run gpt350m_1gpu 1 ;;
+    v1) run gpt350m_pp2_m8_v1 2 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
+          --set parallel.pipeline_report=5 ;;
+    v2) run gpt350m_pp2_m8_v2 2 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
+          --set parallel.num_chunks=2 --set parallel.pipeline_report=5 ;;
+    *) echo "unknown part '$part' (serial, v1, v2)"; exit 2 ;;
+  esac
+done
