@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# ZeRO stages 1 and 2 against plain data parallelism on 2 GPUs through `colossal train`: GPT-2 (bf16
+# with fp32 masters, AdamW, clip 1.0, B4 T1024 per GPU, dropout 0, random tokens), 30 steps each of
+# zero.stage = 0 (DDP), 1 and 2. Per run: ms/step (the metrics' wall_s slope over logged steps
+# 10-30), tokens/s per GPU and MFU per GPU (6N + 12 L C T FLOPs per token, N without wpe, against
+# 989.4 TFLOP/s), then GPU 0's memory from LogMemoryHook's epoch line: the model states the run
+# counts (parameters, gradients, masters, optimizer) and the caching allocator's peak, beside the
+# ZeRO paper's model-state formulas for mixed-precision Adam (K = 12) at Nd = 2:
+#   stage 0: (2 + 2 + K) Psi;   stage 1: 2 Psi + 2 Psi + K Psi / Nd;   stage 2: 2 Psi + (2 + K) Psi / Nd.
+# Our stage 2 keeps the shard's gradients in fp32 (4 Psi / Nd, the paper counts 2 Psi / Nd of fp16) and
+# a bucket in flight; stage 1 adds the fp32 shard gradients (4 Psi / Nd) to the full bf16 ones.
+#
+#   tools/gpu-check --run bench/compare/zero_memory.sh [gpt2] [gpt2-medium] [gpt2-large] [gpt2-xl]
+# (default: gpt2-medium gpt2-xl). COLOSSAL=path/to/colossal, OUT=folder for logs and metrics.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+sizes=("$@")
+[[ ${#sizes[@]} == 0 ]] && sizes=(gpt2-medium gpt2-xl)
+colossal=${COLOSSAL:-build-gpu/src/colossal/cli/colossal}
+out=${OUT:-/tmp/zero-memory}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
+
+report() {  # name, metrics file, log file, layers, width, stage
+  python3 - "$@" <<'PY'
+import json, re, sys
+name, path, log, L, C, stage = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+pts = [(j["step"], j["wall_s"]) for j in map(json.loads, open(path)) if j.get("event") == "step" and "wall_s" in j]
+pts = [p for p in pts if 10 <= p[0] <= 30]
+V, T, B, nd = 50304, 1024, 4, 2
+n = L * (12 * C * C + 13 * C) + V * C + 2 * C  # without wpe
+psi = n + T * C                                # every parameter, wpe included
+if len(pts) >= 2:
+    ms = 1e3 * (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+    flops = (6 * n + 12 * L * C * T) * B * T
+    speed = f"{ms:.1f} ms/step, {B * T / ms * 1e3:.0f} tokens/s per GPU, MFU per GPU {flops / (ms * 1e-3) / 989.4e12:.1%}"
+else:
+    speed = "too few steps"
+mib = lambda key, text: float(m.group(1)) if (m := re.search(key + r"=([0-9.]+)MiB", text)) else float("nan")
+lines = [l for l in open(log) if "| memory |" in l and "Epoch" in l]
+mem = lines[-1] if lines else ""
+K = 12
+paper = {0: (4 + K) * psi, 1: 4 * psi + K * psi / nd, 2: 2 * psi + (2 + K) * psi / nd}[stage]
+gib = lambda b: b / 2**30
+print(f"{name}: Psi = {psi / 1e6:.0f}M; {speed}")
+print(f"  model states {gib(mib('model_states', mem) * 2**20):.2f} GiB (parameters {mib('parameters', mem) / 1024:.2f}, "
+      f"gradients {mib('gradients', mem) / 1024:.2f}, masters {mib('masters', mem) / 1024:.2f}, optimizer "
+      f"{mib('optimizer', mem) / 1024:.2f}) against the paper's {gib(paper):.2f} GiB "
+      f"({mib('model_states', mem) * 2**20 / paper - 1:+.1%}); allocator peak {mib('peak', mem) / 1024:.2f} GiB")
+PY
+}
+
+run() {  # name, layers, width, heads, stage
+  local name=$1 L=$2 C=$3 H=$4 stage=$5
+  local args=(train --config configs/gpt2_tokens.toml --set "data.path=\"$out/tokens.bin\"" --set 'data.test_path=""'
+    --set gradient_accumulation=1 --set bf16=true --set data.batch_size=4 --set lr_scheduler.warmup_steps=5
+    --set "model.options={ vocab_multiple = 64, dropout = 0.0, n_layer = $L, n_embd = $C, n_head = $H }"
+    --set parallel.data=2 --set zero.stage="$stage"
+    --set train.max_steps=30 --set train.log_interval=5 --set train.progress=false --set 'train.checkpoint_dir=""'
+    --metrics "$out/$name.jsonl")
+  if ! "$colossal" run --nproc_per_node 2 -- "$colossal" "${args[@]}" > "$out/$name.log" 2>&1; then
+    echo "$name: FAILED"; tail -8 "$out/$name.log"; return
+  fi
+  report "$name" "$out/$name.jsonl" "$out/$name.log" "$L" "$C" "$stage"
+}
+
+for size in "${sizes[@]}"; do
+  case $size in
+    gpt2) shape=(12 768 12) ;;
+    gpt2-medium) shape=(24 1024 16) ;;
+    gpt2-large) shape=(36 1280 20) ;;
+    gpt2-xl) shape=(48 1600 25) ;;
+    *) echo "unknown size '$size' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)"; exit 2 ;;
+  esac
+  for stage in 0 1 2; do run "${size}_dp2_zero$stage" "${shape[@]}" "$stage"; done
+done
