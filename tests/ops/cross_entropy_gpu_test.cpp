@@ -12,7 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "colossal/core/view.h"  // to_device_raw
+#include "colossal/core/view.h"         // to_device_raw, select_raw, narrow_raw
+#include "colossal/ops/loss_kernels.h"  // the vocab-parallel slice stubs
 #include "gpu_compare.h"
 
 namespace colossal {
@@ -178,6 +179,80 @@ TEST(CrossEntropyGpu, OutOfRangeTargets) {
   // A valid call afterwards still works (the error left no state behind).
   EXPECT_FALSE(
       std::isnan(ops::cross_entropy(logits, core::from_vector<int64_t>({0, 1, 3}, {3}).to(gpu)).item<double>()));
+}
+
+// The vocab-parallel slice kernels (ops/loss_kernels.h, used by parallel/tp/cross_entropy.h) against
+// the CPU ones: a slice of real columns only, the last rank's slice of GPT-2's padded vocabulary (25105
+// real of 25152: the masked vector in the middle of a row), a short warp row with padding, an odd width
+// (element loads); targets on this slice, on others and ignored; with and without label smoothing.
+// Statistics: f32 sums of up to 25152 terms in another order, rtol 1e-5 (x4 for the long rows'
+// logsumexp, whose value ~10 hides the exp sums' relative error no further). Gradients: computed in f32
+// on both sides and rounded to the logits' dtype, so f32 1e-5 relative to the row's largest entry and
+// bf16 one rounding step (2^-8) of the largest entry.
+TEST(CrossEntropyGpu, VocabShardKernels) {
+  COLOSSAL_REQUIRE_GPU();
+  const Device gpu = core::cuda_device(0);
+  struct Slice {
+    int64_t columns, class_start, real_columns, classes;
+  };
+  for (const Slice slice : {Slice{25152, 0, 25152, 50257}, Slice{25152, 25152, 25105, 50257}, Slice{40, 40, 13, 53},
+                            Slice{37, 0, 37, 74}}) {
+    for (const double smoothing : {0.0, 0.1}) {
+      for (const DType dtype : {DType::f32, DType::bf16}) {
+        SCOPED_TRACE(fmt::format("slice of {} columns from class {} ({} real, vocabulary {}), {}, smoothing {}",
+                                 slice.columns, slice.class_start, slice.real_columns, slice.classes, dtype,
+                                 smoothing));
+        const int64_t rows = 24;
+        std::vector<int64_t> labels;
+        for (int64_t i = 0; i < rows; ++i) {
+          // every third row on this slice, one ignored, the rest anywhere in the vocabulary
+          labels.push_back(i % 7 == 5   ? -100
+                           : i % 3 == 0 ? slice.class_start + (i * 31) % slice.real_columns
+                                        : (i * 7919 + 13) % slice.classes);
+        }
+        const Tensor target = core::from_vector<int64_t>(labels, {rows});
+        const Tensor logits = random_input({rows, slice.columns}, 41, dtype, -4, 4, false);
+        const ops::VocabShardParams params{.class_start = slice.class_start,
+                                           .real_columns = slice.real_columns,
+                                           .classes = slice.classes,
+                                           .label_smoothing = smoothing};
+        const Tensor stats = core::empty({3, rows}, TensorOptions(DType::f32, core::kCpu));
+        ops::vocab_shard_cross_entropy_forward_stub(core::kCpu, stats, logits, target, params);
+        const Tensor gpu_stats = core::empty({3, rows}, TensorOptions(DType::f32, gpu));
+        ops::vocab_shard_cross_entropy_forward_stub(gpu, gpu_stats, logits.to(gpu), target.to(gpu), params);
+        expect_close(gpu_stats.to(core::kCpu), stats, 1e-5, 4e-5, "statistics");
+
+        // Any lse at least the slice's makes a valid softmax slice; the row scales vary in sign.
+        const Tensor lse = ops::add(core::select_raw(stats, 0, 0), 0.7).contiguous();
+        const Tensor scale = random_input({rows}, 42, DType::f32, -2, 2, false);
+        const Tensor grad = core::empty({rows, slice.columns}, TensorOptions(dtype, core::kCpu));
+        ops::vocab_shard_cross_entropy_backward_stub(core::kCpu, grad, logits, target, lse, scale, params);
+        const Tensor gpu_grad = core::empty({rows, slice.columns}, TensorOptions(dtype, gpu));
+        ops::vocab_shard_cross_entropy_backward_stub(gpu, gpu_grad, logits.to(gpu), target.to(gpu), lse.to(gpu),
+                                                     scale.to(gpu), params);
+        const double largest = ops::max(ops::abs(grad.to(DType::f32))).item<double>();
+        const double step = dtype == DType::bf16 ? std::ldexp(1.0, -8) : 1e-5;
+        expect_close(gpu_grad.to(core::kCpu).to(DType::f32), grad.to(DType::f32), step * largest, step, "gradient");
+        // Padding columns get an exact 0.
+        if (slice.real_columns < slice.columns) {
+          const Tensor padding = core::narrow_raw(gpu_grad.to(core::kCpu).to(DType::f32), 1, slice.real_columns,
+                                                  slice.columns - slice.real_columns);
+          EXPECT_EQ(ops::max(ops::abs(padding)).item<double>(), 0.0);
+        }
+      }
+    }
+  }
+  // A target outside the whole vocabulary is named (deferred, at the next host read).
+  const Tensor stats = core::empty({3, 2}, TensorOptions(DType::f32, gpu));
+  EXPECT_ERROR_CONTAINS(
+      {
+        ops::vocab_shard_cross_entropy_forward_stub(
+            gpu, stats, random_input({2, 8}, 43, DType::f32, -1, 1, false).to(gpu),
+            core::from_vector<int64_t>({3, 16}, {2}).to(gpu),
+            ops::VocabShardParams{.class_start = 8, .real_columns = 8, .classes = 16});
+        core::cuda::synchronize(gpu);
+      },
+      "vocab_parallel_cross_entropy: target 16 at row 1 is out of range for a vocabulary of 16 (valid: 0..15");
 }
 
 TEST(CrossEntropyGpu, TargetOnAnotherDevice) {

@@ -1,5 +1,6 @@
 // CUDA elementwise and reduction kernels against the CPU on fresh random inputs, in f32, bf16 and
 // f16 (tolerances in tests/support/gpu_compare.h), forward and backward.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -51,6 +52,24 @@ void check_binary(const char* name, const std::function<Tensor(const Tensor&, co
                                  },
                              .fn = [=](const std::vector<Tensor>& in) { return op(in[0], in[1]); }},
                             dtype, std::string(name) + " (broadcast)");
+    // A row broadcast over the leading dimensions on either side (a bias; the vectorised row path
+    // when the row is a multiple of 16 bytes: 64 of every dtype here), and a row of 33 (strided path).
+    for (const int64_t row : {int64_t{64}, int64_t{33}}) {
+      expect_cuda_matches_cpu({.make_inputs =
+                                   [=](DType d) {
+                                     return std::vector<Tensor>{random_input({3, 5, row}, 7, d, low, high),
+                                                                random_input({row}, 8, d, low, high)};
+                                   },
+                               .fn = [=](const std::vector<Tensor>& in) { return op(in[0], in[1]); }},
+                              dtype, fmt::format("{} (row of {} second)", name, row));
+      expect_cuda_matches_cpu({.make_inputs =
+                                   [=](DType d) {
+                                     return std::vector<Tensor>{random_input({row}, 9, d, low, high),
+                                                                random_input({4, row}, 10, d, low, high)};
+                                   },
+                               .fn = [=](const std::vector<Tensor>& in) { return op(in[0], in[1]); }},
+                              dtype, fmt::format("{} (row of {} first)", name, row));
+    }
   }
 }
 

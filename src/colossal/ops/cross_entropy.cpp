@@ -15,6 +15,10 @@ namespace colossal::ops {
 
 constinit core::DispatchStub<CrossEntropyForwardKernel> cross_entropy_forward_stub("cross_entropy_forward");
 constinit core::DispatchStub<CrossEntropyBackwardKernel> cross_entropy_backward_stub("cross_entropy_backward");
+constinit core::DispatchStub<VocabShardForwardKernel> vocab_shard_cross_entropy_forward_stub(
+    "vocab_shard_cross_entropy_forward");
+constinit core::DispatchStub<VocabShardBackwardKernel> vocab_shard_cross_entropy_backward_stub(
+    "vocab_shard_cross_entropy_backward");
 
 namespace {
 

@@ -224,9 +224,11 @@ LinearNeeds linear_needs(const Node& node, size_t first) {
 /// not needed stay undefined); the weight and bias gradients come from one GEMM where the backend
 /// fuses the bias reduction.
 std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, const Tensor& weight, const Shape& x_shape,
-                                    const LinearNeeds& needs) {
+                                    const LinearNeeds& needs, const InputGradHook& hook = {}) {
   Tensor grad_x, grad_weight, grad_bias;
   if (needs.x) grad_x = reshape_raw(gemm(grad, weight), x_shape);
+  // The hook's work on grad_x (an all-reduce) runs while the weight's and bias's GEMMs do.
+  const std::function<void()> finish = hook && grad_x.defined() ? hook(grad_x) : std::function<void()>();
   const Tensor grad_t = transpose_last(grad);
   // A weight that is the transpose of a contiguous [in, out] tensor (nn::Conv1D's view of its
   // parameter) gets its gradient as x^T dy, contiguous in the parameter's own layout: transposed
@@ -244,25 +246,27 @@ std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, con
   }
   if (needs.weight && !grad_weight.defined()) grad_weight = gemm(grad_t, x_mat);
   if (needs.bias && !grad_bias.defined()) grad_bias = sum(grad, {0});
+  if (finish) finish();
   return {grad_x, grad_weight, grad_bias};
 }
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, InputGradHook hook) {
   if (const auto dtype = autocast_dtype()) {
     const AutocastGuard off(std::nullopt);
-    return linear(autocast::to_lower(x, *dtype), autocast::to_lower(weight, *dtype), autocast::to_lower(bias, *dtype));
+    return linear(autocast::to_lower(x, *dtype), autocast::to_lower(weight, *dtype), autocast::to_lower(bias, *dtype),
+                  std::move(hook));
   }
   check_linear("linear", x, weight, bias);
   const Tensor x_mat = flatten_to_matrix(x);
   const int64_t rows = x_mat.size(0);
   Tensor out = linear_output(linear_forward(x_mat, weight, bias), x);
   autograd::record("linear", {x, weight, bias}, {out},
-                   [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows](
-                       const std::vector<Tensor>& grads, const Node& node) {
+                   [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows,
+                    hook = std::move(hook)](const std::vector<Tensor>& grads, const Node& node) {
                      const Tensor grad = reshape_raw(grads[0], {rows, weight.size(0)});
-                     return linear_backward(grad, x_mat, weight, x_shape, linear_needs(node, 0));
+                     return linear_backward(grad, x_mat, weight, x_shape, linear_needs(node, 0), hook);
                    });
   return out;
 }
@@ -297,11 +301,11 @@ Tensor gelu_tanh_backward(const Tensor& grad, const Tensor& pre_activation, cons
 
 }  // namespace
 
-Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, InputGradHook hook) {
   if (const auto dtype = autocast_dtype()) {
     const AutocastGuard off(std::nullopt);
     return linear_gelu(autocast::to_lower(x, *dtype), autocast::to_lower(weight, *dtype),
-                       autocast::to_lower(bias, *dtype));
+                       autocast::to_lower(bias, *dtype), std::move(hook));
   }
   check_linear("linear_gelu", x, weight, bias);
   const Tensor x_mat = flatten_to_matrix(x);
@@ -311,14 +315,15 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor out_mat =
       linear_gelu_forward(x_mat, weight, bias, autograd::any_requires_grad({x, weight, bias}), &pre_activation);
   Tensor out = linear_output(out_mat, x);
-  autograd::record("linear_gelu", {x, weight, bias}, {out},
-                   [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows,
-                    pre_activation = pre_activation.defined() ? pre_activation.detach() : Tensor(),
-                    activation = out_mat.detach()](const std::vector<Tensor>& grads, const Node& node) {
-                     const Tensor grad = reshape_raw(grads[0], {rows, weight.size(0)});
-                     const Tensor grad_pre = gelu_tanh_backward(grad, pre_activation, activation);
-                     return linear_backward(grad_pre, x_mat, weight, x_shape, linear_needs(node, 0));
-                   });
+  autograd::record(
+      "linear_gelu", {x, weight, bias}, {out},
+      [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows,
+       pre_activation = pre_activation.defined() ? pre_activation.detach() : Tensor(), activation = out_mat.detach(),
+       hook = std::move(hook)](const std::vector<Tensor>& grads, const Node& node) {
+        const Tensor grad = reshape_raw(grads[0], {rows, weight.size(0)});
+        const Tensor grad_pre = gelu_tanh_backward(grad, pre_activation, activation);
+        return linear_backward(grad_pre, x_mat, weight, x_shape, linear_needs(node, 0), hook);
+      });
   return out;
 }
 

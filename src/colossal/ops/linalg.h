@@ -2,6 +2,8 @@
 // accumulated in f32, f32 in TF32 unless asked otherwise, f64 in f64).
 #pragma once
 
+#include <functional>
+
 #include "colossal/core/tensor.h"
 
 namespace colossal::ops {
@@ -11,11 +13,16 @@ namespace colossal::ops {
 Tensor matmul(const Tensor& a, const Tensor& b);
 /// Batched [B, M, K] x [B, K, N] -> [B, M, N], no broadcasting.
 Tensor bmm(const Tensor& a, const Tensor& b);
+/// Called by linear's (and linear_gelu's) backward with the input's gradient as soon as it is
+/// computed, before the weight's and the bias's: it may start asynchronous work on it in place (tensor
+/// parallelism's all-reduce, Megatron's overlap of that all-reduce with the weight-gradient GEMM) and
+/// returns what to run once those are computed (waiting for that work), or nothing.
+using InputGradHook = std::function<std::function<void()>(const Tensor& grad_x)>;
 /// x [..., in] times weight [out, in] transposed, plus bias [out] when defined.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), InputGradHook hook = {});
 /// gelu(linear(x, weight, bias)) with the tanh approximation (GPT-2's MLP). On the GPU one cuBLASLt
 /// GEMM whose epilogue adds the bias, applies GELU and keeps the pre-activation for backward.
-Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), InputGradHook hook = {});
 /// linear(linear_gelu(x, fc_weight, fc_bias), proj_weight, proj_bias): a transformer's MLP with
 /// weights [hidden, in] and [out, hidden] (transposed views of [in, out] tensors, as GPT-2's Conv1D
 /// holds them, are read in place) and optional biases. One autograd node, saving what the two ops

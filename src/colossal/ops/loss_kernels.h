@@ -63,6 +63,37 @@ using CrossEntropyBackwardKernel = void(const Tensor& grad_logits, const Tensor&
 extern core::DispatchStub<CrossEntropyForwardKernel> cross_entropy_forward_stub;
 extern core::DispatchStub<CrossEntropyBackwardKernel> cross_entropy_backward_stub;
 
+// ---- vocab-parallel cross_entropy (parallel/tp/cross_entropy.h): one rank's slice of the classes
+// logits: contiguous [N, L], this rank's L columns of a vocabulary split over the tensor-parallel
+// group; column c is class class_start + c for c < real_columns, padding after it (the last ranks'
+// slices of a vocabulary padded to a multiple of the group). target: contiguous [N] i32/i64 class
+// indices of the whole vocabulary (or ignore_index). The ranks combine their rows' statistics with two
+// small all-reduces; the kernels read the logits once in the forward and once in the backward.
+
+struct VocabShardParams {
+  int64_t class_start = 0;   ///< the class of column 0
+  int64_t real_columns = 0;  ///< columns [0, real_columns) are classes, the rest padding
+  int64_t classes = 0;       ///< the whole vocabulary: label smoothing's uniform share is s / classes
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+};
+
+/// stats: contiguous [3, N] in the accumulation dtype (f32 for 16-bit logits, f64 for f64): row 0 the
+/// logsumexp of each row's real columns, row 1 the target's logit where this slice holds the target
+/// (else 0), row 2 the sum of the real columns when label_smoothing > 0 (else 0). Targets are not
+/// range-checked here (the caller checks them against the whole vocabulary).
+using VocabShardForwardKernel = void(const Tensor& stats, const Tensor& logits, const Tensor& target,
+                                     const VocabShardParams& params);
+/// grad_logits [N, L] (logits' dtype) <- (exp(x - lse_i) - q_ic) * scale_i on real columns and 0 on
+/// padding, with q_ic = s / classes + (1 - s) [class_start + c == target_i] and lse [N] the whole
+/// vocabulary's logsumexp; scale [N] (accumulation dtype) carries the upstream gradient, the mean's
+/// divisor and 0 for ignored rows.
+using VocabShardBackwardKernel = void(const Tensor& grad_logits, const Tensor& logits, const Tensor& target,
+                                      const Tensor& lse, const Tensor& scale, const VocabShardParams& params);
+
+extern core::DispatchStub<VocabShardForwardKernel> vocab_shard_cross_entropy_forward_stub;
+extern core::DispatchStub<VocabShardBackwardKernel> vocab_shard_cross_entropy_backward_stub;
+
 // ---- dropout
 // See Note [Dropout mask]: element i keeps iff uniform_float(word i % 4 of philox_block(seed,
 // offset, i / 4)) >= p. uniform_float(bits) is exactly (bits >> 8) * 2^-24, so the test is the

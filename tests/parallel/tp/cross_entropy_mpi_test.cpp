@@ -12,11 +12,13 @@
 #include <memory>
 #include <vector>
 
+#include <fmt/format.h>
 #include "../../comm/mpi_test_main.h"
 #include "colossal/autograd/engine.h"
 #include "colossal/ops/nn_functional.h"
 #include "colossal/parallel/tp/cross_entropy.h"
 #include "gradcheck.h"  // EXPECT_ERROR_CONTAINS
+
 #include "tp_test_util.h"
 
 namespace colossal::parallel::tp {
@@ -109,6 +111,19 @@ TEST(VocabParallelCrossEntropy, MismatchedTargetIsNamed) {
   Tensor shard = my_slice(serial_logits(4, 8 * world().size()));
   EXPECT_ERROR_CONTAINS(vocab_parallel_cross_entropy(shard, core::zeros({5}, DType::i64), world()),
                         "target of shape [5] does not match logits of shape [4, 8]");
+}
+
+// A target outside the whole vocabulary (or the real part of a padded one) is an error on every rank,
+// before any collective, naming it, its row and the vocabulary.
+TEST(VocabParallelCrossEntropy, TargetOutsideTheVocabularyIsNamed) {
+  const int64_t vocab = 8 * world().size();
+  Tensor shard = my_slice(serial_logits(3, vocab));
+  EXPECT_ERROR_CONTAINS(
+      vocab_parallel_cross_entropy(shard, core::from_vector<int64_t>({0, vocab, 1}, {3}), world()),
+      fmt::format("target {} at row 1 is out of range for a vocabulary of {} (valid: 0..{}", vocab, vocab, vocab - 1));
+  EXPECT_ERROR_CONTAINS(
+      vocab_parallel_cross_entropy(shard, core::from_vector<int64_t>({0, 1, vocab - 1}, {3}), world(), {}, vocab - 1),
+      fmt::format("target {} at row 2 is out of range for a vocabulary of {}", vocab - 1, vocab - 1));
 }
 
 // A vocabulary padded to split over the group (VocabParallelEmbedding pads 8 tp - 3 entries to 8 tp):

@@ -183,6 +183,26 @@ __global__ void map_ternary_vec(int64_t n, Out* __restrict__ out, const In* __re
   }
 }
 
+/// out = f(a, b) (or f(b, a) when kRowFirst) with a contiguous and b one contiguous row of `row`
+/// elements repeated over out's leading dimensions (a bias [C] broadcast over [..., C]); n and row
+/// are multiples of kVec.
+template <int kVec, bool kRowFirst, class Out, class In, class F>
+__global__ void map_binary_row_vec(int64_t n, int64_t row, Out* __restrict__ out, const In* __restrict__ a,
+                                   const In* __restrict__ b, F f) {
+  const int64_t n_vec = n / kVec, row_vec = row / kVec;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_vec; i += int64_t{gridDim.x} * blockDim.x) {
+    const Vec<In, kVec> av = reinterpret_cast<const Vec<In, kVec>*>(a)[i];
+    const Vec<In, kVec> bv = reinterpret_cast<const Vec<In, kVec>*>(b)[i % row_vec];
+    Vec<Out, kVec> ov;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const auto x = static_cast<acc_t<In>>(av.v[j]), y = static_cast<acc_t<In>>(bv.v[j]);
+      ov.v[j] = static_cast<Out>(kRowFirst ? f(y, x) : f(x, y));
+    }
+    reinterpret_cast<Vec<Out, kVec>*>(out)[i] = ov;
+  }
+}
+
 // ---- strided
 template <int N, class Out, class In, class F>
 __global__ void map_strided(int64_t n, OffsetCalculator<N> calc, Out* out, std::array<const In*, N - 1> inputs, F f) {
@@ -208,6 +228,17 @@ inline bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+/// True when t (of out's shape) repeats one contiguous, 16-byte aligned row of out's last dimension
+/// over the others (strides 0 there): a broadcast bias.
+inline bool is_broadcast_row(const Tensor& t, const Tensor& out) {
+  const int64_t d = t.dim();
+  if (d < 2 || t.shape() != out.shape() || t.stride(d - 1) != 1 || !aligned16(t.raw_data())) return false;
+  for (int64_t k = 0; k + 1 < d; ++k) {
+    if (t.stride(k) != 0 && t.size(k) != 1) return false;
+  }
+  return true;
+}
+
 /// Runs out[i] = f(inputs[i]...) for 1 to 3 inputs of dtype In, all already of out's shape.
 template <class Out, class In, size_t K, class F>
 void launch_map(const Tensor& out, const std::array<const Tensor*, K>& inputs, F f) {
@@ -219,6 +250,30 @@ void launch_map(const Tensor& out, const std::array<const Tensor*, K>& inputs, F
   bool contiguous = out.is_contiguous() && aligned16(out.raw_data());
   for (const Tensor* t : inputs) {
     contiguous = contiguous && t->is_contiguous() && t->shape() == out.shape() && aligned16(t->raw_data());
+  }
+  // Two operands, one of them a broadcast row (a bias added to activations): vector accesses too.
+  if constexpr (K == 2) {
+    constexpr int kVec = 16 / (sizeof(Out) > sizeof(In) ? sizeof(Out) : sizeof(In));
+    const int64_t row = out.dim() > 0 ? out.size(out.dim() - 1) : 0;
+    const bool out_ok = !contiguous && out.is_contiguous() && aligned16(out.raw_data()) && row % kVec == 0;
+    auto dense = [&](const Tensor& t) {
+      return t.is_contiguous() && t.shape() == out.shape() && aligned16(t.raw_data());
+    };
+    const bool row_second = out_ok && dense(*inputs[0]) && is_broadcast_row(*inputs[1], out);
+    const bool row_first = out_ok && !row_second && dense(*inputs[1]) && is_broadcast_row(*inputs[0], out);
+    if (row_second || row_first) {
+      const In* full = static_cast<const In*>((row_second ? inputs[0] : inputs[1])->raw_data());
+      const In* bias = static_cast<const In*>((row_second ? inputs[1] : inputs[0])->raw_data());
+      Out* o = static_cast<Out*>(out.raw_data());
+      const unsigned grid = grid_for(n, kVec);
+      if (row_second) {
+        map_binary_row_vec<kVec, false><<<grid, kThreads, 0, stream>>>(n, row, o, full, bias, f);
+      } else {
+        map_binary_row_vec<kVec, true><<<grid, kThreads, 0, stream>>>(n, row, o, full, bias, f);
+      }
+      COLOSSAL_CUDA_CHECK_LAUNCH();
+      return;
+    }
   }
   if (contiguous) {
     // 16 bytes per access for the wider of the two types.

@@ -158,8 +158,89 @@ void cross_entropy_backward_cpu(const Tensor& grad_logits, const Tensor& grad_ta
   });
 }
 
+/// Row i's target as an index into this slice's columns, or -1 where the slice does not hold it.
+template <class Index>
+int64_t local_column(const Index* t, int64_t i, const VocabShardParams& params) {
+  const int64_t y = static_cast<int64_t>(t[i]) - params.class_start;
+  return y >= 0 && y < params.real_columns && static_cast<int64_t>(t[i]) != params.ignore_index ? y : -1;
+}
+
+void vocab_shard_cross_entropy_forward_cpu(const Tensor& stats, const Tensor& logits, const Tensor& target,
+                                           const VocabShardParams& params) {
+  const int64_t rows = logits.shape()[0];
+  const int64_t columns = logits.shape()[1];
+  core::dispatch_index(target.dtype(), "vocab_parallel_cross_entropy", [&]<class Index>() {
+    const Index* t = target.data<Index>();
+    for (int64_t i = 0; i < rows; ++i) {  // serially: an exception must not escape an OpenMP region
+      const int64_t y = static_cast<int64_t>(t[i]);
+      COLOSSAL_CHECK(y == params.ignore_index || (y >= 0 && y < params.classes),
+                     "vocab_parallel_cross_entropy: target {} at row {} is out of range for a vocabulary of {} "
+                     "(valid: 0..{}, or ignore_index {})",
+                     y, i, params.classes, params.classes - 1, params.ignore_index);
+    }
+    core::dispatch_floating(logits.dtype(), "vocab_parallel_cross_entropy", [&]<class T>() {
+      using Acc = core::acc_t<T>;
+      const T* x = logits.data<T>();
+      Acc* lse = stats.data<Acc>();
+      Acc* picked = lse + rows;
+      Acc* sums = lse + 2 * rows;
+      const int64_t real = params.real_columns;
+      for_each_row(rows, columns, [&](int64_t i) {
+        const T* xr = x + i * columns;
+        Acc max_value = -std::numeric_limits<Acc>::infinity();
+        for (int64_t c = 0; c < real; ++c) max_value = std::max(max_value, static_cast<Acc>(xr[c]));
+        Acc sum_exp = 0, sum_x = 0;
+        for (int64_t c = 0; c < real; ++c) sum_exp += std::exp(static_cast<Acc>(xr[c]) - max_value);
+        if (params.label_smoothing != 0.0) {
+          for (int64_t c = 0; c < real; ++c) sum_x += static_cast<Acc>(xr[c]);
+        }
+        // A slice with no real columns contributes nothing to the sum of exponentials.
+        lse[i] = real == 0 ? -std::numeric_limits<Acc>::infinity() : max_value + std::log(sum_exp);
+        const int64_t y = local_column(t, i, params);
+        picked[i] = y >= 0 ? static_cast<Acc>(xr[y]) : Acc(0);
+        sums[i] = sum_x;
+      });
+    });
+  });
+}
+
+void vocab_shard_cross_entropy_backward_cpu(const Tensor& grad_logits, const Tensor& logits, const Tensor& target,
+                                            const Tensor& lse, const Tensor& scale, const VocabShardParams& params) {
+  const int64_t rows = logits.shape()[0];
+  const int64_t columns = logits.shape()[1];
+  core::dispatch_index(target.dtype(), "vocab_parallel_cross_entropy backward", [&]<class Index>() {
+    const Index* t = target.data<Index>();
+    core::dispatch_floating(logits.dtype(), "vocab_parallel_cross_entropy backward", [&]<class T>() {
+      using Acc = core::acc_t<T>;
+      const T* x = logits.data<T>();
+      T* dx = grad_logits.data<T>();
+      const Acc* row_lse = lse.data<Acc>();
+      const Acc* row_scale = scale.data<Acc>();
+      const Acc smoothing = static_cast<Acc>(params.label_smoothing);
+      const Acc uniform_share = smoothing / static_cast<Acc>(params.classes);
+      for_each_row(rows, columns, [&](int64_t i) {
+        const T* xr = x + i * columns;
+        T* dxr = dx + i * columns;
+        const int64_t y = local_column(t, i, params);
+        for (int64_t c = 0; c < columns; ++c) {
+          if (c >= params.real_columns) {
+            dxr[c] = static_cast<T>(0.0f);
+            continue;
+          }
+          const Acc q = uniform_share + (c == y ? 1 - smoothing : Acc(0));
+          dxr[c] = static_cast<T>((std::exp(static_cast<Acc>(xr[c]) - row_lse[i]) - q) * row_scale[i]);
+        }
+      });
+    });
+  });
+}
+
 COLOSSAL_REGISTER_KERNEL(cross_entropy_forward_stub, core::DeviceType::cpu, cross_entropy_forward_cpu);
 COLOSSAL_REGISTER_KERNEL(cross_entropy_backward_stub, core::DeviceType::cpu, cross_entropy_backward_cpu);
+COLOSSAL_REGISTER_KERNEL(vocab_shard_cross_entropy_forward_stub, core::DeviceType::cpu,
+                         vocab_shard_cross_entropy_forward_cpu);
+COLOSSAL_REGISTER_KERNEL(vocab_shard_cross_entropy_backward_stub, core::DeviceType::cpu,
+                         vocab_shard_cross_entropy_backward_cpu);
 
 }  // namespace
 }  // namespace colossal::ops

@@ -295,6 +295,106 @@ __global__ void __launch_bounds__(kMaxRowBlock, 1) cross_entropy_backward_rows(B
   }
 }
 
+// ---- vocab-parallel slices (ops/loss_kernels.h, parallel/tp/cross_entropy.h)
+
+template <class T>
+struct ShardArgs {
+  using A = acc_t<T>;
+  const T* logits;
+  Labels labels;
+  A* stats;                     // forward: [3, rows]
+  T* grad_logits;               // backward
+  const A* lse;                 // backward: the whole vocabulary's, [rows]
+  const A* scale;               // backward: [rows]
+  unsigned long long* bad_row;  // forward: a target outside the whole vocabulary
+  int64_t rows, columns, class_start, real_columns, classes, ignore_index;
+  A smoothing, uniform_share;
+};
+
+/// Row i's target as a column of this slice, or -1 where another slice holds it (or it is ignored).
+template <class T>
+__device__ __forceinline__ int64_t shard_column(const ShardArgs<T>& args, int64_t row) {
+  const int64_t label = args.labels[row];
+  const int64_t y = label - args.class_start;
+  return label != args.ignore_index && y >= 0 && y < args.real_columns ? y : -1;
+}
+
+/// The slice's logsumexp over its real columns (an online max/sum, one rescale per vector), the
+/// target's logit where the slice holds it and, with label smoothing, the sum of the real columns.
+/// Vectors past real_columns are masked element by element; the ones before it are not.
+template <class T, int kVec, int kTeam>
+__global__ void __launch_bounds__(kMaxRowBlock, (kRowBlocksPerSm<T, false>)) shard_forward_rows(ShardArgs<T> args) {
+  using A = acc_t<T>;
+  __shared__ TeamScratch<A, 2> merge_scratch;
+  __shared__ TeamScratch<A, 1> sum_scratch;
+  const int64_t row = team_row<kTeam>();
+  if (row >= args.rows) return;
+  const int rank = cuda::rows::team_rank<kTeam>(), size = cuda::rows::team_size<kTeam>();
+  const T* xr = args.logits + row * args.columns;
+  const int64_t real = args.real_columns;
+  const int64_t vectors = (real + kVec - 1) / kVec;
+  const bool smoothed = args.smoothing != A(0);
+  MaxSum<A> state{-INFINITY, A(0)};
+  A sum_x = 0;
+  for (int64_t v = rank; v < vectors; v += size) {
+    const Vec<T, kVec> xs = load_vec<kVec>(xr + v * kVec);
+    const bool whole = (v + 1) * kVec <= real;
+    A vector_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      if (whole || v * kVec + j < real) vector_max = max(vector_max, to_acc(xs.v[j]));
+    }
+    if (vector_max > state.max) {
+      if (state.sum != A(0)) state.sum *= row_exp<T>(state.max - vector_max);
+      state.max = vector_max;
+    }
+    A vector_sum = 0;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      if (whole || v * kVec + j < real) {
+        const A x = to_acc(xs.v[j]);
+        vector_sum += x == -INFINITY ? A(0) : row_exp<T>(x - state.max);
+        if (smoothed) sum_x += x;
+      }
+    }
+    state.sum += vector_sum;
+  }
+  state = cuda::rows::team_merge<kTeam, T>(state, merge_scratch);
+  sum_x = cuda::rows::team_sum<kTeam>(sum_x, sum_scratch);
+  if (rank != 0) return;
+  // No real column (a slice of padding only): it adds exp(-inf) = 0 to the whole row's sum.
+  args.stats[row] = state.sum == A(0) ? A(-INFINITY) : state.max + log(state.sum);
+  const int64_t label = args.labels[row];
+  if (label != args.ignore_index && (label < 0 || label >= args.classes)) cuda::rows::report_bad(args.bad_row, row);
+  const int64_t y = shard_column(args, row);
+  args.stats[args.rows + row] = y >= 0 ? to_acc(xr[y]) : A(0);
+  args.stats[2 * args.rows + row] = sum_x;
+}
+
+/// (exp(x - lse) - q) * scale on the real columns, 0 on the padding.
+template <class T, int kVec, int kTeam>
+__global__ void __launch_bounds__(kMaxRowBlock, 1) shard_backward_rows(ShardArgs<T> args) {
+  using A = acc_t<T>;
+  const int64_t row = team_row<kTeam>();
+  if (row >= args.rows) return;
+  const int rank = cuda::rows::team_rank<kTeam>(), size = cuda::rows::team_size<kTeam>();
+  const int64_t start = row * args.columns;
+  const int64_t vectors = args.columns / kVec;
+  const int64_t y = shard_column(args, row);
+  const A lse = args.lse[row], scale = args.scale[row], keep = A(1) - args.smoothing;
+  for (int64_t v = rank; v < vectors; v += size) {
+    const Vec<T, kVec> xs = load_vec<kVec>(args.logits + start + v * kVec);
+    Vec<T, kVec> out;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const int64_t c = v * kVec + j;
+      const A q = args.uniform_share + (c == y ? keep : A(0));
+      out.v[j] = from_acc<T>(c < args.real_columns ? (row_exp<T>(to_acc(xs.v[j]) - lse) - q) * scale : A(0));
+    }
+    store_vec<kVec>(args.grad_logits + start + v * kVec, out);
+  }
+}
+
 // ---- launchers
 
 /// A warp for short rows, else one block of up to kMaxRowBlock threads per row.
@@ -445,6 +545,81 @@ void cross_entropy_backward_cuda(const Tensor& grad_logits, const Tensor& grad_t
     }
   });
 }
+
+template <class T, int kVec, bool kBackward>
+void launch_shard(const ShardArgs<T>& args, cudaStream_t stream) {
+  const RowLaunch launch = plan_rows(args.rows, args.columns / kVec);
+  if (launch.warp) {
+    kBackward ? shard_backward_rows<T, kVec, kWarp><<<launch.grid, launch.block, 0, stream>>>(args)
+              : shard_forward_rows<T, kVec, kWarp><<<launch.grid, launch.block, 0, stream>>>(args);
+  } else {
+    kBackward ? shard_backward_rows<T, kVec, kBlockTeam><<<launch.grid, launch.block, 0, stream>>>(args)
+              : shard_forward_rows<T, kVec, kBlockTeam><<<launch.grid, launch.block, 0, stream>>>(args);
+  }
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
+/// The slice kernels' arguments and launch: vectors of 16 bytes where the rows allow them.
+template <bool kBackward>
+void run_shard(const char* op, const Tensor& grad_logits, const Tensor& stats, const Tensor& logits,
+               const Tensor& target, const Tensor& lse, const Tensor& scale, const VocabShardParams& params) {
+  const Device device = logits.device();
+  check_devices(
+      op, device,
+      {{&grad_logits, "grad_logits"}, {&stats, "stats"}, {&target, "target"}, {&lse, "lse"}, {&scale, "scale"}});
+  const int64_t rows = logits.shape()[0];
+  const int64_t columns = logits.shape()[1];
+  if (rows == 0 || columns == 0) return;
+  COLOSSAL_CHECK(rows < (int64_t{1} << 31), "{}: {} rows exceed the CUDA grid limit", op, rows);
+  core::cuda::DeviceGuard guard(device);
+  cudaStream_t stream = core::cuda_detail::stream_of(logits);
+  std::optional<cuda::rows::DeviceErrorSlot> bad_row;
+  if (!kBackward) bad_row.emplace(device, stream);
+  core::dispatch_floating(logits.dtype(), op, [&]<class T>() {
+    using A = acc_t<T>;
+    const ShardArgs<T> args{logits.data<T>(),
+                            cuda::rows::index_view(target),
+                            stats.defined() ? stats.data<A>() : nullptr,
+                            grad_logits.defined() ? grad_logits.data<T>() : nullptr,
+                            lse.defined() ? lse.data<A>() : nullptr,
+                            scale.defined() ? scale.data<A>() : nullptr,
+                            bad_row ? bad_row->get() : nullptr,
+                            rows,
+                            columns,
+                            params.class_start,
+                            params.real_columns,
+                            params.classes,
+                            params.ignore_index,
+                            static_cast<A>(params.label_smoothing),
+                            static_cast<A>(params.label_smoothing / static_cast<double>(params.classes))};
+    if (cuda::rows::rows_vectorizable<T>(columns, {args.logits, args.grad_logits})) {
+      launch_shard<T, cuda::rows::kVecOf<T>, kBackward>(args, stream);
+    } else {
+      launch_shard<T, 1, kBackward>(args, stream);
+    }
+  });
+  if (!bad_row) return;
+  bad_row->defer([target, classes = params.classes, ignore_index = params.ignore_index, stream](int64_t row) {
+    const int64_t value = cuda::rows::read_index_at(target, row, stream);
+    return fmt::format(
+        "vocab_parallel_cross_entropy: target {} at row {} is out of range for a vocabulary of {} (valid: 0..{}, or "
+        "ignore_index {})",
+        value, row, classes, classes - 1, ignore_index);
+  });
+}
+
+void vocab_shard_forward_cuda(const Tensor& stats, const Tensor& logits, const Tensor& target,
+                              const VocabShardParams& params) {
+  run_shard<false>("vocab_parallel_cross_entropy", Tensor(), stats, logits, target, Tensor(), Tensor(), params);
+}
+
+void vocab_shard_backward_cuda(const Tensor& grad_logits, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                               const Tensor& scale, const VocabShardParams& params) {
+  run_shard<true>("vocab_parallel_cross_entropy backward", grad_logits, Tensor(), logits, target, lse, scale, params);
+}
+
+COLOSSAL_REGISTER_KERNEL(vocab_shard_cross_entropy_forward_stub, core::DeviceType::cuda, vocab_shard_forward_cuda);
+COLOSSAL_REGISTER_KERNEL(vocab_shard_cross_entropy_backward_stub, core::DeviceType::cuda, vocab_shard_backward_cuda);
 
 COLOSSAL_REGISTER_KERNEL(cross_entropy_forward_stub, core::DeviceType::cuda, cross_entropy_forward_cuda);
 COLOSSAL_REGISTER_KERNEL(cross_entropy_backward_stub, core::DeviceType::cuda, cross_entropy_backward_cuda);

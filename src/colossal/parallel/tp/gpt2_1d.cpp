@@ -144,7 +144,9 @@ ParallelGPT2MLP::ParallelGPT2MLP(const nn::models::GPT2MLP& serial, const nn::mo
 
 Tensor ParallelGPT2MLP::forward(const Tensor& x) {
   // GPT-2's gelu_new is the tanh approximation; elementwise, so it applies to each rank's features.
-  Tensor hidden = ops::gelu(c_fc_->forward(x), ops::GeluApproximation::tanh);
+  // A column-parallel c_fc applies it in its GEMM's epilogue (ops::linear_gelu), as the serial MLP.
+  const std::shared_ptr<ColumnParallelLinear> column = c_fc();
+  Tensor hidden = column ? column->forward_gelu(x) : ops::gelu(c_fc_->forward(x), ops::GeluApproximation::tanh);
   if (gather_hidden_) hidden = gather_from_region(hidden, -1, *group_);
   return dropout_->forward(c_proj_->forward(hidden));
 }

@@ -33,9 +33,12 @@ Tensor shard(const Tensor& t, int dim, const comm::ProcessGroup& group, const ch
   return shard_of(t, ShardSpec::shard(dim, order), group.rank(), group.size());
 }
 
-/// y = x W^T or x W for a weight in `layout`.
-Tensor affine(const Tensor& x, const Tensor& weight, const Tensor& bias, WeightLayout layout) {
-  return ops::linear(x, layout == WeightLayout::kOutIn ? weight : weight.t(), bias);
+/// y = x W^T or x W for a weight in `layout` (then GELU when `gelu`); `hook` sees the input's
+/// gradient in backward.
+Tensor affine(const Tensor& x, const Tensor& weight, const Tensor& bias, WeightLayout layout,
+              ops::InputGradHook hook = {}, bool gelu = false) {
+  const Tensor w = layout == WeightLayout::kOutIn ? weight : weight.t();
+  return gelu ? ops::linear_gelu(x, w, bias, std::move(hook)) : ops::linear(x, w, bias, std::move(hook));
 }
 
 /// The sequence dimension of activations [..., T, features] under sequence parallelism.
@@ -93,12 +96,26 @@ std::shared_ptr<ColumnParallelLinear> ColumnParallelLinear::from(const nn::Conv1
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
+  return gather_output_ ? gather_from_region(local_forward(x, /*gelu=*/false), -1, *group_)
+                        : local_forward(x, /*gelu=*/false);
+}
+
+Tensor ColumnParallelLinear::forward_gelu(const Tensor& x) {
+  COLOSSAL_CHECK(!gather_output_,
+                 "ColumnParallelLinear::forward_gelu: the layer gathers its output; GELU applies to this rank's "
+                 "features, before any gather");
+  return local_forward(x, /*gelu=*/true);
+}
+
+Tensor ColumnParallelLinear::local_forward(const Tensor& x, bool gelu) {
   // Every rank needs the whole input; the input's gradient is the sum of every shard's part (under
-  // sequence parallelism, each rank's sequence shard of that sum).
-  const Tensor whole =
-      sequence_parallel_ ? gather_from_sequence_region(x, sequence_dim(x), *group_) : copy_to_region(x, *group_);
-  Tensor y = affine(whole, *weight_, *bias_, layout_);
-  return gather_output_ ? gather_from_region(y, -1, *group_) : y;
+  // sequence parallelism, each rank's sequence shard of that sum). Without sequence parallelism
+  // that sum is copy_to_region's all-reduce folded into the linear op, overlapping the weight's
+  // gradient GEMM (all_reduce_input_grad).
+  if (sequence_parallel_) {
+    return affine(gather_from_sequence_region(x, sequence_dim(x), *group_), *weight_, *bias_, layout_, {}, gelu);
+  }
+  return affine(x, *weight_, *bias_, layout_, all_reduce_input_grad(*group_), gelu);
 }
 
 std::string ColumnParallelLinear::extra_repr() const {
@@ -157,7 +174,7 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
     // Each rank adds the bias to its own rows: the bias's gradient is the sum of every rank's.
     return bias_->defined() ? ops::add(y, copy_to_region(*bias_, *group_)) : y;
   }
-  Tensor y = reduce_from_region(partial, *group_);
+  Tensor y = reduce_from_region(partial, *group_, /*consume_input=*/true);
   return bias_->defined() ? ops::add(y, *bias_) : y;
 }
 

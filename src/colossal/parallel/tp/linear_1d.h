@@ -51,6 +51,10 @@ class ColumnParallelLinear : public nn::Module, public Sharded {
   /// sequence_parallel): x is this rank's shard of the sequence dimension (the one before the
   /// features), all-gathered in forward and its gradient reduce-scattered in backward.
   Tensor forward(const Tensor& x) override;
+  /// gelu(forward(x)) with the tanh approximation, as one ops::linear_gelu (the GEMM's epilogue
+  /// applies the bias and GELU): GPT-2's MLP hidden layer without a pass over its activations.
+  /// Needs gather_output false (the GELU applies to this rank's features).
+  Tensor forward_gelu(const Tensor& x);
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
   bool sequence_parallel() const { return sequence_parallel_; }
   std::string extra_repr() const override;
@@ -64,6 +68,10 @@ class ColumnParallelLinear : public nn::Module, public Sharded {
   int64_t out_features_per_rank() const { return out_features_ / group_->size(); }
 
  private:
+  /// This rank's output features of x (gathered from the sequence shards first under sequence
+  /// parallelism), with GELU when asked.
+  Tensor local_forward(const Tensor& x, bool gelu);
+
   std::shared_ptr<comm::ProcessGroup> group_;
   WeightLayout layout_;
   bool gather_output_;

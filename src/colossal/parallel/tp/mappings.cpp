@@ -129,13 +129,24 @@ Tensor copy_to_region(const Tensor& x, ProcessGroup& group) {
   return y;
 }
 
-Tensor reduce_from_region(const Tensor& x, ProcessGroup& group) {
+Tensor reduce_from_region(const Tensor& x, ProcessGroup& group, bool consume_input) {
   check_input("reduce_from_region", x, group);
   if (group.size() == 1) return identity("tp::reduce_from_region", x);
-  // x belongs to the caller: the sum goes into a new tensor.
-  Tensor y = all_reduce_sum(x, group, /*may_overwrite=*/false);
+  // x belongs to the caller unless it gives it up: then the sum is taken in place (when no other
+  // handle or view sees x's buffer), and y is a new handle on it.
+  Tensor y = all_reduce_sum(x, group, /*may_overwrite=*/consume_input);
+  if (y.impl() == x.impl()) y = y.detach();
   record("tp::reduce_from_region", {x}, {y}, [](const Grads& g, const Node&) { return Grads{g[0]}; });
   return y;
+}
+
+ops::InputGradHook all_reduce_input_grad(ProcessGroup& group) {
+  if (group.size() == 1) return {};
+  return [group = &group](const Tensor& grad_x) -> std::function<void()> {
+    // grad_x is the linear's fresh GEMM output, held by nothing else: summed in place.
+    comm::Work work = group->all_reduce(grad_x, ReduceOp::sum, /*async=*/true);
+    return [work]() mutable { work.wait(); };
+  };
 }
 
 Tensor scatter_to_region(const Tensor& x, int64_t dim, ProcessGroup& group) {

@@ -26,6 +26,7 @@
 
 #include "colossal/comm/process_group.h"  // ProcessGroup
 #include "colossal/core/tensor.h"
+#include "colossal/ops/linalg.h"  // InputGradHook
 
 namespace colossal::parallel::tp {
 
@@ -38,7 +39,17 @@ Tensor copy_to_region(const Tensor& x, comm::ProcessGroup& group);
 /// Megatron's reduce_from_tensor_model_parallel_region (_ReduceFromModelParallelRegion, "g"):
 /// forward the all-reduce (sum) of x into a new tensor; backward the identity. Adjoint: y = sum_r x_r
 /// is replicated, so the loss sees it once and dL/dx_r = dL/dy, the same gradient on every rank.
-Tensor reduce_from_region(const Tensor& x, comm::ProcessGroup& group);
+/// consume_input: the caller gives x up (a GEMM's fresh output that nothing else reads, as the
+/// row-parallel layer's partial product): the sum is taken in x's own buffer, which y then shares,
+/// saving a copy of the activations per call.
+Tensor reduce_from_region(const Tensor& x, comm::ProcessGroup& group, bool consume_input = false);
+
+/// copy_to_region folded into the linear layer that consumes its output (Megatron's column-parallel
+/// layer with its asynchronous gradient all-reduce): the hook ops::linear / ops::linear_gelu call in
+/// backward with the input's gradient, which it all-reduces (sum) over the group in place and
+/// asynchronously while the weight's and bias's gradient GEMMs run, then waits for (on a GPU, the
+/// compute stream waits for the communicator's; the host does not). `group` must outlive the backward.
+ops::InputGradHook all_reduce_input_grad(comm::ProcessGroup& group);
 
 /// Megatron's scatter_to_tensor_model_parallel_region (_ScatterToModelParallelRegion), along any
 /// dimension (Megatron's splits the last): forward this rank's chunk of x along dim (x.size(dim)
