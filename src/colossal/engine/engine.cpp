@@ -86,6 +86,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
 }
 
 void Engine::zero_grad() {
+  if (gradient_handler_) gradient_handler_->zero_grad();
   optimizer_->zero_grad();
   if (amp_) amp_->zero_grad();  // the model's 16-bit gradients; the optimizer holds the masters
   micro_step_ = 0;

@@ -24,6 +24,10 @@ class GradientHandler {
   /// Called by the Engine after the update (`stepped`: false when mixed precision skipped it for an
   /// overflow): ZeRO all-gathers the parameters each rank updated. Nothing for DataParallel.
   virtual void after_update(bool stepped) { (void)stepped; }
+  /// Drops what the handler holds of an open window (Engine::zero_grad: a window cut short is not
+  /// mixed into the next). DataParallel holds nothing beyond the parameters' .grad; ZeRO-2 its
+  /// accumulated shard. Every rank of group() calls it together.
+  virtual void zero_grad() {}
   /// The group the gradients are reduced over.
   virtual const comm::ProcessGroup& group() const = 0;
   /// True when, after finish(), every rank of group() holds the same gradients (an all-reduce);

@@ -328,6 +328,19 @@ void LowLevelZero::finish() {
   window_reduced_ = false;
 }
 
+void LowLevelZero::zero_grad() {
+  autograd::NoGradGuard no_grad;
+  flush_backward();
+  drain(/*all=*/true);
+  shard_grad_ = Tensor();
+  window_reduced_ = false;
+  // The optimizer holds the shards, not the model's parameters: their local gradients (stage 1's
+  // accumulation) are dropped here.
+  for (Entry& e : entries_) {
+    if (e.param.grad().defined()) e.param.set_grad(Tensor());
+  }
+}
+
 void LowLevelZero::after_update(bool stepped) {
   if (!stepped) return;
   autograd::NoGradGuard no_grad;

@@ -71,6 +71,9 @@ class LowLevelZero final : public GradientHandler {
   /// Waits for the window's reductions and puts each shard's reduced fp32 gradient into the .grad
   /// of the tensor the optimizer steps for it (shards()); the model's gradients are dropped.
   void finish() override;
+  /// Drops the open window: its reductions (those in flight completed first, as on every rank) and
+  /// the model's local gradients.
+  void zero_grad() override;
   /// All-gathers the updated parameters (nothing when the step was skipped).
   void after_update(bool stepped) override;
   const comm::ProcessGroup& group() const override { return *group_; }
