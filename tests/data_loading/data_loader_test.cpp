@@ -332,5 +332,13 @@ TEST(PinnedMemoryPool, RecyclesBlocksOnceTheirTensorsAreGone) {
   EXPECT_EQ(b.to_vector<float>()[31], 1.0f);
 }
 
+TEST(PinnedMemoryPool, AByteSizePast64BitsIsAnError) {
+  // 2^61 f64 elements: the byte count wrapped to 0 and a 0-byte block backed the tensor.
+  auto pool = PinnedMemoryPool::create(host_empty);
+  expect_error([&] { pool->empty({int64_t{1} << 61}, DType::f64); },
+               {"PinnedMemoryPool::empty: shape [2305843009213693952] of f64", "more bytes than fit in 64 bits"});
+  EXPECT_EQ(pool->blocks_allocated(), 0);
+}
+
 }  // namespace
 }  // namespace colossal::data

@@ -69,8 +69,7 @@ PinnedMemoryPool::PinnedMemoryPool(HostAllocator allocate_block, size_t max_cach
       max_cached_blocks_(max_cached_blocks) {}
 
 Tensor PinnedMemoryPool::empty(const Shape& shape, DType dtype) {
-  core::check_shape(shape, "PinnedMemoryPool::empty");
-  const size_t nbytes = static_cast<size_t>(core::shape_numel(shape)) * core::element_size(dtype);
+  const size_t nbytes = core::checked_nbytes(shape, dtype, "PinnedMemoryPool::empty");
   Tensor block;
   {
     std::lock_guard lock(mutex_);
