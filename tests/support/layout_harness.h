@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "colossal/amp/grad_scaler.h"  // GradScalerOptions
 #include "colossal/comm/process_group.h"
 #include "colossal/config/train_config.h"  // TensorSpecRule
 #include "colossal/core/random.h"
@@ -74,6 +75,9 @@ struct HarnessCase {
   int64_t accumulation = 1;  ///< micro-steps per update
   std::optional<double> clip;
   Precision precision = Precision::f32;
+  /// fp16: the loss scaler's options (unset: the naive mode's defaults). A scale that makes the first
+  /// step overflow checks that every rank skips the same steps as the serial run.
+  std::optional<amp::GradScalerOptions> scaler;
   /// Largest relative difference (by norm, per tensor; per value for losses) allowed between the
   /// serial and the layout run. The default suits f32 (see layout_harness.cpp).
   double tolerance = 1e-5;
@@ -84,6 +88,7 @@ struct HarnessReport {
   double loss = 0, grad = 0, param = 0;
   std::string worst_grad, worst_param;  ///< "step 2 h.0.attn.c_attn.weight"
   int64_t compared_tensors = 0;
+  int64_t skipped_steps = 0;  ///< updates the layout run skipped for inf/NaN gradients (fp16)
 };
 
 /// Runs `c` serially and under `layout` over `world` (every rank of it calls this together) and

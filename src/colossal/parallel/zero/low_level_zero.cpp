@@ -12,7 +12,7 @@
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"
 #include "colossal/core/profiler.h"    // Scope
-#include "colossal/ops/elementwise.h"  // add_
+#include "colossal/ops/elementwise.h"  // add_, mul_
 
 namespace colossal::parallel::zero {
 
@@ -291,8 +291,18 @@ void LowLevelZero::launch(size_t b) {
     }
     e.param.set_grad(Tensor());  // the bucket holds it now
   }
+  // Note [Averaging 16-bit gradients]: a 16-bit bucket is divided by the group's size before a sum,
+  // rather than summed and then divided, so that the partial sums stay within the largest rank's
+  // gradient: summed first, fp16 gradients that every rank holds finite (loss-scaled, close to
+  // 65504) overflow on the way, and the step is skipped where the serial run steps. NCCL's avg
+  // premultiplies the same way; the MPI backend's sums first. Dividing by a power of two is exact.
+  comm::ReduceOp op = comm::ReduceOp::avg;
+  if (core::is_reduced_float(dtype) && group_->size() > 1) {
+    ops::mul_(flat, 1.0 / static_cast<double>(group_->size()));
+    op = comm::ReduceOp::sum;
+  }
   Tensor out = core::empty({bucket.chunk}, TensorOptions(dtype, group_->device()));
-  comm::Work work = group_->reduce_scatter(out, flat, comm::ReduceOp::avg, /*async=*/true);
+  comm::Work work = group_->reduce_scatter(out, flat, op, /*async=*/true);
   in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out)});
 }
 
