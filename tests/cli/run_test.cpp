@@ -304,6 +304,16 @@ TEST(RunMpi, RanksGetOurVariablesAndPrefixedLines) {
   EXPECT_EQ(as_set(run.err), (std::multiset<std::string>{"[rank 0] e0", "[rank 1] e1", "[rank 2] e2"}));
 }
 
+TEST(RunMpi, ARankPrintingATagWithAHugeRankIsRelayedAsText) {
+  // Text that looks like mpirun's tag but names a rank past int: relayed, not parsed (std::stoi
+  // threw std::out_of_range out of the launcher).
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on PATH";
+  const Captured run = run_launcher(mpi(2), sh("echo \"[1,99999999999]<stdout>:x$RANK\""));
+  EXPECT_EQ(run.result.exit_code, 0) << joined(run.err);
+  EXPECT_EQ(as_set(run.out),
+            (std::multiset<std::string>{"[rank 0] [1,99999999999]<stdout>:x0", "[rank 1] [1,99999999999]<stdout>:x1"}));
+}
+
 TEST(RunMpi, OneFailingRankEndsTheJobAndIsNamed) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on PATH";
   const Captured run = run_launcher(mpi(3), sh("if [ \"$RANK\" = 1 ]; then sleep 0.2; exit 3; fi; sleep 60"));

@@ -172,7 +172,7 @@ class MpiOutputRouter {
 
   /// "[<jobid>,<rank>]<stdout|stderr|stddiag>:" at the start of text.
   static TagMatch match_tag(std::string_view text) {
-    static const std::regex tag(R"(^\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:)");
+    static const std::regex tag(R"(^\[\d+,(\d{1,9})\]<(stdout|stderr|stddiag)>:)");
     static const std::regex tag_prefix(R"(^\[(\d+(,(\d+(\](<[a-z]*>?)?)?)?)?)?$)");
     std::match_results<std::string_view::const_iterator> m;
     if (std::regex_search(text.begin(), text.end(), m, tag)) {
@@ -817,9 +817,9 @@ std::optional<RankFailure> read_lowest_failure(const std::filesystem::path& dir)
 }
 
 std::optional<RankFailure> parse_mpirun_report(const std::vector<std::string>& lines) {
-  static const std::regex process_name(R"(Process name:\s*\[\[\d+,\d+\],(\d+)\])");
-  static const std::regex exit_code(R"(Exit code:\s*(\d+))");
-  static const std::regex on_signal(R"(process rank (\d+) with PID .* exited on signal (\d+))");
+  static const std::regex process_name(R"(Process name:\s*\[\[\d+,\d+\],(\d{1,9})\])");
+  static const std::regex exit_code(R"(Exit code:\s*(\d{1,9}))");
+  static const std::regex on_signal(R"(process rank (\d{1,9}) with PID .* exited on signal (\d{1,9}))");
   RankFailure failure;
   std::smatch m;
   for (const std::string& line : lines) {
