@@ -56,7 +56,8 @@ PipelineReportHook::PipelineReportHook(std::shared_ptr<PipelineSchedule> schedul
 }
 
 void PipelineReportHook::before_train_iter(Trainer&) {
-  // Step 0 warms up (allocations, the shapes' headers): the first report is at step `interval`.
+  // The first iteration warms up (allocations, the shapes' headers): the first report is of iteration
+  // interval + 1, counted from 1.
   measuring_ = iterations_ > 0 && iterations_ % interval_ == 0;
   schedule_->set_timing(measuring_);
 }
@@ -68,7 +69,7 @@ void PipelineReportHook::after_train_iter(Trainer&, const Tensor&, const Tensor&
   schedule_->set_timing(false);
   last_ = gather_bubble_report(*schedule_);
   if (print_) {
-    fmt::print("step {}: {}\n", iterations_ - 1, last_.describe());
+    fmt::print("iteration {}: {}\n", iterations_, last_.describe());
     std::fflush(stdout);
   }
 }

@@ -209,18 +209,18 @@ class StepTimer {
       events_.emplace_back(true);
       events_.back().record(core::cuda::current_stream(device_));
     } else {
-      const Clock::time_point now = Clock::now();
-      busy_ms_ += std::chrono::duration<double, std::milli>(now - op_start_).count();
-      end_ = now;
+      busy_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - op_start_).count();
     }
   }
+  /// The span ends now (after the step's closing all-reduce: when the last stage is done too).
   StageTiming finish() {
-    if (!device_.is_cuda()) return {std::chrono::duration<double, std::milli>(end_ - start_).count(), busy_ms_};
-    if (events_.size() < 3) return {};
+    if (!device_.is_cuda()) return {std::chrono::duration<double, std::milli>(Clock::now() - start_).count(), busy_ms_};
+    events_.emplace_back(true);
+    events_.back().record(core::cuda::current_stream(device_));
     events_.back().synchronize();
     StageTiming t;
     t.span_ms = events_.front().elapsed_ms(events_.back());
-    for (size_t i = 1; i + 1 < events_.size(); i += 2) t.busy_ms += events_[i].elapsed_ms(events_[i + 1]);
+    for (size_t i = 1; i + 2 < events_.size(); i += 2) t.busy_ms += events_[i].elapsed_ms(events_[i + 1]);
     return t;
   }
 
@@ -228,7 +228,7 @@ class StepTimer {
   using Clock = std::chrono::steady_clock;
   Device device_;
   std::vector<core::cuda::Event> events_;  // the step's start, then each op's start and end
-  Clock::time_point start_, op_start_, end_;
+  Clock::time_point start_, op_start_;
   double busy_ms_ = 0;
 };
 
@@ -381,17 +381,16 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
     }
     if (timer) timer->end_op();
   }
-  if (timer) last_timing_ = timer->finish();
   exchanger.finish();
   if (handler != nullptr) handler->set_sync(sync_window);  // as the Engine set it
 
   // Note [Tied parameters across stages]: each copy's gradient becomes the sum of every stage's, once
   // per accumulation window (the sum of the window's accumulated shares).
   if (tied_group_ != nullptr && tied_group_->size() > 1 && engine.last_step_updated()) {
-    COLOSSAL_CHECK(engine.gradient_handler() == nullptr,
-                   "pipeline stage {}: tied parameters across stages under data parallelism are not supported yet "
-                   "(the data-parallel reduction of their gradients is still in flight here)",
-                   s);
+    // Under data parallelism the handler's reduction of this window is finished first (it averages the
+    // copies over the replicas in place); the stages' sum then adds up the averaged shares, which is
+    // the average of the sums.
+    if (handler != nullptr) handler->finish();
     for (Tensor& param : tied_) {
       Tensor grad = param.grad();
       if (!grad.defined()) {
@@ -415,6 +414,7 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
     engine.set_last_output(ops::cat(outputs, 0));
   }
   if (p > 1) group_->all_reduce(reported, comm::ReduceOp::sum);
+  if (timer) last_timing_ = timer->finish();
   return reported;
 }
 

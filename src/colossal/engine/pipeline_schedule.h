@@ -32,16 +32,18 @@
 // projection on the last; Note [Pipeline layers]) lives as a copy on each, equal at the start. Each
 // copy's gradient is that stage's share; after the backwards of an accumulation window's last
 // micro-step the schedule sums them over the stages that hold the weight (Megatron's embedding
-// group), so every copy takes the same update and they stay equal. (Not yet with data parallelism
-// on top: refused with a message.)
+// group), so every copy takes the same update and they stay equal. Under data parallelism the
+// gradient handler's reduction is finished first, then the stages' sum adds the averaged shares.
 // Note [Pipeline bubble]
-// With timing on, a stage measures each micro-step: its span, from the start of its first op to the
-// end of its last, and its busy time, the sum of its forwards' and backwards' own times; the rest of
+// With timing on, a stage measures each micro-step: its span, from the start of the micro-step to the
+// end of the loss's all-reduce that closes it (which waits for every stage, so every stage's span is
+// the pipeline's), and its busy time, the sum of its forwards' and backwards' own times; the rest of
 // the span it waited for its neighbours (the bubble, and any exchange that took longer than the
 // compute it overlaps). Host clocks on the CPU; on a GPU, timing events on the compute stream around
 // each op, recorded after the op's receives were waited for, so an op's time is its kernels' and not
-// the wait. The bubble fraction idle / busy is comparable to the schedule's (p - 1) / (v m): 1F1B's
-// span is (m + p - 1) op pairs of which m are busy (engine/pipeline_report.h gathers and prints it).
+// the wait. The bubble fraction idle / busy is comparable to the schedule's (p - 1) / (v m): in 1F1B
+// every stage is busy m op pairs of the pipeline's m + p - 1 (engine/pipeline_report.h gathers and
+// prints it).
 #pragma once
 
 #include <map>
@@ -56,8 +58,9 @@
 
 namespace colossal::engine {
 
-/// One stage's time over a micro-step (Note [Pipeline bubble]): from the start of its first op to the
-/// end of its last (span), and the part of it spent inside its forwards and backwards (busy).
+/// One stage's time over a micro-step (Note [Pipeline bubble]): from its start to the end of the
+/// pipeline's closing all-reduce (span), and the part of it spent inside its forwards and backwards
+/// (busy).
 struct StageTiming {
   double span_ms = 0;
   double busy_ms = 0;

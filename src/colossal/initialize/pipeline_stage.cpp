@@ -6,13 +6,18 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "colossal/core/error.h"
 #include "colossal/nn/models/gpt2.h"
+#include "colossal/nn/models/layer_view.h"
 #include "colossal/nn/models/resnet.h"
 #include "colossal/nn/models/vit.h"
+#include "colossal/nn/transformer_block.h"
 #include "colossal/parallel/pp/partition.h"
+#include "colossal/parallel/tp/gpt2_1d.h"  // ParallelGPT2Block
+#include "colossal/parallel/tp/vit_1d.h"   // ParallelViTBlock
 
 namespace colossal::initialize {
 std::vector<std::shared_ptr<nn::Module>> pipeline_pieces(nn::Module& model) {
@@ -43,8 +48,55 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
   return parallel::pp::partition_balanced(weights, num_stages, num_chunks);
 }
 
+namespace {
+
+/// Piece `index` of `model`'s layers() for a tensor-parallel stage (Note [Pipeline of tensor-parallel
+/// stages]): a transformer block becomes its 1D tensor-parallel block under the same name; the other
+/// pieces stay as they are.
+std::shared_ptr<nn::Module> tensor_parallel_piece(nn::Module& model, const std::shared_ptr<nn::Module>& piece,
+                                                  size_t index, std::shared_ptr<comm::ProcessGroup> group,
+                                                  const parallel::tp::DropoutGenerators& dropout) {
+  if (auto* gpt2 = dynamic_cast<nn::models::GPT2*>(&model)) {
+    const size_t blocks = gpt2->h()->size();
+    if (index == 0 || index > blocks) return piece;  // embed, head
+    const size_t b = index - 1;
+    const auto serial = std::dynamic_pointer_cast<nn::models::GPT2Block>((*gpt2->h())[b]);
+    COLOSSAL_CHECK(serial != nullptr, "pipeline x tensor parallelism: h.{} of the GPT-2 is not a GPT2Block", b);
+    auto block = std::make_shared<parallel::tp::ParallelGPT2Block>(
+        *serial, gpt2->config(), std::move(group), parallel::tp::ParallelGPT2Options{.dropout = dropout});
+    auto view = std::make_shared<nn::models::LayerView>(
+        "ParallelGPT2Block", [block](nn::models::LayerView&, const Tensor& x) { return block->forward(x); });
+    view->share_module("h." + std::to_string(b), block);
+    return view;
+  }
+  if (auto* vit = dynamic_cast<nn::models::VisionTransformer*>(&model)) {
+    const size_t blocks = vit->blocks()->size();
+    if (index == 0 || index > blocks) return piece;  // embed, head
+    const size_t b = index - 1;
+    const auto serial = std::dynamic_pointer_cast<nn::TransformerBlock>((*vit->blocks())[b]);
+    COLOSSAL_CHECK(serial != nullptr, "pipeline x tensor parallelism: blocks.{} of the ViT is not a TransformerBlock",
+                   b);
+    const nn::models::ViTConfig& v = vit->config();
+    // The serial model's stochastic depth rule (as ParallelViT).
+    const double drop_path =
+        v.depth > 1 ? v.drop_path_rate * static_cast<double>(b) / static_cast<double>(v.depth - 1) : 0.0;
+    auto block = std::make_shared<parallel::tp::ParallelViTBlock>(*serial, v, drop_path, std::move(group),
+                                                                  parallel::tp::ParallelViTOptions{.dropout = dropout});
+    auto view = std::make_shared<nn::models::LayerView>(
+        "ParallelViTBlock", [block](nn::models::LayerView&, const Tensor& x) { return block->forward(x); });
+    view->share_module("blocks." + std::to_string(b), block);
+    return view;
+  }
+  COLOSSAL_FAIL(
+      "parallel.pipeline with parallel.tensor.size > 1: the model built ({}) has no tensor-parallel "
+      "blocks; GPT-2 and ViT have",
+      model.type_name());
+}
+
+}  // namespace
+
 PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelContext& context,
-                                  const config::TrainConfig& c) {
+                                  const config::TrainConfig& c, const parallel::tp::DropoutGenerators& dropout) {
   const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kPipeline);
   const int p = group->size(), stage = group->rank(), v = c.parallel.num_chunks;
   const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(model);
@@ -75,9 +127,15 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
 
   auto module = std::make_shared<nn::ModuleList>();
   std::vector<std::shared_ptr<nn::Module>> chunks;
+  const std::shared_ptr<comm::ProcessGroup> tensor_group = context.group(parallel::GroupKind::kTensor);
+  const bool tensor_parallel = tensor_group != nullptr && tensor_group->size() > 1;
   for (const parallel::pp::PieceRange& r : parts[static_cast<size_t>(stage)]) {
     auto chunk = std::make_shared<nn::Sequential>();
-    for (int64_t i = r.begin; i < r.end; ++i) chunk->push_back(pieces[static_cast<size_t>(i)]);
+    for (int64_t i = r.begin; i < r.end; ++i) {
+      const std::shared_ptr<nn::Module>& piece = pieces[static_cast<size_t>(i)];
+      chunk->push_back(
+          tensor_parallel ? tensor_parallel_piece(model, piece, static_cast<size_t>(i), tensor_group, dropout) : piece);
+    }
     chunks.push_back(chunk);
     module->push_back(chunk);
   }
@@ -86,8 +144,10 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     schedule->set_tied_parameters(tied, engine::PipelineSchedule::tied_group(*group, tied_stages.contains(stage)));
   }
   std::string description =
-      fmt::format("pipeline: {} stages x {} chunk{}, {} pieces balanced by parameters, {} microbatches; {}", p, v,
-                  v > 1 ? "s" : "", pieces.size(), c.parallel.num_microbatches, parallel::pp::describe(parts));
+      fmt::format("pipeline: {} stages x {} chunk{}, {} pieces balanced by parameters, {} microbatches{}; {}", p, v,
+                  v > 1 ? "s" : "", pieces.size(), c.parallel.num_microbatches,
+                  tensor_parallel ? fmt::format(", blocks {}-way tensor-parallel", tensor_group->size()) : "",
+                  parallel::pp::describe(parts));
   return {module, schedule, std::move(description)};
 }
 

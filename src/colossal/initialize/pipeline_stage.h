@@ -14,6 +14,7 @@
 #include "colossal/nn/module.h"
 #include "colossal/parallel/parallel_context.h"
 #include "colossal/parallel/pp/partition.h"
+#include "colossal/parallel/tp/random.h"  // DropoutGenerators
 
 namespace colossal::initialize {
 
@@ -34,10 +35,20 @@ std::vector<std::shared_ptr<nn::Module>> pipeline_pieces(nn::Module& model);
 parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces, int num_stages,
                                        int num_chunks);
 
-/// Cuts `model` (whole on this rank; a GPT-2, ViT or ResNet) for this rank's pipeline stage. Every
-/// rank of the pipeline group must call it (it splits the group for tied weights). Throws naming
+/// Cuts `model` (whole on this rank, serial; a GPT-2, ViT or ResNet) for this rank's pipeline stage.
+/// Every rank of the pipeline group must call it (it splits the group for tied weights). Throws naming
 /// model.name when the model has no pieces, or the numbers when they do not fill the stages.
+///
+/// Note [Pipeline of tensor-parallel stages]
+/// With a tensor group of more than one rank (GPT-2 and ViT), the stage's transformer blocks become
+/// the 1D tensor-parallel blocks (parallel/tp: ParallelGPT2Block, ParallelViTBlock, built from the
+/// serial ones, their dropout drawing from `dropout`), each tensor rank holding its part; the embedding
+/// and head pieces stay whole on every tensor rank (replicated, as ParallelViT keeps them; for GPT-2 the
+/// tied wte whole too, so the logits are whole and the loss is the serial one). The activations between
+/// the blocks are whole on every tensor rank, so each tensor rank of stage s exchanges them with the
+/// same tensor rank of stage s + 1 over its own pipeline group, and the tied wte's copies are summed
+/// per tensor rank. Not with sequence parallelism or parallel.tensor.specs (refused by the run).
 PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelContext& context,
-                                  const config::TrainConfig& c);
+                                  const config::TrainConfig& c, const parallel::tp::DropoutGenerators& dropout = {});
 
 }  // namespace colossal::initialize

@@ -46,11 +46,19 @@ void reject_unsupported(const TrainConfig& c) {
   if (c.parallel.pipeline > 1) {
     // The pipeline schedule runs a stage's chunks (initialize/pipeline_stage.h); what it does not
     // combine with yet is refused here, by key.
-    if (c.parallel.tensor.size > 1) {
+    // A pipeline of tensor-parallel stages (Note [Pipeline of tensor-parallel stages]) splits the blocks
+    // by the built-in policy, with whole activations between them.
+    if (c.parallel.tensor.size > 1 && c.parallel.tensor.sequence_parallel) {
       unsupported(
-          fmt::format("parallel.pipeline = {} with parallel.tensor.size = {}: pipeline x tensor parallelism is "
-                      "not built yet; use one of them",
-                      c.parallel.pipeline, c.parallel.tensor.size));
+          fmt::format("parallel.pipeline = {} with parallel.tensor.sequence_parallel = true: the stages exchange "
+                      "whole activations, sequence parallelism is not built into the pipeline yet; set it to false",
+                      c.parallel.pipeline));
+    }
+    if (c.parallel.tensor.size > 1 && !c.parallel.tensor.specs.empty()) {
+      unsupported(
+          fmt::format("parallel.pipeline = {} with parallel.tensor.specs: a pipeline's stages split their blocks by "
+                      "the built-in policy only; remove parallel.tensor.specs",
+                      c.parallel.pipeline));
     }
     if (!c.train.checkpoint_dir.empty() || !c.train.resume_from.empty()) {
       unsupported(
@@ -243,7 +251,8 @@ void TrainingRun::build_data_and_model() {
     }
   }
   model_->to(device_);
-  if (context_->layout().tensor_size() > 1) {
+  // Under a pipeline the stage splits its own blocks (make_pipeline_stage below).
+  if (context_->layout().tensor_size() > 1 && context_->layout().pipeline_size() == 1) {
     // The serial model split over the tensor group (reject_unsupported let GPT-2 and ViT through).
     // Dropout inside the split region draws from the tensor generator, different on every tensor
     // rank; outside it every rank draws the same masks from the data's (parallel/tp/random.h).
@@ -273,9 +282,13 @@ void TrainingRun::build_data_and_model() {
   if (context_->layout().pipeline_size() > 1) {
     // This rank's stage: the whole model is cut into pieces and the stage keeps its chunks
     // (initialize/pipeline_stage.h; every rank builds the whole model first, for now).
-    PipelineStage stage = make_pipeline_stage(*model_, *context_, c);
+    // With tensor parallelism its blocks become tensor-parallel (Note [Pipeline of tensor-parallel
+    // stages]), their dropout drawing as ParallelGPT2's and ParallelViT's do.
+    const parallel::tp::DropoutGenerators dropout{.data = dropout_generator_.get(), .tensor = tensor_generator_.get()};
+    PipelineStage stage = make_pipeline_stage(*model_, *context_, c, dropout);
     if (writer_ && options_.verbose) fmt::print("{}\n", stage.description);
     model_ = stage.module;
+    model_->to(device_);  // the tensor-parallel blocks made anew sit where the serial model did
     pipeline_schedule_ = stage.schedule;
   }
 
