@@ -121,6 +121,24 @@ TEST(TrainingRun, AConfigTrainsFromCppWithTheContextInTheEngine) {
   EXPECT_EQ(result.steps, 3);
 }
 
+TEST(TrainingRun, ZeroStageReachesTheEngine) {
+  // One data rank: ZeRO-1 shards over a group of one, and trains.
+  TrainingRun run(make_config({"train.max_steps=2", "zero.stage=1"}), RunOptions{.verbose = false});
+  ASSERT_NE(run.engine().zero(), nullptr) << "zero.stage = 1 makes the gradient handler ZeRO's";
+  EXPECT_EQ(run.engine().zero()->stage(), 1);
+  EXPECT_EQ(run.fit().updates, 2);
+  for (const auto& [sets, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"zero.stage=3"}, "zero.stage = 3: parameter sharding (ZeRO-3) is not built yet"},
+           {{"zero.stage=2", "zero.offload_optimizer=true"}, "zero.offload_optimizer = true with zero.stage = 2"}}) {
+    try {
+      TrainingRun refused(make_config(sets), RunOptions{.verbose = false});
+      ADD_FAILURE() << "built a run with " << sets.back();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(TrainingRun, LayoutRulesRunAtConfigLoadWithOneWording) {
   try {
     make_config({"parallel.tensor={size = 6, mode = \"2d\"}"});
