@@ -1,7 +1,7 @@
 // model.options.checkpoint_activations through the command line: `colossal train` of a GPT-2 with
-// dropout 0.1 (serially and under `colossal run` at tp = 2), of a ViT with dropout and drop path
-// and of a ResNet gives the same loss at every step with the option on as off, and says in its log
-// that it is on. The key is accepted by every model; a value that is not a boolean is an error
+// dropout 0.1 (serially, and under `colossal run` at tp 2, pp 2 interleaved and pp2 x tp2), of a
+// ViT with dropout and drop path and of a ResNet gives the same loss at every step with the option
+// on as off, and says in its log that it is on. The key is accepted by every model; a value that is not a boolean is an error
 // naming the key, and Hugging Face's and Colossal-AI's names for the switch are pointed at ours.
 //
 // The losses are compared exactly: the metrics file writes each loss with all its digits, and the
@@ -130,6 +130,24 @@ TEST(TrainActivationCheckpoint, Gpt2WithDropoutGivesTheSameLossesSeriallyAndAtTe
   fs::create_directories(tp);
   expect_same_losses(tp, config + "\n[parallel]\ntensor = { mode = \"1d\", size = 2 }\n",
                      colossal_binary() + " run --nproc_per_node 2 -- ", 6);
+}
+
+TEST(TrainActivationCheckpoint, Gpt2WithDropoutGivesTheSameLossesThroughPipelines) {
+  // The pipeline's stages are cut from the model's pieces, whose blocks carry the switch: 2 stages
+  // interleaved (2 chunks each, 4 microbatches in flight before their backwards), and 2 stages of 2
+  // tensor ranks, whose blocks become tensor-parallel ones that checkpoint as the serial ones did.
+  const fs::path dir = fresh_dir("gpt2_pipeline");
+  write_tokens(dir / "train.bin", 2000, 256);
+  const std::string config = gpt2_config(dir / "train.bin");
+  const std::string launcher = colossal_binary() + " run --nproc_per_node ";
+  const fs::path interleaved = dir / "pp2v2", with_tensor = dir / "pp2_tp2";
+  fs::create_directories(interleaved);
+  fs::create_directories(with_tensor);
+  expect_same_losses(interleaved, config + "\n[parallel]\npipeline = 2\nnum_microbatches = 2\nnum_chunks = 2\n",
+                     launcher + "2 -- ", 6);
+  expect_same_losses(
+      with_tensor, config + "\n[parallel]\npipeline = 2\nnum_microbatches = 2\ntensor = { mode = \"1d\", size = 2 }\n",
+      launcher + "4 -- ", 6);
 }
 
 TEST(TrainActivationCheckpoint, VitWithDropoutAndDropPathGivesTheSameLosses) {

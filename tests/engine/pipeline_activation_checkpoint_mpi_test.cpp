@@ -89,7 +89,9 @@ PipelineRun train_pipelined(bool checkpoint, int chunks, uint64_t dropout_seed =
     EXPECT_EQ(block->checkpoint_activations(), checkpoint);
     bool held = false;
     for (const auto& [name, param] : run.params) held = held || name.starts_with("h." + std::to_string(i) + ".");
-    if (held) EXPECT_TRUE(block->is_training()) << "h." << i;
+    if (held) {
+      EXPECT_TRUE(block->is_training()) << "h." << i;
+    }
   }
   for (int step = 0; step < 3; ++step) {
     std::vector<int64_t> ids, targets;
