@@ -413,7 +413,11 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
     reported = ops::div(reported, static_cast<double>(m));
     engine.set_last_output(ops::cat(outputs, 0));
   }
-  if (p > 1) group_->all_reduce(reported, comm::ReduceOp::sum);
+  if (p > 1) {
+    const comm::OperationContext context(
+        fmt::format("pipeline stage {} of {}: the micro-step's loss, after this stage's {} microbatches", s, p, m));
+    group_->all_reduce(reported, comm::ReduceOp::sum);
+  }
   if (timer) last_timing_ = timer->finish();
   return reported;
 }
