@@ -71,8 +71,11 @@ TEST(CheckpointGenerators, PipelineOrderEachMicrobatchRecomputesItsOwnDraws) {
   // own forward's state, not to the latest.
   core::Generator gen(21);
   std::vector<Tensor> inputs, outputs, masks;
+  // The segments write the mask they draw into these slots, in forward and again in the recompute:
+  // sized once, so the references stay valid until backward.
+  std::vector<Tensor> slots(3);
   for (int m = 0; m < 3; ++m) {
-    Tensor mask;
+    Tensor& mask = slots[static_cast<size_t>(m)];
     inputs.push_back(leaf({16}, 30 + static_cast<uint64_t>(m)));
     outputs.push_back(autograd::checkpoint(masked(&gen, mask), {inputs.back()}, {.generators = {&gen}})[0]);
     masks.push_back(mask);
