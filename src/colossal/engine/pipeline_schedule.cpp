@@ -190,24 +190,21 @@ class StepTimer {
  public:
   explicit StepTimer(Device device) : device_(device) {
     if (device_.is_cuda()) {
-      events_.emplace_back(/*enable_timing=*/true);
-      events_.back().record(core::cuda::current_stream(device_));
+      mark();
     } else {
       start_ = Clock::now();
     }
   }
   void begin_op() {
     if (device_.is_cuda()) {
-      events_.emplace_back(true);
-      events_.back().record(core::cuda::current_stream(device_));
+      mark();
     } else {
       op_start_ = Clock::now();
     }
   }
   void end_op() {
     if (device_.is_cuda()) {
-      events_.emplace_back(true);
-      events_.back().record(core::cuda::current_stream(device_));
+      mark();
     } else {
       busy_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - op_start_).count();
     }
@@ -215,8 +212,7 @@ class StepTimer {
   /// The span ends now (after the step's closing all-reduce: when the last stage is done too).
   StageTiming finish() {
     if (!device_.is_cuda()) return {std::chrono::duration<double, std::milli>(Clock::now() - start_).count(), busy_ms_};
-    events_.emplace_back(true);
-    events_.back().record(core::cuda::current_stream(device_));
+    mark();
     events_.back().synchronize();
     StageTiming t;
     t.span_ms = events_.front().elapsed_ms(events_.back());
@@ -225,6 +221,16 @@ class StepTimer {
   }
 
  private:
+  /// A timing event recorded now on the stage's stream. Created on the stage's GPU: an event belongs
+  /// to the device current at its creation, and recording it on another device's stream fails
+  /// (cudaErrorInvalidResourceHandle, seen on rank 1 of 2 GPUs where the host thread's current
+  /// device was still 0).
+  void mark() {
+    const core::cuda::DeviceGuard guard(device_);
+    events_.emplace_back(/*enable_timing=*/true);
+    events_.back().record(core::cuda::current_stream(device_));
+  }
+
   using Clock = std::chrono::steady_clock;
   Device device_;
   std::vector<core::cuda::Event> events_;  // the step's start, then each op's start and end
