@@ -160,7 +160,8 @@ TEST(Gpt2TpSpecsConfig, TwoCpuRanksGiveTheSerialRunsAndTheBuiltInPolicysLosses) 
   }
   ASSERT_EQ(::unsetenv("DATA"), 0);
   // And a pipeline's stages as colossal train cuts them (initialize/pipeline_stage.h): the embedding's
-  // pieces, blocks and head balanced by parameters, the tied wte counted once (in the embedding).
+  // pieces, blocks and head balanced by parameters, the tied wte counted once (in the head, whose GEMM
+  // it is).
   ASSERT_EQ(run(bin + " describe --config " + (kConfigs / "gpt2_tp.toml").string() + tiny +
                     " --set parallel.tensor.size=1 --set parallel.pipeline=2 --set parallel.num_microbatches=2",
                 dir / "describe_pp.log"),
