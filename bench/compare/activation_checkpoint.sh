@@ -4,8 +4,9 @@
 # 30 steps each. Per run: ms/step (the metrics' wall_s slope over logged steps 10-30), tokens/s, MFU
 # (6N + 12 L C T model FLOPs per token against 989.4 TFLOP/s; the recompute's extra forward is not
 # counted, so MFU drops by what it costs) and the caching allocator's peak from LogMemoryHook's epoch
-# line; then the two runs' losses step by step (dropout masks are replayed in the recompute, so they
-# should agree to the last bit where the kernels are deterministic).
+# line; then the runs' losses step by step (dropout masks are replayed in the recompute, so they
+# should agree to the last bit where the kernels are deterministic): the run without checkpointing
+# is made twice, and the two's difference is the yardstick for the checkpointed run's.
 #
 #   tools/gpu-check --run bench/compare/activation_checkpoint.sh [size] [batch] ...
 # size: gpt2 (default), gpt2-medium, gpt2-large, gpt2-xl; batch: B per step (default 16); several
@@ -66,8 +67,11 @@ for pair in "${pairs[@]}"; do
     *) echo "unknown size '$size' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)"; exit 2 ;;
   esac
   L=${shape[0]} C=${shape[1]} H=${shape[2]}
-  for on in false true; do
-    name="${size}_B${batch}_checkpoint_${on}"
+  # "false" twice: how far two runs without checkpointing already differ (nondeterministic GPU
+  # kernels, e.g. atomics in a backward) is the yardstick for the checkpointed run's difference.
+  for run in false false_again true; do
+    on=${run%_again}
+    name="${size}_B${batch}_checkpoint_${run}"
     args=(train --config configs/gpt2_tokens.toml --set "data.path=\"$out/tokens.bin\"" --set 'data.test_path=""'
       --set gradient_accumulation=1 --set bf16=true --set "data.batch_size=$batch" --set lr_scheduler.warmup_steps=5
       --set "model.options={ vocab_multiple = 64, dropout = 0.1, n_layer = $L, n_embd = $C, n_head = $H, checkpoint_activations = $on }"
@@ -79,5 +83,7 @@ for pair in "${pairs[@]}"; do
     report "$name" "$out/$name.jsonl" "$out/$name.log" "$L" "$C" "$batch"
   done
   off="$out/${size}_B${batch}_checkpoint_false.jsonl" on="$out/${size}_B${batch}_checkpoint_true.jsonl"
-  [[ -s $off && -s $on ]] && compare_losses "$off" "$on"
+  again="$out/${size}_B${batch}_checkpoint_false_again.jsonl"
+  [[ -s $off && -s $again ]] && echo "  off against off again:" && compare_losses "$off" "$again"
+  [[ -s $off && -s $on ]] && echo "  off against on:" && compare_losses "$off" "$on"
 done
