@@ -5,6 +5,7 @@
 # counting each GPU's share of (6N + 12 L C T) FLOPs per token (N without wpe), against 989.4 TFLOP/s.
 #
 #   tools/gpu-check --run bench/compare/tp_mfu.sh [1.3b] [350m] [serial] [serial350m] [1.3b-sp] [1.3b-tp4]
+#        [1.3b-chunks] [1.3b-tp4-chunks]   (parallel.tensor.overlap_chunks = 2)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -59,6 +60,8 @@ for part in "${parts[@]}"; do
     serial350m) run gpt350m_1gpu 1 24 1024 16 ;;
     1.3b-sp) run gpt1.3b_tp2_sp 2 24 2048 16 --set parallel.tensor.sequence_parallel=true ;;
     1.3b-tp4) run gpt1.3b_tp4 4 24 2048 16 ;;
-    *) echo "unknown part '$part' (1.3b, 350m, serial, serial350m, 1.3b-sp, 1.3b-tp4)"; exit 2 ;;
+    1.3b-chunks) run gpt1.3b_tp2_chunks2 2 24 2048 16 --set parallel.tensor.overlap_chunks=2 ;;
+    1.3b-tp4-chunks) run gpt1.3b_tp4_chunks2 4 24 2048 16 --set parallel.tensor.overlap_chunks=2 ;;
+    *) echo "unknown part '$part' (1.3b, 350m, serial, serial350m, 1.3b-sp, 1.3b-tp4, 1.3b-chunks, 1.3b-tp4-chunks)"; exit 2 ;;
   esac
 done

@@ -107,6 +107,19 @@ TEST(Gpt2TpConfig, TwoCpuRanksGiveTheSerialRunsLosses) {
     EXPECT_LE(std::abs(sp.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": sequence parallel";
   }
 
+  // And with the blocks' batch in 2 chunks whose all-reduces overlap (parallel.tensor.overlap_chunks).
+  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common +
+                    " --set parallel.tensor.overlap_chunks=2 --set train.checkpoint_dir='\"" +
+                    (dir / "chunks").string() + "\"' --metrics " + (dir / "chunks.jsonl").string(),
+                dir / "chunks.log"),
+            0)
+      << read(dir / "chunks.log");
+  const std::map<int64_t, double> chunks = step_losses(dir / "chunks.jsonl");
+  ASSERT_EQ(chunks.size(), serial.size()) << read(dir / "chunks.log");
+  for (const auto& [step, loss] : serial) {
+    EXPECT_LE(std::abs(chunks.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": overlapped chunks";
+  }
+
   // The tensor-parallel checkpoint is the serial one: same names, the whole padded vocabulary.
   const colossal::nn::SafetensorsFile a = colossal::nn::load_safetensors(dir / "tp2" / "epoch0-step12.safetensors");
   const colossal::nn::SafetensorsFile b = colossal::nn::load_safetensors(dir / "serial" / "epoch0-step12.safetensors");

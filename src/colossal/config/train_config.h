@@ -94,6 +94,11 @@ struct TensorParallelConfig {
   /// work on each rank's 1/size of the sequence (data.seq_len must divide by size), all-gathered
   /// before each column-parallel layer and reduce-scattered after each row-parallel one.
   bool sequence_parallel = false;
+  /// GPT-2 under the built-in policy (mode "1d", no sequence parallelism, no activation
+  /// checkpointing): the blocks run each batch as this many chunks, so that one chunk's all-reduces
+  /// run under another's GEMMs (Note [Overlapped tensor-parallel blocks] in parallel/tp/gpt2_1d.cpp);
+  /// it must divide the batch (per microbatch). 1: the blocks run whole.
+  int overlap_chunks = 1;
   /// Per-parameter sharding specs (Colossal-AI's "parallelize your training like Megatron"
   /// tutorial): each parameter takes the spec of the first rule whose pattern matches its name;
   /// one no rule matches is replicated, but a bias follows its weight. Empty: the model's built-in

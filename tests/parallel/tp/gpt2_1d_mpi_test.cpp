@@ -6,6 +6,7 @@
 //
 // Tolerance: f64, 1e-11 relative by norm (sums split into tp partial sums; the attention's softmax
 // and the layer norms add no error of their own beyond rounding).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -175,6 +176,69 @@ TEST(ParallelGpt2, SequenceParallelLossAndGradientsEqualTheSerialModel) {
       relative_error(block->mlp()->c_fc()->weight().grad(), my_slice(serial_block->mlp()->c_fc()->weight().grad(), 1)),
       kTolerance)
       << "h.0.mlp.c_fc";
+}
+
+// Note [Overlapped tensor-parallel blocks]: the batch of 4 in 2 and 4 chunks, each chunk's all-reduces
+// left running under the other chunks' work: the serial model's loss and gradients (f64, 1e-11), for two blocks so the
+// last chunk's MLP sum runs under the next block, with dropout off (the chunks draw masks in another order).
+TEST(ParallelGpt2, OverlappedChunksEqualTheSerialModel) {
+  nn::models::GPT2Config config = tiny_config();
+  config.n_layer = 2;
+  core::Generator g(37);
+  nn::models::GPT2 serial(config, &g, nullptr);
+  serial.to(DType::f64);
+  const int64_t batch = 4;
+  std::vector<int64_t> ids_v, targets_v;
+  for (int64_t i = 0; i < batch * 8; ++i) {
+    ids_v.push_back((i * 5 + 1) % config.vocab_size);
+    targets_v.push_back((i * 13 + 2) % config.vocab_size);
+  }
+  const Tensor ids = core::from_vector<int64_t>(ids_v, {batch, 8});
+  const Tensor targets = core::from_vector<int64_t>(targets_v, {batch, 8});
+  Tensor loss_s = nn::models::lm_cross_entropy(serial.forward(ids), targets);
+  autograd::backward(loss_s);
+  const auto serial_block = std::dynamic_pointer_cast<nn::models::GPT2Block>((*serial.h())[1]);
+  ASSERT_TRUE(serial_block);
+
+  for (const int chunks : {2, 4}) {
+    SCOPED_TRACE(fmt::format("{} chunks", chunks));
+    ParallelGPT2 parallel(serial, tp_group(), ParallelGPT2Options{.overlap_chunks = chunks});
+    Tensor loss_p = parallel.loss(parallel.forward(ids), targets);
+    autograd::backward(loss_p);
+    EXPECT_LE(relative_error(loss_p, loss_s), kTolerance) << "loss";
+    EXPECT_LE(relative_error(parallel.wte()->weight().grad(), my_slice(serial.wte()->weight().grad(), 0)), kTolerance)
+        << "wte";
+    EXPECT_LE(relative_error(parallel.wpe()->weight().grad(), serial.wpe()->weight().grad()), kTolerance) << "wpe";
+    const auto block = std::dynamic_pointer_cast<ParallelGPT2Block>((*parallel.h())[1]);
+    ASSERT_TRUE(block);
+    EXPECT_TRUE(block->splittable());
+    EXPECT_LE(relative_error(block->ln_1()->weight().grad(), serial_block->ln_1()->weight().grad()), kTolerance)
+        << "h.1.ln_1";
+    EXPECT_LE(relative_error(block->attn()->c_proj()->bias().grad(), serial_block->attn()->c_proj()->bias().grad()),
+              kTolerance)
+        << "h.1.attn.c_proj.bias";
+    EXPECT_LE(relative_error(block->mlp()->c_proj()->weight().grad(),
+                             my_slice(serial_block->mlp()->c_proj()->weight().grad(), 0)),
+              kTolerance)
+        << "h.1.mlp.c_proj";
+    EXPECT_LE(relative_error(block->mlp()->c_fc()->weight().grad(),
+                             my_slice(serial_block->mlp()->c_fc()->weight().grad(), 1)),
+              kTolerance)
+        << "h.1.mlp.c_fc";
+  }
+}
+
+TEST(ParallelGpt2, OverlappedChunksNameABatchThatDoesNotSplit) {
+  nn::models::GPT2Config config = tiny_config();
+  core::Generator g(41);
+  nn::models::GPT2 serial(config, &g, nullptr);
+  ParallelGPT2 parallel(serial, tp_group(), ParallelGPT2Options{.overlap_chunks = 2});
+  const Tensor ids = core::from_vector<int64_t>({1, 2, 3, 4, 5, 6}, {3, 2});
+  if (world().size() == 1) GTEST_SKIP() << "one rank runs the blocks whole";
+  EXPECT_ERROR_CONTAINS(parallel.forward(ids),
+                        "parallel.tensor.overlap_chunks = 2 does not divide the batch of 3 sequences");
+  EXPECT_ERROR_CONTAINS(ParallelGPT2(serial, tp_group(), ParallelGPT2Options{.overlap_chunks = 0}),
+                        "overlap_chunks must be at least 1");
 }
 
 TEST(ParallelGpt2, SequenceParallelNamesASequenceThatDoesNotSplit) {

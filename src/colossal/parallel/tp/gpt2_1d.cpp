@@ -130,6 +130,21 @@ Tensor ParallelGPT2Attention::forward(const Tensor& x) {
   return resid_dropout_->forward(c_proj_->forward(attended));
 }
 
+bool ParallelGPT2Attention::splittable() const {
+  const auto proj = c_proj();
+  return proj != nullptr && !proj->sequence_parallel() && !gather_heads_;
+}
+
+PendingSum ParallelGPT2Attention::start(const Tensor& x) {
+  COLOSSAL_CHECK(splittable(), "ParallelGPT2Attention::start needs a row-parallel c_proj without sequence parallelism");
+  return c_proj()->start(nn::multihead_attention(c_attn_->forward(x), local_heads_, /*causal=*/true, attn_dropout_,
+                                                 is_training(), attn_dropout_generator_));
+}
+
+Tensor ParallelGPT2Attention::finish(PendingSum pending) {
+  return resid_dropout_->forward(c_proj()->finish(std::move(pending)));
+}
+
 ParallelGPT2MLP::ParallelGPT2MLP(const nn::models::GPT2MLP& serial, const nn::models::GPT2Config& config,
                                  std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options,
                                  const Gpt2BlockPlan& plan)
@@ -151,6 +166,21 @@ Tensor ParallelGPT2MLP::forward(const Tensor& x) {
   return dropout_->forward(c_proj_->forward(hidden));
 }
 
+bool ParallelGPT2MLP::splittable() const {
+  const auto proj = c_proj();
+  return proj != nullptr && !proj->sequence_parallel() && !gather_hidden_;
+}
+
+PendingSum ParallelGPT2MLP::start(const Tensor& x) {
+  COLOSSAL_CHECK(splittable(), "ParallelGPT2MLP::start needs a row-parallel c_proj without sequence parallelism");
+  const std::shared_ptr<ColumnParallelLinear> column = c_fc();
+  return c_proj()->start(column ? column->forward_gelu(x) : ops::gelu(c_fc_->forward(x), ops::GeluApproximation::tanh));
+}
+
+Tensor ParallelGPT2MLP::finish(PendingSum pending) {
+  return dropout_->forward(c_proj()->finish(std::move(pending)));
+}
+
 ParallelGPT2Block::ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
                                      std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options,
                                      const Gpt2BlockPlan& plan)
@@ -168,6 +198,26 @@ Tensor ParallelGPT2Block::forward(const Tensor& x) {
                               {.generators = {dropout_.data, dropout_.tensor}});
 }
 
+bool ParallelGPT2Block::splittable() const {
+  return !checkpoint_activations_ && attn_->splittable() && mlp_->splittable();
+}
+
+PendingSum ParallelGPT2Block::attn_start(const Tensor& x) {
+  return attn_->start(ln_1_->forward(x));
+}
+
+Tensor ParallelGPT2Block::attn_finish(const Tensor& x, PendingSum pending) {
+  return ops::add(x, attn_->finish(std::move(pending)));
+}
+
+PendingSum ParallelGPT2Block::mlp_start(const Tensor& h) {
+  return mlp_->start(ln_2_->forward(h));
+}
+
+Tensor ParallelGPT2Block::mlp_finish(const Tensor& h, PendingSum pending) {
+  return ops::add(h, mlp_->finish(std::move(pending)));
+}
+
 Tensor ParallelGPT2Block::forward_block(const Tensor& x) {
   const Tensor h = ops::add(x, attn_->forward(ln_1_->forward(x)));
   return ops::add(h, mlp_->forward(ln_2_->forward(h)));
@@ -178,10 +228,13 @@ ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::Proce
     : Module("ParallelGPT2"),
       group_(std::move(group)),
       sequence_parallel_(options.sequence_parallel),
+      overlap_chunks_(options.overlap_chunks),
       plan_(options.plan ? *options.plan : Gpt2Plan::megatron(serial.config().n_layer)),
       n_positions_(serial.config().n_positions) {
   const nn::models::GPT2Config& config = serial.config();
   check_gpt2_plan(plan_, config, group_->size());
+  COLOSSAL_CHECK(overlap_chunks_ >= 1,
+                 "ParallelGPT2: overlap_chunks must be at least 1 (1: the blocks run whole), got {}", overlap_chunks_);
   COLOSSAL_CHECK(!sequence_parallel_ || plan_.is_megatron(),
                  "ParallelGPT2: sequence parallelism is built for the built-in plan (heads and MLP column then row, "
                  "wte by vocabulary, wpe replicated) only; drop parallel.tensor.specs or sequence_parallel");
@@ -217,18 +270,69 @@ Tensor ParallelGPT2::forward(const Tensor& ids) {
     hidden = scatter_to_region(hidden, 1, *group_);
   }
   hidden = drop_->forward(hidden);
-  for (const auto& block : *h_) hidden = block->forward(hidden);
+  bool chunked = overlap_chunks_ > 1 && !sequence_parallel_ && group_->size() > 1;
+  for (size_t i = 0; chunked && i < h_->size(); ++i) chunked = h_->at<ParallelGPT2Block>(i)->splittable();
+  if (chunked) {
+    hidden = blocks_in_chunks(hidden);
+  } else {
+    for (const auto& block : *h_) hidden = block->forward(hidden);
+  }
   const Tensor normed = ln_f_->forward(hidden);
   if (auto vocab = std::dynamic_pointer_cast<VocabParallelEmbedding>(wte_)) {
     // The tied head: this rank's vocabulary rows times the hidden states of every position, whose
     // gradient is the sum of every rank's part (copy_to_region; under sequence parallelism the
     // all-gather of the shards, whose backward reduce-scatters that sum).
-    const Tensor whole =
-        sequence_parallel_ ? gather_from_sequence_region(normed, 1, *group_) : copy_to_region(normed, *group_);
-    return ops::linear(whole, vocab->weight());
+    // Without sequence parallelism that sum's all-reduce runs under the head's weight-gradient GEMM,
+    // the step's largest (all_reduce_input_grad).
+    if (!sequence_parallel_) return ops::linear(normed, vocab->weight(), Tensor(), all_reduce_input_grad(*group_));
+    return ops::linear(gather_from_sequence_region(normed, 1, *group_), vocab->weight());
   }
   if (auto columns = std::dynamic_pointer_cast<ColumnParallelEmbedding>(wte_)) return columns->head_logits(normed);
   return ops::linear(normed, std::dynamic_pointer_cast<nn::Embedding>(wte_)->weight());  // replicated
+}
+
+// Note [Overlapped tensor-parallel blocks]: each half of a Megatron block (attention, MLP) ends in
+// the row-parallel c_proj's all-reduce, which the next op needs: run whole, the forward's 2L
+// all-reduces sit on the critical path (GPT 1.3B at tp=2: 49 of [8, 1024, 2048] bf16, about 9 ms of a
+// 90 ms step on H100s, docs/benchmarks.md). With the batch in chunks, each half-block is started for
+// every chunk before any is finished: chunk 0's all-reduce runs on the communicator's stream while
+// chunk 1's GEMMs run on the compute stream, and each wait (finish) comes one chunk's compute after
+// its all-reduce was issued. The halves run in the order
+//   attn_start(0) attn_start(1) | attn_finish(0) mlp_start(0) attn_finish(1) mlp_start(1) |
+//   mlp_finish(0) [next block] attn_start(0) mlp_finish(1) attn_start(1) | ...
+// so the last chunk's MLP sum also runs under the next block's first chunk. Every op sees the same
+// rows as in the whole-batch run (the chunks split the batch dimension, which no op of a block mixes),
+// so the values are the same up to the GEMMs' blocking; dropout draws its masks per chunk, in
+// another order than the whole batch would (the same distribution). Backward needs nothing: autograd
+// runs the chunks' nodes in reverse order of creation, and the column layers' input-gradient
+// all-reduces already overlap their weight-gradient GEMMs.
+Tensor ParallelGPT2::blocks_in_chunks(const Tensor& hidden) {
+  if (h_->size() == 0) return hidden;
+  const int64_t batch = hidden.size(0);
+  COLOSSAL_CHECK(batch % overlap_chunks_ == 0,
+                 "ParallelGPT2: parallel.tensor.overlap_chunks = {} does not divide the batch of {} sequences; use a "
+                 "number of chunks that divides data.batch_size (per microbatch), or 1",
+                 overlap_chunks_, batch);
+  const int64_t rows = batch / overlap_chunks_;
+  const auto n = static_cast<size_t>(overlap_chunks_);
+  std::vector<Tensor> residual(n);
+  std::vector<PendingSum> pending(n);
+  for (size_t c = 0; c < n; ++c) residual[c] = hidden.narrow(0, static_cast<int64_t>(c) * rows, rows);
+  for (size_t b = 0; b < h_->size(); ++b) {
+    const auto block = h_->at<ParallelGPT2Block>(b);
+    const auto previous = b > 0 ? h_->at<ParallelGPT2Block>(b - 1) : nullptr;
+    for (size_t c = 0; c < n; ++c) {
+      if (previous) residual[c] = previous->mlp_finish(residual[c], std::move(pending[c]));
+      pending[c] = block->attn_start(residual[c]);
+    }
+    for (size_t c = 0; c < n; ++c) {
+      residual[c] = block->attn_finish(residual[c], std::move(pending[c]));
+      pending[c] = block->mlp_start(residual[c]);
+    }
+  }
+  const auto last = h_->at<ParallelGPT2Block>(h_->size() - 1);
+  for (size_t c = 0; c < n; ++c) residual[c] = last->mlp_finish(residual[c], std::move(pending[c]));
+  return ops::cat(residual, 0);
 }
 
 Tensor ParallelGPT2::loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {

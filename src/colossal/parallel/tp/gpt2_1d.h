@@ -52,6 +52,11 @@ struct ParallelGPT2Options {
   bool sequence_parallel = false;
   /// How each layer splits (gpt2_plan.h); empty: the built-in policy (Gpt2Plan::megatron).
   std::optional<Gpt2Plan> plan;
+  /// parallel.tensor.overlap_chunks: ParallelGPT2's blocks run the batch as this many chunks, each
+  /// chunk's all-reduces under another's GEMMs (Note [Overlapped tensor-parallel blocks]); 1: off.
+  /// Used with row-parallel c_proj layers (the built-in policy) and neither sequence parallelism nor
+  /// activation checkpointing; otherwise the blocks run whole.
+  int overlap_chunks = 1;
 };
 
 /// GPT-2 attention with n_head / tp heads on each rank (c_attn column-split; all heads on every
@@ -66,6 +71,12 @@ class ParallelGPT2Attention : public nn::Module {
   /// x [B, T, n_embd], the same on every rank -> [B, T, n_embd], the same on every rank; under
   /// sequence parallelism this rank's [B, T/tp, n_embd] in and out.
   Tensor forward(const Tensor& x) override;
+  /// forward in two halves (Note [Overlapped tensor-parallel blocks]): start leaves c_proj's
+  /// all-reduce running, finish waits for it and adds the bias and the dropout. Needs a row-parallel
+  /// c_proj without sequence parallelism (splittable()).
+  PendingSum start(const Tensor& x);
+  Tensor finish(PendingSum pending);
+  bool splittable() const;
 
   /// The columns of the serial c_attn ([n_embd, 3 n_embd]: q, then k, then v, each head's n_embd /
   /// n_head columns in head order) that rank `rank` of `size` holds, in its order: its heads' q, then
@@ -100,6 +111,10 @@ class ParallelGPT2MLP : public nn::Module {
                   std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {},
                   const Gpt2BlockPlan& plan = {});
   Tensor forward(const Tensor& x) override;
+  /// As ParallelGPT2Attention's.
+  PendingSum start(const Tensor& x);
+  Tensor finish(PendingSum pending);
+  bool splittable() const;
 
   std::shared_ptr<ColumnParallelLinear> c_fc() const { return std::dynamic_pointer_cast<ColumnParallelLinear>(c_fc_); }
   std::shared_ptr<RowParallelLinear> c_proj() const { return std::dynamic_pointer_cast<RowParallelLinear>(c_proj_); }
@@ -124,6 +139,15 @@ class ParallelGPT2Block : public nn::Module {
                     std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options = {},
                     const Gpt2BlockPlan& plan = {});
   Tensor forward(const Tensor& x) override;
+  /// forward in four steps for ParallelGPT2's overlapped chunks: x -> attn's running sum, then the
+  /// residual h = x + attn, then mlp's running sum, then h + mlp.
+  PendingSum attn_start(const Tensor& x);
+  Tensor attn_finish(const Tensor& x, PendingSum pending);
+  PendingSum mlp_start(const Tensor& h);
+  Tensor mlp_finish(const Tensor& h, PendingSum pending);
+  /// Whether the four steps apply (row-parallel c_proj layers, no sequence parallelism, no
+  /// checkpointing).
+  bool splittable() const;
 
   bool checkpoint_activations() const { return checkpoint_activations_; }
   void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
@@ -187,6 +211,7 @@ class ParallelGPT2 : public nn::Module {
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
   bool sequence_parallel_;
+  int overlap_chunks_;
   Gpt2Plan plan_;
   std::shared_ptr<nn::Module> wte_;
   std::shared_ptr<nn::Module> wpe_;
@@ -194,6 +219,9 @@ class ParallelGPT2 : public nn::Module {
   std::shared_ptr<nn::Dropout> drop_;
   std::shared_ptr<nn::ModuleList> h_;
   std::shared_ptr<nn::LayerNorm> ln_f_;
+
+  /// The blocks over `overlap_chunks_` chunks of the batch (Note [Overlapped tensor-parallel blocks]).
+  Tensor blocks_in_chunks(const Tensor& hidden);
 };
 
 }  // namespace colossal::parallel::tp

@@ -160,6 +160,23 @@ std::shared_ptr<RowParallelLinear> RowParallelLinear::from(const nn::Conv1D& ser
                                              input_is_parallel);
 }
 
+PendingSum RowParallelLinear::start(const Tensor& x) {
+  COLOSSAL_CHECK(!sequence_parallel_,
+                 "RowParallelLinear::start: the split forward is built without sequence "
+                 "parallelism (its output is a reduce-scatter, not an all-reduce)");
+  const Tensor local = input_is_parallel_ ? x : scatter_to_region(x, -1, *group_);
+  COLOSSAL_CHECK(local.shape().back() == in_features_per_rank(),
+                 "RowParallelLinear: this rank's input has {} features in its last dimension (shape {}), but its "
+                 "shard takes {} of the layer's {}",
+                 local.shape().back(), local.shape(), in_features_per_rank(), in_features_);
+  return reduce_from_region_async(affine(local, *weight_, Tensor(), layout_), *group_, /*consume_input=*/true);
+}
+
+Tensor RowParallelLinear::finish(PendingSum pending) {
+  pending.done.wait();
+  return bias_->defined() ? ops::add(pending.y, *bias_) : pending.y;
+}
+
 Tensor RowParallelLinear::forward(const Tensor& x) {
   const Tensor local = input_is_parallel_ ? x : scatter_to_region(x, -1, *group_);
   COLOSSAL_CHECK(local.shape().back() == in_features_per_rank(),

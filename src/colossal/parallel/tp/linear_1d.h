@@ -19,6 +19,7 @@
 #include "colossal/comm/process_group.h"
 #include "colossal/nn/linear.h"
 #include "colossal/nn/module.h"
+#include "colossal/parallel/tp/mappings.h"  // PendingSum
 #include "colossal/parallel/tp/shard_spec.h"
 
 namespace colossal::parallel::tp {
@@ -102,6 +103,11 @@ class RowParallelLinear : public nn::Module, public Sharded {
   /// features): rank r gets its shard of the sum, and the replicated bias, added to that shard, has
   /// its gradient summed over the group (copy_to_region).
   Tensor forward(const Tensor& x) override;
+  /// forward in two halves, without sequence parallelism: start() computes this rank's partial
+  /// product and leaves its all-reduce running; finish() waits for it and adds the bias. Work issued
+  /// between them runs under the communication.
+  PendingSum start(const Tensor& x);
+  Tensor finish(PendingSum pending);
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
   bool sequence_parallel() const { return sequence_parallel_; }
   std::string extra_repr() const override;

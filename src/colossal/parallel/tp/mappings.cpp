@@ -98,14 +98,15 @@ bool exclusively_owned(const Tensor& g) {
 }
 
 /// The sum over the group of g, in g's own buffer when it is exclusively owned (as Megatron
-/// all-reduces the gradient in place), else in a copy.
-Tensor all_reduce_sum(const Tensor& g, ProcessGroup& group, bool may_overwrite) {
+/// all-reduces the gradient in place), else in a copy; with `async`, valid once `work` is waited for.
+Tensor all_reduce_sum(const Tensor& g, ProcessGroup& group, bool may_overwrite, comm::Work* work = nullptr) {
   Tensor sum = g;
   if (!may_overwrite || !exclusively_owned(g)) {
     sum = core::empty(g.shape(), TensorOptions(g.dtype(), g.device()));
     sum.copy_(g);
   }
-  group.all_reduce(sum, ReduceOp::sum);
+  comm::Work w = group.all_reduce(sum, ReduceOp::sum, /*async=*/work != nullptr);
+  if (work != nullptr) *work = std::move(w);
   return sum;
 }
 
@@ -130,14 +131,21 @@ Tensor copy_to_region(const Tensor& x, ProcessGroup& group) {
 }
 
 Tensor reduce_from_region(const Tensor& x, ProcessGroup& group, bool consume_input) {
+  PendingSum pending = reduce_from_region_async(x, group, consume_input);
+  pending.done.wait();
+  return pending.y;
+}
+
+PendingSum reduce_from_region_async(const Tensor& x, ProcessGroup& group, bool consume_input) {
   check_input("reduce_from_region", x, group);
-  if (group.size() == 1) return identity("tp::reduce_from_region", x);
+  if (group.size() == 1) return {identity("tp::reduce_from_region", x), comm::Work()};
   // x belongs to the caller unless it gives it up: then the sum is taken in place (when no other
   // handle or view sees x's buffer), and y is a new handle on it.
-  Tensor y = all_reduce_sum(x, group, /*may_overwrite=*/consume_input);
+  comm::Work done;
+  Tensor y = all_reduce_sum(x, group, /*may_overwrite=*/consume_input, &done);
   if (y.impl() == x.impl()) y = y.detach();
   record("tp::reduce_from_region", {x}, {y}, [](const Grads& g, const Node&) { return Grads{g[0]}; });
-  return y;
+  return {y, std::move(done)};
 }
 
 ops::InputGradHook all_reduce_input_grad(ProcessGroup& group) {

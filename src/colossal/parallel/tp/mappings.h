@@ -44,6 +44,16 @@ Tensor copy_to_region(const Tensor& x, comm::ProcessGroup& group);
 /// saving a copy of the activations per call.
 Tensor reduce_from_region(const Tensor& x, comm::ProcessGroup& group, bool consume_input = false);
 
+/// reduce_from_region with its all-reduce left running: `y` holds the sum once `done` has been waited
+/// for (on a GPU the waiting stream then follows the communicator's, the host does not block; on MPI
+/// the host waits), so other work can run under the communication (Note [Overlapped tensor-parallel
+/// blocks] in gpt2_1d.cpp). The caller waits before anything reads y. Recorded as reduce_from_region.
+struct PendingSum {
+  Tensor y;
+  comm::Work done;
+};
+PendingSum reduce_from_region_async(const Tensor& x, comm::ProcessGroup& group, bool consume_input = false);
+
 /// copy_to_region folded into the linear layer that consumes its output (Megatron's column-parallel
 /// layer with its asynchronous gradient all-reduce): the hook ops::linear / ops::linear_gelu call in
 /// backward with the input's gradient, which it all-reduces (sum) over the group in place and
