@@ -4,6 +4,8 @@
 // (element path), p = 1, and the same bits on a second run.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "gpu_compare.h"
 
 namespace colossal {
@@ -29,6 +31,32 @@ void check_equal(const Tensor& cpu_x, double p, uint64_t seed, const std::string
   autograd::backward(y, upstream);
   autograd::backward(gy, upstream.to(gpu));
   expect_close(gx.grad().to(core::kCpu), x.grad(), 0, 0, what + " gradient");
+}
+
+// The fused dropout_add against the CPU: the same mask; the sum residual + x * scale may be one
+// fused multiply-add on the GPU (nvcc contracts it) where the CPU rounds the product first, so the
+// output is held to one rounding of the dtype (relative 2^-23 in f32, 2^-8 in bf16); the gradients
+// (the residual's the upstream, x's dropout's backward) are exact.
+TEST(DropoutGpu, DropoutAddMatchesCpu) {
+  COLOSSAL_REQUIRE_GPU();
+  const Device gpu = core::cuda_device(0);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (int64_t n : {int64_t{5}, int64_t{4099}, int64_t{1} << 20}) {
+      SCOPED_TRACE(fmt::format("dropout_add n={} ({})", n, dtype));
+      const Tensor x = random_input({n}, 44, dtype, 0.5, 1.5), r = random_input({n}, 45, dtype, -1, 1);
+      Tensor gx = x.to(gpu).detach().set_requires_grad(true), gr = r.to(gpu).detach().set_requires_grad(true);
+      core::Generator cpu_gen(77), gpu_gen(77);
+      const Tensor y = ops::dropout_add(x, r, 0.2, true, &cpu_gen);
+      const Tensor gy = ops::dropout_add(gx, gr, 0.2, true, &gpu_gen);
+      const double ulp = dtype == DType::bf16 ? 1.0 / 256 : std::ldexp(1.0, -23);
+      expect_close(gy.to(core::kCpu).to(DType::f64), y.to(DType::f64), ulp, ulp, "output");
+      const Tensor upstream = random_input({n}, 46, dtype, 0.5, 1.5, false);
+      autograd::backward(y, upstream);
+      autograd::backward(gy, upstream.to(gpu));
+      expect_close(gx.grad().to(core::kCpu), x.grad(), 0, 0, "x's gradient");
+      expect_close(gr.grad().to(core::kCpu), r.grad(), 0, 0, "the residual's gradient");
+    }
+  }
 }
 
 TEST(DropoutGpu, MatchesCpuBitForBit) {

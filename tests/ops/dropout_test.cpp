@@ -178,6 +178,63 @@ TEST(DropoutTest, ReducedPrecisionUsesTheSameMask) {
   }
 }
 
+// dropout_add: residual + dropout(x) in one pass. With a generator in the same state it draws the
+// same mask as dropout and advances the generator as dropout does; in f64 and f32 (whose
+// accumulation type is their own) the fused sum is dropout's product rounded, then the add rounded:
+// bit-equal to dropout then add. In bf16 and f16 the product is no longer rounded to 16 bits before
+// the add: within that rounding of the product plus one of the 16-bit result (2^-8 relative for bf16). The gradients:
+// the residual's is the output's, x's dropout's backward.
+TEST(DropoutAddTest, EqualsDropoutThenAdd) {
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(core::dtype_name(dtype));
+    const Tensor x64 = random_tensor({7, 37}, 51, 0.5, 1.5), r64 = random_tensor({7, 37}, 52, -1.0, 1.0);
+    Tensor x = core::cast_raw(x64, dtype).set_requires_grad(true),
+           r = core::cast_raw(r64, dtype).set_requires_grad(true);
+    Tensor x2 = core::cast_raw(x64, dtype).set_requires_grad(true),
+           r2 = core::cast_raw(r64, dtype).set_requires_grad(true);
+    core::Generator fused_gen(17), plain_gen(17);
+    const Tensor fused = ops::dropout_add(x, r, 0.3, true, &fused_gen);
+    const Tensor plain = ops::add(r2, ops::dropout(x2, 0.3, true, &plain_gen));
+    EXPECT_EQ(fused_gen.state(), plain_gen.state()) << "the generator advances as dropout's";
+    const bool exact = dtype == DType::f64 || dtype == DType::f32;
+    // 16-bit: the unfused product x * scale (up to 1.5 / 0.7) is rounded before the add, by up to
+    // 2^-8 of itself, which the sum (residual + product, possibly near 0) need not dwarf; then both
+    // sums round once more.
+    const double kept_max = 1.5 / 0.7;
+    expect_close(core::cast_raw(fused, DType::f64), core::cast_raw(plain, DType::f64), exact ? 0.0 : kept_max / 256,
+                 exact ? 0.0 : 2.0 / 256, "output");
+    const Tensor upstream = core::cast_raw(random_tensor({7, 37}, 53, -1.0, 1.0), dtype);
+    autograd::backward(fused, upstream);
+    autograd::backward(plain, upstream);
+    expect_close(core::cast_raw(x.grad(), DType::f64), core::cast_raw(x2.grad(), DType::f64), 0.0, 0.0, "x's gradient");
+    expect_close(core::cast_raw(r.grad(), DType::f64), core::cast_raw(r2.grad(), DType::f64), 0.0, 0.0,
+                 "the residual's gradient");
+  }
+}
+
+TEST(GradCheck, dropout_add) {
+  check_gradients({.make_inputs =
+                       [] {
+                         return std::vector<Tensor>{random_leaf({3, 7}, 54, 0.5, 1.5), random_leaf({3, 7}, 55)};
+                       },
+                   .fn =
+                       [](const std::vector<Tensor>& in) {
+                         static core::Generator gen;
+                         gen.manual_seed(43);
+                         return ops::dropout_add(in[0] * in[0], in[1] * in[1], 0.4, true, &gen);
+                       }});
+}
+
+TEST(DropoutAddTest, EvalIsTheSumAndBadInputsAreNamed) {
+  const Tensor x = random_tensor({2, 3}, 56), r = random_tensor({2, 3}, 57);
+  core::Generator gen(5);
+  expect_close(ops::dropout_add(x, r, 0.5, /*training=*/false, &gen), ops::add(r, x), 0.0, 0.0, "eval");
+  EXPECT_EQ(gen.state().offset, 0u) << "eval draws nothing";
+  EXPECT_ERROR_CONTAINS(ops::dropout_add(x, random_tensor({3, 2}, 58), 0.5),
+                        "dropout_add: x (f64 [2, 3] on cpu) and the residual (f64 [3, 2] on cpu) must have one shape");
+  EXPECT_ERROR_CONTAINS(ops::dropout_add(x, r, 1.5), "dropout_add: probability p must be in [0, 1], got 1.5");
+}
+
 TEST(DropoutTest, BadInputs) {
   const Tensor x = random_tensor({2, 2}, 49);
   EXPECT_ERROR_CONTAINS(ops::dropout(x, 1.5), "probability p must be in [0, 1], got 1.5");

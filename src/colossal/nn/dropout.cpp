@@ -17,6 +17,10 @@ Tensor Dropout::forward(const Tensor& x) {
   return ops::dropout(x, p_, is_training(), generator_);
 }
 
+Tensor Dropout::forward_add(const Tensor& x, const Tensor& residual) {
+  return ops::dropout_add(x, residual, p_, is_training(), generator_);
+}
+
 std::string Dropout::extra_repr() const {
   return fmt::format("p={}", p_);
 }

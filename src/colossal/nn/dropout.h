@@ -14,6 +14,8 @@ class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5, core::Generator* generator = nullptr);
   Tensor forward(const Tensor& x) override;
+  /// residual + forward(x) in one pass (ops::dropout_add): the same mask forward(x) would draw.
+  Tensor forward_add(const Tensor& x, const Tensor& residual);
   std::string extra_repr() const override;
   double p() const { return p_; }
 

@@ -14,6 +14,7 @@
 // torch. p == 1 zeroes everything (its scale would be infinite, so dropped and kept alike give 0).
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw
+#include "colossal/ops/elementwise.h"    // add
 #include "colossal/ops/loss_kernels.h"
 #include "colossal/ops/nn_functional.h"
 
@@ -32,14 +33,47 @@ Tensor dropout(const Tensor& x, double p, bool training, core::Generator* genera
   const DropoutParams params = make_dropout_params(p, gen.seed(), gen.next_offset());
   const Tensor input = core::contiguous_raw(x);
   Tensor out = core::empty(x.shape(), TensorOptions(x.dtype(), x.device()));
-  if (out.numel() > 0) dropout_stub(x.device(), out, input, params);
+  if (out.numel() > 0) dropout_stub(x.device(), out, input, Tensor(), params);
 
   autograd::record("dropout", {x}, {out}, [params](const std::vector<Tensor>& grads, const autograd::Node&) {
     const Tensor grad_out = core::contiguous_raw(grads[0]);
     Tensor grad_x = core::empty(grad_out.shape(), TensorOptions(grad_out.dtype(), grad_out.device()));
-    if (grad_x.numel() > 0) dropout_stub(grad_x.device(), grad_x, grad_out, params);
+    if (grad_x.numel() > 0) dropout_stub(grad_x.device(), grad_x, grad_out, Tensor(), params);
     return std::vector<Tensor>{grad_x};
   });
+  return out;
+}
+
+// The residual's gradient is the output's; x's is dropout's backward (the same mask from the same
+// params). One pass over x, residual and out forward instead of dropout's pass and then add's.
+Tensor dropout_add(const Tensor& x, const Tensor& residual, double p, bool training, core::Generator* generator) {
+  COLOSSAL_CHECK(x.defined() && residual.defined(), "dropout_add: an input is undefined");
+  COLOSSAL_CHECK(x.shape() == residual.shape() && x.dtype() == residual.dtype() && x.device() == residual.device(),
+                 "dropout_add: x ({} {} on {}) and the residual ({} {} on {}) must have one shape, dtype and device",
+                 x.dtype(), x.shape(), x.device(), residual.dtype(), residual.shape(), residual.device());
+  COLOSSAL_CHECK(p >= 0.0 && p <= 1.0, "dropout_add: probability p must be in [0, 1], got {}", p);
+  COLOSSAL_CHECK(core::is_floating(x.dtype()),
+                 "dropout_add: expected floating tensors (f32, f64, f16, bf16), got {} of shape {}", x.dtype(),
+                 x.shape());
+  if (!training || p == 0.0) return add(residual, x);
+
+  core::Generator& gen = generator ? *generator : core::default_generator();
+  const DropoutParams params = make_dropout_params(p, gen.seed(), gen.next_offset());
+  const Tensor input = core::contiguous_raw(x);
+  const Tensor base = core::contiguous_raw(residual);
+  Tensor out = core::empty(x.shape(), TensorOptions(x.dtype(), x.device()));
+  if (out.numel() > 0) dropout_stub(x.device(), out, input, base, params);
+
+  autograd::record("dropout_add", {x, residual}, {out},
+                   [params](const std::vector<Tensor>& grads, const autograd::Node& node) {
+                     Tensor grad_x;
+                     if (node.needs_input_grad(0)) {
+                       const Tensor grad_out = core::contiguous_raw(grads[0]);
+                       grad_x = core::empty(grad_out.shape(), TensorOptions(grad_out.dtype(), grad_out.device()));
+                       if (grad_x.numel() > 0) dropout_stub(grad_x.device(), grad_x, grad_out, Tensor(), params);
+                     }
+                     return std::vector<Tensor>{grad_x, grads[0]};
+                   });
   return out;
 }
 

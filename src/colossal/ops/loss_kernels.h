@@ -121,10 +121,12 @@ COLOSSAL_HOST_DEVICE inline bool dropout_keeps(uint32_t philox_word, uint32_t ke
   return (philox_word >> 8) >= keep_threshold;
 }
 
-/// out <- keep(i) ? x[i] * scale : 0 for contiguous out and x of one floating dtype and shape.
-/// Dropout is linear in x with the mask fixed, so the backward is this same kernel applied to the
-/// output gradient with the same params.
-using DropoutKernel = void(const Tensor& out, const Tensor& x, const DropoutParams& params);
+/// out <- residual[i] + (keep(i) ? x[i] * scale : 0) for contiguous out, x and (when defined)
+/// residual of one floating dtype and shape; an undefined residual adds nothing (plain dropout).
+/// The sum is taken in the accumulation type and rounded once. Dropout is linear in x with the
+/// mask fixed, so the backward is this same kernel, without a residual, applied to the output
+/// gradient with the same params.
+using DropoutKernel = void(const Tensor& out, const Tensor& x, const Tensor& residual, const DropoutParams& params);
 
 extern core::DispatchStub<DropoutKernel> dropout_stub;
 

@@ -39,6 +39,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
 /// mask comes from the Philox stream (seed, offset): element i keeps iff uniform_float(word i % 4
 /// of philox_block(seed, offset, i / 4)) >= p, the same on every device.
 Tensor dropout(const Tensor& x, double p, bool training = true, core::Generator* generator = nullptr);
+/// residual + dropout(x, p, training, generator) in one pass (the residual branch of a transformer
+/// block), drawing the same mask as dropout would from the same generator state; the sum is rounded
+/// once. x and residual: one shape, dtype and device. Outside training or with p == 0, residual + x.
+Tensor dropout_add(const Tensor& x, const Tensor& residual, double p, bool training = true,
+                   core::Generator* generator = nullptr);
 
 struct AttentionOptions {
   bool causal = false;

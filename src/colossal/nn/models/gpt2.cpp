@@ -139,6 +139,12 @@ Tensor GPT2Attention::forward(const Tensor& x) {
   return resid_dropout_->forward(c_proj_->forward(attended));
 }
 
+Tensor GPT2Attention::forward_add(const Tensor& x, const Tensor& residual) {
+  const Tensor attended = multihead_attention(c_attn_->forward(x), n_head_, /*causal=*/true, attn_dropout_,
+                                              is_training(), dropout_generator_);
+  return resid_dropout_->forward_add(c_proj_->forward(attended), residual);
+}
+
 GPT2MLP::GPT2MLP(const GPT2Config& config, core::Generator* generator, core::Generator* dropout_generator)
     : Module("GPT2MLP") {
   c_fc_ = register_module("c_fc", std::make_shared<Conv1D>(config.n_embd, 4 * config.n_embd, generator));
@@ -152,6 +158,11 @@ Tensor GPT2MLP::forward(const Tensor& x) {
   // a GEMM (see Note [Fused GELU backward] in ops/linalg.cpp).
   const Tensor out = ops::gelu_mlp(x, c_fc_->weight().t(), c_fc_->bias(), c_proj_->weight().t(), c_proj_->bias());
   return dropout_->forward(out);
+}
+
+Tensor GPT2MLP::forward_add(const Tensor& x, const Tensor& residual) {
+  return dropout_->forward_add(
+      ops::gelu_mlp(x, c_fc_->weight().t(), c_fc_->bias(), c_proj_->weight().t(), c_proj_->bias()), residual);
 }
 
 GPT2Block::GPT2Block(const GPT2Config& config, core::Generator* generator, core::Generator* dropout_generator)
@@ -173,8 +184,10 @@ Tensor GPT2Block::forward(const Tensor& x) {
 }
 
 Tensor GPT2Block::forward_block(const Tensor& x) {
-  const Tensor h = ops::add(x, attn_->forward(ln_1_->forward(x)));
-  return ops::add(h, mlp_->forward(ln_2_->forward(h)));
+  // Each branch's dropout and its residual add in one pass (ops::dropout_add): in training with
+  // dropout that saves a read and a write of the activations per branch.
+  const Tensor h = attn_->forward_add(ln_1_->forward(x), x);
+  return mlp_->forward_add(ln_2_->forward(h), h);
 }
 
 // ---- the model

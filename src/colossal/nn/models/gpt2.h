@@ -68,6 +68,8 @@ class GPT2Attention : public Module {
   GPT2Attention(const GPT2Config& config, core::Generator* generator, core::Generator* dropout_generator);
   /// x [B, T, n_embd] -> [B, T, n_embd].
   Tensor forward(const Tensor& x) override;
+  /// residual + forward(x), the dropout and the residual add in one pass (ops::dropout_add).
+  Tensor forward_add(const Tensor& x, const Tensor& residual);
 
   const std::shared_ptr<Conv1D>& c_attn() const { return c_attn_; }
   const std::shared_ptr<Conv1D>& c_proj() const { return c_proj_; }
@@ -87,6 +89,8 @@ class GPT2MLP : public Module {
  public:
   GPT2MLP(const GPT2Config& config, core::Generator* generator, core::Generator* dropout_generator);
   Tensor forward(const Tensor& x) override;
+  /// residual + forward(x), the dropout and the residual add in one pass (ops::dropout_add).
+  Tensor forward_add(const Tensor& x, const Tensor& residual);
 
   const std::shared_ptr<Conv1D>& c_fc() const { return c_fc_; }
   const std::shared_ptr<Conv1D>& c_proj() const { return c_proj_; }

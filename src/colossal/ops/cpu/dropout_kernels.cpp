@@ -1,4 +1,4 @@
-// CPU dropout kernel for f32, f64, f16 and bf16: out = keep(i) ? x * scale : 0 with the keep rule
+// CPU dropout kernel for f32, f64, f16 and bf16: out = [residual +] (keep(i) ? x * scale : 0) with the keep rule
 // of Note [Dropout mask] (ops/dropout.cpp). Blocks of four elements share one Philox call, and any
 // thread computes any block, so the split over threads cannot change the mask.
 #include <algorithm>
@@ -9,10 +9,11 @@
 namespace colossal::ops {
 namespace {
 
-void dropout_cpu(const Tensor& out, const Tensor& x, const DropoutParams& params) {
+void dropout_cpu(const Tensor& out, const Tensor& x, const Tensor& residual, const DropoutParams& params) {
   core::dispatch_floating(x.dtype(), "dropout", [&]<class T>() {
     using Acc = core::acc_t<T>;
     const T* in = x.data<T>();
+    const T* add = residual.defined() ? residual.data<T>() : nullptr;
     T* y = out.data<T>();
     const int64_t n = x.numel();
     const Acc scale = static_cast<Acc>(params.scale);
@@ -23,9 +24,9 @@ void dropout_cpu(const Tensor& out, const Tensor& x, const DropoutParams& params
         const int64_t first = block * 4;
         const int count = static_cast<int>(std::min<int64_t>(4, n - first));
         for (int w = 0; w < count; ++w) {
-          y[first + w] = dropout_keeps(bits.x[w], params.keep_threshold)
-                             ? static_cast<T>(static_cast<Acc>(in[first + w]) * scale)
-                             : static_cast<T>(Acc(0));
+          const Acc kept =
+              dropout_keeps(bits.x[w], params.keep_threshold) ? static_cast<Acc>(in[first + w]) * scale : Acc(0);
+          y[first + w] = static_cast<T>(add ? static_cast<Acc>(add[first + w]) + kept : kept);
         }
       }
     });

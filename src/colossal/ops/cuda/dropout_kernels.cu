@@ -1,4 +1,4 @@
-// CUDA dropout for f32, f64, f16 and bf16: out = keep(i) ? x * scale : 0 with the keep rule of
+// CUDA dropout for f32, f64, f16 and bf16: out = [residual +] (keep(i) ? x * scale : 0) with the keep rule of
 // Note [Dropout mask] (ops/dropout.cpp): each thread draws one Philox block and handles the four
 // consecutive elements it decides, moving them as one vector. The same integer threshold and the
 // same f32 (f64) product as the CPU kernel make the output equal to the CPU's bit for bit.
@@ -23,9 +23,10 @@ constexpr int kPerBlock = 4;  // elements decided by one Philox call
 template <class T>
 constexpr int kBlocksPerThread = sizeof(T) >= 4 ? 1 : 16 / (sizeof(T) * kPerBlock);
 
-template <class T, bool kVectorized>
-__global__ void dropout_kernel(T* __restrict__ out, const T* __restrict__ x, int64_t n, DropoutParams params,
-                               acc_t<T> scale) {
+/// out = [residual +] (keep ? x * scale : 0); kAdd: residual is read (the fused dropout_add).
+template <class T, bool kVectorized, bool kAdd>
+__global__ void dropout_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ residual, int64_t n,
+                               DropoutParams params, acc_t<T> scale) {
   using A = acc_t<T>;
   constexpr int kBlocks = kVectorized ? kBlocksPerThread<T> : 1;
   constexpr int kElems = kBlocks * kPerBlock;
@@ -35,6 +36,8 @@ __global__ void dropout_kernel(T* __restrict__ out, const T* __restrict__ x, int
     const int64_t first = step * kElems;
     if (kVectorized && first + kElems <= n) {
       const Vec<T, kElems> in = cuda::rows::load_vec<kElems>(x + first);
+      Vec<T, kElems> add;
+      if constexpr (kAdd) add = cuda::rows::load_vec<kElems>(residual + first);
       Vec<T, kElems> result;
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
@@ -43,7 +46,12 @@ __global__ void dropout_kernel(T* __restrict__ out, const T* __restrict__ x, int
 #pragma unroll
         for (int w = 0; w < kPerBlock; ++w) {
           const int e = b * kPerBlock + w;
-          result.v[e] = from_acc<T>(dropout_keeps(bits.x[w], params.keep_threshold) ? to_acc(in.v[e]) * scale : A(0));
+          const A kept = dropout_keeps(bits.x[w], params.keep_threshold) ? to_acc(in.v[e]) * scale : A(0);
+          if constexpr (kAdd) {
+            result.v[e] = from_acc<T>(to_acc(add.v[e]) + kept);
+          } else {
+            result.v[e] = from_acc<T>(kept);
+          }
         }
       }
       cuda::rows::store_vec<kElems>(out + first, result);
@@ -54,15 +62,17 @@ __global__ void dropout_kernel(T* __restrict__ out, const T* __restrict__ x, int
             core::philox_block(params.seed, params.offset, static_cast<uint64_t>(i / kPerBlock));
         const int count = static_cast<int>(min(int64_t{kPerBlock}, last - i));
         for (int w = 0; w < count; ++w) {
-          out[i + w] = from_acc<T>(dropout_keeps(bits.x[w], params.keep_threshold) ? to_acc(x[i + w]) * scale : A(0));
+          const A kept = dropout_keeps(bits.x[w], params.keep_threshold) ? to_acc(x[i + w]) * scale : A(0);
+          out[i + w] = from_acc<T>(kAdd ? to_acc(residual[i + w]) + kept : kept);
         }
       }
     }
   }
 }
 
-void dropout_cuda(const Tensor& out, const Tensor& x, const DropoutParams& params) {
+void dropout_cuda(const Tensor& out, const Tensor& x, const Tensor& residual, const DropoutParams& params) {
   core::cuda_detail::check_on_device(out, x.device(), "dropout", "the output");
+  if (residual.defined()) core::cuda_detail::check_on_device(residual, x.device(), "dropout_add", "the residual");
   const int64_t n = x.numel();
   if (n == 0) return;
   core::cuda::DeviceGuard guard(x.device());
@@ -71,16 +81,21 @@ void dropout_cuda(const Tensor& out, const Tensor& x, const DropoutParams& param
     using A = acc_t<T>;
     T* y = out.data<T>();
     const T* in = x.data<T>();
+    const T* add = residual.defined() ? residual.data<T>() : nullptr;
     constexpr int kElems = kBlocksPerThread<T> * kPerBlock;
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kElems) == 0; };
-    const bool vectorized = aligned(y) && aligned(in);
+    const bool vectorized = aligned(y) && aligned(in) && (add == nullptr || aligned(add));
     const unsigned grid = core::cuda_detail::grid_for((n + kElems - 1) / kElems);
+    const A scale = static_cast<A>(params.scale);
+    auto launch = [&]<bool kVectorized, bool kAdd>() {
+      dropout_kernel<T, kVectorized, kAdd>
+          <<<grid, core::cuda_detail::kThreads, 0, stream>>>(y, in, add, n, params, scale);
+    };
+    // Vector loads where every pointer allows them, else element loads (one Philox block per step).
     if (vectorized) {
-      dropout_kernel<T, true>
-          <<<grid, core::cuda_detail::kThreads, 0, stream>>>(y, in, n, params, static_cast<A>(params.scale));
-    } else {  // element loads; one Philox block per step
-      dropout_kernel<T, false>
-          <<<grid, core::cuda_detail::kThreads, 0, stream>>>(y, in, n, params, static_cast<A>(params.scale));
+      add ? launch.template operator()<true, true>() : launch.template operator()<true, false>();
+    } else {
+      add ? launch.template operator()<false, true>() : launch.template operator()<false, false>();
     }
     COLOSSAL_CUDA_CHECK_LAUNCH();
   });
