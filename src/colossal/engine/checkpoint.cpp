@@ -242,6 +242,8 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, const Na
   // as something to resume from. Buffers are not checked: a mask may hold -inf by design.
   std::set<std::string> parameters;
   for (const auto& [name, param] : engine.model().named_parameters()) parameters.insert(kModelPrefix + name);
+  // Under a pipeline the first stage holds every stage's parameters, under the serial names.
+  for (const std::string& name : sharding.serial_parameter_names()) parameters.insert(kModelPrefix + name);
   std::vector<std::pair<std::string, Tensor>> trained;
   for (const auto& [name, tensor] : tensors) {
     const bool state = parameters.contains(name) || name.starts_with(std::string(kOptimizerPrefix) + "state.") ||
@@ -256,7 +258,8 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, const Na
         path.string(), *bad, info.position.step);
   }
 
-  // Every rank of a tensor group has the whole state now; one process writes it.
+  // Every rank of a tensor group has the whole state now (under a pipeline the first stage's); one
+  // process writes it.
   if (!writes_checkpoints(engine)) return;
   try {
     if (path.has_parent_path()) {

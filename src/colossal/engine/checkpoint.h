@@ -6,8 +6,9 @@
 // (dropout, ...), and what the writer wants to check on resume (steps per epoch, the config).
 // Files are written under a temporary name, synced and renamed, so a crash or a full disk never
 // leaves half a checkpoint under a checkpoint's name. See Note [Bit-exact resume] in checkpoint.cpp.
-// A tensor-parallel run saves the serial model's whole tensors, loadable at any layout (Note
-// [Checkpoints of a sharded model] in checkpoint_sharding.cpp).
+// A tensor-parallel or pipeline run saves the serial model's whole tensors and the serial optimizer's
+// state, loadable at any layout (Notes [Checkpoints of a sharded model] and [Checkpoints of a
+// pipeline] in checkpoint_sharding.cpp).
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,8 @@ struct CheckpointInfo {
 /// Writes `engine`'s model, optimizer and scheduler state, the generators' states and `info` to
 /// `path` (temporary name, then rename). The file holds the serial model's tensors under its names
 /// whatever the layout: under tensor parallelism every rank of the tensor group must call it (the
-/// shards are gathered over the group), and only the world's rank 0 writes (writes_checkpoints);
+/// shards are gathered over the group), under a pipeline every stage (with EngineOptions::serial_names
+/// set; the stages' tensors go to the first), and only the world's rank 0 writes (writes_checkpoints);
 /// the generators' states are this rank's. The engine must be at an accumulation-window boundary
 /// (engine.micro_step() == 0): gradients in flight are not part of a checkpoint. Refuses, naming
 /// the tensor, parameters, optimizer moments or fp32 master weights holding NaN or infinity (a
@@ -53,8 +55,8 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, const Na
 bool writes_checkpoints(const Engine& engine);
 
 /// Restores what save_checkpoint wrote into `engine` (whose model, optimizer and scheduler must be
-/// built as the writer's were, at any tensor-parallel size: each rank takes its shard of the
-/// serial tensors) and the generators, and returns the recorded info. Throws naming the
+/// built as the writer's were, at any tensor-parallel size and pipeline cut: each rank takes its
+/// stage's tensors and its shard of them) and the generators, and returns the recorded info. Throws naming the
 /// file and the key when something is missing, extra, of another shape, or not a colossal checkpoint
 /// (a plain weights file is named as such, with model.weights as the way to start from it).
 /// Dtypes must match exactly: a tensor stored in another dtype than the model, optimizer, scheduler
@@ -85,7 +87,8 @@ std::string checkpoint_file_name(const TrainPosition& position);
 /// Colossal-AI's SaveCheckpointHook: saves into `dir` after every `epoch_interval`-th training
 /// epoch (0: never) and, when `step_interval` > 0, after every step_interval-th optimizer update
 /// inside an epoch, keeping the newest `keep` files (0: all). Runs last (priority 100) so that the
-/// scheduler has stepped. Under tensor parallelism every rank of the writer's tensor group runs it
+/// scheduler has stepped. Under tensor parallelism every rank of the writer's tensor group runs it,
+/// under a pipeline every rank of the writer's data-parallel replica
 /// (the state is gathered) and the world's rank 0 writes and removes files. Before each save it has
 /// every NonFiniteLossHook of the trainer check the losses since its last look, so a diverged state
 /// is never saved.

@@ -5,9 +5,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "colossal/amp/mixed_precision_optimizer.h"
 #include "colossal/comm/process_group.h"
@@ -26,6 +29,19 @@ namespace colossal::engine {
 
 /// The loss of a model's output against its target, e.g. ops::cross_entropy.
 using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+/// How a pipeline stage's tensors are named in the serial model it was cut from, so that its
+/// checkpoints hold the serial model's tensors and the serial optimizer's state (Note [Checkpoints
+/// of a pipeline] in checkpoint_sharding.cpp). Made by the run assembly (initialize/pipeline_stage.h).
+struct SerialNames {
+  /// The stage model's state_dict names -> the serial model's ("1.0.h.3.ln_1.weight" -> "h.3.ln_1.weight").
+  std::map<std::string, std::string> model;
+  /// Every state_dict name of the serial model, in its order (the order a serial run writes them).
+  std::vector<std::string> model_order;
+  /// The serial optimizer's parameter groups, each its parameters' serial names in order: index i of
+  /// the serial optimizer's state_dict ("state.<i>.exp_avg") counts across them.
+  std::vector<std::vector<std::string>> optimizer_groups;
+};
 
 struct EngineOptions {
   /// Micro-steps whose gradients are summed before one optimizer update; each micro-step's loss is
@@ -57,6 +73,9 @@ struct EngineOptions {
   std::optional<parallel::zero::ZeroOptions> zero;
   /// The forward/backward order of a micro-step; null: NonPipelineSchedule.
   std::shared_ptr<Schedule> schedule;
+  /// Under a pipeline: the serial model's names of this stage's tensors, for checkpoints (a run of
+  /// the whole model leaves it null).
+  std::shared_ptr<const SerialNames> serial_names;
   /// Called at the end of each accumulation window once the gradient handler has finished (the
   /// gradients are the update's), before unscaling, clipping and the optimizer step: the layout
   /// harness reads the gradients here.

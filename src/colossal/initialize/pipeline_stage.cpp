@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "colossal/core/error.h"
+#include "colossal/initialize/builders.h"  // make_optimizer
 #include "colossal/nn/models/gpt2.h"
 #include "colossal/nn/models/layer_view.h"
 #include "colossal/nn/models/resnet.h"
@@ -135,6 +136,22 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     if (stages.contains(stage)) tied.push_back(by_impl.at(impl));
   }
 
+  // The serial names of what the stage holds: piece j of chunk k keeps the model's names under
+  // "k.j." (Note [Pipeline layers]), and the serial optimizer groups the serial model's parameters
+  // as make_optimizer does (Note [Checkpoints of a pipeline] in engine/checkpoint_sharding.cpp).
+  auto serial_names = std::make_shared<engine::SerialNames>();
+  for (const auto& [name, tensor] : model.state_dict()) serial_names->model_order.push_back(name);
+  {
+    std::map<const core::TensorImpl*, std::string> parameter_names;
+    for (const auto& [name, param] : model.named_parameters()) parameter_names.emplace(param.impl(), name);
+    const std::shared_ptr<optim::Optimizer> serial_optimizer = make_optimizer(c, model.named_parameters());
+    for (const optim::ParamGroup& group : serial_optimizer->param_groups()) {
+      std::vector<std::string> names;
+      for (const Tensor& param : group.params) names.push_back(parameter_names.at(param.impl()));
+      serial_names->optimizer_groups.push_back(std::move(names));
+    }
+  }
+
   auto module = std::make_shared<nn::ModuleList>();
   std::vector<std::shared_ptr<nn::Module>> chunks;
   const std::shared_ptr<comm::ProcessGroup> tensor_group = context.group(parallel::GroupKind::kTensor);
@@ -149,6 +166,23 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     chunks.push_back(chunk);
     module->push_back(chunk);
   }
+  const std::set<std::string> serial(serial_names->model_order.begin(), serial_names->model_order.end());
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const std::vector<std::shared_ptr<nn::Module>> chunk_pieces = chunks[k]->children();
+    for (size_t j = 0; j < chunk_pieces.size(); ++j) {
+      for (const auto& [name, tensor] : chunk_pieces[j]->state_dict()) {
+        COLOSSAL_CHECK(serial.contains(name),
+                       "parallel.pipeline: stage {}'s piece holds \"{}\", which is none of the {}'s tensors", stage,
+                       name, model.type_name());
+        serial_names->model.emplace(fmt::format("{}.{}.{}", k, j, name), name);
+      }
+    }
+  }
+  for (const auto& [name, tensor] : module->state_dict()) {
+    COLOSSAL_CHECK(serial_names->model.contains(name),
+                   "parallel.pipeline: stage {}'s tensor \"{}\" is not named chunk.piece.<the model's name>", stage,
+                   name);
+  }
   auto schedule = std::make_shared<engine::PipelineSchedule>(chunks, group, c.parallel.num_microbatches);
   if (!tied_stages.empty()) {
     schedule->set_tied_parameters(tied, engine::PipelineSchedule::tied_group(*group, tied_stages.contains(stage)));
@@ -158,7 +192,7 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
                   v > 1 ? "s" : "", pieces.size(), c.parallel.num_microbatches,
                   tensor_parallel ? fmt::format(", blocks {}-way tensor-parallel", tensor_group->size()) : "",
                   parallel::pp::describe(parts));
-  return {module, schedule, std::move(description)};
+  return {module, schedule, std::move(description), std::move(serial_names)};
 }
 
 }  // namespace colossal::initialize

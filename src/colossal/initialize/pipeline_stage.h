@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "colossal/config/train_config.h"
+#include "colossal/engine/engine.h"  // SerialNames
 #include "colossal/engine/pipeline_schedule.h"
 #include "colossal/nn/module.h"
 #include "colossal/parallel/parallel_context.h"
@@ -24,6 +25,9 @@ struct PipelineStage {
   std::shared_ptr<engine::PipelineSchedule> schedule;
   /// "pipeline: 4 stages x 1 chunk, 14 pieces balanced by parameters; stage 0: [0, 4)": for the log.
   std::string description;
+  /// The serial model's names of the stage's tensors and the serial optimizer's parameter groups, for
+  /// checkpoints that hold the serial model's state (EngineOptions::serial_names).
+  std::shared_ptr<const engine::SerialNames> serial_names;
 };
 
 /// The model's pieces for a pipeline (nn/models' layers()); throws naming the model when it has none.

@@ -109,6 +109,8 @@ class TrainingRun {
   std::shared_ptr<nn::Module> model_;
   /// Under parallel.pipeline > 1: the schedule of this rank's stage (model_ holds its chunks).
   std::shared_ptr<engine::PipelineSchedule> pipeline_schedule_;
+  /// Under a pipeline, the serial names of the stage's tensors (EngineOptions::serial_names).
+  std::shared_ptr<const engine::SerialNames> serial_names_;
   std::shared_ptr<data::Sampler> sampler_;
   RunPlan plan_;
   std::unique_ptr<data::DataLoader> train_loader_, test_loader_;
