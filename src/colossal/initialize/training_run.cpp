@@ -60,12 +60,6 @@ void reject_unsupported(const TrainConfig& c) {
                       "the built-in policy only; remove parallel.tensor.specs",
                       c.parallel.pipeline));
     }
-    if (!c.train.checkpoint_dir.empty() || !c.train.resume_from.empty()) {
-      unsupported(
-          fmt::format("parallel.pipeline = {}: checkpoints under pipeline parallelism are not built yet; set "
-                      "train.checkpoint_dir = \"\" (and no train.resume_from)",
-                      c.parallel.pipeline));
-    }
     if (c.fp16.mode == config::AmpMode::kTorch) {
       unsupported(
           fmt::format("parallel.pipeline = {} with fp16.mode = \"torch\": autocast does not reach the stages' "
@@ -291,6 +285,7 @@ void TrainingRun::build_data_and_model() {
     model_ = stage.module;
     model_->to(device_);  // the tensor-parallel blocks made anew sit where the serial model did
     pipeline_schedule_ = stage.schedule;
+    serial_names_ = stage.serial_names;  // checkpoints hold the serial model's tensors
   }
 
   // The global batch of iteration k is the serial run's batch k (data.batch_size x dp samples of
@@ -343,6 +338,7 @@ void TrainingRun::build_engine() {
   engine::EngineOptions eo;
   eo.context = context_;
   if (pipeline_schedule_) eo.schedule = pipeline_schedule_;
+  eo.serial_names = serial_names_;
   eo.gradient_accumulation = c.gradient_accumulation;
   if (c.clip_grad_norm > 0) eo.clip_grad_norm = c.clip_grad_norm;
   eo.amp = make_amp_options(c);
@@ -399,8 +395,9 @@ void TrainingRun::resume() {
   const TrainConfig& c = config_;
   // What must agree between a checkpoint and the run resuming from it for the data position to mean
   // the same batches. train.max_steps and train.epochs are not among them: a run may be extended;
-  // nor is the tensor-parallel size: a checkpoint holds the serial model's tensors (Note
-  // [Checkpoints of a sharded model] in engine/checkpoint_sharding.cpp).
+  // nor are the tensor-parallel size and the pipeline's cut: a checkpoint holds the serial model's
+  // tensors (Notes [Checkpoints of a sharded model] and [Checkpoints of a pipeline] in
+  // engine/checkpoint_sharding.cpp).
   invariants_ = {{"data.batch_size", std::to_string(c.data.batch_size)},
                  {"data.shuffle", c.data.shuffle ? "true" : "false"},
                  {"train.seed", std::to_string(c.train.seed)},
@@ -465,9 +462,12 @@ void TrainingRun::build_hooks() {
   }
   if (!writer_) {
     // Under tensor parallelism the writer's tensor group (data and pipeline rank 0, as the writer)
-    // takes part in each save: the shards are gathered there. Other replicas hold the same state.
+    // takes part in each save: the shards are gathered there; under a pipeline every stage of the
+    // writer's replica (data rank 0) sends its tensors to the first. Other replicas hold the same state.
     const parallel::RankCoords coords = context_->coords();
-    if (context_->layout().tensor_size() > 1 && coords.dp == 0 && coords.pp == 0) add_checkpoint_hook();
+    const bool in_writers_replica =
+        coords.dp == 0 && (context_->layout().pipeline_size() > 1 || context_->layout().tensor_size() > 1);
+    if (in_writers_replica) add_checkpoint_hook();
     return;
   }
   hooks_.push_back(std::make_shared<engine::LogMetricByEpochHook>());
