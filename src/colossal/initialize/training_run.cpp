@@ -464,10 +464,11 @@ void TrainingRun::build_hooks() {
     // Under tensor parallelism the writer's tensor group (data and pipeline rank 0, as the writer)
     // takes part in each save: the shards are gathered there; under a pipeline every stage of the
     // writer's replica (data rank 0) sends its tensors to the first. Other replicas hold the same state.
+    // Under ZeRO every data rank holds a shard of the optimizer: the whole data group gathers.
     const parallel::RankCoords coords = context_->coords();
     const bool in_writers_replica =
         coords.dp == 0 && (context_->layout().pipeline_size() > 1 || context_->layout().tensor_size() > 1);
-    if (in_writers_replica) add_checkpoint_hook();
+    if (in_writers_replica || c.zero.stage > 0) add_checkpoint_hook();
     return;
   }
   hooks_.push_back(std::make_shared<engine::LogMetricByEpochHook>());
