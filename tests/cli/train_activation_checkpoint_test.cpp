@@ -1,8 +1,8 @@
 // model.options.checkpoint_activations through the command line: `colossal train` of a GPT-2 with
 // dropout 0.1 (serially, and under `colossal run` at tp 2, pp 2 interleaved and pp2 x tp2), of a
 // ViT with dropout and drop path and of a ResNet gives the same loss at every step with the option
-// on as off, and says in its log that it is on. The key is accepted by every model; a value that is not a boolean is an error
-// naming the key, and Hugging Face's and Colossal-AI's names for the switch are pointed at ours.
+// on as off, and says in its log that it is on. The key is accepted by every model; a value that is not a boolean is an
+// error naming the key, and Hugging Face's and Colossal-AI's names for the switch are pointed at ours.
 //
 // The losses are compared exactly: the metrics file writes each loss with all its digits, and the
 // checkpointed run computes the same bits (tests/nn/activation_checkpoint_test.cpp says why).
