@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "metrics_jsonl.h"
+#include "shared_run_dir.h"
 
 #include "../comm/mpi_test_main.h"
 #include "colossal/cli/export.h"
@@ -42,21 +43,8 @@ constexpr double kTolerance = 1e-5;
 
 /// A folder shared by the ranks (rank 0's name, broadcast) holding the token file and the config.
 fs::path shared_dir() {
-  Tensor stamp = core::from_vector<int64_t>({static_cast<int64_t>(::getpid())}, {1});
-  world().broadcast(stamp, 0);
-  const fs::path dir =
-      fs::temp_directory_path() / ("colossal_train_tp_checkpoint_mpi_test_" + std::to_string(stamp.item<int64_t>()) +
-                                   "_" + std::to_string(world().size()));
-  if (world().rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    std::ofstream out(dir / "tokens.bin", std::ios::binary);
-    for (int i = 0; i < 4000; ++i) {
-      const auto t = static_cast<uint16_t>((i * 7 + i / 5 + (i * i) % 13) % 63);
-      const char bytes[2] = {static_cast<char>(t & 0xFF), static_cast<char>(t >> 8)};
-      out.write(bytes, 2);
-    }
-    out.close();
+  return testing::shared_run_dir(world(), "colossal_train_tp_checkpoint_mpi_test", [](const fs::path& dir) {
+    testing::write_pattern_tokens(dir / "tokens.bin", 4000, 63);
     // Four heads split over 1, 2 and 4 ranks, 63 tokens padded to 64 there (the padding is in no
     // file: the checkpoint has the serial 63 rows, moments included); dropout off, since masks drawn per
     // tensor-parallel rank differ from the serial run's by design. AdamW's eps is 1e-6: the key
@@ -73,9 +61,7 @@ fs::path shared_dir() {
                                      "[lr_scheduler]\nname = \"cosine\"\nwarmup_steps = 2\n"
                                      "[train]\nepochs = 0\nmax_steps = 6\ndevice = \"cpu\"\nprogress = false\n"
                                      "log_interval = 1\n";
-  }
-  world().barrier();
-  return dir;
+  });
 }
 
 /// Trains the config with `overrides` over `group` (every rank of it calls this); returns the losses
