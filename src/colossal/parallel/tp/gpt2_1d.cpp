@@ -123,9 +123,13 @@ ParallelGPT2Attention::ParallelGPT2Attention(const nn::models::GPT2Attention& se
       register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, outside_generator(options)));
 }
 
+Tensor ParallelGPT2Attention::heads(const Tensor& x) {
+  return nn::multihead_attention(c_attn_->forward(x), local_heads_, /*causal=*/true, attn_dropout_, is_training(),
+                                 attn_dropout_generator_);
+}
+
 Tensor ParallelGPT2Attention::forward(const Tensor& x) {
-  Tensor attended = nn::multihead_attention(c_attn_->forward(x), local_heads_, /*causal=*/true, attn_dropout_,
-                                            is_training(), attn_dropout_generator_);
+  Tensor attended = heads(x);
   if (gather_heads_) attended = gather_from_region(attended, -1, *group_);
   return resid_dropout_->forward(c_proj_->forward(attended));
 }
@@ -137,8 +141,7 @@ bool ParallelGPT2Attention::splittable() const {
 
 PendingSum ParallelGPT2Attention::start(const Tensor& x) {
   COLOSSAL_CHECK(splittable(), "ParallelGPT2Attention::start needs a row-parallel c_proj without sequence parallelism");
-  return c_proj()->start(nn::multihead_attention(c_attn_->forward(x), local_heads_, /*causal=*/true, attn_dropout_,
-                                                 is_training(), attn_dropout_generator_));
+  return c_proj()->start(heads(x));
 }
 
 Tensor ParallelGPT2Attention::finish(PendingSum pending) {
@@ -157,11 +160,15 @@ ParallelGPT2MLP::ParallelGPT2MLP(const nn::models::GPT2MLP& serial, const nn::mo
   dropout_ = register_module("dropout", std::make_shared<nn::Dropout>(config.dropout, outside_generator(options)));
 }
 
-Tensor ParallelGPT2MLP::forward(const Tensor& x) {
+Tensor ParallelGPT2MLP::activated(const Tensor& x) {
   // GPT-2's gelu_new is the tanh approximation; elementwise, so it applies to each rank's features.
   // A column-parallel c_fc applies it in its GEMM's epilogue (ops::linear_gelu), as the serial MLP.
   const std::shared_ptr<ColumnParallelLinear> column = c_fc();
-  Tensor hidden = column ? column->forward_gelu(x) : ops::gelu(c_fc_->forward(x), ops::GeluApproximation::tanh);
+  return column ? column->forward_gelu(x) : ops::gelu(c_fc_->forward(x), ops::GeluApproximation::tanh);
+}
+
+Tensor ParallelGPT2MLP::forward(const Tensor& x) {
+  Tensor hidden = activated(x);
   if (gather_hidden_) hidden = gather_from_region(hidden, -1, *group_);
   return dropout_->forward(c_proj_->forward(hidden));
 }
@@ -173,8 +180,7 @@ bool ParallelGPT2MLP::splittable() const {
 
 PendingSum ParallelGPT2MLP::start(const Tensor& x) {
   COLOSSAL_CHECK(splittable(), "ParallelGPT2MLP::start needs a row-parallel c_proj without sequence parallelism");
-  const std::shared_ptr<ColumnParallelLinear> column = c_fc();
-  return c_proj()->start(column ? column->forward_gelu(x) : ops::gelu(c_fc_->forward(x), ops::GeluApproximation::tanh));
+  return c_proj()->start(activated(x));
 }
 
 Tensor ParallelGPT2MLP::finish(PendingSum pending) {

@@ -93,6 +93,9 @@ class ParallelGPT2Attention : public nn::Module {
   core::Generator* attn_dropout_generator() const { return attn_dropout_generator_; }
 
  private:
+  /// This rank's heads' attention of x (c_attn, then the fused attention), before c_proj.
+  Tensor heads(const Tensor& x);
+
   std::shared_ptr<comm::ProcessGroup> group_;
   int64_t local_heads_;
   bool gather_heads_;  ///< c_attn split by heads, c_proj wanting its whole input
@@ -120,6 +123,9 @@ class ParallelGPT2MLP : public nn::Module {
   std::shared_ptr<RowParallelLinear> c_proj() const { return std::dynamic_pointer_cast<RowParallelLinear>(c_proj_); }
 
  private:
+  /// gelu(c_fc(x)) on this rank's hidden features, before any gather and c_proj.
+  Tensor activated(const Tensor& x);
+
   std::shared_ptr<comm::ProcessGroup> group_;
   bool gather_hidden_;  ///< c_fc column-split, c_proj wanting its whole input
   std::shared_ptr<nn::Module> c_fc_;
