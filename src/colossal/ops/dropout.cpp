@@ -22,24 +22,40 @@ namespace colossal::ops {
 
 constinit core::DispatchStub<DropoutKernel> dropout_stub("dropout");
 
-Tensor dropout(const Tensor& x, double p, bool training, core::Generator* generator) {
-  COLOSSAL_CHECK(x.defined(), "dropout: the input is undefined");
-  COLOSSAL_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p must be in [0, 1], got {}", p);
+namespace {
+
+void check_arguments(const char* op, const Tensor& x, double p) {
+  COLOSSAL_CHECK(x.defined(), "{}: the input is undefined", op);
+  COLOSSAL_CHECK(p >= 0.0 && p <= 1.0, "{}: probability p must be in [0, 1], got {}", op, p);
   COLOSSAL_CHECK(core::is_floating(x.dtype()),
-                 "dropout: expected a floating tensor (f32, f64, f16, bf16), got {} of shape {}", x.dtype(), x.shape());
-  if (!training || p == 0.0) return x;
+                 "{}: expected a floating tensor (f32, f64, f16, bf16), got {} of shape {}", op, x.dtype(), x.shape());
+}
 
+/// [residual +] t with the mask of `params` applied, as a new contiguous tensor (the kernel of
+/// ops/loss_kernels.h; an undefined residual adds nothing).
+Tensor masked(const Tensor& t, const Tensor& residual, const DropoutParams& params) {
+  const Tensor input = core::contiguous_raw(t);
+  Tensor out = core::empty(t.shape(), TensorOptions(t.dtype(), t.device()));
+  if (out.numel() > 0) {
+    dropout_stub(t.device(), out, input, residual.defined() ? core::contiguous_raw(residual) : Tensor(), params);
+  }
+  return out;
+}
+
+DropoutParams draw_params(double p, core::Generator* generator) {
   core::Generator& gen = generator ? *generator : core::default_generator();
-  const DropoutParams params = make_dropout_params(p, gen.seed(), gen.next_offset());
-  const Tensor input = core::contiguous_raw(x);
-  Tensor out = core::empty(x.shape(), TensorOptions(x.dtype(), x.device()));
-  if (out.numel() > 0) dropout_stub(x.device(), out, input, Tensor(), params);
+  return make_dropout_params(p, gen.seed(), gen.next_offset());
+}
 
+}  // namespace
+
+Tensor dropout(const Tensor& x, double p, bool training, core::Generator* generator) {
+  check_arguments("dropout", x, p);
+  if (!training || p == 0.0) return x;
+  const DropoutParams params = draw_params(p, generator);
+  Tensor out = masked(x, Tensor(), params);
   autograd::record("dropout", {x}, {out}, [params](const std::vector<Tensor>& grads, const autograd::Node&) {
-    const Tensor grad_out = core::contiguous_raw(grads[0]);
-    Tensor grad_x = core::empty(grad_out.shape(), TensorOptions(grad_out.dtype(), grad_out.device()));
-    if (grad_x.numel() > 0) dropout_stub(grad_x.device(), grad_x, grad_out, Tensor(), params);
-    return std::vector<Tensor>{grad_x};
+    return std::vector<Tensor>{masked(grads[0], Tensor(), params)};
   });
   return out;
 }
@@ -47,31 +63,17 @@ Tensor dropout(const Tensor& x, double p, bool training, core::Generator* genera
 // The residual's gradient is the output's; x's is dropout's backward (the same mask from the same
 // params). One pass over x, residual and out forward instead of dropout's pass and then add's.
 Tensor dropout_add(const Tensor& x, const Tensor& residual, double p, bool training, core::Generator* generator) {
-  COLOSSAL_CHECK(x.defined() && residual.defined(), "dropout_add: an input is undefined");
+  check_arguments("dropout_add", x, p);
+  COLOSSAL_CHECK(residual.defined(), "dropout_add: the residual is undefined");
   COLOSSAL_CHECK(x.shape() == residual.shape() && x.dtype() == residual.dtype() && x.device() == residual.device(),
                  "dropout_add: x ({} {} on {}) and the residual ({} {} on {}) must have one shape, dtype and device",
                  x.dtype(), x.shape(), x.device(), residual.dtype(), residual.shape(), residual.device());
-  COLOSSAL_CHECK(p >= 0.0 && p <= 1.0, "dropout_add: probability p must be in [0, 1], got {}", p);
-  COLOSSAL_CHECK(core::is_floating(x.dtype()),
-                 "dropout_add: expected floating tensors (f32, f64, f16, bf16), got {} of shape {}", x.dtype(),
-                 x.shape());
   if (!training || p == 0.0) return add(residual, x);
-
-  core::Generator& gen = generator ? *generator : core::default_generator();
-  const DropoutParams params = make_dropout_params(p, gen.seed(), gen.next_offset());
-  const Tensor input = core::contiguous_raw(x);
-  const Tensor base = core::contiguous_raw(residual);
-  Tensor out = core::empty(x.shape(), TensorOptions(x.dtype(), x.device()));
-  if (out.numel() > 0) dropout_stub(x.device(), out, input, base, params);
-
+  const DropoutParams params = draw_params(p, generator);
+  Tensor out = masked(x, residual, params);
   autograd::record("dropout_add", {x, residual}, {out},
                    [params](const std::vector<Tensor>& grads, const autograd::Node& node) {
-                     Tensor grad_x;
-                     if (node.needs_input_grad(0)) {
-                       const Tensor grad_out = core::contiguous_raw(grads[0]);
-                       grad_x = core::empty(grad_out.shape(), TensorOptions(grad_out.dtype(), grad_out.device()));
-                       if (grad_x.numel() > 0) dropout_stub(grad_x.device(), grad_x, grad_out, Tensor(), params);
-                     }
+                     const Tensor grad_x = node.needs_input_grad(0) ? masked(grads[0], Tensor(), params) : Tensor();
                      return std::vector<Tensor>{grad_x, grads[0]};
                    });
   return out;
