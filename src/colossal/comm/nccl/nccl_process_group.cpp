@@ -10,9 +10,13 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -217,10 +221,15 @@ class NcclOperation final : public WatchedOperation {
 
   core::cuda::Event& done() { return done_; }
   NcclCommState& state() { return *state_; }
+  /// The NCCL calls are enqueued and done() recorded after them: poll() may query it.
+  void mark_enqueued() { enqueued_.store(true, std::memory_order_release); }
 
   bool poll() noexcept override {
     // An aborted communicator drops its work; whoever aborted it has reported why.
     if (state_->aborted.load()) return true;
+    // Still inside the enqueue (ncclGroupEnd may block on the host, connecting to a peer that never
+    // comes): not done, and the deadline runs (Note [Watched before enqueued]).
+    if (!enqueued_.load(std::memory_order_acquire)) return false;
     // The watchdog's thread picks the device itself: its first CUDA call would otherwise make a
     // context on GPU 0 in every rank's process.
     if (cudaSetDevice(state_->device.index) != cudaSuccess) return true;
@@ -236,6 +245,7 @@ class NcclOperation final : public WatchedOperation {
  private:
   std::shared_ptr<NcclCommState> state_;
   core::cuda::Event done_;
+  std::atomic<bool> enqueued_{false};
 };
 
 class NcclWork final : public Work::Impl {
@@ -295,6 +305,32 @@ class NcclWork final : public Work::Impl {
   bool host_blocking_ = false;
 };
 
+/// A blocking host call (ncclCommSplit) as the watchdog sees it: done once the call returns.
+class HostCall final : public WatchedOperation {
+ public:
+  HostCall(const ProcessGroup& group, std::string operation) : WatchedOperation(group, std::move(operation)) {}
+  bool poll() noexcept override { return done_.load(std::memory_order_acquire); }
+  void finish() { done_.store(true, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> done_{false};
+};
+
+/// COLOSSAL_TRACE_COMM=1: every operation's enqueue, on stderr with the rank and a timestamp, for
+/// finding where ranks part ways (the watchdog names only the operation that timed out).
+void trace_comm(const char* phase, const WatchedOperation& operation) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("COLOSSAL_TRACE_COMM");
+    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+  }();
+  if (!enabled) return;
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch());
+  std::fprintf(stderr, "[comm trace] rank %d %lld us %s: %s [%s]\n", operation.world_rank(),
+               static_cast<long long>(us.count()), phase, operation.operation().c_str(), operation.group().c_str());
+  std::fflush(stderr);
+}
+
 /// Runs `enqueue(comm, stream)` on the group's stream between the two events of Note [NCCL stream
 /// ordering], hands the call to the watchdog and returns the Work waiting for it. `what` names the
 /// call and its tensors; the group is `group`, whose communicator `state` is.
@@ -308,11 +344,23 @@ Work launch(const ProcessGroup& group, const std::shared_ptr<NcclCommState>& sta
   core::cuda::Event ready;
   ready.record(caller);
   ready.block(state->stream);
+  // Note [Watched before enqueued]: NCCL connects to a peer lazily, inside the first ncclGroupEnd
+  // (or collective) that needs the connection, blocking the host until the peer makes the matching
+  // call. A peer that never does (a mismatched exchange) would hang this thread before any event
+  // exists to poll; so the watchdog holds the operation from now, and its deadline covers the enqueue.
+  watch(operation);
+  trace_comm("enqueue", *operation);
   const int64_t range = core::profiler::begin_stream_range(operation->operation(), state->stream);
-  enqueue(state->comm, as_cuda(state->stream));
+  try {
+    enqueue(state->comm, as_cuda(state->stream));
+  } catch (...) {
+    operation->mark_enqueued();  // done() was never recorded: polls as complete, the caller has the error
+    throw;
+  }
   core::profiler::end_stream_range(range, state->stream);
   operation->done().record(state->stream);
-  watch(operation);
+  operation->mark_enqueued();
+  trace_comm("enqueued", *operation);
   return Work(std::make_shared<NcclWork>(std::move(operation), caller, std::move(tensors), host_blocking));
 }
 
@@ -540,8 +588,14 @@ std::shared_ptr<ProcessGroup> NcclProcessGroup::do_split(int color, int key) {
   core::cuda::DeviceGuard guard(state_->device);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   ncclComm_t child = nullptr;
-  COLOSSAL_NCCL_CHECK(ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config),
-                      "split with color {} and key {} [{}]", color, key, describe());
+  // ncclCommSplit blocks the host until every rank of the group calls it: watched like a collective.
+  auto call = std::make_shared<HostCall>(*this, fmt::format("split with color {} and key {}", color, key));
+  watch(call);
+  trace_comm("enqueue", *call);
+  const ncclResult_t rc = ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+  call->finish();
+  trace_comm("enqueued", *call);
+  COLOSSAL_NCCL_CHECK(rc, "split with color {} and key {} [{}]", color, key, describe());
   if (child == nullptr) return nullptr;
   return std::make_shared<NcclProcessGroup>(child, state_->device);
 }
