@@ -7,6 +7,7 @@
 #include <set>
 #include <string_view>
 #include <unordered_set>
+#include <utility>
 
 #include "colossal/core/error.h"       // COLOSSAL_CHECK
 #include "colossal/core/view.h"        // copy_stub
@@ -119,6 +120,10 @@ void Optimizer::scale_gradients_in_next_step(Tensor scale) {
                  "{}: scale_gradients_in_next_step expects a one-element tensor, got shape {}", name_, scale.shape());
   if (scale.defined() && scale.dtype() != DType::f64) scale = scale.to(DType::f64);
   grad_scale_ = scale.defined() ? scale.reshape({}) : scale;
+}
+
+Tensor Optimizer::release_grad_scale() {
+  return std::exchange(grad_scale_, Tensor());
 }
 
 void Optimizer::apply_grad_scale_in_place() {

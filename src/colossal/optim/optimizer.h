@@ -108,6 +108,10 @@ class Optimizer {
   /// and leaves .grad unchanged; the other optimizers scale the gradients in place first (one
   /// multi-tensor pass). The scale applies to one step only.
   void scale_gradients_in_next_step(Tensor scale);
+  /// The scale scale_gradients_in_next_step set and no step has used (undefined when none), which the
+  /// optimizer then forgets: for an update made outside step() (optim/host_optimizer.h's host step
+  /// under ZeRO's optimizer offload), which applies it itself.
+  Tensor release_grad_scale();
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
