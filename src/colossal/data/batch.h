@@ -21,6 +21,9 @@ struct Batch {
   Tensor target;      ///< [B, ...] (class indices [B], or soft targets [B, C] after mixup); may be undefined
   int64_t index = 0;  ///< position of this batch in its epoch
   std::vector<int64_t> sample_indices;  ///< the dataset indices it holds, in order
+  /// A BatchStage's random draws (mixup's lambda), taken by its prepare() on the worker for its
+  /// run() wherever the batch goes.
+  std::vector<double> draws;
 };
 
 /// Where collation gets its output memory: plain host memory, or pinned buffers from a pool.

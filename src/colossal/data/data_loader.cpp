@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>  // exchange
 
 #include "colossal/core/cuda_device.h"  // streams, events, is_available
 #include "colossal/core/error.h"
@@ -75,10 +76,12 @@ struct DataLoader::DeviceStage {
   struct InFlight {
     Batch device_batch;
     Batch host_batch;
+    Tensor stage_input;  ///< the copied input a batch stage read (kept until `ready`)
     core::cuda::Event ready;
   };
   struct Retired {
     Batch host_batch;
+    Tensor stage_input;
     core::cuda::Event ready;
   };
 
@@ -105,14 +108,20 @@ struct DataLoader::DeviceStage {
     while (!retired.empty() && retired.front().ready.query()) retired.pop_front();
   }
 
-  InFlight start_copy(Batch host) {
+  /// Copies `host` to the device on the side stream and, with a `stage`, runs the stage there on
+  /// the copy (Note [Batch stages]).
+  InFlight start_copy(Batch host, const BatchStage* stage) {
     if (side.handle == nullptr) side = core::cuda::create_stream(device);
     const core::Stream consumer = core::cuda::current_stream(device);
     Batch dev;
     dev.index = host.index;
     dev.sample_indices = host.sample_indices;
+    dev.draws = host.draws;
     // Allocate on the consumer's stream (see the Note), then let the side stream wait for it.
     dev.input = core::empty(host.input.shape(), TensorOptions(host.input.dtype(), device));
+    Tensor staged;
+    if (stage)
+      staged = core::empty(stage->output_shape(host.input.shape()), TensorOptions(stage->output_dtype(), device));
     if (host.target.defined())
       dev.target = core::empty(host.target.shape(), TensorOptions(host.target.dtype(), device));
     core::cuda::Event allocated;
@@ -124,10 +133,17 @@ struct DataLoader::DeviceStage {
       if (dev.target.defined() && dev.target.numel() > 0) {
         core::cross_device_copy_stub(device, dev.target, core::contiguous_raw(host.target));
       }
+      if (stage) stage->run(dev, staged);
     }
     core::cuda::Event ready;
     ready.record(side);
-    return InFlight{std::move(dev), std::move(host), std::move(ready)};
+    Tensor stage_input;
+    if (stage) {
+      // The copied input is read by the stage's kernel on the side stream: it stays alive until
+      // `ready`, and is then freed in the consumer's order, where it was allocated.
+      stage_input = std::exchange(dev.input, staged);
+    }
+    return InFlight{std::move(dev), std::move(host), std::move(stage_input), std::move(ready)};
   }
 
   Device device;
@@ -249,13 +265,26 @@ Batch DataLoader::produce_batch(int64_t epoch, int64_t batch_index, const std::v
   }
   batch.index = batch_index;
   batch.sample_indices = sample_indices;
+  // The batch transform and then the stage draw from the batch's generator, in that order.
+  core::Generator generator = derive_generator(options_.seed, RandomStream::batch_transform, epoch, batch_index);
   if (options_.batch_transform) {
-    core::Generator generator = derive_generator(options_.seed, RandomStream::batch_transform, epoch, batch_index);
     try {
       options_.batch_transform->apply(batch, generator, allocate_);
     } catch (const std::exception& e) {
       COLOSSAL_FAIL("DataLoader: {} failed on batch {} of epoch {}: {}", options_.batch_transform->name(), batch_index,
                     epoch, e.what());
+    }
+  }
+  if (const BatchStage* stage = options_.batch_stage.get()) {
+    try {
+      stage->prepare(batch, generator, allocate_);
+      if (options_.device) {
+        (void)stage->output_shape(batch.input.shape());  // a shape error belongs to this batch
+      } else {
+        run_batch_stage_on_host(*stage, batch, allocate_);
+      }
+    } catch (const std::exception& e) {
+      COLOSSAL_FAIL("DataLoader: {} failed on batch {} of epoch {}: {}", stage->name(), batch_index, epoch, e.what());
     }
   }
   return batch;
@@ -343,13 +372,13 @@ std::optional<Batch> DataLoader::next() {
       break;
     }
     if (!host) break;
-    stage.in_flight.push_back(stage.start_copy(std::move(*host)));
+    stage.in_flight.push_back(stage.start_copy(std::move(*host), options_.batch_stage.get()));
   }
   if (stage.in_flight.empty()) return std::nullopt;
   DeviceStage::InFlight front = std::move(stage.in_flight.front());
   stage.in_flight.pop_front();
   front.ready.block(core::cuda::current_stream(stage.device));
-  stage.retired.push_back({std::move(front.host_batch), std::move(front.ready)});
+  stage.retired.push_back({std::move(front.host_batch), std::move(front.stage_input), std::move(front.ready)});
   return std::move(front.device_batch);
 }
 

@@ -11,6 +11,7 @@
 
 #include "colossal/core/device.h"
 #include "colossal/data/batch.h"
+#include "colossal/data/batch_stage.h"
 #include "colossal/data/dataset.h"
 #include "colossal/data/sampler.h"
 
@@ -43,6 +44,10 @@ struct DataLoaderOptions {
   CollateFn collate;
   /// Applied to each collated batch (mixup), on the worker.
   std::shared_ptr<const BatchTransform> batch_transform;
+  /// Applied to each collated batch after batch_transform (Note [Batch stages]): prepare() on the
+  /// worker; run() on the worker for CPU batches, and with `device` on the GPU after the copy, on
+  /// the side stream (so the copy carries the stage's small input, not its output).
+  std::shared_ptr<const BatchStage> batch_stage;
 };
 
 class DataLoader {

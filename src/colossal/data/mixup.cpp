@@ -38,6 +38,41 @@ Tensor one_hot(const Tensor& labels, int64_t num_classes, double label_smoothing
   return out;
 }
 
+void mix_with_previous_(const Tensor& rows, double lambda) {
+  COLOSSAL_CHECK(
+      rows.defined() && rows.device().is_cpu() && rows.dtype() == DType::f32 && rows.is_contiguous() && rows.dim() >= 1,
+      "mixup: expected a contiguous f32 CPU batch [B, ...], got {} {}", rows.defined() ? rows.dtype() : DType::f32,
+      rows.defined() ? rows.shape() : Shape{});
+  const int64_t b = rows.size(0);
+  if (b == 0) return;
+  const int64_t row = rows.numel() / b;
+  float* data = rows.data<float>();
+  // In place, last row first: row i still holds x_i when row i+1 reads it. Row 0 mixes with the
+  // original last row, saved before it was overwritten.
+  const auto l = static_cast<float>(lambda), r = static_cast<float>(1.0 - lambda);
+  std::vector<float> last(data + (b - 1) * row, data + b * row);
+  for (int64_t i = b - 1; i >= 1; --i) {
+    float* x = data + i * row;
+    const float* prev = data + (i - 1) * row;
+    for (int64_t j = 0; j < row; ++j) x[j] = l * x[j] + r * prev[j];
+  }
+  for (int64_t j = 0; j < row; ++j) data[j] = l * data[j] + r * last[static_cast<size_t>(j)];
+}
+
+Tensor mixup_targets(const Tensor& labels, double lambda, const MixupOptions& options, const HostAllocator& allocate) {
+  COLOSSAL_CHECK(lambda >= 0.0 && lambda <= 1.0, "mixup: lambda must be in [0, 1], got {}", lambda);
+  COLOSSAL_CHECK(labels.defined(), "mixup: the batch has no targets to mix");
+  COLOSSAL_CHECK(labels.dim() == 1, "mixup: expected class indices [B] as targets, got {}", labels.shape());
+  Tensor soft = one_hot(labels, options.num_classes, options.label_smoothing, allocate);
+  mix_with_previous_(soft, lambda);
+  return soft;
+}
+
+double draw_mixup_lambda(core::Generator& generator, double alpha) {
+  Rng rng(generator);
+  return rng.beta(alpha, alpha);
+}
+
 void mixup_batch(Batch& batch, double lambda, const MixupOptions& options, const HostAllocator& allocate) {
   COLOSSAL_CHECK(lambda >= 0.0 && lambda <= 1.0, "mixup: lambda must be in [0, 1], got {}", lambda);
   COLOSSAL_CHECK(batch.input.defined() && batch.input.dtype() == DType::f32 && batch.input.is_contiguous() &&
@@ -49,26 +84,8 @@ void mixup_batch(Batch& batch, double lambda, const MixupOptions& options, const
   const int64_t b = batch.input.size(0);
   COLOSSAL_CHECK(batch.target.dim() == 1 && batch.target.size(0) == b,
                  "mixup: expected class indices [B] = [{}] as targets, got {}", b, batch.target.shape());
-  Tensor soft = one_hot(batch.target, options.num_classes, options.label_smoothing, allocate);
-  if (b == 0) {
-    batch.target = soft;
-    return;
-  }
-  const auto mix_rows = [&](float* data, int64_t row) {
-    // In place, last row first: row i still holds x_i when row i+1 reads it. Row 0 mixes with the
-    // original last row, saved before it was overwritten.
-    const auto l = static_cast<float>(lambda), r = static_cast<float>(1.0 - lambda);
-    std::vector<float> last(data + (b - 1) * row, data + b * row);
-    for (int64_t i = b - 1; i >= 1; --i) {
-      float* x = data + i * row;
-      const float* prev = data + (i - 1) * row;
-      for (int64_t j = 0; j < row; ++j) x[j] = l * x[j] + r * prev[j];
-    }
-    for (int64_t j = 0; j < row; ++j) data[j] = l * data[j] + r * last[static_cast<size_t>(j)];
-  };
-  mix_rows(batch.input.data<float>(), batch.input.numel() / b);
-  mix_rows(soft.data<float>(), options.num_classes);
-  batch.target = soft;
+  batch.target = mixup_targets(batch.target, lambda, options, allocate);
+  mix_with_previous_(batch.input, lambda);
 }
 
 Mixup::Mixup(MixupOptions options) : options_(options) {
@@ -78,8 +95,7 @@ Mixup::Mixup(MixupOptions options) : options_(options) {
 }
 
 void Mixup::apply(Batch& batch, core::Generator& generator, const HostAllocator& allocate) const {
-  Rng rng(generator);
-  mixup_batch(batch, rng.beta(options_.alpha, options_.alpha), options_, allocate);
+  mixup_batch(batch, draw_mixup_lambda(generator, options_.alpha), options_, allocate);
 }
 
 std::string Mixup::name() const {

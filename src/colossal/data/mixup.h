@@ -22,6 +22,15 @@ struct MixupOptions {
 Tensor one_hot(const Tensor& labels, int64_t num_classes, double label_smoothing = 0.0,
                const HostAllocator& allocate = host_empty);
 
+/// Mixes a contiguous f32 [B, ...] in place, each row with the one before it (row B-1 for row 0):
+/// x_i becomes lambda x_i + (1 - lambda) x_{i-1}, in float as torchvision's MixUp.
+void mix_with_previous_(const Tensor& rows, double lambda);
+/// The soft targets [B, C] f32 of mixup_batch for class indices [B].
+Tensor mixup_targets(const Tensor& labels, double lambda, const MixupOptions& options,
+                     const HostAllocator& allocate = host_empty);
+/// lambda ~ Beta(alpha, alpha), the one draw Mixup takes from a batch's generator.
+double draw_mixup_lambda(core::Generator& generator, double alpha);
+
 /// Mixes the batch in place with weight `lambda` on each sample and 1 - lambda on the one before it
 /// (sample B-1 for sample 0): input becomes lambda x_i + (1 - lambda) x_{i-1} (f32), target the same
 /// blend of one-hot rows ([B, C] f32, rows sum to 1).

@@ -66,16 +66,11 @@ const char* padding_mode_name(PaddingMode mode) {
   return "?";
 }
 
-/// Source taps and weights of each output position along one axis of a bilinear resize.
-struct AxisWeights {
-  std::vector<int64_t> first;  // first source index per output
-  std::vector<int64_t> count;  // number of taps per output
-  std::vector<float> weights;  // max_taps per output
-  int64_t max_taps = 0;
-};
+}  // namespace
 
-AxisWeights axis_weights(int64_t in, int64_t out, bool antialias) {
-  AxisWeights a;
+BilinearTaps bilinear_taps(int64_t in, int64_t out, bool antialias) {
+  COLOSSAL_CHECK(in >= 1 && out >= 1, "resize: sizes must be positive, got {} -> {}", in, out);
+  BilinearTaps a;
   const double scale = static_cast<double>(in) / static_cast<double>(out);
   if (antialias) {
     // PIL's and torch's antialiased bilinear: a triangle filter stretched by the downscale factor.
@@ -121,8 +116,6 @@ AxisWeights axis_weights(int64_t in, int64_t out, bool antialias) {
   }
   return a;
 }
-
-}  // namespace
 
 Tensor to_float_image(const Tensor& image, Layout layout) {
   COLOSSAL_CHECK(image.defined() && image.device().is_cpu(), "ToTensor: expected a CPU image");
@@ -225,8 +218,8 @@ Tensor resize_bilinear(const Tensor& image, int64_t height, int64_t width, bool 
   COLOSSAL_CHECK(height >= 1 && width >= 1, "resize: output size must be positive, got {}x{}", height, width);
   const int64_t c = src.size(0), h = src.size(1), w = src.size(2);
   COLOSSAL_CHECK(h >= 1 && w >= 1, "resize: cannot resize an empty image {}", src.shape());
-  const AxisWeights wx = axis_weights(w, width, antialias);
-  const AxisWeights wy = axis_weights(h, height, antialias);
+  const BilinearTaps wx = bilinear_taps(w, width, antialias);
+  const BilinearTaps wy = bilinear_taps(h, height, antialias);
   // Horizontal pass into [C, H, width], then vertical into [C, height, width] (torch's order).
   std::vector<float> tmp(static_cast<size_t>(c * h * width));
   const float* in = src.data<float>();

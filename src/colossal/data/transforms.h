@@ -29,6 +29,16 @@ Tensor horizontal_flip(const Tensor& image);
 /// antialias (torchvision's default), downscaling averages over the whole footprint of each output
 /// pixel (PIL's triangle filter); upscaling is the same either way.
 Tensor resize_bilinear(const Tensor& image, int64_t height, int64_t width, bool antialias = true);
+/// The source taps of each output position along one axis of resize_bilinear (in pixels -> out
+/// pixels): output i reads inputs first[i] .. first[i] + count[i] - 1 with weights
+/// weights[i * max_taps + t]. The batch stages (image_batch_stage.h) resize with the same taps.
+struct BilinearTaps {
+  std::vector<int64_t> first;
+  std::vector<int64_t> count;
+  std::vector<float> weights;
+  int64_t max_taps = 0;
+};
+BilinearTaps bilinear_taps(int64_t in, int64_t out, bool antialias);
 /// (image - mean[c]) / std[c] on an f32 CHW image; mean and std have 1 or C entries.
 Tensor normalize(const Tensor& image, const std::vector<double>& mean, const std::vector<double>& std);
 
