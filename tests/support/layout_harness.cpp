@@ -119,7 +119,7 @@ Trace run(const HarnessCase& c, std::shared_ptr<const parallel::ParallelContext>
   options.zero = zero;
   options.before_update = [&trace, &whole](engine::Engine& e) {
     Values grads;
-    if (parallel::zero::LowLevelZero* z = e.zero()) {
+    if (parallel::zero::ZeroHandler* z = e.zero()) {
       // Each rank holds its shard's gradients: gathered whole (f32), as the update uses them.
       for (const auto& [name, g] : z->gather_gradients()) grads[name] = host_f64(g);
       trace.grads.push_back(std::move(grads));
@@ -140,7 +140,13 @@ Trace run(const HarnessCase& c, std::shared_ptr<const parallel::ParallelContext>
     trace.losses.push_back(std::move(losses));
     trace.skipped.push_back(engine.last_step_skipped());
     Values params;
-    for (const auto& [name, p] : engine.model().named_parameters()) params[name] = host_f64(whole(name, p));
+    if (parallel::zero::ZeroHandler* z = engine.zero(); z != nullptr && z->stage() == 3) {
+      // ZeRO-3's parameters are shards between uses: gathered whole by name.
+      const nn::StateDict state = z->gather_model_state(engine.model().state_dict());
+      for (const auto& [name, p] : engine.model().named_parameters()) params[name] = host_f64(state.at(name));
+    } else {
+      for (const auto& [name, p] : engine.model().named_parameters()) params[name] = host_f64(whole(name, p));
+    }
     trace.params.push_back(std::move(params));
   }
   return trace;
@@ -173,6 +179,11 @@ std::string Layout::name() const {
                      : data == 1 ? fmt::format("tp{}", tensor)
                                  : fmt::format("dp{}_tp{}", data, tensor);
   if (zero > 0) name += fmt::format("_zero{}", zero);
+  if (zero == 3) {
+    name += zero_placement == parallel::zero::Placement::cuda  ? "_cuda"
+            : zero_placement == parallel::zero::Placement::cpu ? "_cpu"
+                                                               : "_auto";
+  }
   return name;
 }
 
@@ -197,8 +208,12 @@ HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& l
   const Trace serial = run(c, nullptr, device, 0, c.global_batch);
   std::optional<parallel::zero::ZeroOptions> zero;
   if (layout.zero > 0) {
-    zero = parallel::zero::ZeroOptions{
-        .stage = layout.zero, .reduce_bucket_bytes = layout.zero_bucket_bytes, .granularity = layout.zero_granularity};
+    zero = parallel::zero::ZeroOptions{.stage = layout.zero,
+                                       .reduce_bucket_bytes = layout.zero_bucket_bytes,
+                                       .granularity = layout.zero_granularity,
+                                       .chunk_bytes = layout.zero_chunk_bytes,
+                                       .placement = layout.zero_placement,
+                                       .device_budget_bytes = layout.zero_device_budget_bytes};
   }
   const Trace parallel = run(c, context, device, context->rank(parallel::GroupKind::kData), c.global_batch / dp, zero);
 

@@ -27,7 +27,8 @@
 #include "colossal/nn/module.h"
 #include "colossal/optim/optimizer.h"
 #include "colossal/parallel/parallel_context.h"
-#include "colossal/parallel/zero/partition.h"  // Granularity
+#include "colossal/parallel/zero/partition.h"     // Granularity
+#include "colossal/parallel/zero/zero_handler.h"  // Placement
 
 namespace colossal::testing {
 
@@ -40,15 +41,20 @@ enum class Precision {
 struct Layout {
   int data = 1;    ///< data-parallel ranks (the world must hold data * pipeline * tensor)
   int tensor = 1;  ///< tensor-parallel ranks (1D); needs HarnessCase::parallelize
-  /// ZeRO stage over the data ranks (parallel/zero/low_level_zero.h): 0 off, 1 or 2.
+  /// ZeRO stage over the data ranks (parallel/zero/low_level_zero.h, zero3.h): 0 off, 1, 2 or 3.
   int zero = 0;
   /// ZeRO's bucket size: small, so that the tiny models fill several buckets and split parameters
   /// between ranks.
   int64_t zero_bucket_bytes = 512;
   /// ZeRO's granularity; unset: the optimizer's default (parallel::zero::uses_tensor_norms).
   std::optional<parallel::zero::Granularity> zero_granularity;
+  /// Stage 3: chunk bytes (small, so that a unit spans several chunks and parameters split between
+  /// ranks), the shards' placement and "auto"'s device budget (small, so that it evicts).
+  int64_t zero_chunk_bytes = 256;
+  parallel::zero::Placement zero_placement = parallel::zero::Placement::cuda;
+  std::optional<int64_t> zero_device_budget_bytes;
   // pipeline joins with its issue.
-  std::string name() const;  ///< "dp2", "tp2", "dp2_tp2", "dp2_zero1"
+  std::string name() const;  ///< "dp2", "tp2", "dp2_tp2", "dp2_zero1", "dp2_zero3_cpu"
 };
 
 struct HarnessCase {

@@ -218,7 +218,8 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
   return result;
 }
 
-void MixedPrecisionOptimizer::shard_masters(std::vector<Tensor> shards, std::vector<int64_t> begins) {
+void MixedPrecisionOptimizer::shard_masters(std::vector<Tensor> shards, std::vector<int64_t> begins,
+                                            std::vector<Tensor> targets) {
   COLOSSAL_CHECK(!sharded_, "MixedPrecisionOptimizer::shard_masters: the masters are sharded already");
   COLOSSAL_CHECK(shards.size() == master_params_.size() && begins.size() == master_params_.size(),
                  "MixedPrecisionOptimizer::shard_masters: {} shards and {} offsets for {} masters", shards.size(),
@@ -247,13 +248,24 @@ void MixedPrecisionOptimizer::shard_masters(std::vector<Tensor> shards, std::vec
       param = shards[it->second];
     }
   }
+  COLOSSAL_CHECK(targets.empty() || targets.size() == shards.size(),
+                 "MixedPrecisionOptimizer::shard_masters: {} write-back targets for {} shards", targets.size(),
+                 shards.size());
+  for (size_t k = 0; k < targets.size(); ++k) {
+    COLOSSAL_CHECK(targets[k].numel() == shards[k].numel() && targets[k].dtype() == model_params_[k].dtype(),
+                   "MixedPrecisionOptimizer::shard_masters: the write-back target of '{}' must hold {} {} elements, "
+                   "got {} {}",
+                   names_[k], shards[k].numel(), model_params_[k].dtype(), targets[k].numel(), targets[k].dtype());
+  }
   for (size_t k = 0; k < shards.size(); ++k) shards[k].autograd_meta().name = names_[k];
+  shard_targets_ = std::move(targets);
   master_params_ = std::move(shards);
   shard_begins_ = std::move(begins);
   sharded_ = true;
 }
 
 std::vector<Tensor> MixedPrecisionOptimizer::model_slices() const {
+  if (!shard_targets_.empty()) return shard_targets_;
   std::vector<Tensor> slices;
   slices.reserve(model_params_.size());
   for (size_t k = 0; k < model_params_.size(); ++k) {

@@ -146,7 +146,9 @@ class MixedPrecisionOptimizer {
   /// the model's, writes each shard back into its slice of the model's parameter (naive, bf16; the
   /// handler all-gathers the other slices), and state_dict() holds the shards. In torch mode the shards
   /// are views of the model's f32 parameters, stepped in place. Call it before the optimizer has state.
-  void shard_masters(std::vector<Tensor> shards, std::vector<int64_t> begins);
+  /// `targets`, when given (ZeRO-3, whose model parameters are freed between uses), are where each
+  /// shard is written back instead: 1-D tensors of the model's dtype and the shard's size.
+  void shard_masters(std::vector<Tensor> shards, std::vector<int64_t> begins, std::vector<Tensor> targets = {});
   /// Whether shard_masters was called.
   bool masters_sharded() const { return sharded_; }
 
@@ -184,6 +186,7 @@ class MixedPrecisionOptimizer {
   std::vector<Tensor> master_params_;
   bool sharded_ = false;               // shard_masters was called
   std::vector<int64_t> shard_begins_;  // per master: its first element in the flattened model parameter
+  std::vector<Tensor> shard_targets_;  // per master: where it is written back (empty: model_slices' default)
   FoundInfSync found_inf_sync_;
   GradNormFn grad_norm_;
 };

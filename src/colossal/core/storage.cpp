@@ -1,8 +1,11 @@
 // Storage allocation and release through the device allocator.
 #include "colossal/core/storage.h"
 
+#include <utility>  // swap
+
 #include "colossal/core/allocator.h"
 #include "colossal/core/cuda_device.h"
+#include "colossal/core/error.h"
 
 namespace colossal::core {
 
@@ -24,6 +27,16 @@ Storage Storage::wrap(void* data, size_t nbytes, Device device, std::function<vo
   s.impl_->device = device;
   s.impl_->release = std::move(release);
   return s;
+}
+
+void Storage::swap_allocation(const Storage& other) const {
+  COLOSSAL_CHECK(impl_ != nullptr && other.impl_ != nullptr, "Storage::swap_allocation: both storages must be defined");
+  if (impl_ == other.impl_) return;
+  std::swap(impl_->data, other.impl_->data);
+  std::swap(impl_->nbytes, other.impl_->nbytes);
+  std::swap(impl_->device, other.impl_->device);
+  std::swap(impl_->stream, other.impl_->stream);
+  std::swap(impl_->release, other.impl_->release);
 }
 
 Storage::Impl::~Impl() {

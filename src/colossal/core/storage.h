@@ -24,6 +24,12 @@ class Storage {
   bool defined() const { return impl_ != nullptr; }
   long use_count() const { return impl_.use_count(); }
   bool is_same(const Storage& other) const { return impl_ == other.impl_; }
+  /// Exchanges the memory (data, size, device, stream, release) of two storages in place: every
+  /// tensor viewing this storage sees `other`'s memory from now on, and the reverse. The handles
+  /// stay as they are (hence const), their memory moves. ZeRO-3 frees and re-gathers parameters
+  /// under the tensors autograd saved, and moves shards between host and device, this way
+  /// (Note [Parameters freed in place] in parallel/zero/chunk_manager.cpp). Both must be defined.
+  void swap_allocation(const Storage& other) const;
 
  private:
   struct Impl {

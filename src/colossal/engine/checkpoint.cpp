@@ -302,7 +302,7 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
       amp_state.empty() ? "without" : "with", amp != nullptr ? "on" : "off");
   check_dtypes(where, engine, model, optimizer, scheduler, amp_state);
   try {
-    engine.model().load_state_dict(model, /*strict=*/true);
+    sharding.load_model(engine, model);  // ZeRO-3 keeps its shards of the parameters
   } catch (const Error& e) {
     COLOSSAL_FAIL("{}: the model does not match the checkpoint's (was it built from the same config?): {}", where,
                   e.what());

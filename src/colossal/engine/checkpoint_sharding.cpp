@@ -27,10 +27,10 @@ namespace colossal::engine {
 // Saving gathers each split tensor over the tensor group (every rank of the group takes part; the
 // world's rank 0 writes); loading reads the whole file on every rank and keeps each its shard
 // (shard_of), so the file is exactly the one a serial run writes after the same steps.
-// ZeRO (parallel/zero/) keeps whole parameters on every rank but splits the optimizer's buffers and
-// the masters over the data group: its own gather_* / shard_* turn its 1-D shards into the serial
-// tensors and back, keyed the same way, so a checkpoint written under ZeRO at dp=2 resumes at dp=1
-// without it, and the reverse.
+// ZeRO (parallel/zero/) splits the optimizer's buffers and the masters over the data group (stage 3
+// the parameters too): its own gather_* / shard_* turn its 1-D shards into the serial tensors and
+// back, keyed the same way (stage 3's parameters through gather_model_state and load_model_state),
+// so a checkpoint written under ZeRO at dp=2 resumes at dp=1 without it, and the reverse.
 
 // Note [Checkpoints of a pipeline]
 // A pipeline stage's model is a list of its chunks, each a list of the serial model's pieces, which
@@ -275,6 +275,8 @@ nn::StateDict CheckpointSharding::gather_model(const nn::StateDict& model) const
   nn::StateDict whole;
   if (active()) {
     for (const auto& [name, tensor] : model) whole.insert(name, gather(tensor, model_spec(name)));
+  } else if (zero_ != nullptr) {
+    whole = zero_->gather_model_state(model);  // ZeRO-3's parameters are shards; ZeRO has no tensor group
   } else {
     whole = model;
   }
@@ -350,6 +352,14 @@ optim::StateDict CheckpointSharding::gather_amp(const optim::StateDict& amp) con
   optim::StateDict out;
   if (pipeline_->rank() == 0) out.insert(all.begin(), all.end());
   return out;
+}
+
+void CheckpointSharding::load_model(Engine& engine, const nn::StateDict& model) const {
+  if (parallel::zero::ZeroHandler* zero = engine.zero()) {
+    zero->load_model_state(engine.model(), model);
+  } else {
+    engine.model().load_state_dict(model, /*strict=*/true);
+  }
 }
 
 nn::StateDict CheckpointSharding::shard_model(const nn::StateDict& model) const {

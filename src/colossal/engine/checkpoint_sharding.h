@@ -19,7 +19,7 @@
 #include "colossal/nn/state_dict.h"
 #include "colossal/optim/optimizer.h"  // optim::StateDict
 #include "colossal/parallel/tp/shard_spec.h"
-#include "colossal/parallel/zero/low_level_zero.h"
+#include "colossal/parallel/zero/zero_handler.h"
 
 namespace colossal::engine {
 
@@ -44,6 +44,9 @@ class CheckpointSharding {
   /// `amp` the mixed-precision optimizer's. Under a pipeline every stage calls them together, and
   /// the whole serial state is on the first stage's ranks of tensor rank 0 (the writer's) only.
   nn::StateDict gather_model(const nn::StateDict& model) const;
+  /// Loads a checkpoint's model tensors (this rank's, from shard_model) into the engine's model:
+  /// under ZeRO-3 each rank keeps its shard of the parameters (ZeroHandler::load_model_state).
+  void load_model(Engine& engine, const nn::StateDict& model) const;
   optim::StateDict gather_optimizer(const optim::StateDict& optimizer) const;
   optim::StateDict gather_amp(const optim::StateDict& amp) const;
 
@@ -77,7 +80,7 @@ class CheckpointSharding {
   std::shared_ptr<comm::ProcessGroup> group_;
   /// The engine's ZeRO handler, whose ranks each hold a shard of the optimizer and masters; null
   /// without ZeRO.
-  const parallel::zero::LowLevelZero* zero_ = nullptr;
+  const parallel::zero::ZeroHandler* zero_ = nullptr;
   std::map<std::string, parallel::tp::ShardSpec> specs_;
   /// The model's name of the optimizer's i-th parameter (across groups, as its state_dict counts).
   std::vector<std::string> optimizer_names_;

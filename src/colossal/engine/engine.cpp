@@ -14,6 +14,7 @@
 #include "colossal/ops/elementwise.h"         // div
 #include "colossal/optim/clip_grad.h"         // clip_grad_norm
 #include "colossal/parallel/tp/shard_spec.h"  // collect_shard_specs
+#include "colossal/parallel/zero/zero3.h"     // Zero3
 
 namespace colossal::engine {
 
@@ -47,8 +48,13 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
                    "zero.stage = {} with parallel.tensor.size = {} and parallel.pipeline = {}: ZeRO shards over the "
                    "data-parallel group of a data-parallel-only layout so far; set both to 1",
                    options_.zero->stage, context_->layout().tensor_size(), context_->layout().pipeline_size());
-    gradient_handler_ = std::make_unique<parallel::zero::LowLevelZero>(
-        *model_, *optimizer_, amp_.get(), context_->group(parallel::GroupKind::kData), *options_.zero);
+    if (options_.zero->stage == 3) {
+      gradient_handler_ = std::make_unique<parallel::zero::Zero3>(
+          *model_, *optimizer_, amp_.get(), context_->group(parallel::GroupKind::kData), *options_.zero);
+    } else {
+      gradient_handler_ = std::make_unique<parallel::zero::LowLevelZero>(
+          *model_, *optimizer_, amp_.get(), context_->group(parallel::GroupKind::kData), *options_.zero);
+    }
   } else if (options_.gradient_handler) {
     gradient_handler_ = options_.gradient_handler(*model_, *context_);
   } else if (context_->layout().data_size() > 1) {
@@ -138,7 +144,7 @@ void Engine::update() {
       // (Note [Clipping in one pass] in optim/clip_grad.cpp). Under ZeRO the update's gradients are
       // those of the shards the optimizer steps.
       std::vector<Tensor> params;
-      if (parallel::zero::LowLevelZero* z = zero()) {
+      if (parallel::zero::ZeroHandler* z = zero()) {
         params = z->shards();
       } else {
         params = model_->parameters();
@@ -174,11 +180,12 @@ Tensor NonPipelineSchedule::forward_backward(Engine& engine, const Tensor& input
 }
 
 Tensor Engine::forward(const Tensor& input) {
-  if (!amp_) return model_->forward(input);
+  // Through operator(): the model's forward hooks run (ZeRO-3's, Note [Forward hooks] in nn/module.cpp).
+  if (!amp_) return (*model_)(input);
   // torch mode: an f32 model whose matrix products autocast to f16 (ops/autocast.h).
   std::optional<ops::AutocastGuard> autocast;
   if (options_.amp->mode == amp::AmpMode::torch) autocast.emplace(DType::f16);
-  return amp_->cast_output(model_->forward(amp_->cast_input(input)));
+  return amp_->cast_output((*model_)(amp_->cast_input(input)));
 }
 
 std::optional<double> Engine::last_grad_norm() const {

@@ -24,6 +24,7 @@
 #include "colossal/parallel/gradient_statistics.h"
 #include "colossal/parallel/parallel_context.h"
 #include "colossal/parallel/zero/low_level_zero.h"
+#include "colossal/parallel/zero/zero_handler.h"
 
 namespace colossal::engine {
 
@@ -67,8 +68,9 @@ struct EngineOptions {
   std::function<std::unique_ptr<parallel::GradientHandler>(nn::Module& model, const parallel::ParallelContext& context)>
       gradient_handler;
   parallel::DataParallelOptions data_parallel;
-  /// ZeRO stages 1 and 2 over the context's data group (config zero.*): the gradient handler is a
-  /// parallel::zero::LowLevelZero, which shards the optimizer (after the mixed-precision wrapper's
+  /// ZeRO over the context's data group (config zero.*): the gradient handler is a
+  /// parallel::zero::LowLevelZero at stages 1 and 2, a parallel::zero::Zero3 (parameters sharded in
+  /// chunks too) at stage 3, which shards the optimizer (after the mixed-precision wrapper's
   /// conversion). Not with `gradient_handler` set, nor with tensor or pipeline parallelism.
   std::optional<parallel::zero::ZeroOptions> zero;
   /// The forward/backward order of a micro-step; null: NonPipelineSchedule.
@@ -131,8 +133,8 @@ class Engine {
   parallel::GradientHandler* gradient_handler() { return gradient_handler_.get(); }
   /// The gradient handler when it is a parallel::DataParallel, else null.
   parallel::DataParallel* data_parallel() { return dynamic_cast<parallel::DataParallel*>(gradient_handler_.get()); }
-  /// The gradient handler when it is ZeRO (options.zero), else null.
-  parallel::zero::LowLevelZero* zero() { return dynamic_cast<parallel::zero::LowLevelZero*>(gradient_handler_.get()); }
+  /// The gradient handler when it is ZeRO (options.zero, any stage), else null.
+  parallel::zero::ZeroHandler* zero() { return dynamic_cast<parallel::zero::ZeroHandler*>(gradient_handler_.get()); }
   /// The run's layout and groups (a single-process one when options.context was null).
   const parallel::ParallelContext& context() const { return *context_; }
   /// Over which groups the overflow flag and the clipping norm are reduced.

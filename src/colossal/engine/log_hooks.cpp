@@ -173,7 +173,7 @@ void LogMemoryHook::before_train(Trainer&) {
 }
 
 parallel::zero::ModelStateBytes model_state_bytes(Engine& engine) {
-  if (parallel::zero::LowLevelZero* zero = engine.zero()) return zero->model_state_bytes();
+  if (parallel::zero::ZeroHandler* zero = engine.zero()) return zero->model_state_bytes();
   parallel::zero::ModelStateBytes bytes;
   for (const Tensor& param : engine.model().parameters()) {
     bytes.parameters += static_cast<int64_t>(param.nbytes());

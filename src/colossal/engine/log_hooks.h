@@ -76,7 +76,7 @@ struct HostMemory {
 HostMemory read_host_memory();
 
 /// The model states this rank holds, as the ZeRO paper counts them (no activations, no buffers):
-/// under ZeRO its handler's count (parallel::zero::LowLevelZero::model_state_bytes); otherwise the
+/// under ZeRO its handler's count (parallel::zero::ZeroHandler::model_state_bytes); otherwise the
 /// parameters and optimizer buffers as held, gradients as large as the parameters (what backward
 /// fills) and the mixed-precision wrapper's fp32 masters (naive, bf16).
 parallel::zero::ModelStateBytes model_state_bytes(Engine& engine);

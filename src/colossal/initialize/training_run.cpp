@@ -88,11 +88,9 @@ void reject_unsupported(const TrainConfig& c) {
           "GPT-2 so far; set it to false");
     }
   }
-  if (c.zero.stage == 3) {
-    unsupported("zero.stage = 3: parameter sharding (ZeRO-3) is not built yet; use zero.stage = 1 or 2");
-  }
   if (c.zero.stage > 0) {
-    // ZeRO stages 1 and 2: parallel/zero/low_level_zero.h, over the data group of a data-only layout.
+    // ZeRO stages 1 and 2: parallel/zero/low_level_zero.h, stage 3: parallel/zero/zero3.h, over the
+    // data group of a data-only layout.
     if (c.parallel.pipeline > 1 || c.parallel.tensor.size > 1) {
       unsupported(
           fmt::format("zero.stage = {} with parallel.pipeline = {} and parallel.tensor.size = {}: ZeRO shards "
@@ -345,6 +343,10 @@ void TrainingRun::build_engine() {
   if (c.zero.stage > 0) {
     eo.zero = parallel::zero::ZeroOptions{.stage = c.zero.stage,
                                           .reduce_bucket_bytes = int64_t{c.zero.reduce_bucket_mb} << 20};
+    eo.zero->chunk_bytes = int64_t{c.zero.chunk_size_mb} << 20;  // stage 3's chunks and placement
+    eo.zero->placement = c.zero.placement_policy == config::ZeroPlacement::kCpu    ? parallel::zero::Placement::cpu
+                         : c.zero.placement_policy == config::ZeroPlacement::kAuto ? parallel::zero::Placement::auto_
+                                                                                   : parallel::zero::Placement::cuda;
   }
   // The class-target cross-entropies make_criterion builds compute in f32 from 16-bit logits and
   // return an f32 loss: the f32 copy of the logits would change nothing. Soft (mixup) targets must

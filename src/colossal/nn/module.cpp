@@ -66,6 +66,41 @@ Tensor Module::forward(const Tensor& input) {
   COLOSSAL_FAIL("{} has no single-input forward(); call the method its header declares for its inputs", type_name_);
 }
 
+// Note [Forward hooks]
+// forward() is the virtual computation and parents call it directly where nothing needs to see the
+// call (a layer's sublayers); operator() runs it between the module's forward hooks, as torch's
+// __call__ does. The call sites that go through operator() are the units others hook: Sequential's
+// children, GPT-2's and ViT's transformer blocks and the Engine's call of the model. ZeRO-3
+// (parallel/zero/zero3.h) gathers a unit's parameters in its pre-hook, frees them in its hook and
+// there puts an identity autograd node on the output whose backward gathers them again before the
+// unit's backward runs. Hooks added or removed while hooks run take effect at the next call.
+Tensor Module::operator()(const Tensor& input) {
+  if (forward_pre_hooks_.empty() && forward_hooks_.empty()) return forward(input);
+  const auto pre_hooks = forward_pre_hooks_;
+  for (const auto& [id, hook] : pre_hooks) hook(*this, input);
+  Tensor output = forward(input);
+  const auto hooks = forward_hooks_;
+  for (const auto& [id, hook] : hooks) {
+    if (Tensor replaced = hook(*this, input, output); replaced.defined()) output = std::move(replaced);
+  }
+  return output;
+}
+
+int64_t Module::register_forward_pre_hook(ForwardPreHook hook) {
+  forward_pre_hooks_.emplace_back(next_hook_id_, std::move(hook));
+  return next_hook_id_++;
+}
+
+int64_t Module::register_forward_hook(ForwardHook hook) {
+  forward_hooks_.emplace_back(next_hook_id_, std::move(hook));
+  return next_hook_id_++;
+}
+
+void Module::remove_forward_hook(int64_t id) {
+  std::erase_if(forward_pre_hooks_, [id](const auto& entry) { return entry.first == id; });
+  std::erase_if(forward_hooks_, [id](const auto& entry) { return entry.first == id; });
+}
+
 void Module::check_new_name(const std::string& name, const char* what) const {
   COLOSSAL_CHECK(!name.empty(), "{}: {} name must not be empty", type_name_, what);
   COLOSSAL_CHECK(name.find('.') == std::string::npos,
@@ -410,7 +445,7 @@ void Sequential::push_back(std::shared_ptr<Module> module) {
 
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  for (const auto& module : modules_) x = module->forward(x);
+  for (const auto& module : modules_) x = (*module)(x);
   return x;
 }
 

@@ -42,7 +42,22 @@ class Module {
   /// The computation of single-input modules. Modules with other signatures (a model taking ids
   /// and targets) add their own methods; calling this on them throws.
   virtual Tensor forward(const Tensor& input);
-  Tensor operator()(const Tensor& input) { return forward(input); }
+  /// forward() between this module's forward hooks: what a parent calls on a child whose calls
+  /// others may want to see (Sequential's children, the models' transformer blocks, the Engine's
+  /// model). See Note [Forward hooks] in module.cpp.
+  Tensor operator()(const Tensor& input);
+
+  // ---- forward hooks (Note [Forward hooks])
+  /// Runs before forward() when the module is called through operator(), with the input.
+  using ForwardPreHook = std::function<void(Module& module, const Tensor& input)>;
+  /// Runs after forward() when called through operator(); returning a defined tensor replaces the
+  /// output (ZeRO-3 puts an autograd node there whose backward runs before the module's).
+  using ForwardHook = std::function<Tensor(Module& module, const Tensor& input, const Tensor& output)>;
+  /// Each returns an id for remove_forward_hook; hooks run in registration order.
+  int64_t register_forward_pre_hook(ForwardPreHook hook);
+  int64_t register_forward_hook(ForwardHook hook);
+  /// Removes the pre-hook or hook of that id (nothing when there is none).
+  void remove_forward_hook(int64_t id);
 
   // ---- registration (names must be non-empty, contain no '.', and be unique in this module)
   /// Registers `value` as a trainable leaf (detached if it was not a leaf) and returns its slot
@@ -139,6 +154,9 @@ class Module {
   std::deque<Slot> parameters_;
   std::deque<Slot> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<std::pair<int64_t, ForwardPreHook>> forward_pre_hooks_;
+  std::vector<std::pair<int64_t, ForwardHook>> forward_hooks_;
+  int64_t next_hook_id_ = 0;
 };
 
 /// Runs its children in order, each on the previous one's output; children are named "0", "1", ...

@@ -227,7 +227,7 @@ TEST(ZeroEngine, ModelStatesAreShardedOverTheDataRanks) {
     // for this tiny model.
     Trained zero = build(stage, true, 64);
     train(zero, 0, 1);
-    const parallel::zero::LowLevelZero& handler = *zero.engine->zero();
+    const auto& handler = dynamic_cast<const parallel::zero::LowLevelZero&>(*zero.engine->zero());
     const parallel::zero::ModelStateBytes mine = engine::model_state_bytes(*zero.engine);
     const int64_t shard = handler.partition().shard_numel();
     const auto buckets = static_cast<int64_t>(handler.partition().buckets().size());

@@ -245,7 +245,7 @@ void GPT2::set_checkpoint_activations(bool on) {
 
 Tensor GPT2::forward(const Tensor& ids) {
   Tensor hidden = embed(*wte_, *wpe_, *drop_, ids);
-  for (const auto& block : *h_) hidden = block->forward(hidden);
+  for (const auto& block : *h_) hidden = (*block)(hidden);  // through its forward hooks (ZeRO-3)
   return head(*ln_f_, *wte_, hidden);
 }
 

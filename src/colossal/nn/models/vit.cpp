@@ -189,7 +189,7 @@ VisionTransformer::VisionTransformer(const ViTConfig& config, core::Generator* g
 
 Tensor VisionTransformer::forward(const Tensor& images) {
   Tensor tokens = embed(*patch_embed_, *cls_token_, *pos_embed_, *pos_drop_, images);
-  for (const auto& block : *blocks_) tokens = block->forward(tokens);
+  for (const auto& block : *blocks_) tokens = (*block)(tokens);  // through its forward hooks (ZeRO-3)
   return classify(*norm_, *head_drop_, *head_, tokens);
 }
 

@@ -22,6 +22,7 @@
 #include "colossal/optim/optimizer.h"
 #include "colossal/parallel/gradient_handler.h"
 #include "colossal/parallel/zero/partition.h"
+#include "colossal/parallel/zero/zero_handler.h"  // ZeroHandler, ModelStateBytes
 
 namespace colossal::parallel::zero {
 
@@ -35,22 +36,22 @@ struct ZeroOptions {
   std::optional<Granularity> granularity;
   /// Broadcast parameters, buffers and fp32 masters from the group's rank 0 at construction.
   bool broadcast_parameters = true;
+  // Stage 3 (parallel/zero/zero3.h; the chunk manager, chunk_manager.h):
+  /// Parameter bytes per chunk (config zero.chunk_size_mb): a unit's parameters are packed into
+  /// chunks of at most this size (a larger parameter gets one of its own), each gathered whole.
+  int64_t chunk_bytes = int64_t{32} << 20;
+  /// Where the parameter shards live between uses (config zero.placement_policy).
+  Placement placement = Placement::cuda;
+  /// "auto": device bytes the resident shards may take. Unset: measured after the first (warm-up)
+  /// step as what the device has left beside that step's peak (tests set it to make "auto" evict).
+  std::optional<int64_t> device_budget_bytes;
 };
 
 /// Whether `optimizer`'s update of a tensor depends on norms over the whole tensor (LAMB's and
 /// LARS's trust ratios), so ZeRO must keep its tensors whole on one rank.
 bool uses_tensor_norms(const optim::Optimizer& optimizer);
 
-/// Bytes of model state this rank holds (the ZeRO paper's accounting: no activations, no buffers).
-struct ModelStateBytes {
-  int64_t parameters = 0;        ///< the model's parameters (whole on every rank at stages 1 and 2)
-  int64_t gradients = 0;         ///< see LowLevelZero::model_state_bytes
-  int64_t master_weights = 0;    ///< fp32 masters of the shard (naive fp16 / bf16)
-  int64_t optimizer_states = 0;  ///< the optimizer's buffers (moments, momentum) of the shard
-  int64_t total() const { return parameters + gradients + master_weights + optimizer_states; }
-};
-
-class LowLevelZero final : public GradientHandler {
+class LowLevelZero final : public ZeroHandler {
  public:
   /// Shards `optimizer` (built over `model`'s parameters, without state yet; under mixed precision
   /// already wrapped by `amp`, which must then be non-null) over `group`: rebinds its param groups to
@@ -81,30 +82,30 @@ class LowLevelZero final : public GradientHandler {
   bool replicates_gradients() const override { return false; }
   std::string_view name() const override;
 
-  int stage() const { return options_.stage; }
+  int stage() const override { return options_.stage; }
   const Partition& partition() const { return *partition_; }
   /// The tensors the optimizer steps, index-aligned with param_names() (the optimizer's parameters
   /// in group order): 1-D shards of each parameter, empty where this rank owns none of it.
-  const std::vector<Tensor>& shards() const { return shards_; }
-  const std::vector<std::string>& param_names() const { return names_; }
+  const std::vector<Tensor>& shards() const override { return shards_; }
+  const std::vector<std::string>& param_names() const override { return names_; }
 
   /// Checkpoints hold the serial optimizer and mixed-precision state (Note [Checkpoints of a
   /// sharded model] in engine/checkpoint_sharding.cpp). gather_* all-gather each shard's tensors
   /// ("state.<i>.<buffer>", "master.<name>") into the whole parameter's (every rank of the group
   /// calls them together, with the same keys); shard_* cut this rank's pieces out of whole ones.
-  optim::StateDict gather_optimizer_state(const optim::StateDict& state) const;
-  optim::StateDict shard_optimizer_state(const optim::StateDict& state) const;
-  optim::StateDict gather_amp_state(const optim::StateDict& state) const;
-  optim::StateDict shard_amp_state(const optim::StateDict& state) const;
+  optim::StateDict gather_optimizer_state(const optim::StateDict& state) const override;
+  optim::StateDict shard_optimizer_state(const optim::StateDict& state) const override;
+  optim::StateDict gather_amp_state(const optim::StateDict& state) const override;
+  optim::StateDict shard_amp_state(const optim::StateDict& state) const override;
 
   /// After finish(): every parameter's reduced gradient, whole (all-gathered over the group), by
   /// name: for tests and debugging. Collective.
-  std::vector<std::pair<std::string, Tensor>> gather_gradients() const;
+  std::vector<std::pair<std::string, Tensor>> gather_gradients() const override;
 
   /// This rank's model states now: parameters, optimizer states and masters as held; gradients as a
   /// window holds them at most: stage 1 the full local gradients (model dtype) plus the fp32 shard,
   /// stage 2 the fp32 shard plus one bucket in flight.
-  ModelStateBytes model_state_bytes() const;
+  ModelStateBytes model_state_bytes() const override;
 
  private:
   struct Entry;

@@ -1,0 +1,574 @@
+// Zero3: see zero3.h.
+#include "colossal/parallel/zero/zero3.h"
+
+#include <algorithm>
+#include <charconv>
+#include <set>
+#include <string_view>
+#include <unordered_map>
+
+#include "colossal/autograd/function.h"   // Function, apply, register_grad_ready_hook
+#include "colossal/autograd/grad_mode.h"  // GradMode, NoGradGuard
+#include "colossal/core/error.h"
+#include "colossal/core/profiler.h"    // Scope
+#include "colossal/ops/elementwise.h"  // add_, mul_
+
+namespace colossal::parallel::zero {
+
+// Note [ZeRO-3 units]
+// A unit is a module whose parameters are gathered together: the model (what no other unit holds:
+// GPT-2's embeddings, tied head and last norm) and every module held in a Sequential or ModuleList
+// outside another unit (the transformer blocks, an MLP's layers), each packed into its own chunks.
+// Forward hooks (nn::Module, Note [Forward hooks]) acquire a unit's chunks before its forward and
+// release them after; the hook after forward also puts an identity autograd node (BackwardHook) on
+// the unit's output, whose backward runs before any of the unit's backward nodes (they were recorded
+// before it) and acquires the chunks again. A unit's backward is over when every one of its
+// parameters' gradient-ready hooks has fired: its chunks' gradients are reduce-scattered and its
+// chunks released. The first forward and backward record the units' order; from then on acquiring a
+// unit prefetches the next one's chunks (an asynchronous all-gather on the communicator's stream, and
+// for host shards a copy on the chunk manager's stream), so they arrive while this one computes.
+// Activation checkpointing recomputes a block inside its backward, after the identity node gathered
+// the block's chunks, and needs nothing more. Every decision depends only on the model and the order
+// of the hooks, the same on every rank, so the collectives are issued in the same order everywhere.
+
+// Note [ZeRO-3 step]
+// One window, with the Engine around it:
+//  1. forward: units gather and free their chunks as above.
+//  2. backward: as a unit's backward ends, each of its chunks' gradients is packed into a flat
+//     buffer in chunk order (the parameters' full gradients dropped) and reduce-scattered
+//     (averaged; 16-bit buckets divided first, Note [Averaging 16-bit gradients] in
+//     low_level_zero.cpp) asynchronously; a completed reduction is added in f32 into the rank's
+//     shard gradient, so accumulation over micro-steps happens in the shard (stage 2's rule).
+//  3. finish(): units that got no gradient send zeros, reductions are waited for, every chunk is
+//     freed, the shards are fetched to the device, and each tensor the optimizer steps gets its
+//     slice of the shard gradient. The Engine unscales, checks overflow and clips over those
+//     (replicates_gradients() is false: the statistics are reduced over the data group).
+//  4. the optimizer steps the pieces: views of the chunk shards (fp32 and torch amp) or f32 masters
+//     the mixed-precision wrapper writes back into those views (naive fp16, bf16).
+//  5. after_update: no all-gather (the next forward gathers), the shards are placed for the next
+//     step (Note [Chunk placement] in chunk_manager.cpp).
+
+struct Zero3::Unit {
+  nn::Module* module = nullptr;
+  std::vector<size_t> params;  // indices into params_
+  std::vector<bool> ready;     // per params entry: its gradient arrived in this backward
+  size_t num_ready = 0;
+  bool reduced = false;  // this backward sent its gradients
+  int64_t pre_hook = -1, hook = -1;
+};
+
+struct Zero3::InFlight {
+  size_t chunk = 0;
+  comm::Work work;
+  Tensor flat;
+  Tensor out;
+};
+
+/// Identity forward; its backward acquires the unit's chunks before the unit's backward runs.
+class Zero3::BackwardHook final : public autograd::Function {
+ public:
+  BackwardHook(Zero3* owner, size_t unit) : owner_(owner), unit_(unit) {}
+  std::string name() const override { return "Zero3BackwardHook"; }
+  std::vector<Tensor> forward(autograd::FunctionContext&, const std::vector<Tensor>& inputs) override {
+    return {inputs[0]};
+  }
+  std::vector<Tensor> backward(autograd::FunctionContext&, const std::vector<Tensor>& grads) override {
+    owner_->backward_begin(unit_);
+    return {grads[0]};
+  }
+
+ private:
+  Zero3* owner_;
+  size_t unit_;
+};
+
+namespace {
+
+constexpr std::string_view kMasterPrefix = "master.";
+
+/// (i, buffer) from an optimizer state key "state.<i>.<buffer>".
+bool parse_state_key(std::string_view key, size_t& index, std::string_view& buffer) {
+  constexpr std::string_view kState = "state.";
+  if (!key.starts_with(kState)) return false;
+  key.remove_prefix(kState.size());
+  const size_t dot = key.find('.');
+  if (dot == std::string_view::npos) return false;
+  auto [end, ec] = std::from_chars(key.data(), key.data() + dot, index);
+  if (ec != std::errc() || end != key.data() + dot) return false;
+  buffer = key.substr(dot + 1);
+  return true;
+}
+
+bool is_container(const nn::Module& module) {
+  return dynamic_cast<const nn::Sequential*>(&module) != nullptr ||
+         dynamic_cast<const nn::ModuleList*>(&module) != nullptr;
+}
+
+}  // namespace
+
+Zero3::Zero3(nn::Module& model, optim::Optimizer& optimizer, amp::MixedPrecisionOptimizer* amp,
+             std::shared_ptr<comm::ProcessGroup> group, ZeroOptions options)
+    : model_(model), optimizer_(optimizer), amp_(amp), group_(std::move(group)), options_(options) {
+  COLOSSAL_CHECK(group_ != nullptr, "ZeRO-3 needs a process group");
+  COLOSSAL_CHECK(options_.stage == 3, "Zero3 is zero.stage = 3, got {}", options_.stage);
+  COLOSSAL_CHECK(!uses_tensor_norms(optimizer_),
+                 "zero.stage = 3 splits parameters to the element, but the {} optimizer's trust ratios need whole "
+                 "tensors; use zero.stage = 1 or 2 (which keep them whole) or an elementwise optimizer (adamw)",
+                 optimizer_.name());
+  COLOSSAL_CHECK(amp_ == nullptr || &amp_->optimizer() == &optimizer_,
+                 "ZeRO-3: the mixed-precision wrapper wraps another optimizer than the one given");
+  autograd::NoGradGuard no_grad;
+
+  // The optimizer's parameters in group order, with the model's name of each.
+  std::unordered_map<const core::TensorImpl*, std::string> model_names;
+  for (const auto& [name, param] : model_.named_parameters()) model_names.emplace(param.impl(), name);
+  std::vector<Tensor> masters;
+  if (amp_ != nullptr) {
+    COLOSSAL_CHECK(!amp_->masters_sharded(), "ZeRO-3: the mixed-precision masters are sharded already");
+    params_ = amp_->model_params();
+    names_ = amp_->param_names();
+    masters = amp_->master_params();
+  } else {
+    for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
+      const optim::ParamGroup& param_group = optimizer_.param_groups()[g];
+      for (size_t i = 0; i < param_group.params.size(); ++i) {
+        const auto it = model_names.find(param_group.params[i].impl());
+        COLOSSAL_CHECK(it != model_names.end(),
+                       "ZeRO-3: {} param group {} holds {}, which is not a parameter of the model; build the "
+                       "optimizer over model.named_parameters()",
+                       optimizer_.name(), g, param_group.param_label(i));
+        params_.push_back(param_group.params[i]);
+        names_.push_back(it->second);
+      }
+    }
+  }
+  std::unordered_map<const core::TensorImpl*, size_t> index_of;
+  for (size_t k = 0; k < params_.size(); ++k) index_of.emplace(params_[k].impl(), k);
+  for (const auto& [name, param] : model_.named_parameters()) {
+    COLOSSAL_CHECK(param.requires_grad() && index_of.contains(param.impl()),
+                   "ZeRO-3: parameter '{}' {}; zero.stage = 3 shards every parameter and steps it, so each must "
+                   "require a gradient and be in a param group of the {} optimizer (use zero.stage = 1 or 2 for "
+                   "frozen parameters)",
+                   name, param.requires_grad() ? "is in no param group" : "is frozen", optimizer_.name());
+  }
+  for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
+    for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) {
+      const optim::ParamState* state = optimizer_.find_state(g, i);
+      COLOSSAL_CHECK(state == nullptr || (state->buffers.empty() && state->step == 0),
+                     "ZeRO-3: the {} optimizer has state already (param group {}, {}); build ZeRO before the first "
+                     "step and load checkpoints through the Engine",
+                     optimizer_.name(), g, optimizer_.param_groups()[g].param_label(i));
+    }
+  }
+  if (options_.broadcast_parameters) {
+    for (const auto& [name, tensor] : model_.state_dict()) {
+      COLOSSAL_CHECK(tensor.is_contiguous(), "ZeRO-3: '{}' is not contiguous", name);
+      group_->broadcast(tensor, 0);
+    }
+    if (amp_ != nullptr && amp_->mode() != amp::AmpMode::torch) {
+      for (const Tensor& master : masters) group_->broadcast(master, 0);
+    }
+  }
+
+  // The units (Note [ZeRO-3 units]): containers' members outside another unit, then the model.
+  std::vector<std::pair<std::string, nn::Module*>> unit_modules;
+  for (const auto& [name, module] : model_.named_modules()) {
+    if (!is_container(*module)) continue;
+    bool inside = false;
+    for (const auto& [unit_name, unit] : unit_modules) inside = inside || name.starts_with(unit_name + ".");
+    if (inside) continue;
+    for (const auto& [child_name, child] : module->named_children()) {
+      if (is_container(*child) || child->parameters().empty()) continue;  // a nested container's members go on
+      unit_modules.emplace_back(name.empty() ? child_name : name + "." + child_name, child.get());
+    }
+  }
+  std::vector<bool> taken(params_.size(), false);
+  std::vector<std::vector<size_t>> unit_params;
+  const auto collect = [&](nn::Module& module) {
+    std::vector<size_t> mine;
+    for (const Tensor& param : module.parameters()) {
+      const size_t k = index_of.at(param.impl());
+      if (!taken[k]) mine.push_back(k);
+      taken[k] = true;
+    }
+    return mine;
+  };
+  for (const auto& [name, module] : unit_modules) {
+    unit_params.push_back(collect(*module));
+    units_.push_back(Unit{module, unit_params.back(), {}, 0, false});
+    unit_names_.push_back(name);
+  }
+  unit_params.push_back(collect(model_));
+  units_.push_back(Unit{&model_, unit_params.back(), {}, 0, false});
+  unit_names_.emplace_back("");
+
+  chunks_ = std::make_unique<ChunkManager>(params_, unit_params, options_.chunk_bytes, group_, options_.placement,
+                                           options_.device_budget_bytes);
+  for (size_t c = 0; c < chunks_->num_chunks(); ++c) {
+    grad_offset_.push_back(shard_grad_numel_);
+    shard_grad_numel_ += chunks_->shard_numel(c);
+  }
+
+  // The tensors the optimizer steps.
+  std::vector<int64_t> begins;
+  std::vector<Tensor> targets;
+  const bool own_masters = amp_ != nullptr && amp_->mode() != amp::AmpMode::torch;
+  if (own_masters) master_shard_ = core::zeros({shard_grad_numel_}, TensorOptions(DType::f32, group_->device()));
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const Piece own = chunks_->piece_range(k);
+    Tensor shard = chunks_->piece(k);
+    if (own_masters) {
+      targets.push_back(shard);
+      shard = master_shard_.narrow(0, own.numel == 0 ? 0 : grad_offset_[chunks_->chunk_of(k)] + own.offset, own.numel);
+      shard.copy_(masters[k].detach().view({-1}).narrow(0, own.numel == 0 ? 0 : own.begin, own.numel));
+    }
+    shards_.push_back(shard);
+    begins.push_back(own.begin);
+  }
+  if (amp_ != nullptr) {
+    amp_->shard_masters(shards_, begins, std::move(targets));
+  } else {
+    for (auto& param_group : optimizer_.param_groups()) {
+      for (Tensor& param : param_group.params) param = shards_[index_of.at(param.impl())];
+    }
+  }
+
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    unit.ready.assign(unit.params.size(), false);
+    unit.pre_hook = unit.module->register_forward_pre_hook([this, u](nn::Module&, const Tensor&) { forward_begin(u); });
+    unit.hook = unit.module->register_forward_hook(
+        [this, u](nn::Module&, const Tensor&, const Tensor& output) { return forward_end(u, output); });
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      autograd::register_grad_ready_hook(params_[unit.params[i]], [this, u, i](Tensor&) { mark_ready(u, i); });
+    }
+  }
+}
+
+Zero3::~Zero3() {
+  for (Unit& unit : units_) {
+    unit.module->remove_forward_hook(unit.pre_hook);
+    unit.module->remove_forward_hook(unit.hook);
+  }
+  for (InFlight& flight : in_flight_) flight.work.wait();
+}
+
+std::string_view Zero3::name() const {
+  return "ZeRO stage 3 (shards parameters, gradients and optimizer states in chunks; gathers per unit)";
+}
+
+void Zero3::prefetch_after(const std::vector<size_t>& order, size_t u) {
+  if (!orders_recorded_) return;
+  const auto it = std::find(order.begin(), order.end(), u);
+  if (it == order.end() || it + 1 == order.end()) return;
+  for (size_t c : chunks_->unit_chunks(*(it + 1))) chunks_->prefetch(c);
+}
+
+void Zero3::forward_begin(size_t u) {
+  core::profiler::Scope scope("zero3: gather for forward", group_->device());
+  if (!orders_recorded_ && std::find(forward_order_.begin(), forward_order_.end(), u) == forward_order_.end()) {
+    forward_order_.push_back(u);
+  }
+  for (size_t c : chunks_->unit_chunks(u)) chunks_->acquire(c);
+  prefetch_after(forward_order_, u);
+}
+
+Tensor Zero3::forward_end(size_t u, const Tensor& output) {
+  for (size_t c : chunks_->unit_chunks(u)) chunks_->release(c);
+  if (!autograd::GradMode::is_enabled() || !output.defined() || !output.requires_grad()) return Tensor();
+  return autograd::apply(std::make_shared<BackwardHook>(this, u), {output})[0];
+}
+
+void Zero3::backward_begin(size_t u) {
+  core::profiler::Scope scope("zero3: gather for backward", group_->device());
+  if (!orders_recorded_ && std::find(backward_order_.begin(), backward_order_.end(), u) == backward_order_.end()) {
+    backward_order_.push_back(u);
+  }
+  backward_marked_ = true;
+  for (size_t c : chunks_->unit_chunks(u)) chunks_->acquire(c);
+  prefetch_after(backward_order_, u);
+}
+
+void Zero3::mark_ready(size_t u, size_t i) {
+  Unit& unit = units_[u];
+  COLOSSAL_CHECK(!unit.reduced,
+                 "ZeRO-3: parameter '{}' got a second gradient in one backward after its unit's gradients were sent",
+                 names_[unit.params[i]]);
+  backward_marked_ = true;
+  if (!unit.ready[i]) {
+    unit.ready[i] = true;
+    ++unit.num_ready;
+  }
+  if (unit.num_ready == unit.params.size()) reduce_unit(u);
+}
+
+void Zero3::reduce_unit(size_t u) {
+  autograd::NoGradGuard no_grad;
+  core::profiler::Scope scope("zero3: reduce-scatter", group_->device());
+  Unit& unit = units_[u];
+  unit.reduced = true;
+  window_reduced_ = true;
+  drain(/*all=*/false);
+  const int size = group_->size();
+  for (size_t c : chunks_->unit_chunks(u)) {
+    const int64_t shard = chunks_->shard_numel(c);
+    if (shard == 0) continue;
+    const DType dtype = chunks_->dtype(c);
+    // Padding and parameters without a gradient reduce as zeros.
+    Tensor flat = core::zeros({shard * size}, TensorOptions(dtype, group_->device()));
+    for (size_t p : chunks_->chunk_params(c)) {
+      const Tensor grad = params_[p].grad();
+      if (!grad.defined()) continue;
+      flat.narrow(0, chunks_->offset(p), grad.numel()).copy_(grad.detach().reshape({-1}));
+      params_[p].set_grad(Tensor());
+    }
+    comm::ReduceOp op = comm::ReduceOp::avg;  // Note [Averaging 16-bit gradients] in low_level_zero.cpp
+    if (core::is_reduced_float(dtype) && size > 1) {
+      ops::mul_(flat, 1.0 / static_cast<double>(size));
+      op = comm::ReduceOp::sum;
+    }
+    Tensor out = core::empty({shard}, TensorOptions(dtype, group_->device()));
+    comm::Work work = group_->reduce_scatter(out, flat, op, /*async=*/true);
+    in_flight_.push_back(InFlight{c, std::move(work), std::move(flat), std::move(out)});
+  }
+  for (size_t c : chunks_->unit_chunks(u)) chunks_->release(c);
+}
+
+void Zero3::drain(bool all) {
+  while (!in_flight_.empty()) {
+    InFlight& front = in_flight_.front();
+    if (!all && !front.work.is_completed()) break;
+    front.work.wait();
+    if (!shard_grad_.defined()) {
+      shard_grad_ = core::zeros({shard_grad_numel_}, TensorOptions(DType::f32, group_->device()));
+    }
+    Tensor dst = shard_grad_.narrow(0, grad_offset_[front.chunk], chunks_->shard_numel(front.chunk));
+    ops::add_(dst, front.out);  // in f32: the window's micro-steps accumulate in the shard
+    in_flight_.erase(in_flight_.begin());
+  }
+}
+
+void Zero3::flush_backward() {
+  if (backward_marked_) {
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (!units_[u].reduced) reduce_unit(u);
+    }
+    orders_recorded_ = true;  // the first forward and backward are over
+  }
+  for (Unit& unit : units_) {
+    unit.ready.assign(unit.ready.size(), false);
+    unit.num_ready = 0;
+    unit.reduced = false;
+  }
+  backward_marked_ = false;
+  chunks_->release_all();
+}
+
+void Zero3::set_sync(bool sync) {
+  (void)sync;  // every backward reduces into the shard, as stage 2
+  flush_backward();
+}
+
+void Zero3::finish() {
+  autograd::NoGradGuard no_grad;
+  flush_backward();
+  drain(/*all=*/true);
+  chunks_->fetch_all();
+  if (!window_reduced_) return;
+  if (!shard_grad_.defined()) {
+    shard_grad_ = core::zeros({shard_grad_numel_}, TensorOptions(DType::f32, group_->device()));
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const Piece own = chunks_->piece_range(k);
+    shards_[k].set_grad(
+        shard_grad_.narrow(0, own.numel == 0 ? 0 : grad_offset_[chunks_->chunk_of(k)] + own.offset, own.numel));
+  }
+  shard_grad_ = Tensor();  // the optimizer's zero_grad releases it with the shards' gradients
+  window_reduced_ = false;
+}
+
+void Zero3::zero_grad() {
+  autograd::NoGradGuard no_grad;
+  flush_backward();
+  drain(/*all=*/true);
+  shard_grad_ = Tensor();
+  window_reduced_ = false;
+  for (Tensor& param : params_) {
+    if (param.grad().defined()) param.set_grad(Tensor());
+  }
+}
+
+void Zero3::after_update(bool stepped) {
+  (void)stepped;  // the shards are the parameters: nothing to gather either way
+  chunks_->place_after_step();
+}
+
+Tensor Zero3::gather_whole(const Tensor& local, size_t k) const {
+  // Rank r holds elements [r S, (r + 1) S) of the chunk, the parameter [o, o + n) of it.
+  const size_t c = chunks_->chunk_of(k);
+  const int64_t shard = chunks_->shard_numel(c), o = chunks_->offset(k), n = params_[k].numel();
+  const int size = group_->size();
+  COLOSSAL_CHECK(local.numel() == chunks_->piece_range(k).numel,
+                 "ZeRO-3: a tensor of parameter '{}' has {} elements but this rank's shard of it has {}", names_[k],
+                 local.numel(), chunks_->piece_range(k).numel);
+  int64_t most = 0;
+  for (int r = 0; r < size; ++r) most = std::max(most, std::min(o + n, (r + 1) * shard) - std::max(o, r * shard));
+  Tensor whole = core::empty({n}, TensorOptions(local.dtype(), group_->device()));
+  if (most > 0) {
+    Tensor mine = core::zeros({most}, TensorOptions(local.dtype(), group_->device()));
+    if (local.numel() > 0) mine.narrow(0, 0, local.numel()).copy_(local.reshape({-1}));
+    Tensor all = core::empty({most * size}, TensorOptions(local.dtype(), group_->device()));
+    group_->all_gather(all, mine);
+    for (int r = 0; r < size; ++r) {
+      const int64_t lo = std::max(o, r * shard), hi = std::min(o + n, (r + 1) * shard);
+      if (hi > lo) whole.narrow(0, lo - o, hi - lo).copy_(all.narrow(0, r * most, hi - lo));
+    }
+  }
+  return whole.view(params_[k].shape());
+}
+
+Tensor Zero3::own_piece(const Tensor& whole, size_t k, const std::string& key) const {
+  COLOSSAL_CHECK(whole.numel() == params_[k].numel(),
+                 "checkpoint tensor \"{}\" has shape {} but parameter '{}' has shape {} (was the checkpoint written "
+                 "for another model config?)",
+                 key, whole.shape(), names_[k], params_[k].shape());
+  const Piece own = chunks_->piece_range(k);
+  return whole.contiguous().view({-1}).narrow(0, own.numel == 0 ? 0 : own.begin, own.numel).clone();
+}
+
+optim::StateDict Zero3::gather_optimizer_state(const optim::StateDict& state) const {
+  autograd::NoGradGuard no_grad;
+  optim::StateDict out;
+  for (const auto& [key, tensor] : state) {  // sorted: the same order on every rank
+    size_t index = 0;
+    std::string_view buffer;
+    if (parse_state_key(key, index, buffer) && buffer != "step") {
+      COLOSSAL_CHECK(index < params_.size(), "ZeRO-3: optimizer state '{}' names parameter {} of {}", key, index,
+                     params_.size());
+      out.emplace(key, gather_whole(tensor.to(group_->device()), index));
+    } else {
+      out.emplace(key, tensor);
+    }
+  }
+  return out;
+}
+
+optim::StateDict Zero3::shard_optimizer_state(const optim::StateDict& state) const {
+  autograd::NoGradGuard no_grad;
+  optim::StateDict out;
+  for (const auto& [key, tensor] : state) {
+    size_t index = 0;
+    std::string_view buffer;
+    if (parse_state_key(key, index, buffer) && buffer != "step") {
+      COLOSSAL_CHECK(index < params_.size(),
+                     "checkpoint tensor \"optimizer.{}\" names parameter {}, but the optimizer has {}", key, index,
+                     params_.size());
+      out.emplace(key, own_piece(tensor, index, "optimizer." + key));
+    } else {
+      out.emplace(key, tensor);
+    }
+  }
+  return out;
+}
+
+optim::StateDict Zero3::gather_amp_state(const optim::StateDict& state) const {
+  autograd::NoGradGuard no_grad;
+  std::unordered_map<std::string, size_t> index;
+  for (size_t k = 0; k < names_.size(); ++k) index.emplace(names_[k], k);
+  optim::StateDict out;
+  for (const auto& [key, tensor] : state) {
+    const auto it = key.starts_with(kMasterPrefix) ? index.find(key.substr(kMasterPrefix.size())) : index.end();
+    out.emplace(key, it == index.end() ? tensor : gather_whole(tensor, it->second));
+  }
+  return out;
+}
+
+optim::StateDict Zero3::shard_amp_state(const optim::StateDict& state) const {
+  autograd::NoGradGuard no_grad;
+  std::unordered_map<std::string, size_t> index;
+  for (size_t k = 0; k < names_.size(); ++k) index.emplace(names_[k], k);
+  optim::StateDict out;
+  for (const auto& [key, tensor] : state) {
+    const auto it = key.starts_with(kMasterPrefix) ? index.find(key.substr(kMasterPrefix.size())) : index.end();
+    out.emplace(key, it == index.end() ? tensor : own_piece(tensor, it->second, "amp." + key));
+  }
+  return out;
+}
+
+nn::StateDict Zero3::gather_model_state(const nn::StateDict& state) const {
+  autograd::NoGradGuard no_grad;
+  std::unordered_map<std::string, size_t> index;
+  for (size_t k = 0; k < names_.size(); ++k) index.emplace(names_[k], k);
+  nn::StateDict out;
+  for (const auto& [name, tensor] : state) {  // the model's order: the same on every rank
+    const auto it = index.find(name);
+    out.insert(name,
+               it == index.end() ? tensor : gather_whole(chunks_->piece(it->second).to(group_->device()), it->second));
+  }
+  return out;
+}
+
+void Zero3::load_model_state(nn::Module& model, const nn::StateDict& state) {
+  COLOSSAL_CHECK(&model == &model_, "ZeRO-3: load_model_state was given another model than the one it shards");
+  autograd::NoGradGuard no_grad;
+  std::unordered_map<std::string, size_t> index;
+  for (size_t k = 0; k < names_.size(); ++k) index.emplace(names_[k], k);
+  // Check everything before changing anything: buffers through the model's own load, parameters here.
+  nn::StateDict buffers;
+  for (const auto& [name, tensor] : state) {
+    if (!index.contains(name)) buffers.insert(name, tensor);
+  }
+  for (size_t k = 0; k < names_.size(); ++k) {
+    const Tensor* whole = state.find(names_[k]);
+    COLOSSAL_CHECK(whole != nullptr, "the model's tensor \"{}\" is missing", names_[k]);
+    COLOSSAL_CHECK(whole->shape() == params_[k].shape(), "\"{}\" has shape {} but the model's parameter has shape {}",
+                   names_[k], whole->shape(), params_[k].shape());
+  }
+  const nn::LoadResult result = model_.load_state_dict(buffers, /*strict=*/false);
+  COLOSSAL_CHECK(result.unexpected_keys.empty(), "tensor \"{}\" is none of the model's",
+                 result.unexpected_keys.empty() ? std::string() : result.unexpected_keys.front());
+  for (const std::string& missing : result.missing_keys) {
+    COLOSSAL_CHECK(index.contains(missing), "the model's tensor \"{}\" is missing", missing);
+  }
+  for (size_t k = 0; k < names_.size(); ++k) {
+    const Piece own = chunks_->piece_range(k);
+    if (own.numel == 0) continue;
+    chunks_->piece(k).copy_(state.at(names_[k]).contiguous().view({-1}).narrow(0, own.begin, own.numel));
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> Zero3::gather_gradients() const {
+  autograd::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    Tensor grad = shards_[k].grad();
+    if (!grad.defined()) {
+      grad = core::zeros({chunks_->piece_range(k).numel}, TensorOptions(DType::f32, group_->device()));
+    }
+    out.emplace_back(names_[k], gather_whole(grad, k));
+  }
+  return out;
+}
+
+ModelStateBytes Zero3::model_state_bytes() const {
+  ModelStateBytes bytes;
+  int64_t largest_chunk = 0;
+  for (size_t c = 0; c < chunks_->num_chunks(); ++c) {
+    const int64_t element = static_cast<int64_t>(core::element_size(chunks_->dtype(c)));
+    bytes.parameters += chunks_->shard_numel(c) * element;
+    largest_chunk = std::max(largest_chunk, chunks_->shard_numel(c) * (group_->size() + 1) * element);
+  }
+  bytes.gradients = shard_grad_numel_ * 4 + largest_chunk;
+  if (master_shard_.defined()) bytes.master_weights = static_cast<int64_t>(master_shard_.nbytes());
+  for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
+    for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) {
+      if (const optim::ParamState* state = optimizer_.find_state(g, i)) {
+        for (const auto& [name, buffer] : state->buffers)
+          bytes.optimizer_states += static_cast<int64_t>(buffer.nbytes());
+      }
+    }
+  }
+  return bytes;
+}
+
+}  // namespace colossal::parallel::zero
