@@ -41,7 +41,7 @@ mib = lambda key, text: float(m.group(1)) if (m := re.search(key + r"=([0-9.]+)M
 lines = [l for l in open(log) if "| memory |" in l and "Epoch" in l]
 mem = lines[-1] if lines else ""
 K = 12
-paper = {0: (4 + K) * psi, 1: 4 * psi + K * psi / nd, 2: 2 * psi + (2 + K) * psi / nd}[stage]
+paper = {0: (4 + K) * psi, 1: 4 * psi + K * psi / nd, 2: 2 * psi + (2 + K) * psi / nd, 3: (4 + K) * psi / nd}[stage]
 gib = lambda b: b / 2**30
 print(f"{name}: Psi = {psi / 1e6:.0f}M; {speed}")
 print(f"  model states {gib(mib('model_states', mem) * 2**20):.2f} GiB (parameters {mib('parameters', mem) / 1024:.2f}, "
@@ -74,4 +74,11 @@ for size in "${sizes[@]}"; do
     *) echo "unknown size '$size' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)"; exit 2 ;;
   esac
   for stage in 0 1 2; do run "${size}_dp2_zero$stage" "${shape[@]}" "$stage"; done
+  # ZeRO-3 (parallel/zero/zero3.h), paper (2 + 2 + K) Psi / Nd; ours counts the fp32 shard gradients
+  # (4 Psi / Nd) and the largest chunk's reduction in flight. Then its "cpu" placement, and PyTorch
+  # FSDP2 on the same shapes (bench/compare/fsdp2_step.py, one fully_shard per block and the root).
+  run "${size}_dp2_zero3" "${shape[@]}" 3
+  run "${size}_dp2_zero3_cpu" "${shape[@]}" 3 2 'zero.placement_policy="cpu"'
+  torchrun --nproc_per_node 2 bench/compare/fsdp2_step.py --layers "${shape[0]}" --width "${shape[1]}" \
+    --heads "${shape[2]}" 2>&1 | grep FSDP2 || echo "${size} FSDP2: FAILED"
 done
