@@ -3,8 +3,9 @@
 // stream, a batch done once every send and receive in it met its partner in the partner's current
 // batch, the i-th send from a to b meeting b's i-th receive from a. Every pipeline of 1 to 8 stages, 1
 // to 3 chunks and up to 16 microbatches, with and without headers, for training and evaluation, must
-// finish with each send met by a receive of the same message; a schedule whose neighbours disagree
-// (or the old unpaired sends) must not.
+// finish with each send met by a receive of the same message, and two neighbours must group their
+// messages to each other alike (NCCL leaves other groupings undefined); a schedule whose neighbours
+// disagree (or the old unpaired sends, or a header sent with its activation but received alone) must not.
 #include "colossal/parallel/pp/exchange_plan.h"
 
 #include <fmt/format.h>
@@ -79,6 +80,48 @@ std::string run_under_nccl_rules(const std::vector<std::vector<ExchangeBatch>>& 
                          direction.first);
     }
   }
+  // Group patterns: NCCL leaves it undefined when two ranks group their messages to each other
+  // differently (a group may block on any of its operations). Between every two stages, the i-th batch
+  // of one holding messages for the other must meet the other's i-th such batch, message for message.
+  for (int a = 0; a < p; ++a) {
+    for (int b = 0; b < p; ++b) {
+      if (a == b) continue;
+      std::vector<size_t> mine, theirs;  // a's batches with messages for b, b's with messages for a
+      for (size_t k = 0; k < stages[a].size(); ++k) {
+        for (const PipelineMessage& m : stages[a][k].messages) {
+          if (m.peer == b) {
+            mine.push_back(k);
+            break;
+          }
+        }
+      }
+      for (size_t k = 0; k < stages[b].size(); ++k) {
+        for (const PipelineMessage& m : stages[b][k].messages) {
+          if (m.peer == a) {
+            theirs.push_back(k);
+            break;
+          }
+        }
+      }
+      if (mine.size() != theirs.size()) {
+        return fmt::format("stage {} groups its messages with stage {} into {} batches, stage {} into {}", a, b,
+                           mine.size(), b, theirs.size());
+      }
+      for (size_t i = 0; i < mine.size(); ++i) {
+        const std::vector<PipelineMessage>& batch = stages[a][mine[i]].messages;
+        for (size_t k = 0; k < batch.size(); ++k) {
+          if (batch[k].peer != b) continue;
+          const Slot other = partner[a][mine[i]][k];
+          if (other.batch != theirs[i]) {
+            return fmt::format(
+                "stage {} batch {} ({}) meets stage {}'s batch {}, not its batch {}: the two group their messages "
+                "differently",
+                a, mine[i], describe(batch[k]), b, other.batch, theirs[i]);
+          }
+        }
+      }
+    }
+  }
   // One stream per stage: batch current[s] runs; a message is done once its partner's batch runs too.
   std::vector<size_t> current(static_cast<size_t>(p), 0);
   std::vector<std::vector<std::vector<bool>>> done(static_cast<size_t>(p));
@@ -142,6 +185,15 @@ TEST(ExchangePlan, OneFOneBByHand) {
   EXPECT_EQ(stage1, expected1);
   EXPECT_TRUE(stage1[2].has_receive());
   EXPECT_FALSE(stage1[3].has_receive());
+
+  // One microbatch: stage 1 receives the activation, then sends the gradient, in two batches; stage 0,
+  // which would pair its send with its receive, cuts its batch the same way (and the header goes alone).
+  const std::vector<ExchangeBatch> single0 = {
+      {1, {{Kind::header, true, 1, 0, 0}}},
+      {1, {{Kind::activation, true, 1, 0, 0}}},
+      {1, {{Kind::gradient, false, 1, 0, 0}}},
+  };
+  EXPECT_EQ(exchange_batches(0, 2, 1, 1, true), single0);
 }
 
 TEST(ExchangePlan, EveryPipelineFinishesWithMatchingMessagesUnderNcclRules) {
@@ -177,7 +229,19 @@ TEST(ExchangePlan, TheSimulationCatchesUnpairedSendsAndMismatchedOrders) {
     }
     unpaired.push_back(batches);
   }
-  EXPECT_NE(run_under_nccl_rules(unpaired).find("deadlock"), std::string::npos);
+  // Stage 0's i-th batch with stage 1 is no longer stage 1's i-th: caught as a grouping both ends
+  // disagree on, before the simulation would find the two sends waiting on each other.
+  EXPECT_NE(run_under_nccl_rules(unpaired).find("group their messages differently"), std::string::npos)
+      << run_under_nccl_rules(unpaired);
+
+  // The header as first sent (session 9, hung on H100s): stage 0 sends header and activation in one
+  // batch, stage 1 receives them in two.
+  const std::vector<std::vector<ExchangeBatch>> header_split = {
+      {{1, {{Kind::header, true, 1, 0, 0}, {Kind::activation, true, 1, 0, 0}}}},
+      {{0, {{Kind::header, false, 0, 0, 0}}}, {0, {{Kind::activation, false, 0, 0, 0}}}},
+  };
+  EXPECT_EQ(run_under_nccl_rules(header_split),
+            "stage 0 groups its messages with stage 1 into 1 batches, stage 1 into 2");
 
   // Stage 1 receiving its first two activations the other way round: NCCL would hand it microbatch
   // 0's as microbatch 1's.

@@ -18,11 +18,16 @@
 // direction carries both kinds, and the warm-up lengths keep their interleaving equal on both ends).
 // tests/parallel/pp/exchange_plan_test.cpp runs every stage's batches under these rules.
 //
+// Two ranks must also group their messages to each other alike: NCCL leaves it undefined when one
+// sends two messages in one group and the other receives them in two (a group may block on any of
+// its operations; on H100s such a pipeline hung, nondeterministically). Megatron's pairing gives
+// every batch of one end exactly one batch of the other with the same messages between them.
+//
 // Shapes: a receiver allocates its buffer before the data comes. An activation's dtype and shape are
 // the same for every microbatch of a batch, so with `headers` each activation of microbatch 0 goes
-// after a small header (dtype and shape) in the same batch; the receiver takes the header in a batch
-// of its own first (the rest of its batch with it), reads it, then receives the activation. The
-// schedule keeps the shapes it learnt for later microbatches and later batches of the same shape.
+// after a small header (dtype and shape). The headers of a batch go first in a batch of their own,
+// on both ends alike; the receiver reads them, then both issue the rest. The schedule keeps the
+// shapes it learnt for later microbatches and later batches of the same shape.
 #pragma once
 
 #include <cstddef>
