@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "colossal/core/random.h"  // Generator
 #include "colossal/core/tensor.h"
 #include "colossal/data/batch.h"  // BatchTransform
+#include "colossal/data/batch_stage.h"
 #include "colossal/data/dataset.h"
 #include "colossal/data/sampler.h"
 #include "colossal/data/transform.h"  // Transform
@@ -46,6 +48,18 @@ struct Datasets {
   /// Token data (data.dataset = "tokens"): tokens per sample T (input [T], target [T], the next
   /// tokens) and the vocabulary every id is checked against; 0 for images.
   int64_t seq_len = 0, vocab_size = 0;
+  /// The same images with the pipeline's tail left to batch stages (Note [Batch stages] in
+  /// data/batch_stage.cpp): datasets that stop after the last uint8 transform (synthetic f32 images
+  /// without transforms: pixel keys), and the stages a loader runs where its batches go (ToTensor,
+  /// resize, normalize, mixup; or the synthetic pixels). A loader over train with train_stage (and
+  /// no batch_transform) gives the batches of train with batch_transform, bit for bit on the CPU.
+  /// Unset for token data and pipelines whose float transforms cannot move (one after center_crop
+  /// on floats, say); test_stage may be null (the test images need nothing more).
+  struct Staged {
+    std::shared_ptr<data::Dataset> train, test;
+    std::shared_ptr<const data::BatchStage> train_stage, test_stage;
+  };
+  std::optional<Staged> staged;
 };
 
 /// data.dataset at data.path (and data.test_path) with data.transforms and data.options. In

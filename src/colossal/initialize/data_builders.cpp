@@ -16,15 +16,16 @@
 
 #include "colossal/config/train_config.h"
 #include "colossal/core/error.h"
-#include "colossal/data/auto_augment.h"  // AutoAugment
-#include "colossal/data/cifar10.h"       // Cifar10Dataset
-#include "colossal/data/dataset.h"       // TransformDataset
-#include "colossal/data/mixup.h"         // Mixup
-#include "colossal/data/mnist.h"         // MnistDataset, find_fashion_mnist
-#include "colossal/data/synthetic.h"     // SyntheticImageDataset
-#include "colossal/data/token_file.h"    // TokenFileDataset
-#include "colossal/data/transform.h"     // Compose
-#include "colossal/data/transforms.h"    // ToTensor, RandomCrop, RandomHorizontalFlip, Resize, Normalize, crop, pad
+#include "colossal/data/auto_augment.h"       // AutoAugment
+#include "colossal/data/cifar10.h"            // Cifar10Dataset
+#include "colossal/data/dataset.h"            // TransformDataset
+#include "colossal/data/image_batch_stage.h"  // ImageBatchStage
+#include "colossal/data/mixup.h"              // Mixup
+#include "colossal/data/mnist.h"              // MnistDataset, find_fashion_mnist
+#include "colossal/data/synthetic.h"          // SyntheticImageDataset, SyntheticPixelStage
+#include "colossal/data/token_file.h"         // TokenFileDataset
+#include "colossal/data/transform.h"          // Compose
+#include "colossal/data/transforms.h"  // ToTensor, RandomCrop, RandomHorizontalFlip, Resize, Normalize, crop, pad
 #include "colossal/initialize/builders.h"
 
 namespace colossal::initialize {
@@ -147,6 +148,8 @@ constexpr std::string_view kSyntheticOptions[] = {"size",     "test_size",   "im
 /// The untransformed images of data.dataset and what normalize uses by default.
 struct ImageSource {
   std::shared_ptr<data::Dataset> train, test;
+  /// Synthetic images only: the same samples as pixel keys (SyntheticPixelStage expands them).
+  std::shared_ptr<data::Dataset> train_keys, test_keys;
   int64_t channels = 0, size = 0, num_classes = 0;
   bool u8 = true;                 ///< uint8 pixels (ToTensor still to come); false: f32
   std::vector<double> mean, std;  ///< the dataset's normalize statistics; empty: none known
@@ -201,9 +204,15 @@ ImageSource load_images(const TrainConfig& c) {
       so.num_classes = s.num_classes;
       so.seed = static_cast<uint64_t>(c.train.seed);
       s.train = std::make_shared<data::SyntheticImageDataset>(so);
-      so.size = opt.get_int("test_size", 256, 0);
-      so.seed += 1;
-      if (so.size > 0) s.test = std::make_shared<data::SyntheticImageDataset>(so);
+      data::SyntheticImageOptions keys = so;
+      keys.pixel_keys = true;
+      s.train_keys = std::make_shared<data::SyntheticImageDataset>(keys);
+      so.size = keys.size = opt.get_int("test_size", 256, 0);
+      so.seed = keys.seed = so.seed + 1;
+      if (so.size > 0) {
+        s.test = std::make_shared<data::SyntheticImageDataset>(so);
+        s.test_keys = std::make_shared<data::SyntheticImageDataset>(keys);
+      }
       break;
     }
     case DatasetName::kMnist:
@@ -290,17 +299,50 @@ std::vector<double> normalize_stats(const OptionTable& o, std::string_view key, 
 
 /// data.transforms as the training pipeline (all of them) and the test pipeline (resize,
 /// center_crop, normalize), with ToTensor where float pixels are first needed; the geometry each
-/// produces; and mixup, which acts on batches.
+/// produces; and mixup, which acts on batches. Beside them the staged split (Note [Batch stages]):
+/// when the list ends in [resize][normalize] (mixup anywhere) with neither earlier, the transforms
+/// before that tail per sample (no ToTensor: images stay as the dataset makes them), the tail and
+/// mixup as one ImageBatchStage.
 struct Pipelines {
   TransformList train, test;
   int64_t train_size = 0, test_size = 0;
   std::optional<double> mixup_alpha;
+  bool stageable = false;
+  TransformList staged_train, staged_test;  ///< the per-sample part of the staged split
+  data::ImageBatchStageOptions stage;       ///< the tail (mixup added by make_image_datasets)
 };
+
+/// How many entries at the end of `per_sample` (data.transforms less mixup) an ImageBatchStage can
+/// take: "resize" and/or "normalize", in that order; nullopt when one of them comes earlier too (a
+/// float transform after it would have to run per sample).
+std::optional<size_t> stage_tail(const std::vector<std::string>& per_sample) {
+  size_t tail = per_sample.size();
+  if (tail > 0 && per_sample[tail - 1] == "normalize") --tail;
+  if (tail > 0 && per_sample[tail - 1] == "resize") --tail;
+  for (size_t i = 0; i < tail; ++i) {
+    if (per_sample[i] == "resize" || per_sample[i] == "normalize") return std::nullopt;
+  }
+  return per_sample.size() - tail;
+}
 
 Pipelines build_pipelines(const TrainConfig& c, const ImageSource& s) {
   const OptionTable& o = c.data.options;
   Pipelines p;
   p.train_size = p.test_size = s.size;
+  std::vector<std::string> per_sample;
+  for (const std::string& t : c.data.transforms) {
+    if (t != "mixup") per_sample.push_back(t);
+  }
+  const std::optional<size_t> tail = stage_tail(per_sample);
+  p.stageable = tail.has_value();
+  const size_t first_staged = per_sample.size() - tail.value_or(0);
+  size_t position = 0;  // of the current transform in per_sample
+  // Adds a transform to the per-sample half of the staged split when it comes before the tail.
+  const auto staged = [&](const std::shared_ptr<const data::Transform>& transform, bool test) {
+    if (!p.stageable || position >= first_staged) return;
+    p.staged_train.push_back(transform);
+    if (test) p.staged_test.push_back(transform);
+  };
   bool u8 = s.u8;
   std::string float_step;  // the transform that needed float pixels, for the auto_augment message
   const auto to_float = [&](const std::string& why) {
@@ -326,9 +368,11 @@ Pipelines build_pipelines(const TrainConfig& c, const ImageSource& s) {
       ro.pad_left = ro.pad_top = ro.pad_right = ro.pad_bottom = padding;
       ro.padding_mode = padding_mode(o);
       p.train.push_back(std::make_shared<data::RandomCrop>(ro));
+      staged(p.train.back(), false);
       p.train_size = size;
     } else if (t == "random_flip") {
       p.train.push_back(std::make_shared<data::RandomHorizontalFlip>(o.get_double("flip_p", 0.5, 0, 1)));
+      staged(p.train.back(), false);
     } else if (t == "auto_augment") {
       if (!u8) {
         unsupported(float_step.empty()
@@ -343,6 +387,7 @@ Pipelines build_pipelines(const TrainConfig& c, const ImageSource& s) {
             fmt::format("data.transforms \"auto_augment\" needs 1 or 3 channels, the images have {}", s.channels));
       }
       p.train.push_back(std::make_shared<data::AutoAugment>(data::AutoAugmentPolicy::cifar10));
+      staged(p.train.back(), false);
     } else if (t == "resize") {
       const int64_t size = required_size(o, "resize", "resize");
       to_float("resize");
@@ -350,11 +395,14 @@ Pipelines build_pipelines(const TrainConfig& c, const ImageSource& s) {
       p.train.push_back(resize);
       p.test.push_back(resize);
       p.train_size = p.test_size = size;
+      p.stage.height = p.stage.width = size;
+      p.stage.antialias = o.get_bool("resize_antialias", true);
     } else if (t == "center_crop") {
       const int64_t size = required_size(o, "center_crop", "center_crop");
       const auto center_crop = std::make_shared<CenterCrop>(size);
       p.train.push_back(center_crop);
       p.test.push_back(center_crop);
+      staged(center_crop, true);
       p.train_size = p.test_size = size;
     } else if (t == "normalize") {
       const std::string_view dataset = config::to_string(c.data.dataset);
@@ -364,6 +412,8 @@ Pipelines build_pipelines(const TrainConfig& c, const ImageSource& s) {
         if (!(v > 0)) unsupported(fmt::format("data.options.normalize_std must be positive, got {}", v));
       }
       to_float("normalize");
+      p.stage.mean = mean;
+      p.stage.std = std;
       const auto normalize = std::make_shared<data::Normalize>(std::move(mean), std::move(std));
       p.train.push_back(normalize);
       p.test.push_back(normalize);
@@ -376,6 +426,7 @@ Pipelines build_pipelines(const TrainConfig& c, const ImageSource& s) {
     } else {
       unsupported(fmt::format("data.transforms entry \"{}\" is not supported by train --config", t));
     }
+    if (t != "mixup") ++position;
   }
   to_float("");
   if (p.train_size != p.test_size) {
@@ -392,6 +443,41 @@ std::string describe(const TransformList& transforms) {
   std::string text;
   for (const auto& t : transforms) text += (text.empty() ? "" : " -> ") + t->name();
   return text;
+}
+
+/// The staged form of the datasets (Datasets::staged), or nullopt when the pipeline has no tail a
+/// batch stage can take or the stage would have nothing to do.
+std::optional<Datasets::Staged> make_staged(const TrainConfig& c, const ImageSource& s, const Pipelines& p,
+                                            const std::optional<data::MixupOptions>& mixup) {
+  Datasets::Staged st;
+  if (s.train_keys && !s.u8 && c.data.transforms.empty()) {
+    // Synthetic f32 images as they are: only their keys travel, the pixels are drawn in the stage.
+    const auto stage = std::make_shared<data::SyntheticPixelStage>(Shape{s.channels, s.size, s.size}, DType::f32);
+    st.train = s.train_keys;
+    st.test = s.test_keys;
+    st.train_stage = st.test_stage = stage;
+    return st;
+  }
+  if (!p.stageable) return std::nullopt;
+  const bool test_work = s.u8 || p.stage.height > 0 || !p.stage.mean.empty();
+  if (!test_work && !mixup) return std::nullopt;
+  const auto seed = static_cast<uint64_t>(c.train.seed);
+  // The per-sample halves draw from the generators of the full pipelines (same seeds), and the
+  // transforms left to the stage draw nothing, so the samples are those of the full pipelines up
+  // to their last uint8 step.
+  st.train = p.staged_train.empty() ? s.train
+                                    : std::make_shared<data::TransformDataset>(
+                                          s.train, std::make_shared<data::Compose>(p.staged_train), seed);
+  if (s.test) {
+    st.test = p.staged_test.empty() ? s.test
+                                    : std::make_shared<data::TransformDataset>(
+                                          s.test, std::make_shared<data::Compose>(p.staged_test), seed + 1);
+  }
+  data::ImageBatchStageOptions train_options = p.stage;
+  train_options.mixup = mixup;
+  st.train_stage = std::make_shared<data::ImageBatchStage>(train_options);
+  if (test_work) st.test_stage = std::make_shared<data::ImageBatchStage>(p.stage);
+  return st;
 }
 
 Datasets make_image_datasets(const TrainConfig& c) {
@@ -416,17 +502,21 @@ Datasets make_image_datasets(const TrainConfig& c) {
     if (d.test) d.test = std::make_shared<data::TransformDataset>(d.test, test, seed + 1);
     d.test_transform = test;
   }
+  std::optional<data::MixupOptions> mixup;
   if (p.mixup_alpha) {
-    data::MixupOptions mo;
-    mo.alpha = *p.mixup_alpha;
-    mo.num_classes = d.num_classes;
-    mo.label_smoothing = c.train.label_smoothing;
-    d.batch_transform = std::make_shared<data::Mixup>(mo);
+    mixup = data::MixupOptions{
+        .alpha = *p.mixup_alpha, .num_classes = d.num_classes, .label_smoothing = c.train.label_smoothing};
+    d.batch_transform = std::make_shared<data::Mixup>(*mixup);
   }
+  d.staged = make_staged(c, s, p, mixup);
   fmt::print("data: {} ({} train, {} test images of {} x {} x {}, {} classes); train {}{}; test {}\n",
              config::to_string(c.data.dataset), d.train->size(), d.test ? d.test->size() : 0, d.channels, d.image_size,
              d.image_size, d.num_classes, describe(p.train),
              d.batch_transform ? " + " + d.batch_transform->name() : std::string(), describe(p.test));
+  if (d.staged) {
+    fmt::print("data: staged: train per sample {}, per batch {}\n", describe(p.staged_train),
+               d.staged->train_stage->name());
+  }
   return d;
 }
 

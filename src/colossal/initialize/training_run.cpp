@@ -317,14 +317,20 @@ void TrainingRun::build_data_and_model() {
     lo.device = device_;  // side-stream copies to the GPU, from pinned staging when data.pin_memory
     lo.pin_memory = c.data.pin_memory;
   }
-  lo.batch_transform = datasets_.batch_transform;
-  train_loader_ = std::make_unique<data::DataLoader>(datasets_.train, lo, sampler_);
+  // Staged images (Note [Batch stages]): the workers stop after the last uint8 transform and the
+  // loader runs the rest (ToTensor, resize, normalize, mixup; synthetic pixels) on the GPU after
+  // its copy, or on the worker for a CPU run: the same batches as the per-sample pipeline.
+  const std::optional<Datasets::Staged>& staged = datasets_.staged;
+  lo.batch_transform = staged ? nullptr : datasets_.batch_transform;
+  if (staged) lo.batch_stage = staged->train_stage;
+  train_loader_ = std::make_unique<data::DataLoader>(staged ? staged->train : datasets_.train, lo, sampler_);
   if (datasets_.test && datasets_.test->size() > 0 && c.train.test_interval > 0) {
     data::DataLoaderOptions to = lo;
     to.shuffle = false;
     to.drop_last = false;
     to.batch_transform = nullptr;
-    test_loader_ = std::make_unique<data::DataLoader>(datasets_.test, to);
+    to.batch_stage = staged ? staged->test_stage : nullptr;
+    test_loader_ = std::make_unique<data::DataLoader>(staged ? staged->test : datasets_.test, to);
   }
 }
 
