@@ -142,6 +142,48 @@ TEST(ZeroCheckpoint, SavedUnderZeroResumesWithoutItAndTheReverse) {
   if (rank == 0) fs::remove_all(dir);
 }
 
+// ZeRO-3 (parameters sharded in chunks, here of 1 MiB with the shards in host memory): its checkpoint
+// is the serial run's file after the same steps (the parameters gathered from the shards too), which
+// resumes at dp = 2 without ZeRO and under ZeRO-2; and a checkpoint of plain data parallelism resumes
+// under ZeRO-3 with "auto" placement, each continuing with the uninterrupted run's losses.
+TEST(ZeroCheckpoint, Stage3SavesTheSerialFileAndResumesBothWays) {
+  const fs::path dir = shared_dir();
+  const int rank = world().rank();
+  const std::shared_ptr<comm::ProcessGroup> pair = world().split(rank < 2 ? 0 : comm::kNoColor, rank);
+  const std::shared_ptr<comm::ProcessGroup> alone = comm::single_process_group(Device(core::DeviceType::cpu));
+  const fs::path step3 = "epoch0-step3.safetensors";
+  const std::string every3 = "train.checkpoint_steps=3";
+  const std::vector<std::string> zero3 = {"zero.stage=3", "zero.chunk_size_mb=1", "zero.placement_policy=\"cpu\""};
+
+  std::map<int64_t, double> serial, sharded, plain;
+  if (rank == 0) serial = train(dir, alone, "serial", {checkpoint_dir(dir, "serial"), every3});
+  if (pair) {
+    std::vector<std::string> overrides = zero3;
+    overrides.insert(overrides.end(), {checkpoint_dir(dir, "zero3"), every3});
+    sharded = train(dir, pair, "zero3", overrides);
+    plain = train(dir, pair, "dp2", {checkpoint_dir(dir, "dp2"), every3});
+  }
+  world().barrier();
+  if (rank == 0) {
+    ASSERT_EQ(serial.size(), 6u);
+    expect_same_losses(sharded, serial, 6, "zero3 dp2");
+    expect_same_losses(plain, serial, 6, "dp2");
+    expect_same_tensors(dir / "zero3" / step3, dir / "serial" / step3);
+  }
+  world().barrier();
+  if (pair) {
+    const auto back = train(dir, pair, "zero3_to_dp2", {resume_from(dir / "zero3" / step3), "zero.stage=0"});
+    if (rank == 0) expect_same_losses(back, serial, 3, "zero3 dp2 -> dp2 without ZeRO");
+    const auto zero2 = train(dir, pair, "zero3_to_zero2", {resume_from(dir / "zero3" / step3), "zero.stage=2"});
+    if (rank == 0) expect_same_losses(zero2, serial, 3, "zero3 dp2 -> zero2 dp2");
+    const auto into = train(dir, pair, "dp2_to_zero3",
+                            {resume_from(dir / "dp2" / step3), "zero.stage=3", "zero.placement_policy=\"auto\""});
+    if (rank == 0) expect_same_losses(into, serial, 3, "dp2 -> zero3 dp2 (auto)");
+  }
+  world().barrier();
+  if (rank == 0) fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace colossal::cli
 
