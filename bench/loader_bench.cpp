@@ -1,8 +1,11 @@
 // The training loader alone, as `colossal train` builds it from a config: the dataset with the
-// config's transforms, the batch transform (mixup), batches of data.batch_size collated (into pinned
-// memory and copied to the GPU when there is one), at each worker count asked for. Prints images/s
-// (or tokens/s) per worker count, to set beside the training step's need (issue 18: the loader must
-// keep up with the GPU on the tutorial's own path).
+// config's transforms, batches of data.batch_size collated (into pinned memory and copied to the
+// GPU when there is one), at each worker count asked for, in two forms: every transform per sample
+// with mixup as the batch transform (the reference), and the staged form colossal train runs
+// (Note [Batch stages]: the per-sample part up to the last uint8 step on the workers, the rest on
+// the GPU after the copy, or on the workers with --device cpu). Prints images/s (or tokens/s) per
+// worker count, to set beside the training step's need (issue 18: the loader must keep up with the
+// GPU on the tutorial's own path).
 //
 //   loader_bench --config configs/vit_b16_cifar10.toml [--set key=value ...] [--workers 1,2,4,8]
 //                [--batches N] [--warmup N] [--device cpu|cuda]
@@ -11,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +87,22 @@ int main(int argc, char** argv) {
     }
   }
   if (config_path.empty()) usage("--config is required");
+  // Batches per second of one loader over `batches` batches after `warmup`; 0 when it has none.
+  const auto time_loader = [&](data::DataLoader& loader, const std::optional<Device>& device) {
+    loader.start(0);
+    for (int64_t b = 0; b < warmup; ++b) {
+      if (!loader.next()) break;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    int64_t done = 0;
+    for (; done < batches; ++done) {
+      if (!loader.next()) break;
+    }
+    // The staged batches' kernels and the copies are queued on the GPU: wait for them.
+    if (device) core::cuda::synchronize(*device);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return done == 0 ? 0.0 : static_cast<double>(done) / s;
+  };
   try {
     const config::TrainConfig c = initialize::load_run_config(config_path, overrides);
     const initialize::Datasets d = initialize::make_datasets(c);
@@ -92,7 +112,10 @@ int main(int argc, char** argv) {
                images ? fmt::format("{} x {} x {} images", d.channels, d.image_size, d.image_size)
                       : fmt::format("{} tokens per sample", d.seq_len),
                d.batch_transform ? ", with the batch transform (mixup)" : "");
-    fmt::print("{:>8} {:>12} {:>14}\n", "workers", "ms/batch", images ? "images/s" : "tokens/s");
+    const char* unit = images ? "images/s" : "tokens/s";
+    fmt::print("{:>8} {:>12} {:>14} {:>12} {:>14}\n", "workers", "ms/batch", fmt::format("{} ref", unit), "ms/batch",
+               fmt::format("{} staged", unit));
+    if (d.staged) fmt::print("staged: per batch {}\n", d.staged->train_stage->name());
     for (const int64_t w : workers) {
       data::DataLoaderOptions lo;
       lo.batch_size = c.data.batch_size;
@@ -102,24 +125,23 @@ int main(int argc, char** argv) {
       lo.num_workers = w;
       lo.batch_transform = d.batch_transform;
       if (device_name == "cuda") lo.device = core::cuda_device(0);
-      data::DataLoader loader(d.train, lo);
-      loader.start(0);
-      for (int64_t b = 0; b < warmup; ++b) {
-        if (!loader.next()) break;
+      double reference = 0, staged = 0;
+      {
+        data::DataLoader loader(d.train, lo);
+        reference = time_loader(loader, lo.device);
       }
-      const auto start = std::chrono::steady_clock::now();
-      int64_t done = 0;
-      for (; done < batches; ++done) {
-        if (!loader.next()) break;
+      if (d.staged) {
+        lo.batch_transform = nullptr;
+        lo.batch_stage = d.staged->train_stage;
+        data::DataLoader loader(d.staged->train, lo);
+        staged = time_loader(loader, lo.device);
       }
-      if (lo.device) core::cuda::synchronize(*lo.device);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (done == 0) {
-        fmt::print("{:>8} (the dataset has no batches past the warm-up)\n", w);
-        continue;
-      }
-      fmt::print("{:>8} {:>12.2f} {:>14.0f}\n", w, 1e3 * s / static_cast<double>(done),
-                 static_cast<double>(done * c.data.batch_size * per_sample) / s);
+      const auto row = [&](double batches_per_s) {
+        if (batches_per_s == 0) return fmt::format("{:>12} {:>14}", "-", "-");
+        return fmt::format("{:>12.2f} {:>14.0f}", 1e3 / batches_per_s,
+                           batches_per_s * static_cast<double>(c.data.batch_size * per_sample));
+      };
+      fmt::print("{:>8} {} {}\n", w, row(reference), row(staged));
       std::fflush(stdout);
     }
   } catch (const Error& e) {

@@ -4,18 +4,25 @@
 # docs/benchmarks.md. ms/step of a `colossal train` run is the metrics' wall_s slope over logged
 # steps 40-110 of 120 (random tokens or synthetic images; the configs' clipping on, 1.0).
 #
-#   tools/gpu-check --run bench/compare/cli_vs_bench.sh [gpt2] [images] [gpt1.3b] [torch]
+#   tools/gpu-check --run bench/compare/cli_vs_bench.sh [gpt2] [images] [cifar] [gpt1.3b] [torch]
 #
 # gpt2: GPT-2 124M B16 T1024, dropout 0 and 0.1, through the bench and the CLI (clip 1.0 and 0).
 # images: ViT-B/16 (B128) and ResNet-50 (B128) at 224 px, the bench beside the CLI on synthetic images.
+# cifar: the tutorial's configs/vit_b16_cifar10.toml (B256, AutoAugment, mixup, fp16 torch; accumulation
+#   1, no test passes) on stand-in CIFAR-10 files (random bytes in the binary format, written once
+#   to $OUT/cifar10) beside the same config on synthetic 224-px images without augmentation (the GPU's
+#   pace), on 1 GPU and at dp=2 (colossal run --nproc_per_node 2), data.num_workers 4 and 14; then
+#   the loader alone (loader_bench: per-sample and staged images/s per worker count). Needs 2 GPUs
+#   for the dp=2 rows.
 # gpt1.3b: GPT L24 C2048 H16 B8 T1024 through the CLI with and without clipping.
 # torch: bench/compare/train_step.py GPT-2 compile and eager (TORCH_MODES), dropout 0 and 0.1.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
-[[ ${#parts[@]} == 0 ]] && parts=(gpt2 images gpt1.3b torch)
+[[ ${#parts[@]} == 0 ]] && parts=(gpt2 images cifar gpt1.3b torch)
 colossal=${COLOSSAL:-build-gpu/src/colossal/cli/colossal}
 bench=${BENCH:-build-gpu/bench/train_step/train_step_bench}
+loader_bench=${LOADER_BENCH:-build-gpu/bench/loader/loader_bench}
 out=${OUT:-/tmp/cli-vs-bench}
 mkdir -p "$out"
 python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
@@ -29,17 +36,39 @@ print(f"{1e3 * (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]):.2f}" if len(
 EOF
 }
 
-cli() {  # name, then colossal train arguments
+launch=()  # a launcher in front of colossal train (the cifar part's dp=2 rows)
+last_ms=nan
+cli() {  # name, then colossal train arguments; sets last_ms
   local name=$1
   shift
-  if "$colossal" train "$@" --set train.max_steps=120 --set train.log_interval=10 --set train.progress=false \
-    --metrics "$out/$name.jsonl" > "$out/$name.log" 2>&1; then
-    echo "cli   $name: $(ms_per_step "$out/$name.jsonl") ms/step"
+  last_ms=nan
+  if "${launch[@]}" "$colossal" train "$@" --set train.max_steps=120 --set train.log_interval=10 \
+    --set train.progress=false --metrics "$out/$name.jsonl" > "$out/$name.log" 2>&1; then
+    last_ms=$(ms_per_step "$out/$name.jsonl")
+    echo "cli   $name: $last_ms ms/step"
   else
     echo "cli   $name: FAILED"
     tail -5 "$out/$name.log"
   fi
   rm -f "$out/$name.jsonl"
+}
+
+stand_in_cifar10() {  # folder: CIFAR-10's six binary files of random bytes (labels 0..9), once
+  [[ -f $1/test_batch.bin ]] && return
+  mkdir -p "$1"
+  python3 - "$1" <<'EOF'
+import random, sys
+rng = random.Random(10)
+for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+    records = bytearray(rng.randbytes(10000 * 3073))  # label byte + 3 x 32 x 32 pixels
+    for r in range(10000):
+        records[r * 3073] %= 10
+    open(f"{sys.argv[1]}/{name}", "wb").write(records)
+EOF
+}
+
+ratio_cells() {  # ms, baseline ms: "  ms  ratio"
+  python3 -c "import sys; a, b = sys.argv[1:3]; r = f'{float(a) / float(b):.3f}' if 'nan' not in (a, b) else '-'; print(f'{a:>12} {r:>8}', end='')" "$1" "$2"
 }
 
 bench_row() {  # name, then train_step_bench arguments
@@ -62,7 +91,7 @@ for part in "${parts[@]}"; do
       done
       ;;
     images)
-      image_common=(--set bf16=true --set gradient_accumulation=1 --set clip_grad_norm=1.0
+      image_common=(--set bf16=true --set 'fp16.mode="off"' --set gradient_accumulation=1 --set clip_grad_norm=1.0
         --set 'data.dataset="synthetic"' --set 'data.path=""' --set 'data.transforms=[]' --set data.num_workers=8
         --set 'data.options={ size = 25600, test_size = 0, image_size = 224, channels = 3, num_classes = 1000 }'
         --set 'optimizer.name="adamw"' --set optimizer.lr=1e-4 --set optimizer.weight_decay=0.1
@@ -72,6 +101,43 @@ for part in "${parts[@]}"; do
       cli vit_b16 --config configs/vit_b16_cifar10.toml "${image_common[@]}" --set 'model.options={ dropout = 0.0 }'
       bench_row resnet50 --model resnet50
       cli resnet50 --config configs/resnet50_cifar10.toml "${image_common[@]}"
+      ;;
+    cifar)
+      stand_in_cifar10 "$out/cifar10"
+      export NCCL_NVLS_ENABLE=0
+      cifar_common=(--config configs/vit_b16_cifar10.toml --set gradient_accumulation=1 --set train.test_interval=0)
+      synthetic=(--set 'data.dataset="synthetic"' --set 'data.path=""' --set 'data.transforms=[]'
+        --set 'data.options={ size = 50000, test_size = 0, image_size = 224, channels = 3, num_classes = 10 }')
+      declare -A cifar_ms
+      for dp in 1 2; do
+        launch=()
+        [[ $dp == 2 ]] && launch=("$colossal" run --nproc_per_node 2 --)
+        cli "cifar_synthetic_dp$dp" "${cifar_common[@]}" "${synthetic[@]}" --set "parallel.data=$dp"
+        cifar_ms[synthetic,$dp]=$last_ms
+        for workers in 4 14; do
+          cli "cifar_w${workers}_dp$dp" "${cifar_common[@]}" --set "data.path=\"$out/cifar10\"" \
+            --set "data.num_workers=$workers" --set "parallel.data=$dp"
+          cifar_ms[w$workers,$dp]=$last_ms
+        done
+      done
+      launch=()
+      echo
+      echo "configs/vit_b16_cifar10.toml, ms/iteration, B256 per GPU (ratio to the synthetic run; issue 18 asks <= 1.10)"
+      printf '%-36s %12s %8s %12s %8s\n' run "1 GPU" ratio "dp=2" ratio
+      for row in synthetic w4 w14; do
+        label="stand-in CIFAR-10, ${row#w} workers"
+        [[ $row == synthetic ]] && label="synthetic 224 px, no augmentation"
+        printf '%-36s' "$label"
+        for dp in 1 2; do
+          printf ' '
+          ratio_cells "${cifar_ms[$row,$dp]}" "${cifar_ms[synthetic,$dp]}"
+        done
+        echo
+      done
+      echo
+      echo "the training loader alone (one GPU's share; a step of T ms needs 256000 / T images/s):"
+      "$loader_bench" --config configs/vit_b16_cifar10.toml --set "data.path=\"$out/cifar10\"" --workers 1,2,4,8,14 \
+        --batches 30 --warmup 5 2>&1 | grep -v '^data:'
       ;;
     gpt1.3b)
       for clip in 1.0 0.0; do
@@ -88,6 +154,6 @@ for part in "${parts[@]}"; do
         done
       done
       ;;
-    *) echo "unknown part '$part' (gpt2, images, gpt1.3b, torch)"; exit 2 ;;
+    *) echo "unknown part '$part' (gpt2, images, cifar, gpt1.3b, torch)"; exit 2 ;;
   esac
 done
