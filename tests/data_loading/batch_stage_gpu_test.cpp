@@ -11,6 +11,7 @@
 
 #include <cmath>
 
+#include "batch_stage_cases.h"
 #include "colossal/core/cuda_device.h"
 #include "colossal/core/view.h"  // to_device_raw
 #include "colossal/data/data.h"
@@ -25,17 +26,6 @@ class BatchStageGpu : public ::testing::Test {
   }
 };
 
-Tensor random_images(const Shape& shape, DType dtype, uint64_t seed) {
-  SyntheticImageDataset images(SyntheticImageOptions{.size = shape[0],
-                                                     .image_shape = {shape[1], shape[2], shape[3]},
-                                                     .num_classes = 10,
-                                                     .seed = seed,
-                                                     .dtype = dtype});
-  std::vector<Tensor> list;
-  for (int64_t i = 0; i < shape[0]; ++i) list.push_back(images.get(i).input);
-  return stack_tensors(list, host_empty, "input");
-}
-
 /// Runs `stage` on a copy of `batch` on the GPU and returns the output back on the CPU.
 Tensor run_on_gpu(const BatchStage& stage, const Batch& batch) {
   const Device gpu = core::cuda_device(0);
@@ -47,37 +37,10 @@ Tensor run_on_gpu(const BatchStage& stage, const Batch& batch) {
 }
 
 TEST_F(BatchStageGpu, ImageStageEqualsTheCpuKernelBitForBit) {
-  const MixupOptions mixup{.alpha = 0.4, .num_classes = 10};
-  struct Case {
-    const char* what;
-    DType dtype;
-    Shape input;
-    ImageBatchStageOptions options;
-  };
-  const std::vector<Case> cases = {
-      {"the tutorial's tail: 32 -> 224, normalized, mixed",
-       DType::u8,
-       {6, 3, 32, 32},
-       {.height = 224, .width = 224, .mean = {0.4914, 0.4822, 0.4465}, .std = {0.247, 0.2435, 0.2616}, .mixup = mixup}},
-      {"downscaled with antialias, wide rows",
-       DType::u8,
-       {3, 3, 40, 300},
-       {.height = 9, .width = 130, .mean = {0.5}, .std = {0.2}}},
-      {"downscaled without antialias",
-       DType::u8,
-       {2, 1, 17, 13},
-       {.height = 6, .width = 5, .antialias = false, .mixup = mixup}},
-      {"u8 to float only", DType::u8, {4, 3, 7, 5}, {}},
-      {"f32, normalized and mixed, one image",
-       DType::f32,
-       {1, 2, 5, 7},
-       {.mean = {0.1, -0.2}, .std = {1.5, 0.5}, .mixup = mixup}},
-      {"f32 upscaled", DType::f32, {5, 3, 6, 9}, {.height = 13, .width = 20}},
-  };
-  for (const Case& c : cases) {
+  for (const testing::StageCase& c : testing::image_stage_cases()) {
     SCOPED_TRACE(c.what);
     const ImageBatchStage stage(c.options);
-    Batch batch{.input = random_images(c.input, c.dtype, 41), .target = core::zeros({c.input[0]}, DType::i64)};
+    Batch batch{.input = testing::random_images(c.input, c.dtype, 41), .target = core::zeros({c.input[0]}, DType::i64)};
     core::Generator generator(5);
     stage.prepare(batch, generator, host_empty);
     const Tensor gpu = run_on_gpu(stage, batch);
@@ -141,18 +104,11 @@ TEST_F(BatchStageGpu, LoaderRunsTheStageAfterItsCopy) {
                                .batch_stage = stage});
     DataLoader cpu(augmented, {.batch_size = 8, .shuffle = true, .seed = 4, .batch_stage = stage});
     for (int64_t epoch : {0, 1}) {
-      gpu.set_epoch(epoch);
-      cpu.set_epoch(epoch);
-      int64_t batches = 0;
-      while (true) {
-        std::optional<Batch> g = gpu.next(), c = cpu.next();
-        ASSERT_EQ(g.has_value(), c.has_value());
-        if (!g) break;
-        ASSERT_EQ(g->input.device(), core::cuda_device(0));
-        EXPECT_EQ(g->input.to(core::kCpu).to_vector<float>(), c->input.to_vector<float>());
-        EXPECT_EQ(g->target.to(core::kCpu).to_vector<float>(), c->target.to_vector<float>());
-        ++batches;
-      }
+      const int64_t batches = testing::compare_passes(gpu, cpu, epoch, [](const Batch& g, const Batch& c) {
+        ASSERT_EQ(g.input.device(), core::cuda_device(0));
+        EXPECT_EQ(g.input.to(core::kCpu).to_vector<float>(), c.input.to_vector<float>());
+        EXPECT_EQ(g.target.to(core::kCpu).to_vector<float>(), c.target.to_vector<float>());
+      });
       EXPECT_EQ(batches, 6);  // ceil(45 / 8)
     }
   }

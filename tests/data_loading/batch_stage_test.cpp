@@ -5,6 +5,7 @@
 // are refused naming what is wrong.
 #include <gtest/gtest.h>
 
+#include "batch_stage_cases.h"
 #include "colossal/core/view.h"  // select_raw
 #include "colossal/data/data.h"
 #include "data_test_util.h"
@@ -13,18 +14,9 @@ namespace colossal::data {
 namespace {
 
 using testing::expect_error;
-
-/// Random images [B, C, H, W]: u8 uniform over 0..255, or f32 standard normal.
-Tensor random_images(const Shape& shape, DType dtype, uint64_t seed) {
-  SyntheticImageDataset images(SyntheticImageOptions{.size = shape[0],
-                                                     .image_shape = {shape[1], shape[2], shape[3]},
-                                                     .num_classes = 10,
-                                                     .seed = seed,
-                                                     .dtype = dtype});
-  std::vector<Tensor> list;
-  for (int64_t i = 0; i < shape[0]; ++i) list.push_back(images.get(i).input);
-  return stack_tensors(list, host_empty, "input");
-}
+using testing::image_stage_cases;
+using testing::random_images;
+using testing::StageCase;
 
 Tensor random_labels(int64_t b, int64_t classes) {
   std::vector<int64_t> v;
@@ -56,33 +48,8 @@ Batch staged(const Tensor& images, const Tensor& labels, const ImageBatchStage& 
   return batch;
 }
 
-struct StageCase {
-  const char* what;
-  DType dtype;
-  Shape input;
-  ImageBatchStageOptions options;
-};
-
 TEST(ImageBatchStage, EqualsThePerSampleTransformsAndMixupBitForBit) {
-  const MixupOptions mixup{.alpha = 0.4, .num_classes = 10, .label_smoothing = 0.1};
-  const std::vector<StageCase> cases = {
-      {"u8 upscaled, normalized, mixed (the tutorial's tail)",
-       DType::u8,
-       {5, 3, 8, 10},
-       {.height = 19, .width = 23, .mean = {0.49, 0.48, 0.45}, .std = {0.25, 0.24, 0.26}, .mixup = mixup}},
-      {"u8 downscaled with antialias",
-       DType::u8,
-       {3, 3, 17, 13},
-       {.height = 5, .width = 4, .mean = {0.5}, .std = {0.2}}},
-      {"u8 downscaled without antialias, mixed",
-       DType::u8,
-       {4, 1, 17, 13},
-       {.height = 6, .width = 9, .antialias = false, .mixup = mixup}},
-      {"u8 to float only", DType::u8, {2, 3, 4, 4}, {}},
-      {"f32 normalized and mixed", DType::f32, {6, 2, 5, 7}, {.mean = {0.1, -0.2}, .std = {1.5, 0.5}, .mixup = mixup}},
-      {"f32 resized, one image", DType::f32, {1, 3, 6, 6}, {.height = 11, .width = 3, .mixup = mixup}},
-  };
-  for (const StageCase& c : cases) {
+  for (const StageCase& c : image_stage_cases()) {
     SCOPED_TRACE(c.what);
     const Tensor images = random_images(c.input, c.dtype, 17);
     const Tensor labels = random_labels(c.input[0], 10);
@@ -205,19 +172,13 @@ TEST(DataLoaderWithStage, GivesThePerSamplePipelinesBatchesAtAnyWorkerCount) {
                                        .num_workers = workers,
                                        .batch_stage = std::make_shared<ImageBatchStage>(with_mixup)});
     for (int64_t epoch : {0, 1}) {
-      per_sample.set_epoch(epoch);
-      staged.set_epoch(epoch);
-      int64_t batches = 0;
-      while (true) {
-        std::optional<Batch> want = per_sample.next(), got = staged.next();
-        ASSERT_EQ(want.has_value(), got.has_value());
-        if (!want) break;
-        EXPECT_EQ(got->sample_indices, want->sample_indices);
-        EXPECT_EQ(got->input.shape(), (Shape{static_cast<int64_t>(want->sample_indices.size()), 3, 16, 16}));
-        EXPECT_EQ(got->input.to_vector<float>(), want->input.to_vector<float>());
-        EXPECT_EQ(got->target.to_vector<float>(), want->target.to_vector<float>());
-        ++batches;
-      }
+      const int64_t batches =
+          testing::compare_passes(staged, per_sample, epoch, [](const Batch& got, const Batch& want) {
+            EXPECT_EQ(got.sample_indices, want.sample_indices);
+            EXPECT_EQ(got.input.shape(), (Shape{static_cast<int64_t>(want.sample_indices.size()), 3, 16, 16}));
+            EXPECT_EQ(got.input.to_vector<float>(), want.input.to_vector<float>());
+            EXPECT_EQ(got.target.to_vector<float>(), want.target.to_vector<float>());
+          });
       EXPECT_EQ(batches, 8);  // ceil(29 / 4)
     }
   }
