@@ -4,10 +4,9 @@
 
 #include <cstring>
 
-#include "colossal/core/cuda_device.h"  // synchronize
 #include "colossal/core/error.h"
 #include "colossal/core/parallel_for.h"
-#include "colossal/core/view.h"        // to_device_raw
+#include "colossal/core/view.h"        // select_raw, contiguous_raw
 #include "colossal/data/transforms.h"  // bilinear_taps, to_float_image, resize_bilinear, normalize
 
 namespace colossal::data {
@@ -43,9 +42,7 @@ std::string join(const std::vector<double>& v) {
 
 }  // namespace
 
-Tensor ImageStagePlan::packed(Device device) const {
-  std::lock_guard lock(mutex_);
-  if (auto it = packed_.find(device.index); it != packed_.end()) return it->second;
+std::vector<uint32_t> ImageStagePlan::packed_words() const {
   std::vector<uint32_t> words;
   const auto put_ints = [&](const std::vector<int32_t>& v) {
     for (int32_t x : v) words.push_back(static_cast<uint32_t>(x));
@@ -65,13 +62,7 @@ Tensor ImageStagePlan::packed(Device device) const {
   put_floats(weights_y);
   put_floats(mean);
   put_floats(std);
-  Tensor host = core::empty({static_cast<int64_t>(words.size())}, DType::i32);
-  std::memcpy(host.raw_data(), words.data(), words.size() * sizeof(uint32_t));
-  Tensor on_device = core::to_device_raw(host, device);
-  // Once per plan and device: the tables must be complete before any stream reads them.
-  core::cuda::synchronize(device);
-  packed_.emplace(device.index, on_device);
-  return on_device;
+  return words;
 }
 
 ImageBatchStage::ImageBatchStage(ImageBatchStageOptions options) : options_(std::move(options)) {

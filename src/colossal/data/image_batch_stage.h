@@ -41,14 +41,17 @@ struct ImageStagePlan {
   std::vector<float> weights_x, weights_y;  ///< [out_width, taps_x], [out_height, taps_y]
   std::vector<float> mean, std;             ///< [channels]; empty: no normalisation
 
-  /// The arrays above as one device buffer of 32-bit words, in the order first_x, count_x, first_y,
-  /// count_y, weights_x, weights_y, mean, std; copied to `device` on its first use there (which
-  /// waits for the copy once) and kept.
-  Tensor packed(Device device) const;
+  /// The arrays above as 32-bit words, in the order first_x, count_x, first_y, count_y, weights_x,
+  /// weights_y, mean, std.
+  std::vector<uint32_t> packed_words() const;
+  /// packed_words() in `device` memory, copied there on its first use (which waits for the copy
+  /// once) and kept. Its memory is the driver's, not the stream-ordered pool's, so that no stream's
+  /// order binds it (the plan outlives the loaders' side streams). CUDA builds only.
+  const void* packed(Device device) const;
 
  private:
   mutable std::mutex mutex_;
-  mutable std::map<int, Tensor> packed_;
+  mutable std::map<int, std::shared_ptr<void>> packed_;
 };
 
 /// The stage's kernel for one device: `input` [B, C, H, W] u8 or f32 (contiguous, on the device),

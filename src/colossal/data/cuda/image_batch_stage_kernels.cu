@@ -10,6 +10,23 @@
 #include "colossal/data/image_batch_stage.h"
 
 namespace colossal::data {
+
+const void* ImageStagePlan::packed(Device device) const {
+  std::lock_guard lock(mutex_);
+  if (auto it = packed_.find(device.index); it != packed_.end()) return it->second.get();
+  const std::vector<uint32_t> words = packed_words();
+  core::cuda::DeviceGuard guard(device);
+  void* memory = nullptr;
+  COLOSSAL_CUDA_CHECK(cudaMalloc(&memory, words.size() * sizeof(uint32_t)));
+  std::shared_ptr<void> owner(memory, [](void* p) { (void)cudaFree(p); });
+  COLOSSAL_CUDA_CHECK(cudaMemcpy(memory, words.data(), words.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
+  // A pageable copy may still be in flight when cudaMemcpy returns, and the streams that read the
+  // tables do not order after it: wait once.
+  COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());
+  packed_.emplace(device.index, owner);
+  return memory;
+}
+
 namespace {
 
 constexpr int kThreadsX = 128;
@@ -78,8 +95,7 @@ void image_stage_cuda(const Tensor& input, const Tensor& out, const ImageStagePl
                  "output {} from input {}",
                  out.shape(), input.shape());
   core::cuda::DeviceGuard guard(input.device());
-  const Tensor packed = plan.packed(input.device());
-  const auto* words = static_cast<const int32_t*>(packed.raw_data());
+  const auto* words = static_cast<const int32_t*>(plan.packed(input.device()));
   PlanView view{};
   view.first_x = words;
   view.count_x = view.first_x + out_w;
