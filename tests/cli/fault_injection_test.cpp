@@ -8,7 +8,9 @@
 //     ranks die with it, Note [Children die with the launcher] in cli/run.cpp); nothing hangs;
 //   - the steps logged before the kill are the uninterrupted run's, and `colossal train --resume`
 //     from the checkpoint folder continues from its newest checkpoint with the uninterrupted run's
-//     losses, bit for bit, to the end.
+//     losses, bit for bit, to the end. A killed launcher's ranks that finish the run before they
+//     die leave nothing to resume: that run is repeated with an earlier kill (Note [A killed
+//     launcher's ranks may outrun the kill]).
 // Every seed is printed before its run; a failure names it. COLOSSAL_FAULT_SEED=S repeats a set of
 // runs (seeds S, S+1, ...; without it S is drawn at random and printed), COLOSSAL_FAULT_RUNS=N sets
 // the runs per test (default kDefaultRuns, what CI affords; the ctest entry
@@ -417,36 +419,75 @@ TEST_F(FaultInjection, AKilledRankEndsTheJobNamingItAndResumeRepeatsTheLosses) {
   std::printf("fault injection: a killed rank: the slowest job ended %.2f s after its kill\n", slowest);
 }
 
+// Note [A killed launcher's ranks may outrun the kill]
+// A killed launcher's ranks do not die at once: the kernel sends mpirun SIGTERM, mpirun stops its
+// ranks, and about a second goes by (1.05 to 1.16 s here), in which the ranks go on training. With the
+// kill in the first quarter of the run that leaves them seconds of work, but a loaded machine can
+// stretch that second (and the test's own poll) past the rest of the run: the ranks then log the last
+// step and the resume has nothing to do. Such a run has still shown what it can (its ranks died within
+// kEndBoundSeconds, its steps were the uninterrupted run's), so it is not a failure but no test of the
+// resume either: it is run again, up to kLauncherAttempts times, with the kill at kFirstKillStep, the
+// most work left behind it. Only where every attempt ran to the end does the test fail, as its ranks
+// then went on for the whole run after the launcher was gone.
+constexpr int kLauncherAttempts = 3;
+
 TEST_F(FaultInjection, AKilledLauncherTakesItsRanksAndResumeRepeatsTheLosses) {
   double slowest = 0;
   for (const uint64_t seed : seeds("a killed launcher")) {
     const Draw d = draw(seed);
-    std::printf("fault injection: seed %llu: SIGKILL the launcher when step %lld is logged\n",
-                static_cast<unsigned long long>(seed), static_cast<long long>(d.step));
-    std::fflush(stdout);
-    SCOPED_TRACE(fmt::format("seed {} (launcher, step {}; COLOSSAL_FAULT_SEED={} COLOSSAL_FAULT_RUNS=1 repeats it)",
-                             seed, d.step, seed));
-    const std::string name = fmt::format("launcher_seed{}", seed);
-    const fs::path checkpoints = dir_ / (name + "_ckpt");
-    Job job(dir_, name, train_args(checkpoints));
-    ASSERT_TRUE(job.wait_for_step(d.step)) << "the job ended before step " << d.step << ":\n" << job.log();
-    ASSERT_EQ(::kill(job.launcher(), SIGKILL), 0);
-    const auto killed = Clock::now();
-    const std::optional<int> status = job.wait_exit(kEndBoundSeconds);
-    ASSERT_TRUE(status.has_value());
-    EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << "the launcher ended before the kill";
-    std::vector<JobProcess> left = job.processes();
-    while (!left.empty() && Clock::now() - killed < std::chrono::duration<double>(kEndBoundSeconds)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      left = job.processes();
+    int64_t kill_step = d.step;
+    for (int attempt = 1; attempt <= kLauncherAttempts; ++attempt) {
+      const std::string again = attempt > 1 ? fmt::format(" (attempt {} of {})", attempt, kLauncherAttempts) : "";
+      std::printf("fault injection: seed %llu: SIGKILL the launcher when step %lld is logged%s\n",
+                  static_cast<unsigned long long>(seed), static_cast<long long>(kill_step), again.c_str());
+      std::fflush(stdout);
+      SCOPED_TRACE(
+          fmt::format("seed {} (launcher, step {}, attempt {}; COLOSSAL_FAULT_SEED={} COLOSSAL_FAULT_RUNS=1 "
+                      "repeats it)",
+                      seed, kill_step, attempt, seed));
+      const std::string name = fmt::format("launcher_seed{}_attempt{}", seed, attempt);
+      const fs::path checkpoints = dir_ / (name + "_ckpt");
+      Job job(dir_, name, train_args(checkpoints));
+      ASSERT_TRUE(job.wait_for_step(kill_step)) << "the job ended before step " << kill_step << ":\n" << job.log();
+      ASSERT_EQ(::kill(job.launcher(), SIGKILL), 0);
+      const auto killed = Clock::now();
+      const std::map<int64_t, double> at_kill = logged_steps(job.metrics());
+      const std::optional<int> status = job.wait_exit(kEndBoundSeconds);
+      ASSERT_TRUE(status.has_value());
+      EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << "the launcher ended before the kill";
+      std::vector<JobProcess> left = job.processes();
+      while (!left.empty() && Clock::now() - killed < std::chrono::duration<double>(kEndBoundSeconds)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        left = job.processes();
+      }
+      const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
+      slowest = std::max(slowest, seconds);
+      const std::map<int64_t, double> logged = logged_steps(job.metrics());
+      const int64_t last_at_kill = at_kill.empty() ? 0 : at_kill.rbegin()->first;
+      const int64_t last = logged.empty() ? 0 : logged.rbegin()->first;
+      std::printf(
+          "fault injection: seed %llu: the last process of the job ended %.2f s after the kill (step %lld logged at "
+          "the kill, %lld last)\n",
+          static_cast<unsigned long long>(seed), seconds, static_cast<long long>(last_at_kill),
+          static_cast<long long>(last));
+      ASSERT_TRUE(left.empty()) << "still running " << kEndBoundSeconds
+                                << " s after the launcher was killed: " << describe(left);
+      if (last < kSteps) {
+        expect_resume_repeats_the_losses(job, checkpoints, name + "_resumed");
+        break;
+      }
+      // Note [A killed launcher's ranks may outrun the kill]
+      for (const auto& [step, loss] : logged) EXPECT_EQ(loss, reference_.at(step)) << "step " << step;
+      std::printf(
+          "fault injection: seed %llu: the ranks ran to the last step, %lld, before they died: nothing to "
+          "resume\n",
+          static_cast<unsigned long long>(seed), static_cast<long long>(kSteps));
+      ASSERT_LT(attempt, kLauncherAttempts)
+          << "in each of " << kLauncherAttempts << " runs the ranks went on to the last step, " << kSteps
+          << ", after the launcher was killed (this one at step " << last_at_kill << ", " << seconds
+          << " s before its last process ended): they do not die with the launcher";
+      kill_step = kFirstKillStep;
     }
-    const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
-    slowest = std::max(slowest, seconds);
-    std::printf("fault injection: seed %llu: the last process of the job ended %.2f s after the kill\n",
-                static_cast<unsigned long long>(seed), seconds);
-    ASSERT_TRUE(left.empty()) << "still running " << kEndBoundSeconds
-                              << " s after the launcher was killed: " << describe(left);
-    expect_resume_repeats_the_losses(job, checkpoints, name + "_resumed");
     if (HasFailure()) break;
   }
   std::printf("fault injection: a killed launcher: the slowest job ended %.2f s after its kill\n", slowest);
