@@ -12,6 +12,12 @@
 #
 #   tools/gpu-check --run bench/compare/zero_memory.sh [gpt2] [gpt2-medium] [gpt2-large] [gpt2-xl]
 # (default: gpt2-medium gpt2-xl). COLOSSAL=path/to/colossal, OUT=folder for logs and metrics.
+#
+# Then the optimizer offload on ONE GPU (zero.offload_optimizer, Note [Optimizer offload] in
+# parallel/zero/host_offload.cpp), GPT-2 medium at dp = 1: ZeRO-2 without offload, with it and clipping
+# (the host steps after backward), and with it and no clipping (buckets stepped on the host during
+# backward): ms/step, tokens/s, MFU and the device's model states beside the host's (host=, pinned=).
+# OFFLOAD=0 skips these runs; OFFLOAD_SIZE picks another size.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 sizes=("$@")
@@ -22,13 +28,14 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0
 python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
 
-report() {  # name, metrics file, log file, layers, width, stage
+report() {  # name, metrics file, log file, layers, width, stage, [data-parallel GPUs]
   python3 - "$@" <<'PY'
 import json, re, sys
 name, path, log, L, C, stage = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+nd = int(sys.argv[7]) if len(sys.argv) > 7 else 2
 pts = [(j["step"], j["wall_s"]) for j in map(json.loads, open(path)) if j.get("event") == "step" and "wall_s" in j]
 pts = [p for p in pts if 10 <= p[0] <= 30]
-V, T, B, nd = 50304, 1024, 4, 2
+V, T, B = 50304, 1024, 4
 n = L * (12 * C * C + 13 * C) + V * C + 2 * C  # without wpe
 psi = n + T * C                                # every parameter, wpe included
 if len(pts) >= 2:
@@ -51,18 +58,21 @@ print(f"  model states {gib(mib('model_states', mem) * 2**20):.2f} GiB (paramete
 PY
 }
 
-run() {  # name, layers, width, heads, stage
-  local name=$1 L=$2 C=$3 H=$4 stage=$5
+run() {  # name, layers, width, heads, stage, [GPUs, extra --set arguments...]
+  local name=$1 L=$2 C=$3 H=$4 stage=$5 gpus=${6:-2}
+  shift 6 2>/dev/null || shift $#
   local args=(train --config configs/gpt2_tokens.toml --set "data.path=\"$out/tokens.bin\"" --set 'data.test_path=""'
     --set gradient_accumulation=1 --set bf16=true --set data.batch_size=4 --set lr_scheduler.warmup_steps=5
     --set "model.options={ vocab_multiple = 64, dropout = 0.0, n_layer = $L, n_embd = $C, n_head = $H }"
-    --set parallel.data=2 --set zero.stage="$stage"
+    --set parallel.data="$gpus" --set zero.stage="$stage"
     --set train.max_steps=30 --set train.log_interval=5 --set train.progress=false --set 'train.checkpoint_dir=""'
     --metrics "$out/$name.jsonl")
-  if ! "$colossal" run --nproc_per_node 2 -- "$colossal" "${args[@]}" > "$out/$name.log" 2>&1; then
+  for extra in "$@"; do args+=(--set "$extra"); done
+  if ! "$colossal" run --nproc_per_node "$gpus" -- "$colossal" "${args[@]}" > "$out/$name.log" 2>&1; then
     echo "$name: FAILED"; tail -8 "$out/$name.log"; return
   fi
-  report "$name" "$out/$name.jsonl" "$out/$name.log" "$L" "$C" "$stage"
+  report "$name" "$out/$name.jsonl" "$out/$name.log" "$L" "$C" "$stage" "$gpus"
+  grep "| memory |" "$out/$name.log" | grep Epoch | tail -1 | grep -o "host=.*" | sed 's/^/  offload: /'
 }
 
 for size in "${sizes[@]}"; do
@@ -82,3 +92,15 @@ for size in "${sizes[@]}"; do
   torchrun --nproc_per_node 2 bench/compare/fsdp2_step.py --layers "${shape[0]}" --width "${shape[1]}" \
     --heads "${shape[2]}" 2>&1 | grep FSDP2 || echo "${size} FSDP2: FAILED"
 done
+
+if [[ ${OFFLOAD:-1} == 1 ]]; then
+  case ${OFFLOAD_SIZE:-gpt2-medium} in
+    gpt2) shape=(12 768 12) ;; gpt2-medium) shape=(24 1024 16) ;; gpt2-large) shape=(36 1280 20) ;;
+    gpt2-xl) shape=(48 1600 25) ;; *) echo "unknown OFFLOAD_SIZE"; exit 2 ;;
+  esac
+  size=${OFFLOAD_SIZE:-gpt2-medium}
+  # With offload the masters and moments are on the host: the paper's formula's K Psi is not on the GPU.
+  run "${size}_1gpu_zero2" "${shape[@]}" 2 1
+  run "${size}_1gpu_zero2_offload_clip" "${shape[@]}" 2 1 zero.offload_optimizer=true
+  run "${size}_1gpu_zero2_offload_noclip" "${shape[@]}" 2 1 zero.offload_optimizer=true clip_grad_norm=0
+fi

@@ -3,6 +3,10 @@
 // the serial run's losses, and its checkpoint (every data rank takes part in the save: each holds a
 // shard of the AdamW moments) is the file the serial run writes after the same steps; that file
 // resumes at dp = 2 without ZeRO and under ZeRO-1, each continuing with the uninterrupted run's losses.
+// The same with the optimizer on the host (zero.offload_optimizer: its masters and moments are host
+// shards, gathered the same way), and under ZeRO over the data group of a dp2 x tp2 layout (tensor
+// shards and ZeRO shards both gathered into the serial tensors); the serial file resumes at dp = 1
+// with offload.
 // Tolerance 1e-5 relative (the layout harness's f32 bound: the same sums in another order).
 #include <gtest/gtest.h>
 
@@ -58,11 +62,14 @@ fs::path shared_dir() {
 
 /// Trains the config with `overrides` over `group` as its data-parallel ranks (every rank of it calls
 /// this); returns the losses by update that the group's rank 0 wrote (empty on the other ranks).
+/// `tensor` ranks of the group form each tensor-parallel group (the rest is data parallelism).
 std::map<int64_t, double> train(const fs::path& dir, const std::shared_ptr<comm::ProcessGroup>& group,
-                                const std::string& name, std::vector<std::string> overrides) {
+                                const std::string& name, std::vector<std::string> overrides, int tensor = 1) {
   const fs::path metrics = dir / (name + ".jsonl");
-  overrides.push_back("parallel.data=" + std::to_string(group->size()));
-  overrides.push_back("data.batch_size=" + std::to_string(4 / group->size()));
+  const int data = group->size() / tensor;
+  overrides.push_back("parallel.data=" + std::to_string(data));
+  overrides.push_back("parallel.tensor.size=" + std::to_string(tensor));
+  overrides.push_back("data.batch_size=" + std::to_string(4 / data));
   {
     initialize::TrainingRun run(
         initialize::load_run_config(dir / "c.toml", overrides),
@@ -137,6 +144,58 @@ TEST(ZeroCheckpoint, SavedUnderZeroResumesWithoutItAndTheReverse) {
     if (rank == 0) expect_same_losses(plain, serial, 3, "zero2 dp2 -> dp2 without ZeRO");
     const auto zero1 = train(dir, pair, "zero2_to_zero1", {resume_from(dir / "zero2" / step3), "zero.stage=1"});
     if (rank == 0) expect_same_losses(zero1, serial, 3, "zero2 dp2 -> zero1 dp2");
+  }
+  world().barrier();
+  if (rank == 0) fs::remove_all(dir);
+}
+
+TEST(ZeroCheckpoint, OffloadAndTensorParallelSaveTheSerialFile) {
+  const fs::path dir = shared_dir();
+  const int rank = world().rank();
+  const std::shared_ptr<comm::ProcessGroup> pair = world().split(rank < 2 ? 0 : comm::kNoColor, rank);
+  const std::shared_ptr<comm::ProcessGroup> alone = comm::single_process_group(Device(core::DeviceType::cpu));
+  const fs::path step3 = "epoch0-step3.safetensors";
+  const std::string every3 = "train.checkpoint_steps=3";
+
+  std::map<int64_t, double> serial, offload;
+  if (rank == 0) serial = train(dir, alone, "serial", {checkpoint_dir(dir, "serial"), every3});
+  if (pair) {
+    offload = train(dir, pair, "offload",
+                    {checkpoint_dir(dir, "offload"), every3, "zero.stage=2", "zero.offload_optimizer=true"});
+  }
+  world().barrier();
+  if (rank == 0) {
+    expect_same_losses(offload, serial, 6, "zero2 offload dp2");
+    expect_same_tensors(dir / "offload" / step3, dir / "serial" / step3);
+  }
+  world().barrier();
+  if (pair) {
+    // The offloaded run's file continues without ZeRO (the run keeps the data-parallel size).
+    const auto plain = train(dir, pair, "offload_to_dp2", {resume_from(dir / "offload" / step3), "zero.stage=0"});
+    if (rank == 0) expect_same_losses(plain, serial, 3, "zero2 offload dp2 -> dp2 without ZeRO");
+  }
+  if (rank == 0) {
+    // One GPU's way: the serial file resumes at dp = 1 with the optimizer on the host.
+    const auto one = train(dir, alone, "serial_to_offload",
+                           {resume_from(dir / "serial" / step3), "zero.stage=1", "zero.offload_optimizer=true"});
+    expect_same_losses(one, serial, 3, "serial -> zero1 offload dp1");
+  }
+  world().barrier();
+  if (world().size() == 4) {
+    // ZeRO-2 over the data group of dp2 x tp2: the same serial file; it resumes at dp2 without either.
+    const std::shared_ptr<comm::ProcessGroup> all = world().split(0, rank);
+    const auto tp = train(dir, all, "dp2_tp2_zero2", {checkpoint_dir(dir, "dp2_tp2_zero2"), every3, "zero.stage=2"},
+                          /*tensor=*/2);
+    if (rank == 0) {
+      expect_same_losses(tp, serial, 6, "zero2 dp2 x tp2");
+      expect_same_tensors(dir / "dp2_tp2_zero2" / step3, dir / "serial" / step3);
+    }
+    world().barrier();
+    if (pair) {
+      const auto back =
+          train(dir, pair, "dp2_tp2_to_dp2", {resume_from(dir / "dp2_tp2_zero2" / step3), "zero.stage=0"});
+      if (rank == 0) expect_same_losses(back, serial, 3, "zero2 dp2 x tp2 -> dp2");
+    }
   }
   world().barrier();
   if (rank == 0) fs::remove_all(dir);

@@ -121,7 +121,8 @@ Trace run(const HarnessCase& c, std::shared_ptr<const parallel::ParallelContext>
     Values grads;
     if (parallel::zero::ZeroHandler* z = e.zero()) {
       // Each rank holds its shard's gradients: gathered whole (f32), as the update uses them.
-      for (const auto& [name, g] : z->gather_gradients()) grads[name] = host_f64(g);
+      // Under tensor parallelism that is this tensor rank's tensor: gathered over the tensor group too.
+      for (const auto& [name, g] : z->gather_gradients()) grads[name] = host_f64(whole(name, g));
       trace.grads.push_back(std::move(grads));
       return;
     }
@@ -179,6 +180,7 @@ std::string Layout::name() const {
                      : data == 1 ? fmt::format("tp{}", tensor)
                                  : fmt::format("dp{}_tp{}", data, tensor);
   if (zero > 0) name += fmt::format("_zero{}", zero);
+  if (zero_offload) name += "_offload";
   if (zero == 3) {
     name += zero_placement == parallel::zero::Placement::cuda  ? "_cuda"
             : zero_placement == parallel::zero::Placement::cpu ? "_cpu"
@@ -215,6 +217,7 @@ HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& l
                                        .placement = layout.zero_placement,
                                        .device_budget_bytes = layout.zero_device_budget_bytes};
   }
+  if (zero) zero->offload_optimizer = layout.zero_offload;
   const Trace parallel = run(c, context, device, context->rank(parallel::GroupKind::kData), c.global_batch / dp, zero);
 
   report.skipped_steps = std::count(parallel.skipped.begin(), parallel.skipped.end(), true);

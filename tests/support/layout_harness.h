@@ -48,6 +48,8 @@ struct Layout {
   int64_t zero_bucket_bytes = 512;
   /// ZeRO's granularity; unset: the optimizer's default (parallel::zero::uses_tensor_norms).
   std::optional<parallel::zero::Granularity> zero_granularity;
+  /// Stages 1 and 2: the optimizer on the host (zero.offload_optimizer; Adam, AdamW or LAMB).
+  bool zero_offload = false;
   /// Stage 3: chunk bytes (small, so that a unit spans several chunks and parameters split between
   /// ranks), the shards' placement and "auto"'s device budget (small, so that it evicts).
   int64_t zero_chunk_bytes = 256;

@@ -206,6 +206,12 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
     }
     optimizer_->scale_gradients_in_next_step(optim::clip_coefficient(result.grad_norm, *max_norm));
   }
+  if (optimizer_step_) {
+    // ZeRO's optimizer offload: the host step, which writes the model's parameters itself.
+    optimizer_step_();
+    result.stepped = true;
+    return result;
+  }
   {
     core::profiler::Scope scope("update: optimizer step", device);
     optimizer_->step();

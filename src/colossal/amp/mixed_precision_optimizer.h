@@ -152,6 +152,12 @@ class MixedPrecisionOptimizer {
   /// Whether shard_masters was called.
   bool masters_sharded() const { return sharded_; }
 
+  /// Replaces step()'s inner optimizer.step() and its copy of the masters into the model with `step`
+  /// (ZeRO's optimizer offload, parallel/zero/low_level_zero.h: the masters are on the host, stepped
+  /// there, and the handler brings the model's parameters back); unscaling, the overflow check and
+  /// clipping's factor (handed over through the optimizer's scale_gradients_in_next_step) stay as
+  /// they are. An empty function restores the default.
+  void set_optimizer_step(std::function<void()> step) { optimizer_step_ = std::move(step); }
   /// Installs the overflow-flag reduction (see FoundInfSync); an empty function restores the default.
   void set_found_inf_sync(FoundInfSync sync) { found_inf_sync_ = std::move(sync); }
   /// Installs the gradient-norm function clipping uses (see GradNormFn); an empty function restores
@@ -189,6 +195,7 @@ class MixedPrecisionOptimizer {
   std::vector<Tensor> shard_targets_;  // per master: where it is written back (empty: model_slices' default)
   FoundInfSync found_inf_sync_;
   GradNormFn grad_norm_;
+  std::function<void()> optimizer_step_;  // set_optimizer_step's, replacing the inner step
 };
 
 }  // namespace colossal::amp

@@ -155,9 +155,14 @@ struct Fp16Config {
 struct ZeroConfig {
   int stage = 0;                                          ///< 0: off
   ZeroPlacement placement_policy = ZeroPlacement::kCuda;  ///< stage 3 only (anything but cuda needs it)
-  bool offload_optimizer = false;  ///< keep optimizer states and fp32 master weights on the host and step there
-  int chunk_size_mb = 32;          ///< stage 3: parameters are managed in chunks of this many MiB
-  int reduce_bucket_mb = 25;       ///< stages 1-2: gradients are reduce-scattered in buckets of this many MiB
+  /// Stages 1 and 2: this rank's fp32 master weights and optimizer moments live in host memory and the
+  /// optimizer steps there, multi-threaded and vectorised (optimizer.name adam, adamw or lamb;
+  /// parallel/zero/host_offload.h), the gradients copied over bucket by bucket during backward, the
+  /// updated parameters copied back; buckets are stepped during backward too unless clipping or fp16
+  /// loss scaling needs all gradients first. Works at parallel.data = 1 (one GPU plus host memory).
+  bool offload_optimizer = false;
+  int chunk_size_mb = 32;     ///< stage 3: parameters are managed in chunks of this many MiB
+  int reduce_bucket_mb = 25;  ///< stages 1-2: gradients are reduce-scattered in buckets of this many MiB
 
   friend bool operator==(const ZeroConfig&, const ZeroConfig&) = default;
 };

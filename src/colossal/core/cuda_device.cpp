@@ -280,6 +280,20 @@ bool is_pinned(const Tensor& t) {
   return attributes.type == cudaMemoryTypeHost;
 }
 
+void copy_async(const Tensor& dst, const Tensor& src, Stream stream) {
+  COLOSSAL_CHECK(dst.is_contiguous() && src.is_contiguous() && dst.dtype() == src.dtype() &&
+                     dst.numel() == src.numel() && (dst.device().is_cuda() || src.device().is_cuda()),
+                 "copy_async: needs contiguous tensors of one dtype and size, at least one on a GPU; got {} {} on {} "
+                 "and {} {} on {}",
+                 dst.dtype(), dst.shape(), dst.device(), src.dtype(), src.shape(), src.device());
+  if (dst.numel() == 0) return;
+  const cudaMemcpyKind kind = dst.device().is_cuda() && src.device().is_cuda() ? cudaMemcpyDeviceToDevice
+                              : dst.device().is_cuda()                         ? cudaMemcpyHostToDevice
+                                                                               : cudaMemcpyDeviceToHost;
+  DeviceGuard guard(stream.device);
+  COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), kind, as_cuda(stream)));
+}
+
 DeviceProperties properties(int device) {
   check_device_index(device);
   cudaDeviceProp p;
@@ -398,6 +412,9 @@ Tensor pinned_empty(const Shape&, DType) {
 }
 bool is_pinned(const Tensor&) {
   return false;
+}
+void copy_async(const Tensor&, const Tensor&, Stream) {
+  no_cuda("copy_async");
 }
 DeviceProperties properties(int) {
   no_cuda("properties");

@@ -108,6 +108,12 @@ class Event {
 /// Page-locked host memory, so host<->device copies run asynchronously at full speed.
 Tensor pinned_empty(const Shape& shape, DType dtype);
 bool is_pinned(const Tensor& t);
+/// dst <- src on `stream` without waiting for it: contiguous tensors of one dtype and size, one in
+/// pinned host memory and the other on a GPU (or both on GPUs). The host may read dst, and src may be
+/// reused, once `stream` has passed the copy (an Event recorded after it); tensors allocated on
+/// another stream must be kept alive by the caller until then. ZeRO's offload copies gradient shards
+/// to the host and parameters back this way, overlapping the copies with compute.
+void copy_async(const Tensor& dst, const Tensor& src, Stream stream);
 
 struct DeviceProperties {
   std::string name;

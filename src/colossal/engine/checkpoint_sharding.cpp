@@ -109,7 +109,12 @@ CheckpointSharding::CheckpointSharding(Engine& engine) : zero_(engine.zero()) {
       if (it != names.end()) names.emplace(amp->master_params()[k].impl(), it->second);
     }
   }
+  if (zero_ != nullptr) {
+    // The optimizer steps ZeRO's 1-D shards, index-aligned with the handler's parameter names.
+    optimizer_names_ = zero_->param_names();
+  }
   for (const optim::ParamGroup& param_group : engine.optimizer().param_groups()) {
+    if (zero_ != nullptr) break;
     for (const Tensor& parameter : param_group.params) {
       auto it = names.find(parameter.impl());
       COLOSSAL_CHECK(it != names.end(),
@@ -300,12 +305,13 @@ nn::StateDict CheckpointSharding::gather_model(const nn::StateDict& model) const
 }
 
 optim::StateDict CheckpointSharding::gather_optimizer(const optim::StateDict& optimizer) const {
-  if (zero_ != nullptr) return zero_->gather_optimizer_state(optimizer);  // ZeRO has no tensor group
+  // ZeRO's data-group shards first (into this tensor rank's tensors), then the tensor group's.
+  const optim::StateDict tensor_rank = zero_ != nullptr ? zero_->gather_optimizer_state(optimizer) : optimizer;
   optim::StateDict whole;
   if (active()) {
-    for (const auto& [key, tensor] : optimizer) whole.emplace(key, gather(tensor, optimizer_spec(key, tensor)));
+    for (const auto& [key, tensor] : tensor_rank) whole.emplace(key, gather(tensor, optimizer_spec(key, tensor)));
   } else {
-    whole = optimizer;
+    whole = tensor_rank;
   }
   if (!pipelined() || !pipeline_gathers_) return whole;
   std::vector<std::pair<std::string, Tensor>> local;
@@ -334,12 +340,12 @@ optim::StateDict CheckpointSharding::gather_optimizer(const optim::StateDict& op
 }
 
 optim::StateDict CheckpointSharding::gather_amp(const optim::StateDict& amp) const {
-  if (zero_ != nullptr) return zero_->gather_amp_state(amp);
+  const optim::StateDict tensor_rank = zero_ != nullptr ? zero_->gather_amp_state(amp) : amp;
   optim::StateDict whole;
   if (active()) {
-    for (const auto& [key, tensor] : amp) whole.emplace(key, gather(tensor, amp_spec(key)));
+    for (const auto& [key, tensor] : tensor_rank) whole.emplace(key, gather(tensor, amp_spec(key)));
   } else {
-    whole = amp;
+    whole = tensor_rank;
   }
   if (!pipelined() || !pipeline_gathers_) return whole;
   constexpr std::string_view kMaster = "master.";
@@ -391,7 +397,6 @@ nn::StateDict CheckpointSharding::shard_model(const nn::StateDict& model) const 
 }
 
 optim::StateDict CheckpointSharding::shard_optimizer(const optim::StateDict& optimizer) const {
-  if (zero_ != nullptr) return zero_->shard_optimizer_state(optimizer);
   optim::StateDict stage;
   if (pipelined()) {
     std::map<size_t, size_t> to_stage;  // serial index -> this stage's
@@ -431,16 +436,19 @@ optim::StateDict CheckpointSharding::shard_optimizer(const optim::StateDict& opt
   } else {
     stage = optimizer;
   }
-  if (!active()) return stage;
   optim::StateDict out;
-  for (const auto& [key, tensor] : stage) {
-    out.emplace(key, shard("optimizer." + key, tensor, optimizer_spec(key, tensor)));
+  if (active()) {
+    for (const auto& [key, tensor] : stage) {
+      out.emplace(key, shard("optimizer." + key, tensor, optimizer_spec(key, tensor)));
+    }
+  } else {
+    out = std::move(stage);
   }
-  return out;
+  // This tensor rank's tensors, then ZeRO's data-group shard of them.
+  return zero_ != nullptr ? zero_->shard_optimizer_state(out) : out;
 }
 
 optim::StateDict CheckpointSharding::shard_amp(const optim::StateDict& amp) const {
-  if (zero_ != nullptr) return zero_->shard_amp_state(amp);
   optim::StateDict stage;
   if (pipelined()) {
     constexpr std::string_view kMaster = "master.";
@@ -456,10 +464,13 @@ optim::StateDict CheckpointSharding::shard_amp(const optim::StateDict& amp) cons
   } else {
     stage = amp;
   }
-  if (!active()) return stage;
   optim::StateDict out;
-  for (const auto& [key, tensor] : stage) out.emplace(key, shard("amp." + key, tensor, amp_spec(key)));
-  return out;
+  if (active()) {
+    for (const auto& [key, tensor] : stage) out.emplace(key, shard("amp." + key, tensor, amp_spec(key)));
+  } else {
+    out = std::move(stage);
+  }
+  return zero_ != nullptr ? zero_->shard_amp_state(out) : out;
 }
 
 }  // namespace colossal::engine

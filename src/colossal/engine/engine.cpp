@@ -44,16 +44,29 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
   // After the mixed-precision conversion: the gradient hooks sit on the tensors backward fills.
   if (options_.zero) {
     COLOSSAL_CHECK(!options_.gradient_handler, "Engine: options.zero and options.gradient_handler are exclusive");
-    COLOSSAL_CHECK(context_->layout().tensor_size() == 1 && context_->layout().pipeline_size() == 1,
-                   "zero.stage = {} with parallel.tensor.size = {} and parallel.pipeline = {}: ZeRO shards over the "
-                   "data-parallel group of a data-parallel-only layout so far; set both to 1",
-                   options_.zero->stage, context_->layout().tensor_size(), context_->layout().pipeline_size());
+    // Stages 1 and 2 shard each tensor rank's own parameters over its data group (dp x tp).
+    COLOSSAL_CHECK(
+        context_->layout().pipeline_size() == 1 && (options_.zero->stage < 3 || context_->layout().tensor_size() == 1),
+        "zero.stage = {} with parallel.tensor.size = {} and parallel.pipeline = {}: ZeRO shards over the "
+        "data-parallel group of a layout without a pipeline (stages 1 and 2 also with tensor "
+        "parallelism); set parallel.pipeline = 1{}",
+        options_.zero->stage, context_->layout().tensor_size(), context_->layout().pipeline_size(),
+        options_.zero->stage == 3 ? " and parallel.tensor.size = 1" : "");
     if (options_.zero->stage == 3) {
       gradient_handler_ = std::make_unique<parallel::zero::Zero3>(
           *model_, *optimizer_, amp_.get(), context_->group(parallel::GroupKind::kData), *options_.zero);
     } else {
-      gradient_handler_ = std::make_unique<parallel::zero::LowLevelZero>(
-          *model_, *optimizer_, amp_.get(), context_->group(parallel::GroupKind::kData), *options_.zero);
+      parallel::zero::ZeroOptions zero_options = *options_.zero;
+      // Offload steps buckets during backward only where no statistic of all gradients (clipping's
+      // norm, fp16's overflow check) must come first (Note [Optimizer offload]).
+      zero_options.step_during_backward =
+          zero_options.offload_optimizer && !options_.clip_grad_norm && (amp_ == nullptr || amp_->scaler() == nullptr);
+      auto low_level = std::make_unique<parallel::zero::LowLevelZero>(
+          *model_, *optimizer_, amp_.get(), context_->group(parallel::GroupKind::kData), zero_options);
+      if (amp_ && low_level->offloads_optimizer()) {
+        amp_->set_optimizer_step([handler = low_level.get()] { handler->step_on_host(); });
+      }
+      gradient_handler_ = std::move(low_level);
     }
   } else if (options_.gradient_handler) {
     gradient_handler_ = options_.gradient_handler(*model_, *context_);
@@ -73,6 +86,11 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
       for (size_t k = 0; k < names.size(); ++k) {
         auto it = specs.find(names[k]);
         if (it != specs.end() && it->second.replicated()) replicated.push_back(amp_->master_params()[k]);
+      }
+    } else if (parallel::zero::ZeroHandler* z = zero()) {
+      // The optimizer steps the shards, whose gradients the norm reads.
+      for (size_t k = 0; k < z->param_names().size(); ++k) {
+        if (specs.at(z->param_names()[k]).replicated()) replicated.push_back(z->shards()[k]);
       }
     } else {
       for (const auto& [name, p] : model_->named_parameters()) {
@@ -153,7 +171,12 @@ void Engine::update() {
       optimizer_->scale_gradients_in_next_step(optim::clip_coefficient(last_grad_norm_, *options_.clip_grad_norm));
     }
     core::profiler::Scope scope("update: optimizer step", device_);
-    optimizer_->step();
+    auto* low_level = dynamic_cast<parallel::zero::LowLevelZero*>(gradient_handler_.get());
+    if (low_level != nullptr && low_level->offloads_optimizer()) {
+      low_level->step_on_host();  // ZeRO's optimizer offload (Note [Optimizer offload])
+    } else {
+      optimizer_->step();
+    }
   }
   if (gradient_handler_) gradient_handler_->after_update(!last_step_skipped_);
   zero_grad();

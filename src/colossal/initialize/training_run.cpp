@@ -89,18 +89,20 @@ void reject_unsupported(const TrainConfig& c) {
     }
   }
   if (c.zero.stage > 0) {
-    // ZeRO stages 1 and 2: parallel/zero/low_level_zero.h, stage 3: parallel/zero/zero3.h, over the
-    // data group of a data-only layout.
-    if (c.parallel.pipeline > 1 || c.parallel.tensor.size > 1) {
+    // ZeRO stages 1 and 2: parallel/zero/low_level_zero.h, over the data group (of each tensor rank's
+    // parameters under tensor parallelism); stage 3: parallel/zero/zero3.h, of a data-only layout.
+    if (c.parallel.pipeline > 1 || (c.zero.stage == 3 && c.parallel.tensor.size > 1)) {
       unsupported(
           fmt::format("zero.stage = {} with parallel.pipeline = {} and parallel.tensor.size = {}: ZeRO shards "
-                      "over a data-parallel-only layout so far; set both to 1 or zero.stage = 0",
-                      c.zero.stage, c.parallel.pipeline, c.parallel.tensor.size));
+                      "over a layout without a pipeline (stages 1 and 2 also with tensor parallelism) so far; set "
+                      "parallel.pipeline = 1{} or zero.stage = 0",
+                      c.zero.stage, c.parallel.pipeline, c.parallel.tensor.size,
+                      c.zero.stage == 3 ? " and parallel.tensor.size = 1" : ""));
     }
-    if (c.zero.offload_optimizer) {
+    if (c.zero.offload_optimizer && c.zero.stage == 3) {
       unsupported(
-          fmt::format("zero.offload_optimizer = true with zero.stage = {}: optimizer offload is not built "
-                      "yet; set it to false",
+          fmt::format("zero.offload_optimizer = true with zero.stage = {}: optimizer offload is built for "
+                      "stages 1 and 2; set it to false or zero.stage = 1 or 2",
                       c.zero.stage));
     }
   }
@@ -349,6 +351,7 @@ void TrainingRun::build_engine() {
   if (c.zero.stage > 0) {
     eo.zero = parallel::zero::ZeroOptions{.stage = c.zero.stage,
                                           .reduce_bucket_bytes = int64_t{c.zero.reduce_bucket_mb} << 20};
+    eo.zero->offload_optimizer = c.zero.offload_optimizer;       // stages 1 and 2 (Note [Optimizer offload])
     eo.zero->chunk_bytes = int64_t{c.zero.chunk_size_mb} << 20;  // stage 3's chunks and placement
     eo.zero->placement = c.zero.placement_policy == config::ZeroPlacement::kCpu    ? parallel::zero::Placement::cpu
                          : c.zero.placement_policy == config::ZeroPlacement::kAuto ? parallel::zero::Placement::auto_

@@ -55,8 +55,9 @@ struct LowLevelZero::BucketState {
 struct LowLevelZero::InFlight {
   size_t bucket = 0;
   comm::Work work;
-  Tensor flat;  // the packed gradients, held until the reduction is done
-  Tensor out;   // this rank's reduced chunk
+  Tensor flat;        // the packed gradients, held until the reduction is done
+  Tensor out;         // this rank's reduced chunk
+  bool last = false;  // launched by the window's last backward: the shard's gradient is final once added
 };
 
 namespace {
@@ -188,14 +189,18 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
 
   // The shards the optimizer steps from now on.
   std::vector<int64_t> begins;
-  const bool own_masters = amp_ != nullptr && amp_->mode() != amp::AmpMode::torch;
+  if (options_.offload_optimizer) make_offload();
+  const bool own_masters = !offload_ && amp_ != nullptr && amp_->mode() != amp::AmpMode::torch;
   if (own_masters) {
     master_shard_ = core::zeros({partition_->shard_numel()}, TensorOptions(DType::f32, group_->device()));
   }
   for (size_t k = 0; k < entries_.size(); ++k) {
     const Entry& e = entries_[k];
     Tensor shard;
-    if (own_masters) {
+    if (offload_) {
+      shard = offload_->master(e.shard_offset, e.own.numel);  // on the host, whatever the model's dtype
+      shard.copy_(flat_slice(masters[k], e.own.begin, e.own.numel));
+    } else if (own_masters) {
       shard = master_shard_.narrow(0, e.own.numel == 0 ? 0 : e.shard_offset, e.own.numel);
       shard.copy_(flat_slice(masters[k], e.own.begin, e.own.numel));
     } else {
@@ -224,6 +229,31 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
 }
 
 LowLevelZero::~LowLevelZero() = default;
+
+void LowLevelZero::make_offload() {
+  // The optimizer's (group, index) of each entry: entries_ are its parameters in group order.
+  std::vector<std::pair<size_t, size_t>> slots;
+  for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
+    for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) slots.emplace_back(g, i);
+  }
+  COLOSSAL_CHECK(slots.size() == entries_.size(), "ZeRO offload: the {} optimizer has {} parameters, ZeRO {}",
+                 optimizer_.name(), slots.size(), entries_.size());
+  std::vector<HostOffload::Bucket> buckets;
+  for (size_t b = 0; b < partition_->buckets().size(); ++b) {
+    const Bucket& bucket = partition_->buckets()[b];
+    HostOffload::Bucket host{
+        partition_->shard_offset(b), bucket.chunk, entries_[fill_order_[bucket.params.front()]].param.dtype(), {}};
+    for (size_t param : bucket.params) {
+      const size_t k = fill_order_[param];
+      const Entry& e = entries_[k];
+      host.pieces.push_back(
+          HostOffload::Piece{slots[k].first, slots[k].second, e.shard_offset, e.own.offset, e.own.numel});
+    }
+    buckets.push_back(std::move(host));
+  }
+  offload_ = std::make_unique<HostOffload>(optimizer_, group_->device(), partition_->shard_numel(), std::move(buckets),
+                                           options_.step_during_backward);
+}
 
 std::string_view LowLevelZero::name() const {
   return options_.stage == 1 ? "ZeRO stage 1 (shards optimizer states; bucketed reduce-scatter at the window's end)"
@@ -303,7 +333,7 @@ void LowLevelZero::launch(size_t b) {
   }
   Tensor out = core::empty({bucket.chunk}, TensorOptions(dtype, group_->device()));
   comm::Work work = group_->reduce_scatter(out, flat, op, /*async=*/true);
-  in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out)});
+  in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out), sync_});
 }
 
 void LowLevelZero::drain(bool all) {
@@ -317,6 +347,8 @@ void LowLevelZero::drain(bool all) {
     const Bucket& bucket = partition_->buckets()[front.bucket];
     Tensor dst = shard_grad_.narrow(0, partition_->shard_offset(front.bucket), bucket.chunk);
     ops::add_(dst, front.out);  // in f32: the window's micro-steps accumulate in the shard
+    // Offload: the bucket's gradient is complete; to the host (and the step, where it may start now).
+    if (offload_ && front.last && !discarding_) offload_->gradient_ready(front.bucket, dst);
     in_flight_.erase(in_flight_.begin());
   }
 }
@@ -329,9 +361,11 @@ void LowLevelZero::finish() {
   if (!shard_grad_.defined()) {
     shard_grad_ = core::zeros({partition_->shard_numel()}, TensorOptions(DType::f32, group_->device()));
   }
+  if (offload_) offload_->wait_for_gradients();  // the copies read shard_grad_, released below
   for (size_t k = 0; k < entries_.size(); ++k) {
     const Entry& e = entries_[k];
-    shards_[k].set_grad(shard_grad_.narrow(0, e.own.numel == 0 ? 0 : e.shard_offset, e.own.numel));
+    shards_[k].set_grad(offload_ ? offload_->gradient(e.shard_offset, e.own.numel)
+                                 : shard_grad_.narrow(0, e.own.numel == 0 ? 0 : e.shard_offset, e.own.numel));
   }
   // The optimizer's zero_grad releases the buffer with the shards' gradients.
   shard_grad_ = Tensor();
@@ -340,8 +374,14 @@ void LowLevelZero::finish() {
 
 void LowLevelZero::zero_grad() {
   autograd::NoGradGuard no_grad;
+  discarding_ = true;  // nothing of a dropped window goes to the host optimizer
   flush_backward();
   drain(/*all=*/true);
+  discarding_ = false;
+  if (offload_) {
+    offload_->wait_for_gradients();
+    offload_->end_window();
+  }
   shard_grad_ = Tensor();
   window_reduced_ = false;
   // The optimizer holds the shards, not the model's parameters: their local gradients (stage 1's
@@ -352,30 +392,41 @@ void LowLevelZero::zero_grad() {
 }
 
 void LowLevelZero::after_update(bool stepped) {
-  if (!stepped) return;
+  if (!stepped) {
+    if (offload_) offload_->end_window();
+    return;
+  }
   autograd::NoGradGuard no_grad;
   core::profiler::Scope scope("zero: parameter all-gather", group_->device());
   const int rank = group_->rank();
-  for (const Bucket& bucket : partition_->buckets()) {
+  for (size_t b = 0; b < partition_->buckets().size(); ++b) {
+    const Bucket& bucket = partition_->buckets()[b];
     if (bucket.chunk == 0) continue;
     const DType dtype = entries_[fill_order_[bucket.params.front()]].param.dtype();
-    Tensor mine = core::zeros({bucket.chunk}, TensorOptions(dtype, group_->device()));
-    for (size_t i = 0; i < bucket.params.size(); ++i) {
-      const Entry& e = entries_[fill_order_[bucket.params[i]]];
-      if (e.own.numel > 0)
-        mine.narrow(0, e.own.offset, e.own.numel).copy_(flat_slice(e.param, e.own.begin, e.own.numel));
+    Tensor mine;
+    if (offload_) {
+      mine = offload_->updated_chunk(b);  // the host step's staging buffer, on the device
+    } else {
+      mine = core::zeros({bucket.chunk}, TensorOptions(dtype, group_->device()));
+      for (size_t i = 0; i < bucket.params.size(); ++i) {
+        const Entry& e = entries_[fill_order_[bucket.params[i]]];
+        if (e.own.numel > 0)
+          mine.narrow(0, e.own.offset, e.own.numel).copy_(flat_slice(e.param, e.own.begin, e.own.numel));
+      }
     }
     Tensor all = core::empty({bucket.chunk * group_->size()}, TensorOptions(dtype, group_->device()));
     group_->all_gather(all, mine);
     for (size_t i = 0; i < bucket.params.size(); ++i) {
       const Entry& e = entries_[fill_order_[bucket.params[i]]];
       for (const Piece& piece : bucket.pieces[i]) {
-        if (piece.rank == rank) continue;
+        // Without offload this rank's piece was stepped in place (or written back by the wrapper).
+        if (piece.rank == rank && !offload_) continue;
         flat_slice(e.param, piece.begin, piece.numel)
             .copy_(all.narrow(0, piece.rank * bucket.chunk + piece.offset, piece.numel));
       }
     }
   }
+  if (offload_) offload_->end_window();
 }
 
 Tensor LowLevelZero::gather_piece(const Tensor& local, size_t k) const {
@@ -478,6 +529,39 @@ std::vector<std::pair<std::string, Tensor>> LowLevelZero::gather_gradients() con
   return out;
 }
 
+void LowLevelZero::step_on_host() {
+  COLOSSAL_CHECK(offload_ != nullptr, "ZeRO: step_on_host without zero.offload_optimizer");
+  core::profiler::Scope scope("zero: host optimizer step", group_->device());
+  const Tensor scale = optimizer_.release_grad_scale();  // clipping's factor, when clipping
+  offload_->step(scale.defined() ? scale.to(core::kCpu).item<double>() : 1.0);
+}
+
+void LowLevelZero::load_masters_from_model() {
+  if (!offload_ || (amp_ != nullptr && amp_->mode() != amp::AmpMode::torch)) return;
+  autograd::NoGradGuard no_grad;
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const Entry& e = entries_[k];
+    shards_[k].copy_(flat_slice(e.param, e.own.begin, e.own.numel));
+  }
+}
+
+int64_t LowLevelZero::host_bytes() const {
+  if (!offload_) return 0;
+  int64_t bytes = offload_->host_bytes();
+  for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
+    for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) {
+      if (const optim::ParamState* state = optimizer_.find_state(g, i)) {
+        for (const auto& [name, buffer] : state->buffers) bytes += static_cast<int64_t>(buffer.nbytes());
+      }
+    }
+  }
+  return bytes;
+}
+
+int64_t LowLevelZero::pinned_host_bytes() const {
+  return offload_ ? offload_->pinned_bytes() : 0;
+}
+
 ModelStateBytes LowLevelZero::model_state_bytes() const {
   ModelStateBytes bytes;
   int64_t largest_bucket = 0;
@@ -488,6 +572,7 @@ ModelStateBytes LowLevelZero::model_state_bytes() const {
   }
   bytes.gradients = partition_->shard_numel() * 4 + (options_.stage == 1 ? bytes.parameters : largest_bucket);
   if (master_shard_.defined()) bytes.master_weights = static_cast<int64_t>(master_shard_.nbytes());
+  if (offload_) return bytes;  // masters and moments on the host: host_bytes()
   for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
     for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) {
       if (const optim::ParamState* state = optimizer_.find_state(g, i)) {

@@ -21,6 +21,7 @@
 #include "colossal/nn/module.h"
 #include "colossal/optim/optimizer.h"
 #include "colossal/parallel/gradient_handler.h"
+#include "colossal/parallel/zero/host_offload.h"
 #include "colossal/parallel/zero/partition.h"
 #include "colossal/parallel/zero/zero_handler.h"  // ZeroHandler, ModelStateBytes
 
@@ -36,6 +37,14 @@ struct ZeroOptions {
   std::optional<Granularity> granularity;
   /// Broadcast parameters, buffers and fp32 masters from the group's rank 0 at construction.
   bool broadcast_parameters = true;
+  /// Stages 1 and 2 (config zero.offload_optimizer): the shard's fp32 masters and the optimizer's
+  /// moments live in host memory and the optimizer steps there (parallel/zero/host_offload.h, Note
+  /// [Optimizer offload]); Adam, AdamW and LAMB only.
+  bool offload_optimizer = false;
+  /// With offload_optimizer: step each bucket on the host as soon as its gradient is there, while
+  /// backward goes on. Only right when nothing needs all gradients before the step (no clipping, no
+  /// fp16 loss scale): the Engine sets it so.
+  bool step_during_backward = false;
   // Stage 3 (parallel/zero/zero3.h; the chunk manager, chunk_manager.h):
   /// Parameter bytes per chunk (config zero.chunk_size_mb): a unit's parameters are packed into
   /// chunks of at most this size (a larger parameter gets one of its own), each gathered whole.
@@ -104,8 +113,25 @@ class LowLevelZero final : public ZeroHandler {
 
   /// This rank's model states now: parameters, optimizer states and masters as held; gradients as a
   /// window holds them at most: stage 1 the full local gradients (model dtype) plus the fp32 shard,
-  /// stage 2 the fp32 shard plus one bucket in flight.
+  /// stage 2 the fp32 shard plus one bucket in flight. Device memory only: with offload the masters
+  /// and moments are on the host (host_bytes(), pinned_host_bytes()).
   ModelStateBytes model_state_bytes() const override;
+
+  /// Whether the optimizer steps on the host (ZeroOptions::offload_optimizer).
+  bool offloads_optimizer() const { return offload_ != nullptr; }
+  /// With offload: the window's optimizer step, on the host, in place of optimizer.step() (the
+  /// Engine and MixedPrecisionOptimizer call it): the buckets not stepped during backward, with the
+  /// gradient scale the optimizer was given (clipping's factor). after_update copies the updated
+  /// parameters to the device and all-gathers them.
+  void step_on_host();
+  /// With offload and an f32 model (no mixed precision, or torch's): the host masters are copies of
+  /// the model's parameters; this copies them again from the model (after a checkpoint loaded it).
+  /// Nothing otherwise: the wrapper's masters are their own state.
+  void load_masters_from_model();
+  /// Bytes of host memory the offload holds (masters, moments, gradient shard, staging buffers), and
+  /// of those the pinned (page-locked) ones; 0 without offload.
+  int64_t host_bytes() const;
+  int64_t pinned_host_bytes() const;
 
  private:
   struct Entry;
@@ -116,6 +142,7 @@ class LowLevelZero final : public ZeroHandler {
   void launch(size_t bucket);
   void flush_backward();
   void drain(bool all);
+  void make_offload();
   Tensor gather_piece(const Tensor& local, size_t param) const;
   Tensor own_piece(const Tensor& whole, size_t param, const std::string& key) const;
 
@@ -138,7 +165,9 @@ class LowLevelZero final : public ZeroHandler {
   bool window_reduced_ = false;   // the window launched a reduction
   Tensor shard_grad_;             // f32, partition().shard_numel(): the window's reduced gradients
   bool shard_grad_written_ = false;
-  Tensor master_shard_;  // naive / bf16: the f32 masters of this rank's shard, end to end
+  Tensor master_shard_;                   // naive / bf16: the f32 masters of this rank's shard, end to end
+  std::unique_ptr<HostOffload> offload_;  // offload_optimizer: the masters and the step on the host
+  bool discarding_ = false;               // zero_grad drops the window: no gradient to the host
 };
 
 }  // namespace colossal::parallel::zero

@@ -1,0 +1,181 @@
+// ZeRO stages 1 and 2 with the optimizer on the host (zero.offload_optimizer; parallel/zero/
+// host_offload.h) and ZeRO over the data group of a tensor-parallel layout, through the
+// layout-equivalence harness at 2 and 4 MPI ranks: the losses, the update's gradients (shards gathered
+// over the data group, then over the tensor group) and the updated parameters equal the serial run's.
+//
+// Offload runs at dp = 1 (each rank alone, over a group of its own), 2 and 4, with accumulation and
+// clipping (the host step takes clipping's factor after the norm over every shard), without clipping
+// (buckets stepped by the worker thread while backward runs, Note [Optimizer offload]), LAMB (whole
+// tensors), bf16 and fp16 with a skipped step. Tolerance: f32 as tests/support/layout_harness.cpp
+// (1e-5): the ZeRO run without offload is within it of the serial run (zero_equivalence_mpi_test), and
+// the host step differs from the optimizer's own by a few f32 roundings per step (tests/optim/
+// host_optimizer_test.cpp: below 1e-6), so an offloaded run equals the ZeRO run without it to 1e-5
+// too. 16-bit cases take zero_equivalence_mpi_test's tolerances, for the same reasons.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "../../comm/mpi_test_main.h"
+#include "colossal/comm/single_process_group.h"
+#include "colossal/optim/adam.h"
+#include "colossal/optim/lamb.h"
+#include "layout_harness.h"
+
+namespace colossal::testing {
+namespace {
+
+std::shared_ptr<comm::ProcessGroup> world_group() {
+  return std::shared_ptr<comm::ProcessGroup>(&comm::testing::world(), [](comm::ProcessGroup*) {});
+}
+
+int world_size() {
+  return comm::testing::world().size();
+}
+
+HarnessReport expect_case(const HarnessCase& c, const Layout& layout,
+                          const std::shared_ptr<comm::ProcessGroup>& world = world_group()) {
+  const HarnessReport report = expect_layout_matches_serial(c, layout, world);
+  EXPECT_GT(report.compared_tensors, 0);
+  if (comm::testing::world().rank() == 0) {
+    std::printf("%s %s: max relative difference loss %.2e, gradient %.2e (%s), parameter %.2e (%s)\n", c.name.c_str(),
+                layout.name().c_str(), report.loss, report.grad, report.worst_grad.c_str(), report.param,
+                report.worst_param.c_str());
+  }
+  return report;
+}
+
+Layout offload_layout(int stage, int data = world_size()) {
+  return Layout{.data = data, .zero = stage, .zero_offload = true};
+}
+
+HarnessCase mlp_adamw_case(bool clip) {
+  HarnessCase c = mlp_case();
+  c.name = clip ? "mlp adamw clipped" : "mlp adamw";
+  c.make_optimizer = [](nn::Module& model) -> std::shared_ptr<optim::Optimizer> {
+    optim::AdamOptions o = optim::adamw_defaults();
+    o.lr = 1e-2;
+    return std::make_shared<optim::AdamW>(optim::make_param_groups(model.named_parameters(), 0.05), o);
+  };
+  c.accumulation = 3;
+  if (clip) c.clip = 0.05;  // below the gradients' norm: every update is clipped
+  return c;
+}
+
+TEST(ZeroOffload, Stage1MlpAdamWAccumulationClipping) {
+  expect_case(mlp_adamw_case(/*clip=*/true), offload_layout(1));
+}
+
+TEST(ZeroOffload, Stage2MlpAdamWAccumulationClipping) {
+  expect_case(mlp_adamw_case(/*clip=*/true), offload_layout(2));
+}
+
+TEST(ZeroOffload, Stage2MlpAdamWStepsDuringBackward) {
+  // No clipping and f32: each bucket is stepped by the worker as soon as its gradient is on the host.
+  expect_case(mlp_adamw_case(/*clip=*/false), offload_layout(2));
+}
+
+/// AdamW for GPT-2 with eps = 1e-3: the attention's key bias has a gradient of rounding noise only
+/// (layout_harness.cpp), to which AdamW with a tiny eps gives full-size updates of random sign; eps
+/// above that noise keeps its update proportional to it, while every other gradient (1e-2 and more)
+/// is still divided by its own scale.
+std::shared_ptr<optim::Optimizer> gpt2_adamw(nn::Module& model) {
+  optim::AdamOptions o = optim::adamw_defaults();
+  o.lr = 1e-3;
+  o.eps = 1e-3;
+  return std::make_shared<optim::AdamW>(optim::make_param_groups(model.named_parameters(), 0.01), o);
+}
+
+TEST(ZeroOffload, Stage1Gpt2AdamWDuringBackward) {
+  HarnessCase c = gpt2_case();
+  c.make_optimizer = gpt2_adamw;
+  c.accumulation = 2;
+  expect_case(c, offload_layout(1));
+}
+
+TEST(ZeroOffload, AtOneRankStages1And2) {
+  // A one-GPU user offloads at dp = 1: every rank runs this alone, over a single-process group.
+  const std::shared_ptr<comm::ProcessGroup> alone = comm::single_process_group(comm::testing::world().device());
+  expect_case(mlp_adamw_case(/*clip=*/true), offload_layout(1, 1), alone);
+  expect_case(mlp_adamw_case(/*clip=*/false), offload_layout(2, 1), alone);
+}
+
+TEST(ZeroOffload, Stage2MlpLambWholeTensors) {
+  HarnessCase c = mlp_case();
+  c.make_optimizer = [](nn::Module& model) -> std::shared_ptr<optim::Optimizer> {
+    optim::LambOptions o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.01;
+    return std::make_shared<optim::Lamb>(model.parameters(), o);
+  };
+  c.accumulation = 2;
+  c.clip = 0.05;
+  expect_case(c, offload_layout(2));
+}
+
+TEST(ZeroOffload, Stage2Gpt2Bf16DuringBackward) {
+  // bf16 model, f32 masters on the host, the updated parameters rounded to bf16 in the staging buffer.
+  // Tolerance: zero_equivalence_mpi_test's Stage2Gpt2Bf16Accumulation (the reduce-scatter's bf16
+  // roundings).
+  HarnessCase c = gpt2_case();
+  c.precision = Precision::bf16;
+  c.accumulation = 2;
+  c.tolerance = 3e-2;
+  c.make_optimizer = gpt2_adamw;
+  expect_case(c, offload_layout(2));
+}
+
+TEST(ZeroOffload, Stage1MlpFp16SkipsTheSameSteps) {
+  // As zero_equivalence_mpi_test's Stage2MlpFp16: the first step overflows at 2^32 and is skipped on
+  // every rank (nothing stepped on the host, nothing all-gathered), then the runs step.
+  HarnessCase c = mlp_adamw_case(/*clip=*/true);
+  c.precision = Precision::fp16;
+  amp::GradScalerOptions scaler = amp::GradScalerOptions::naive_defaults();
+  scaler.initial_scale = 4294967296.0;
+  scaler.backoff_factor = 1.0 / 65536.0;
+  scaler.hysteresis = 1;
+  c.scaler = scaler;
+  c.steps = 4;
+  c.tolerance = 3e-2;
+  const HarnessReport report = expect_case(c, offload_layout(1));
+  EXPECT_GT(report.skipped_steps, 0);
+  EXPECT_LT(report.skipped_steps, c.steps);
+}
+
+// ---- ZeRO over the data group of a tensor-parallel layout: each tensor rank's parameters are its
+// tensor-parallel shards, partitioned over its data group; clipping counts the replicated ones once.
+// At 2 ranks dp1 x tp2 (ZeRO over a group of one), at 4 dp2 x tp2.
+
+Layout tensor_layout(int stage) {
+  return Layout{.data = world_size() / 2, .tensor = 2, .zero = stage};
+}
+
+HarnessCase gpt2_tp_clipped() {
+  HarnessCase c = gpt2_tp_case();
+  c.accumulation = 2;
+  c.clip = 0.1;  // below the gradients' norm: the norm over both groups decides every update
+  return c;
+}
+
+TEST(ZeroTensorParallel, Stage1Gpt2AccumulationClipping) {
+  expect_case(gpt2_tp_clipped(), tensor_layout(1));
+}
+
+TEST(ZeroTensorParallel, Stage2Gpt2AccumulationClipping) {
+  expect_case(gpt2_tp_clipped(), tensor_layout(2));
+}
+
+TEST(ZeroTensorParallel, Stage2Gpt2Offload) {
+  Layout layout = tensor_layout(2);
+  layout.zero_offload = true;
+  HarnessCase c = gpt2_tp_clipped();
+  c.make_optimizer = gpt2_adamw;
+  expect_case(c, layout);
+}
+
+}  // namespace
+}  // namespace colossal::testing
+
+int main(int argc, char** argv) {
+  return colossal::comm::testing::run_mpi_tests(argc, argv);
+}
