@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "colossal/comm/launch_env.h"
@@ -143,6 +144,31 @@ TEST(CollectiveTimeout, MessageNamesRankOperationGroupAndWait) {
   EXPECT_NE(message.find("the timeout is 2 s"), std::string::npos) << message;
   EXPECT_NE(message.find("exit code 75"), std::string::npos) << message;
   EXPECT_NE(message.find("parallel.timeout_s or COLOSSAL_COLLECTIVE_TIMEOUT"), std::string::npos) << message;
+}
+
+/// An operation whose poll blocks, as a CUDA query does when another thread's driver call holds the
+/// context (Note [A blocked poll] in comm/watchdog.cpp).
+class BlockingPoll final : public WatchedOperation {
+ public:
+  using WatchedOperation::WatchedOperation;
+  bool poll() noexcept override {
+    for (;;) std::this_thread::sleep_for(1h);
+  }
+};
+
+TEST(CollectiveTimeoutDeathTest, AWatchdogWhosePollBlocksStillEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        std::shared_ptr<ProcessGroup> world = single_process_group(core::kCpu);
+        world->set_timeout(1s);
+        watch(std::make_shared<BlockingPoll>(*world, "recv of a f32 tensor of shape [8, 16] from rank 0"));
+        std::this_thread::sleep_for(60s);  // the watchdog's guard ends the process before this returns
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(kCollectiveTimeoutExitCode),
+      "waited .* for recv of a f32 tensor of shape \\[8, 16\\] from rank 0.*query of that operation itself "
+      "blocked");
 }
 
 // ---- whole jobs: a rank skips a collective

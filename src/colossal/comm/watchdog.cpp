@@ -55,6 +55,7 @@ std::string seconds_text(std::chrono::milliseconds d) {
 }
 
 void wait_if_ending();
+[[noreturn]] void end_process(const std::string& message);
 
 class Watchdog {
  public:
@@ -72,6 +73,7 @@ class Watchdog {
         started_ = true;
         std::atexit(&wait_if_ending);
         std::thread([this] { run(); }).detach();
+        std::thread([this] { guard(); }).detach();
       }
     }
     wake_.notify_one();
@@ -115,7 +117,10 @@ class Watchdog {
       }
       const Clock::time_point now = Clock::now();
       std::erase_if(outstanding, [&](const std::shared_ptr<WatchedOperation>& op) {
-        if (op->poll()) return true;
+        set_polling(op);
+        const bool done = op->poll();
+        set_polling(nullptr);
+        if (done) return true;
         if (auto error = op->transport_error()) end_process_for_transport_error(*op, *error);
         if (now >= op->deadline()) end_process_for_timeout(*op);
         return false;
@@ -123,6 +128,40 @@ class Watchdog {
     }
   }
 
+  void set_polling(std::shared_ptr<WatchedOperation> op) {
+    std::lock_guard lock(polling_mutex_);
+    polling_ = std::move(op);
+    poll_started_ = Clock::now();
+  }
+
+  /// Note [A blocked poll]: a poll is a CUDA or MPI query that should return at once, but a driver can
+  /// hold it (a CUDA call of another thread that takes the context's lock while a kernel spins on a
+  /// peer that never comes). Then the thread above cannot end the process; this one, which calls
+  /// nothing that can block, does, once the operation being polled is past its deadline and its poll
+  /// has been stuck for kBlockedPollLimit.
+  void guard() {
+    for (;;) {
+      std::this_thread::sleep_for(kWatchdogPollInterval * 5);
+      std::shared_ptr<WatchedOperation> op;
+      Clock::time_point started;
+      {
+        std::lock_guard lock(polling_mutex_);
+        op = polling_;
+        started = poll_started_;
+      }
+      const Clock::time_point now = Clock::now();
+      if (op != nullptr && now - started >= kBlockedPollLimit && now >= op->deadline()) {
+        end_process(timeout_message(*op, now) +
+                    "colossal: (the watchdog's query of that operation itself blocked: the CUDA driver or MPI is "
+                    "stuck too)\n");
+      }
+    }
+  }
+
+  static constexpr std::chrono::seconds kBlockedPollLimit{5};
+  std::mutex polling_mutex_;
+  std::shared_ptr<WatchedOperation> polling_;
+  Clock::time_point poll_started_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::vector<std::shared_ptr<WatchedOperation>> incoming_;
