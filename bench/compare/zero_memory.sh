@@ -12,6 +12,7 @@
 #
 #   tools/gpu-check --run bench/compare/zero_memory.sh [gpt2] [gpt2-medium] [gpt2-large] [gpt2-xl]
 # (default: gpt2-medium gpt2-xl). COLOSSAL=path/to/colossal, OUT=folder for logs and metrics.
+# STAGES="0 1 2" picks the ZeRO-1/2 stages run (empty: none); ZERO3_CPU=0 skips the cpu placement run.
 #
 # Then the optimizer offload on ONE GPU (zero.offload_optimizer, Note [Optimizer offload] in
 # parallel/zero/host_offload.cpp), GPT-2 medium at dp = 1: ZeRO-2 without offload, with it and clipping
@@ -83,12 +84,12 @@ for size in "${sizes[@]}"; do
     gpt2-xl) shape=(48 1600 25) ;;
     *) echo "unknown size '$size' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)"; exit 2 ;;
   esac
-  for stage in 0 1 2; do run "${size}_dp2_zero$stage" "${shape[@]}" "$stage"; done
+  for stage in ${STAGES:-0 1 2}; do run "${size}_dp2_zero$stage" "${shape[@]}" "$stage"; done
   # ZeRO-3 (parallel/zero/zero3.h), paper (2 + 2 + K) Psi / Nd; ours counts the fp32 shard gradients
   # (4 Psi / Nd) and the largest chunk's reduction in flight. Then its "cpu" placement, and PyTorch
   # FSDP2 on the same shapes (bench/compare/fsdp2_step.py, one fully_shard per block and the root).
   run "${size}_dp2_zero3" "${shape[@]}" 3
-  run "${size}_dp2_zero3_cpu" "${shape[@]}" 3 2 'zero.placement_policy="cpu"'
+  [[ ${ZERO3_CPU:-1} == 1 ]] && run "${size}_dp2_zero3_cpu" "${shape[@]}" 3 2 'zero.placement_policy="cpu"'
   torchrun --nproc_per_node 2 bench/compare/fsdp2_step.py --layers "${shape[0]}" --width "${shape[1]}" \
     --heads "${shape[2]}" 2>&1 | grep FSDP2 || echo "${size} FSDP2: FAILED"
 done
