@@ -36,6 +36,10 @@ namespace colossal::optim {
 // rounded to f32 as the ops round their scalars): the results equal optim::Adam's and optim::Lamb's
 // up to FMA contraction and vector reassociation of LAMB's norms, a few f32 roundings (the tests
 // bound the difference; tests/optim/host_optimizer_test.cpp).
+// Measured (bench/host_optimizer_bench, 64M elements, the 64-core Xeon host of an H200 machine, 32
+// threads): AdamW 104 GB/s of state (30 bytes an element: 18 ms per 64M parameters), a triad 109 GB/s
+// (12 bytes an element counted, 16 moved), LAMB 60 GB/s (42 bytes counted), the reference step 57 GB/s
+// at 4M elements.
 // LAMB needs ||p|| and ||update|| before it may move p: a first pass updates the moments and sums
 // p^2 and update^2 (in f64), a second recomputes the update from the stored moments (the same f32
 // operations, so the same values) and applies it scaled by the trust ratio.
