@@ -76,7 +76,7 @@ PipelineRun train_pipelined(bool checkpoint, int chunks, uint64_t dropout_seed =
     stage->push_back(chunk);
   }
   auto schedule = std::make_shared<PipelineSchedule>(stage_chunks, world_group(), 4);
-  schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(world(), !tied.empty()));
+  schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(world_group(), !tied.empty()));
   auto sgd = std::make_shared<optim::Sgd>(stage->parameters(), optim::SgdOptions{.lr = 0.1, .momentum = 0.9});
   EngineOptions options;
   options.schedule = schedule;

@@ -290,7 +290,7 @@ TEST(PipelineSchedule, Gpt2PiecesWithTheTiedEmbeddingEqualTheSerialModel) {
   }
   ASSERT_EQ(tied.size(), s == 0 || s == p - 1 ? 1u : 0u);
   auto schedule = std::make_shared<PipelineSchedule>(std::vector<std::shared_ptr<nn::Module>>{chunk}, world_group(), 2);
-  schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(*world_group(), !tied.empty()));
+  schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(world_group(), !tied.empty()));
   auto sgd = std::make_shared<optim::Sgd>(chunk->parameters(), optim::SgdOptions{.lr = 0.1, .momentum = 0.9});
   EngineOptions options;
   options.schedule = schedule;

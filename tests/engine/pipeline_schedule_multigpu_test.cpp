@@ -225,7 +225,7 @@ TEST_F(PipelineNccl, Gpt2WithTheTiedEmbeddingEqualsTheSerialModel) {
       if (name == "wte.weight") tied.push_back(param);
     }
     auto schedule = std::make_shared<PipelineSchedule>(stage.chunks, world_group(), 2 * p);
-    schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(comm::testing::world(), !tied.empty()));
+    schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(world_group(), !tied.empty()));
     EngineOptions options;
     options.schedule = schedule;
     Engine engine(

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -117,11 +119,14 @@ class Watchdog {
       }
       const Clock::time_point now = Clock::now();
       std::erase_if(outstanding, [&](const std::shared_ptr<WatchedOperation>& op) {
+        // Both queries are guarded (Note [A blocked poll]): NCCL's asynchronous-error query takes the
+        // communicator's locks, which a thread blocked inside NCCL may hold.
         set_polling(op);
         const bool done = op->poll();
+        std::optional<std::string> error = done ? std::nullopt : op->transport_error();
         set_polling(nullptr);
         if (done) return true;
-        if (auto error = op->transport_error()) end_process_for_transport_error(*op, *error);
+        if (error) end_process_for_transport_error(*op, *error);
         if (now >= op->deadline()) end_process_for_timeout(*op);
         return false;
       });

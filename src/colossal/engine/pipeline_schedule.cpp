@@ -279,8 +279,19 @@ void PipelineSchedule::rebind_tied_parameters(std::vector<Tensor> parameters) {
   tied_ = std::move(parameters);
 }
 
-std::shared_ptr<comm::ProcessGroup> PipelineSchedule::tied_group(comm::ProcessGroup& pipeline, bool holds) {
-  return pipeline.split(holds ? 0 : comm::kNoColor, pipeline.rank());
+std::shared_ptr<comm::ProcessGroup> PipelineSchedule::tied_group(const std::shared_ptr<comm::ProcessGroup>& pipeline,
+                                                                 bool holds) {
+  COLOSSAL_CHECK(pipeline != nullptr, "PipelineSchedule::tied_group needs the pipeline group");
+  // Where every stage holds a copy (GPT-2's wte on 2 stages) the group is the pipeline's own: a second
+  // communicator over the same ranks would only add one more to keep in step (NCCL's communicators on
+  // one GPU must be used in the same order everywhere), and one more to create and destroy.
+  Tensor holders = core::from_vector<int32_t>({holds ? 1 : 0}, {1}).to(pipeline->device());
+  {
+    const comm::OperationContext context("pipeline: counting the stages that hold tied parameters");
+    pipeline->all_reduce(holders, comm::ReduceOp::sum);
+  }
+  if (holders.to(core::kCpu).to_vector<int32_t>()[0] == pipeline->size()) return pipeline;
+  return pipeline->split(holds ? 0 : comm::kNoColor, pipeline->rank());
 }
 
 Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, const Tensor& target) {

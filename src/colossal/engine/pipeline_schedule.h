@@ -82,8 +82,9 @@ class PipelineSchedule final : public Schedule {
   void set_tied_parameters(std::vector<Tensor> parameters, std::shared_ptr<comm::ProcessGroup> tied_group);
 
   /// The group of the stages whose `holds` is true (collective over `pipeline`: every stage calls it);
-  /// null on the others.
-  static std::shared_ptr<comm::ProcessGroup> tied_group(comm::ProcessGroup& pipeline, bool holds);
+  /// null on the others; `pipeline` itself when every stage holds them.
+  static std::shared_ptr<comm::ProcessGroup> tied_group(const std::shared_ptr<comm::ProcessGroup>& pipeline,
+                                                        bool holds);
 
   std::string_view name() const override { return chunks_.size() > 1 ? "interleaved 1f1b" : "1f1b"; }
   /// The micro-step's batch (dim 0 a multiple of num_microbatches) through the pipeline; `input`'s

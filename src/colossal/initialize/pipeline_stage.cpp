@@ -185,7 +185,7 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
   }
   auto schedule = std::make_shared<engine::PipelineSchedule>(chunks, group, c.parallel.num_microbatches);
   if (!tied_stages.empty()) {
-    schedule->set_tied_parameters(tied, engine::PipelineSchedule::tied_group(*group, tied_stages.contains(stage)));
+    schedule->set_tied_parameters(tied, engine::PipelineSchedule::tied_group(group, tied_stages.contains(stage)));
   }
   std::string description =
       fmt::format("pipeline: {} stages x {} chunk{}, {} pieces balanced by parameters, {} microbatches{}; {}", p, v,
