@@ -224,38 +224,52 @@ void synchronize(Stream stream) {
   resolve_deferred_checks(false);
 }
 
-Event::Event(bool enable_timing) {
-  cudaEvent_t e;
-  COLOSSAL_CUDA_CHECK(cudaEventCreateWithFlags(&e, enable_timing ? cudaEventDefault : cudaEventDisableTiming));
-  handle_ = e;
-}
+Event::Event(bool enable_timing) : timing_(enable_timing) {}
 Event::~Event() {
   if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
 }
-Event::Event(Event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+Event::Event(Event&& other) noexcept
+    : handle_(std::exchange(other.handle_, nullptr)), device_(other.device_), timing_(other.timing_) {}
 Event& Event::operator=(Event&& other) noexcept {
   if (this != &other) {
     if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
     handle_ = std::exchange(other.handle_, nullptr);
+    device_ = other.device_;
+    timing_ = other.timing_;
   }
   return *this;
 }
 void Event::record(Stream stream) {
+  const int device = stream.device.index;
+  if (handle_ == nullptr || device_ != device) {
+    if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+    handle_ = nullptr;
+    DeviceGuard guard(stream.device);
+    cudaEvent_t e;
+    COLOSSAL_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing_ ? cudaEventDefault : cudaEventDisableTiming));
+    handle_ = e;
+    device_ = device;
+  }
   COLOSSAL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), as_cuda(stream)));
 }
 void Event::block(Stream stream) const {
+  if (handle_ == nullptr) return;  // never recorded: nothing to wait for
   COLOSSAL_CUDA_CHECK(cudaStreamWaitEvent(as_cuda(stream), static_cast<cudaEvent_t>(handle_), 0));
 }
 void Event::synchronize() const {
+  if (handle_ == nullptr) return;
   COLOSSAL_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
 }
 bool Event::query() const {
+  if (handle_ == nullptr) return true;
   const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(handle_));
   if (status == cudaErrorNotReady) return false;
   COLOSSAL_CUDA_CHECK(status);
   return true;
 }
 float Event::elapsed_ms(const Event& end) const {
+  COLOSSAL_CHECK(handle_ != nullptr && end.handle_ != nullptr,
+                 "Event::elapsed_ms: both events must have been recorded first");
   float ms = 0;
   COLOSSAL_CUDA_CHECK(
       cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_), static_cast<cudaEvent_t>(end.handle_)));

@@ -83,7 +83,12 @@ void synchronize(Device device);
 /// Waits for the work queued on stream.
 void synchronize(Stream stream);
 
-/// A CUDA event: record on a stream, make another stream wait for it, time between two.
+/// A CUDA event: record on a stream, make another stream wait for it, time between two. The CUDA
+/// event is made at the first record(), on the device of the stream it is recorded on (an event
+/// belongs to the device current at its creation, and recording it on another device's stream
+/// fails: a host thread of rank 1 whose current device was still 0 hit that twice), and made again if
+/// it is later recorded on another device's stream. Before any record it counts as complete, as a
+/// never-recorded CUDA event does.
 class Event {
  public:
   explicit Event(bool enable_timing = false);
@@ -103,6 +108,8 @@ class Event {
 
  private:
   void* handle_ = nullptr;
+  int device_ = -1;  // the device handle_ was made on
+  bool timing_ = false;
 };
 
 /// Page-locked host memory, so host<->device copies run asynchronously at full speed.
