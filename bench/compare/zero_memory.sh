@@ -84,7 +84,7 @@ for size in "${sizes[@]}"; do
     gpt2-xl) shape=(48 1600 25) ;;
     *) echo "unknown size '$size' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)"; exit 2 ;;
   esac
-  for stage in ${STAGES:-0 1 2}; do run "${size}_dp2_zero$stage" "${shape[@]}" "$stage"; done
+  for stage in ${STAGES-0 1 2}; do run "${size}_dp2_zero$stage" "${shape[@]}" "$stage"; done
   # ZeRO-3 (parallel/zero/zero3.h), paper (2 + 2 + K) Psi / Nd; ours counts the fp32 shard gradients
   # (4 Psi / Nd) and the largest chunk's reduction in flight. Then its "cpu" placement, and PyTorch
   # FSDP2 on the same shapes (bench/compare/fsdp2_step.py, one fully_shard per block and the root).
