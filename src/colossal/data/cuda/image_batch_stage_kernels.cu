@@ -21,8 +21,9 @@ const void* ImageStagePlan::packed(Device device) const {
   std::shared_ptr<void> owner(memory, [](void* p) { (void)cudaFree(p); });
   COLOSSAL_CUDA_CHECK(cudaMemcpy(memory, words.data(), words.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
   // A pageable copy may still be in flight when cudaMemcpy returns, and the streams that read the
-  // tables do not order after it: wait once.
-  COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());
+  // tables do not order after it: wait once, for the legacy stream the copy ran on only (a device-wide
+  // wait would also wait for whatever NCCL kernel is spinning on a peer at that moment).
+  COLOSSAL_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   packed_.emplace(device.index, owner);
   return memory;
 }
