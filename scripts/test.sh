@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README.md, and CI through .ci/run): installs the dependencies, builds
-# everything in build/ (RelWithDebInfo, Ninja, ccache) and runs the CPU test labels under CTest.
+# everything in build/ (RelWithDebInfo, Ninja, ccache) and runs the CPU test labels under CTest, then
+# the readers' tests under ASan + UBSan in build-asan-readers/ (tools/sanitize; docs/reliability.md).
 # Exits non-zero when a build step or a test fails, or when no test was found.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -27,3 +28,17 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j "$jobs"
 # unit: CPU tests; mpi: CPU ranks under mpirun. gpu and e2e tests are run elsewhere (tools/gpu-check).
 ctest --test-dir build -L '^(unit|mpi)$' --output-on-failure --no-tests=error -j "$jobs" --timeout 300
+
+# The readers of user bytes, tensor sizes, the bootstrap and the rendezvous under ASan + UBSan (gcc,
+# tools/sanitize): the part of the sanitizer run that CI affords; the whole run (`tools/sanitize`,
+# every unit and mpi test) is on demand. docs/reliability.md ("Sanitizers in CI") says what it costs.
+sanitized_tests="core_tensor_test data_loading_readers_test data_loading_fuzz_regressions_test nn_safetensors_test
+  nn_fuzz_regressions_test text_tokenizer_test text_fuzz_regressions_test config_train_config_test comm_bootstrap_test
+  comm_tcp_rendezvous_test comm_fuzz_regressions_test"
+if ! CC=gcc CXX=g++ SANITIZE_BUILD=build-asan-readers SANITIZE_JOBS="$jobs" SANITIZE_LABELS='^unit$' \
+  SANITIZE_TARGETS="$sanitized_tests" bash tools/sanitize; then
+  echo "scripts/test.sh: the sanitized readers failed (tools/sanitize, ASan + UBSan in build-asan-readers/): a" \
+    "sanitizer report, a failed test or a failed build, above. Repeat it with SANITIZE_BUILD=build-asan-readers" \
+    "SANITIZE_LABELS='^unit$' SANITIZE_TARGETS=\"$(echo $sanitized_tests)\" tools/sanitize" >&2
+  exit 1
+fi
