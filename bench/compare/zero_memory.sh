@@ -19,6 +19,12 @@
 # (the host steps after backward), and with it and no clipping (buckets stepped on the host during
 # backward): ms/step, tokens/s, MFU and the device's model states beside the host's (host=, pinned=).
 # OFFLOAD=0 skips these runs; OFFLOAD_SIZE picks another size.
+#
+# Then ZeRO-3 with the optimizer offloaded on ONE GPU (Note [ZeRO-3 offload] in parallel/zero/
+# zero3.cpp), GPT-2 medium at dp = 1 with placement "cpu": the parameter shards, masters and moments
+# all on the host, written by the host step in place; with clipping and without (chunks stepped during
+# backward): ms/step, tokens/s, MFU, the device's model states (parameters on the device: none) beside
+# the host's (host= counts the host shards too). ZERO3_OFFLOAD=0 skips them; OFFLOAD_SIZE as above.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 sizes=("$@")
@@ -94,14 +100,23 @@ for size in "${sizes[@]}"; do
     --heads "${shape[2]}" 2>&1 | grep FSDP2 || echo "${size} FSDP2: FAILED"
 done
 
+case ${OFFLOAD_SIZE:-gpt2-medium} in
+  gpt2) offload_shape=(12 768 12) ;; gpt2-medium) offload_shape=(24 1024 16) ;; gpt2-large) offload_shape=(36 1280 20) ;;
+  gpt2-xl) offload_shape=(48 1600 25) ;; *) echo "unknown OFFLOAD_SIZE"; exit 2 ;;
+esac
+size=${OFFLOAD_SIZE:-gpt2-medium}
 if [[ ${OFFLOAD:-1} == 1 ]]; then
-  case ${OFFLOAD_SIZE:-gpt2-medium} in
-    gpt2) shape=(12 768 12) ;; gpt2-medium) shape=(24 1024 16) ;; gpt2-large) shape=(36 1280 20) ;;
-    gpt2-xl) shape=(48 1600 25) ;; *) echo "unknown OFFLOAD_SIZE"; exit 2 ;;
-  esac
-  size=${OFFLOAD_SIZE:-gpt2-medium}
   # With offload the masters and moments are on the host: the paper's formula's K Psi is not on the GPU.
-  run "${size}_1gpu_zero2" "${shape[@]}" 2 1
-  run "${size}_1gpu_zero2_offload_clip" "${shape[@]}" 2 1 zero.offload_optimizer=true
-  run "${size}_1gpu_zero2_offload_noclip" "${shape[@]}" 2 1 zero.offload_optimizer=true clip_grad_norm=0
+  run "${size}_1gpu_zero2" "${offload_shape[@]}" 2 1
+  run "${size}_1gpu_zero2_offload_clip" "${offload_shape[@]}" 2 1 zero.offload_optimizer=true
+  run "${size}_1gpu_zero2_offload_noclip" "${offload_shape[@]}" 2 1 zero.offload_optimizer=true clip_grad_norm=0
+fi
+
+if [[ ${ZERO3_OFFLOAD:-1} == 1 ]]; then
+  # The paper's line is (4 + K) Psi at Nd = 1; with offload only the gradients' f32 shard and a chunk
+  # in flight are on the GPU, the rest is host=.
+  run "${size}_1gpu_zero3_offload_cpu_clip" "${offload_shape[@]}" 3 1 zero.offload_optimizer=true \
+    'zero.placement_policy="cpu"'
+  run "${size}_1gpu_zero3_offload_cpu_noclip" "${offload_shape[@]}" 3 1 zero.offload_optimizer=true \
+    'zero.placement_policy="cpu"' clip_grad_norm=0
 fi

@@ -332,8 +332,7 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
     }
   }
   // ZeRO's optimizer offload keeps host copies of an f32 model's parameters as its masters.
-  if (auto* zero = dynamic_cast<parallel::zero::LowLevelZero*>(engine.gradient_handler()))
-    zero->load_masters_from_model();
+  if (parallel::zero::ZeroHandler* zero = engine.zero()) zero->load_masters_from_model();
 
   for (const auto& [name, generator] : generators) {
     auto it = file.metadata.find(kRngPrefix + name);

@@ -52,22 +52,22 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
         "parallelism); set parallel.pipeline = 1{}",
         options_.zero->stage, context_->layout().tensor_size(), context_->layout().pipeline_size(),
         options_.zero->stage == 3 ? " and parallel.tensor.size = 1" : "");
-    if (options_.zero->stage == 3) {
-      gradient_handler_ = std::make_unique<parallel::zero::Zero3>(
-          *model_, *optimizer_, amp_.get(), context_->group(parallel::GroupKind::kData), *options_.zero);
+    parallel::zero::ZeroOptions zero_options = *options_.zero;
+    // Offload steps buckets (chunks) during backward only where no statistic of all gradients
+    // (clipping's norm, fp16's overflow check) must come first (Note [Optimizer offload]).
+    zero_options.step_during_backward =
+        zero_options.offload_optimizer && !options_.clip_grad_norm && (amp_ == nullptr || amp_->scaler() == nullptr);
+    const std::shared_ptr<comm::ProcessGroup> data = context_->group(parallel::GroupKind::kData);
+    std::unique_ptr<parallel::zero::ZeroHandler> zero;
+    if (zero_options.stage == 3) {
+      zero = std::make_unique<parallel::zero::Zero3>(*model_, *optimizer_, amp_.get(), data, zero_options);
     } else {
-      parallel::zero::ZeroOptions zero_options = *options_.zero;
-      // Offload steps buckets during backward only where no statistic of all gradients (clipping's
-      // norm, fp16's overflow check) must come first (Note [Optimizer offload]).
-      zero_options.step_during_backward =
-          zero_options.offload_optimizer && !options_.clip_grad_norm && (amp_ == nullptr || amp_->scaler() == nullptr);
-      auto low_level = std::make_unique<parallel::zero::LowLevelZero>(
-          *model_, *optimizer_, amp_.get(), context_->group(parallel::GroupKind::kData), zero_options);
-      if (amp_ && low_level->offloads_optimizer()) {
-        amp_->set_optimizer_step([handler = low_level.get()] { handler->step_on_host(); });
-      }
-      gradient_handler_ = std::move(low_level);
+      zero = std::make_unique<parallel::zero::LowLevelZero>(*model_, *optimizer_, amp_.get(), data, zero_options);
     }
+    if (amp_ && zero->offloads_optimizer()) {
+      amp_->set_optimizer_step([handler = zero.get()] { handler->step_on_host(); });
+    }
+    gradient_handler_ = std::move(zero);
   } else if (options_.gradient_handler) {
     gradient_handler_ = options_.gradient_handler(*model_, *context_);
   } else if (context_->layout().data_size() > 1) {
@@ -171,9 +171,8 @@ void Engine::update() {
       optimizer_->scale_gradients_in_next_step(optim::clip_coefficient(last_grad_norm_, *options_.clip_grad_norm));
     }
     core::profiler::Scope scope("update: optimizer step", device_);
-    auto* low_level = dynamic_cast<parallel::zero::LowLevelZero*>(gradient_handler_.get());
-    if (low_level != nullptr && low_level->offloads_optimizer()) {
-      low_level->step_on_host();  // ZeRO's optimizer offload (Note [Optimizer offload])
+    if (parallel::zero::ZeroHandler* z = zero(); z != nullptr && z->offloads_optimizer()) {
+      z->step_on_host();  // ZeRO's optimizer offload (Note [Optimizer offload])
     } else {
       optimizer_->step();
     }

@@ -73,9 +73,10 @@ struct EngineOptions {
   /// chunks too) at stage 3, which shards the optimizer (after the mixed-precision wrapper's
   /// conversion). Not with `gradient_handler` set, nor with a pipeline; stages 1 and 2 shard each
   /// tensor rank's parameters over its data group under tensor parallelism, stage 3 refuses it. With
-  /// `zero->offload_optimizer` the optimizer steps on the host (Note [Optimizer offload]): the Engine
-  /// calls the handler's host step in place of optimizer.step() and lets it step buckets during
-  /// backward when neither clipping nor an fp16 loss scale needs every gradient first.
+  /// `zero->offload_optimizer` (any stage) the optimizer steps on the host (Note [Optimizer
+  /// offload]): the Engine calls the handler's host step in place of optimizer.step() and lets it
+  /// step buckets (chunks) during backward when neither clipping nor an fp16 loss scale needs every
+  /// gradient first.
   std::optional<parallel::zero::ZeroOptions> zero;
   /// The forward/backward order of a micro-step; null: NonPipelineSchedule.
   std::shared_ptr<Schedule> schedule;

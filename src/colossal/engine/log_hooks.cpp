@@ -209,8 +209,7 @@ void LogMemoryHook::after_train_epoch(Trainer& trainer) {
       mib(states.total()), mib(states.parameters), mib(states.gradients), mib(states.master_weights),
       mib(states.optimizer_states));
   // ZeRO's optimizer offload: the masters and moments on the host, apart from the device's states.
-  if (auto* zero = dynamic_cast<parallel::zero::LowLevelZero*>(trainer.engine().gradient_handler());
-      zero != nullptr && zero->offloads_optimizer()) {
+  if (parallel::zero::ZeroHandler* zero = trainer.engine().zero(); zero != nullptr && zero->offloads_optimizer()) {
     metrics["model_host_mib"] = mib(zero->host_bytes());
     metrics["model_pinned_host_mib"] = mib(zero->pinned_host_bytes());
     line += fmt::format(" host={:.1f}MiB (pinned={:.1f}MiB)", mib(zero->host_bytes()), mib(zero->pinned_host_bytes()));

@@ -99,12 +99,6 @@ void reject_unsupported(const TrainConfig& c) {
                       c.zero.stage, c.parallel.pipeline, c.parallel.tensor.size,
                       c.zero.stage == 3 ? " and parallel.tensor.size = 1" : ""));
     }
-    if (c.zero.offload_optimizer && c.zero.stage == 3) {
-      unsupported(
-          fmt::format("zero.offload_optimizer = true with zero.stage = {}: optimizer offload is built for "
-                      "stages 1 and 2; set it to false or zero.stage = 1 or 2",
-                      c.zero.stage));
-    }
   }
 }
 
@@ -351,7 +345,7 @@ void TrainingRun::build_engine() {
   if (c.zero.stage > 0) {
     eo.zero = parallel::zero::ZeroOptions{.stage = c.zero.stage,
                                           .reduce_bucket_bytes = int64_t{c.zero.reduce_bucket_mb} << 20};
-    eo.zero->offload_optimizer = c.zero.offload_optimizer;       // stages 1 and 2 (Note [Optimizer offload])
+    eo.zero->offload_optimizer = c.zero.offload_optimizer;       // Note [Optimizer offload]
     eo.zero->chunk_bytes = int64_t{c.zero.chunk_size_mb} << 20;  // stage 3's chunks and placement
     eo.zero->placement = c.zero.placement_policy == config::ZeroPlacement::kCpu    ? parallel::zero::Placement::cpu
                          : c.zero.placement_policy == config::ZeroPlacement::kAuto ? parallel::zero::Placement::auto_

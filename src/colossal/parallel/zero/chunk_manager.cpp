@@ -192,6 +192,10 @@ Piece ChunkManager::piece_range(size_t p) const {
   return pieces_.at(p);
 }
 
+Tensor ChunkManager::shard(size_t c) const {
+  return chunks_.at(c).shard;
+}
+
 Tensor ChunkManager::piece(size_t p) const {
   const Piece& own = pieces_.at(p);
   return chunks_[chunk_of_[p]].shard.narrow(0, own.numel == 0 ? 0 : own.offset, own.numel);

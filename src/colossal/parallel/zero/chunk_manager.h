@@ -83,6 +83,9 @@ class ChunkManager {
   /// This rank's piece of parameter p as a 1-D view of its chunk's shard (empty where it owns none):
   /// the optimizer steps these, the mixed-precision masters write back into them.
   Tensor piece(size_t p) const;
+  /// Chunk c's shard (this rank's, 1-D in the model's dtype), wherever it lives now: optimizer
+  /// offload writes the updated parameters into it.
+  Tensor shard(size_t chunk) const;
   /// This rank's piece of parameter p: [begin, begin + numel) of the flattened parameter, at
   /// `offset` in the shard.
   Piece piece_range(size_t p) const;

@@ -38,6 +38,9 @@ namespace colossal::parallel::zero {
 // A bucket stepped during backward uses the hyper-parameters its param group has then, which are the
 // update's (the LR scheduler steps after the update); code that changes them between backward and
 // the update (a before_update hook) must turn clipping on or step without offload.
+// Stage 3 uses the same object with its chunks as the buckets and no all-gather: the update goes into
+// the chunk's shard, directly where that lives on the host (Bucket::out); Note [ZeRO-3 offload] in
+// zero3.cpp.
 
 struct HostOffload::Copy {
   core::cuda::Event done;
@@ -56,17 +59,9 @@ HostOffload::HostOffload(optim::Optimizer& optimizer, Device device, int64_t sha
                  optimizer_.name());
   master_ = host_empty(shard_numel, DType::f32);
   gradient_ = host_empty(shard_numel, DType::f32);
-  for (const Bucket& bucket : buckets_) {
-    Tensor staging = host_empty(bucket.chunk, bucket.dtype);
-    std::vector<optim::HostStepItem> items;
-    for (const Piece& piece : bucket.pieces) {
-      const int64_t at = piece.numel == 0 ? 0 : piece.chunk_offset;
-      items.push_back(optim::HostStepItem{piece.group, piece.index, gradient(piece.shard_offset, piece.numel),
-                                          staging.narrow(0, at, piece.numel)});
-    }
-    staging_.push_back(std::move(staging));
-    items_.push_back(std::move(items));
-  }
+  staging_.resize(buckets_.size());
+  items_.resize(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) bind_items(b);
   stepped_.assign(buckets_.size(), false);
   if (device_.is_cuda()) {
     copy_stream_ = core::cuda::create_stream(device_);
@@ -95,6 +90,33 @@ Tensor HostOffload::host_empty(int64_t numel, DType dtype) const {
   Tensor t = device_.is_cuda() ? core::cuda::pinned_empty({numel}, dtype) : core::empty({numel}, {dtype, core::kCpu});
   t.fill_(0.0);
   return t;
+}
+
+void HostOffload::bind_items(size_t b) {
+  const Bucket& bucket = buckets_[b];
+  Tensor out = bucket.out;
+  if (out.defined()) {
+    COLOSSAL_CHECK(
+        !out.device().is_cuda() && out.is_contiguous() && out.numel() == bucket.chunk && out.dtype() == bucket.dtype,
+        "ZeRO offload: bucket {}'s output is {} {} elements on {}, expected {} contiguous {} on the host", b,
+        out.numel(), out.dtype(), out.device(), bucket.chunk, bucket.dtype);
+  } else {
+    if (!staging_[b].defined()) staging_[b] = host_empty(bucket.chunk, bucket.dtype);
+    out = staging_[b];
+  }
+  std::vector<optim::HostStepItem> items;
+  for (const Piece& piece : bucket.pieces) {
+    const int64_t at = piece.numel == 0 ? 0 : piece.chunk_offset;
+    items.push_back(optim::HostStepItem{piece.group, piece.index, gradient(piece.shard_offset, piece.numel),
+                                        out.narrow(0, at, piece.numel)});
+  }
+  items_[b] = std::move(items);
+}
+
+void HostOffload::set_output(size_t b, const Tensor& out) {
+  wait_idle();
+  buckets_.at(b).out = out;
+  bind_items(b);
 }
 
 Tensor HostOffload::master(int64_t offset, int64_t numel) const {
@@ -203,11 +225,29 @@ void HostOffload::step(double grad_scale) {
   if (failure) std::rethrow_exception(failure);
 }
 
+void HostOffload::step_with_optimizer_scale() {
+  const Tensor scale = optimizer_.release_grad_scale();  // clipping's factor, when clipping
+  step(scale.defined() ? scale.to(core::kCpu).item<double>() : 1.0);
+}
+
 Tensor HostOffload::updated_chunk(size_t b) const {
-  if (!device_.is_cuda()) return staging_[b];
+  if (!device_.is_cuda()) {
+    COLOSSAL_CHECK(!buckets_[b].out.defined(), "ZeRO offload: bucket {} writes its update into its own output", b);
+    return staging_[b];
+  }
   Tensor chunk = core::empty({buckets_[b].chunk}, {buckets_[b].dtype, device_});
-  core::cuda::copy_async(chunk, staging_[b], core::cuda::current_stream(device_));
+  copy_updated_chunk(b, chunk);
   return chunk;
+}
+
+void HostOffload::copy_updated_chunk(size_t b, const Tensor& dst) const {
+  COLOSSAL_CHECK(!buckets_[b].out.defined() && staging_[b].defined(),
+                 "ZeRO offload: bucket {} writes its update into its own output, not a staging buffer", b);
+  if (dst.device().is_cuda()) {
+    core::cuda::copy_async(dst, staging_[b], core::cuda::current_stream(dst.device()));
+  } else {
+    dst.copy_(staging_[b]);
+  }
 }
 
 void HostOffload::end_window() {
@@ -217,14 +257,28 @@ void HostOffload::end_window() {
   failure_ = nullptr;
 }
 
-int64_t HostOffload::host_bytes() const {
+int64_t HostOffload::buffer_bytes() const {
   int64_t bytes = static_cast<int64_t>(master_.nbytes() + gradient_.nbytes());
-  for (const Tensor& staging : staging_) bytes += static_cast<int64_t>(staging.nbytes());
+  for (const Tensor& staging : staging_) {
+    if (staging.defined()) bytes += static_cast<int64_t>(staging.nbytes());
+  }
   return bytes;
 }
 
 int64_t HostOffload::pinned_bytes() const {
-  return device_.is_cuda() ? host_bytes() : 0;
+  return device_.is_cuda() ? buffer_bytes() : 0;
+}
+
+int64_t HostOffload::host_bytes() const {
+  int64_t bytes = buffer_bytes();
+  for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {  // the moments
+    for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) {
+      if (const optim::ParamState* state = optimizer_.find_state(g, i)) {
+        for (const auto& [name, buffer] : state->buffers) bytes += static_cast<int64_t>(buffer.nbytes());
+      }
+    }
+  }
+  return bytes;
 }
 
 }  // namespace colossal::parallel::zero

@@ -1,7 +1,8 @@
 // HostOffload: the host side of ZeRO's optimizer offload (zero.offload_optimizer) for LowLevelZero
-// (stages 1 and 2): this rank's fp32 master shard and the gradient shard in pinned host memory, the
-// optimizer's moments in host memory, the host optimizer step (optim/host_optimizer.h) per bucket, and
-// the staging buffers of the updated parameters in the model's dtype that go back to the device.
+// (stages 1 and 2, buckets) and Zero3 (stage 3, chunks): this rank's fp32 master shard and the
+// gradient shard in pinned host memory, the optimizer's moments in host memory, the host optimizer
+// step (optim/host_optimizer.h) per bucket, and where the updated parameters in the model's dtype go:
+// staging buffers copied to the device, or a host tensor of the caller's (stage 3's host shards).
 // Gradients come over per bucket as soon as their reduce-scatter is done, on a copy stream; where no
 // statistic of all gradients must come first the buckets are stepped by a worker thread while backward
 // goes on. See Note [Optimizer offload] in host_offload.cpp.
@@ -37,6 +38,9 @@ class HostOffload {
     int64_t shard_offset = 0, chunk = 0;
     DType dtype = DType::f32;
     std::vector<Piece> pieces;
+    /// Where the host step writes the bucket's updated parameters (the chunk's layout, the model's
+    /// dtype, contiguous on the host): undefined for a staging buffer of its own (updated_chunk).
+    Tensor out;
   };
 
   /// Host buffers for a shard of `shard_numel` f32 elements cut into `buckets`, for `optimizer`
@@ -65,9 +69,18 @@ class HostOffload {
   /// (which must be 1 when buckets were stepped during backward), then waits for the worker. Rethrows
   /// what the worker threw.
   void step(double grad_scale);
+  /// step() with the gradient scale the optimizer was given (clipping's factor,
+  /// Optimizer::release_grad_scale; 1 without one): the handlers' step_on_host.
+  void step_with_optimizer_scale();
   /// Bucket b's updated parameters in the model's dtype, on the device, laid out as its chunk: the
   /// staging buffer copied over (on the current stream), or the buffer itself on the CPU.
   Tensor updated_chunk(size_t b) const;
+  /// Copies bucket b's updated parameters (its staging buffer) into `dst` (the chunk's numel and
+  /// dtype, on the device or the host), on the current stream.
+  void copy_updated_chunk(size_t b, const Tensor& dst) const;
+  /// Points bucket b's updated parameters at `out` (as Bucket::out; undefined: its staging buffer,
+  /// made when first needed). Between windows only: waits for the worker.
+  void set_output(size_t b, const Tensor& out);
   /// Forgets which buckets the window stepped (after the all-gather, or when the window is dropped,
   /// once the worker is idle).
   void end_window();
@@ -76,11 +89,14 @@ class HostOffload {
   /// Bytes of pinned host memory (masters, gradient shard and staging buffers; 0 off the GPU, where
   /// they are plain host memory).
   int64_t pinned_bytes() const;
-  /// Bytes of host memory the masters, gradient shard and staging buffers take, pinned or not.
+  /// Bytes of host memory the masters, gradient shard, staging buffers and the optimizer's moments
+  /// take, pinned or not.
   int64_t host_bytes() const;
 
  private:
   Tensor host_empty(int64_t numel, DType dtype) const;
+  void bind_items(size_t b);
+  int64_t buffer_bytes() const;  // masters, gradient shard and staging buffers
   void step_bucket(size_t b, double grad_scale);
   void wait_copy(size_t b);
   void work();
@@ -90,8 +106,8 @@ class HostOffload {
   Device device_;
   std::vector<Bucket> buckets_;
   bool step_during_backward_;
-  Tensor master_, gradient_;                             // f32, shard_numel: pinned on a GPU machine
-  std::vector<Tensor> staging_;                          // per bucket: the updated chunk in the model's dtype
+  Tensor master_, gradient_;     // f32, shard_numel: pinned on a GPU machine
+  std::vector<Tensor> staging_;  // per bucket: the updated chunk in the model's dtype (undefined until needed)
   std::vector<std::vector<optim::HostStepItem>> items_;  // per bucket
 
   // The device-to-host copies (GPU only): their stream and one event per bucket, recorded after it.

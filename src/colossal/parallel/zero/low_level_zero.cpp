@@ -532,8 +532,7 @@ std::vector<std::pair<std::string, Tensor>> LowLevelZero::gather_gradients() con
 void LowLevelZero::step_on_host() {
   COLOSSAL_CHECK(offload_ != nullptr, "ZeRO: step_on_host without zero.offload_optimizer");
   core::profiler::Scope scope("zero: host optimizer step", group_->device());
-  const Tensor scale = optimizer_.release_grad_scale();  // clipping's factor, when clipping
-  offload_->step(scale.defined() ? scale.to(core::kCpu).item<double>() : 1.0);
+  offload_->step_with_optimizer_scale();
 }
 
 void LowLevelZero::load_masters_from_model() {
@@ -546,16 +545,7 @@ void LowLevelZero::load_masters_from_model() {
 }
 
 int64_t LowLevelZero::host_bytes() const {
-  if (!offload_) return 0;
-  int64_t bytes = offload_->host_bytes();
-  for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
-    for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) {
-      if (const optim::ParamState* state = optimizer_.find_state(g, i)) {
-        for (const auto& [name, buffer] : state->buffers) bytes += static_cast<int64_t>(buffer.nbytes());
-      }
-    }
-  }
-  return bytes;
+  return offload_ ? offload_->host_bytes() : 0;
 }
 
 int64_t LowLevelZero::pinned_host_bytes() const {

@@ -37,13 +37,13 @@ struct ZeroOptions {
   std::optional<Granularity> granularity;
   /// Broadcast parameters, buffers and fp32 masters from the group's rank 0 at construction.
   bool broadcast_parameters = true;
-  /// Stages 1 and 2 (config zero.offload_optimizer): the shard's fp32 masters and the optimizer's
-  /// moments live in host memory and the optimizer steps there (parallel/zero/host_offload.h, Note
-  /// [Optimizer offload]); Adam, AdamW and LAMB only.
+  /// Config zero.offload_optimizer: the shard's fp32 masters and the optimizer's moments live in host
+  /// memory and the optimizer steps there (parallel/zero/host_offload.h, Note [Optimizer offload];
+  /// stage 3: Note [ZeRO-3 offload] in zero3.cpp); Adam, AdamW and LAMB only (stage 3: no LAMB).
   bool offload_optimizer = false;
-  /// With offload_optimizer: step each bucket on the host as soon as its gradient is there, while
-  /// backward goes on. Only right when nothing needs all gradients before the step (no clipping, no
-  /// fp16 loss scale): the Engine sets it so.
+  /// With offload_optimizer: step each bucket (stage 3: chunk) on the host as soon as its gradient
+  /// is there, while backward goes on. Only right when nothing needs all gradients before the step
+  /// (no clipping, no fp16 loss scale): the Engine sets it so.
   bool step_during_backward = false;
   // Stage 3 (parallel/zero/zero3.h; the chunk manager, chunk_manager.h):
   /// Parameter bytes per chunk (config zero.chunk_size_mb): a unit's parameters are packed into
@@ -117,21 +117,13 @@ class LowLevelZero final : public ZeroHandler {
   /// and moments are on the host (host_bytes(), pinned_host_bytes()).
   ModelStateBytes model_state_bytes() const override;
 
-  /// Whether the optimizer steps on the host (ZeroOptions::offload_optimizer).
-  bool offloads_optimizer() const { return offload_ != nullptr; }
-  /// With offload: the window's optimizer step, on the host, in place of optimizer.step() (the
-  /// Engine and MixedPrecisionOptimizer call it): the buckets not stepped during backward, with the
-  /// gradient scale the optimizer was given (clipping's factor). after_update copies the updated
-  /// parameters to the device and all-gathers them.
-  void step_on_host();
-  /// With offload and an f32 model (no mixed precision, or torch's): the host masters are copies of
-  /// the model's parameters; this copies them again from the model (after a checkpoint loaded it).
-  /// Nothing otherwise: the wrapper's masters are their own state.
-  void load_masters_from_model();
-  /// Bytes of host memory the offload holds (masters, moments, gradient shard, staging buffers), and
-  /// of those the pinned (page-locked) ones; 0 without offload.
-  int64_t host_bytes() const;
-  int64_t pinned_host_bytes() const;
+  /// Optimizer offload (ZeroOptions::offload_optimizer; ZeroHandler's): after_update copies the
+  /// updated parameters to the device and all-gathers them.
+  bool offloads_optimizer() const override { return offload_ != nullptr; }
+  void step_on_host() override;
+  void load_masters_from_model() override;
+  int64_t host_bytes() const override;
+  int64_t pinned_host_bytes() const override;
 
  private:
   struct Entry;

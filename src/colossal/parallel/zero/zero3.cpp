@@ -57,11 +57,31 @@ struct Zero3::Unit {
   int64_t pre_hook = -1, hook = -1;
 };
 
+// Note [ZeRO-3 offload]
+// zero.offload_optimizer at stage 3 is Note [Optimizer offload] (host_offload.cpp) with the chunks as
+// its buckets: the shard's f32 masters (host copies of an f32 model's shards) and the moments live on
+// the host, and no shard is ever brought to the device for the step.
+//  - backward: as a chunk's reduce-scatter of the window's last backward completes (drain), its f32
+//    gradient shard is copied to the pinned host gradient on HostOffload's copy stream; with neither
+//    clipping nor an fp16 loss scale the worker thread steps the chunk on the host right away, while
+//    the rest of backward runs (the Engine decides, as at stages 1 and 2).
+//  - finish(): the shards stay where the placement put them; the optimizer's tensors (host masters)
+//    get the host gradient, so unscaling, the overflow check and the clipping norm over the data
+//    group run on it as for any ZeRO shard; step_on_host() steps what is left with clipping's factor.
+//  - the host step writes each updated parameter in the model's dtype straight into the chunk's
+//    shard where that is on the host ("cpu", and what "auto" evicted: no copy at all), else into a
+//    pinned staging buffer that after_update copies into the device shard ("cuda", what "auto"
+//    kept). Where each chunk's update goes is set again after every placement (offload_output).
+//    The host shard is written only after its unit's backward has read it: the worker waits for the
+//    gradient's copy, which follows the unit's backward on the compute stream, which follows the
+//    gather's copy of the host shard.
+
 struct Zero3::InFlight {
   size_t chunk = 0;
   comm::Work work;
   Tensor flat;
   Tensor out;
+  bool last = false;  // reduced by the window's last backward: the shard's gradient is final once added
 };
 
 /// Identity forward; its backward acquires the unit's chunks before the unit's backward runs.
@@ -209,18 +229,24 @@ Zero3::Zero3(nn::Module& model, optim::Optimizer& optimizer, amp::MixedPrecision
     shard_grad_numel_ += chunks_->shard_numel(c);
   }
 
-  // The tensors the optimizer steps.
+  // The tensors the optimizer steps: the shards' pieces, or f32 masters of them (the wrapper's, or
+  // on the host with offload, copied from the wrapper's masters or, for an f32 model, the pieces).
   std::vector<int64_t> begins;
   std::vector<Tensor> targets;
-  const bool own_masters = amp_ != nullptr && amp_->mode() != amp::AmpMode::torch;
+  if (options_.offload_optimizer) make_offload();
+  const bool wrapper_masters = amp_ != nullptr && amp_->mode() != amp::AmpMode::torch;
+  const bool own_masters = wrapper_masters && !offload_;
   if (own_masters) master_shard_ = core::zeros({shard_grad_numel_}, TensorOptions(DType::f32, group_->device()));
   for (size_t k = 0; k < params_.size(); ++k) {
     const Piece own = chunks_->piece_range(k);
+    const int64_t at = own.numel == 0 ? 0 : grad_offset_[chunks_->chunk_of(k)] + own.offset;
     Tensor shard = chunks_->piece(k);
-    if (own_masters) {
-      targets.push_back(shard);
-      shard = master_shard_.narrow(0, own.numel == 0 ? 0 : grad_offset_[chunks_->chunk_of(k)] + own.offset, own.numel);
-      shard.copy_(masters[k].detach().view({-1}).narrow(0, own.numel == 0 ? 0 : own.begin, own.numel));
+    if (own_masters || offload_) {
+      if (amp_ != nullptr) targets.push_back(shard);
+      Tensor master = offload_ ? offload_->master(at, own.numel) : master_shard_.narrow(0, at, own.numel);
+      master.copy_(wrapper_masters ? masters[k].detach().view({-1}).narrow(0, own.numel == 0 ? 0 : own.begin, own.numel)
+                                   : shard);
+      shard = master;
     }
     shards_.push_back(shard);
     begins.push_back(own.begin);
@@ -251,6 +277,33 @@ Zero3::~Zero3() {
     unit.module->remove_forward_hook(unit.hook);
   }
   for (InFlight& flight : in_flight_) flight.work.wait();
+}
+
+void Zero3::make_offload() {
+  // The optimizer's (group, index) of each parameter: params_ are its parameters in group order.
+  std::vector<std::pair<size_t, size_t>> slots;
+  for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
+    for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) slots.emplace_back(g, i);
+  }
+  COLOSSAL_CHECK(slots.size() == params_.size(), "ZeRO-3 offload: the {} optimizer has {} parameters, ZeRO {}",
+                 optimizer_.name(), slots.size(), params_.size());
+  std::vector<HostOffload::Bucket> buckets;  // one per chunk
+  for (size_t c = 0; c < chunks_->num_chunks(); ++c) {
+    HostOffload::Bucket bucket{grad_offset_[c], chunks_->shard_numel(c), chunks_->dtype(c), {}, offload_output(c)};
+    for (size_t k : chunks_->chunk_params(c)) {
+      const Piece own = chunks_->piece_range(k);
+      bucket.pieces.push_back(
+          HostOffload::Piece{slots[k].first, slots[k].second, grad_offset_[c] + own.offset, own.offset, own.numel});
+    }
+    buckets.push_back(std::move(bucket));
+  }
+  offload_ = std::make_unique<HostOffload>(optimizer_, group_->device(), shard_grad_numel_, std::move(buckets),
+                                           options_.step_during_backward);
+}
+
+Tensor Zero3::offload_output(size_t c) const {
+  // A host shard takes the update directly; a device shard through a staging buffer.
+  return chunks_->place(c) == ShardPlace::host ? chunks_->shard(c) : Tensor();
 }
 
 std::string_view Zero3::name() const {
@@ -329,7 +382,7 @@ void Zero3::reduce_unit(size_t u) {
     }
     Tensor out = core::empty({shard}, TensorOptions(dtype, group_->device()));
     comm::Work work = group_->reduce_scatter(out, flat, op, /*async=*/true);
-    in_flight_.push_back(InFlight{c, std::move(work), std::move(flat), std::move(out)});
+    in_flight_.push_back(InFlight{c, std::move(work), std::move(flat), std::move(out), sync_});
   }
   for (size_t c : chunks_->unit_chunks(u)) chunks_->release(c);
 }
@@ -344,6 +397,8 @@ void Zero3::drain(bool all) {
     }
     Tensor dst = shard_grad_.narrow(0, grad_offset_[front.chunk], chunks_->shard_numel(front.chunk));
     ops::add_(dst, front.out);  // in f32: the window's micro-steps accumulate in the shard
+    // Offload: the chunk's gradient is complete; to the host (and the step, where it may start now).
+    if (offload_ && front.last && !discarding_) offload_->gradient_ready(front.chunk, dst);
     in_flight_.erase(in_flight_.begin());
   }
 }
@@ -365,23 +420,24 @@ void Zero3::flush_backward() {
 }
 
 void Zero3::set_sync(bool sync) {
-  (void)sync;  // every backward reduces into the shard, as stage 2
-  flush_backward();
+  flush_backward();  // every backward reduces into the shard, as stage 2
+  sync_ = sync;      // offload copies the gradients of the window's last backward to the host
 }
 
 void Zero3::finish() {
   autograd::NoGradGuard no_grad;
   flush_backward();
   drain(/*all=*/true);
-  chunks_->fetch_all();
+  if (!offload_) chunks_->fetch_all();  // the optimizer steps on the device
   if (!window_reduced_) return;
   if (!shard_grad_.defined()) {
     shard_grad_ = core::zeros({shard_grad_numel_}, TensorOptions(DType::f32, group_->device()));
   }
+  if (offload_) offload_->wait_for_gradients();  // the copies read shard_grad_, released below
   for (size_t k = 0; k < params_.size(); ++k) {
     const Piece own = chunks_->piece_range(k);
-    shards_[k].set_grad(
-        shard_grad_.narrow(0, own.numel == 0 ? 0 : grad_offset_[chunks_->chunk_of(k)] + own.offset, own.numel));
+    const int64_t at = own.numel == 0 ? 0 : grad_offset_[chunks_->chunk_of(k)] + own.offset;
+    shards_[k].set_grad(offload_ ? offload_->gradient(at, own.numel) : shard_grad_.narrow(0, at, own.numel));
   }
   shard_grad_ = Tensor();  // the optimizer's zero_grad releases it with the shards' gradients
   window_reduced_ = false;
@@ -389,8 +445,14 @@ void Zero3::finish() {
 
 void Zero3::zero_grad() {
   autograd::NoGradGuard no_grad;
+  discarding_ = true;  // nothing of a dropped window goes to the host optimizer
   flush_backward();
   drain(/*all=*/true);
+  discarding_ = false;
+  if (offload_) {
+    offload_->wait_for_gradients();
+    offload_->end_window();
+  }
   shard_grad_ = Tensor();
   window_reduced_ = false;
   for (Tensor& param : params_) {
@@ -399,8 +461,52 @@ void Zero3::zero_grad() {
 }
 
 void Zero3::after_update(bool stepped) {
-  (void)stepped;  // the shards are the parameters: nothing to gather either way
+  // The shards are the parameters: nothing to gather either way.
+  if (offload_) {
+    autograd::NoGradGuard no_grad;
+    if (stepped) {
+      for (size_t c = 0; c < chunks_->num_chunks(); ++c) {
+        if (!offload_output(c).defined()) offload_->copy_updated_chunk(c, chunks_->shard(c));
+      }
+    }
+    offload_->end_window();
+  }
   chunks_->place_after_step();
+  if (offload_) {
+    for (size_t c = 0; c < chunks_->num_chunks(); ++c) offload_->set_output(c, offload_output(c));
+  }
+}
+
+void Zero3::step_on_host() {
+  COLOSSAL_CHECK(offload_ != nullptr, "ZeRO-3: step_on_host without zero.offload_optimizer = true");
+  core::profiler::Scope scope("zero3: host optimizer step", group_->device());
+  offload_->step_with_optimizer_scale();
+}
+
+void Zero3::load_masters_from_model() {
+  if (!offload_ || (amp_ != nullptr && amp_->mode() != amp::AmpMode::torch)) return;
+  autograd::NoGradGuard no_grad;
+  for (size_t k = 0; k < params_.size(); ++k) shards_[k].copy_(chunks_->piece(k));
+}
+
+int64_t Zero3::host_shard_bytes() const {
+  int64_t bytes = 0;
+  for (size_t c = 0; c < chunks_->num_chunks(); ++c) {
+    if (chunks_->place(c) == ShardPlace::host) {
+      bytes += chunks_->shard_numel(c) * static_cast<int64_t>(core::element_size(chunks_->dtype(c)));
+    }
+  }
+  return bytes;
+}
+
+int64_t Zero3::host_bytes() const {
+  return offload_ ? offload_->host_bytes() + host_shard_bytes() : 0;
+}
+
+int64_t Zero3::pinned_host_bytes() const {
+  // The chunk manager's host shards are pinned on a GPU machine, as the offload's buffers.
+  if (!offload_) return 0;
+  return offload_->pinned_bytes() + (group_->device().is_cuda() ? host_shard_bytes() : 0);
 }
 
 Tensor Zero3::gather_whole(const Tensor& local, size_t k) const {
@@ -559,6 +665,11 @@ ModelStateBytes Zero3::model_state_bytes() const {
     largest_chunk = std::max(largest_chunk, chunks_->shard_numel(c) * (group_->size() + 1) * element);
   }
   bytes.gradients = shard_grad_numel_ * 4 + largest_chunk;
+  // Offload: the shards on the host stay there through the step; masters and moments are host_bytes().
+  if (offload_) {
+    bytes.parameters -= host_shard_bytes();
+    return bytes;
+  }
   if (master_shard_.defined()) bytes.master_weights = static_cast<int64_t>(master_shard_.nbytes());
   for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
     for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) {

@@ -4,7 +4,9 @@
 // chunk_manager.h), a unit's chunks are all-gathered before its forward and again before its
 // backward, freed after each, the next unit's prefetched meanwhile; gradients are reduce-scattered
 // into the shard as each unit's backward completes; the optimizer steps the shard and nothing is
-// gathered after the step. See Note [ZeRO-3 units] and Note [ZeRO-3 step] in zero3.cpp.
+// gathered after the step. With zero.offload_optimizer the masters and moments live on the host and
+// the step runs there, writing the shards where they live. See Note [ZeRO-3 units], Note [ZeRO-3
+// step] and Note [ZeRO-3 offload] in zero3.cpp.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include "colossal/nn/module.h"
 #include "colossal/optim/optimizer.h"
 #include "colossal/parallel/zero/chunk_manager.h"
+#include "colossal/parallel/zero/host_offload.h"
 #include "colossal/parallel/zero/low_level_zero.h"  // ZeroOptions
 #include "colossal/parallel/zero/zero_handler.h"
 
@@ -43,10 +46,13 @@ class Zero3 final : public ZeroHandler {
   /// Before each backward: the last backward's units that got no gradient send zeros now.
   void set_sync(bool sync) override;
   /// Sends what is left, waits for the reductions, frees every gathered chunk, fetches the shards to
-  /// the device and gives each tensor the optimizer steps its slice of the f32 shard gradient.
+  /// the device and gives each tensor the optimizer steps its slice of the f32 shard gradient. With
+  /// optimizer offload the shards stay where they are and the slices are of the host gradient.
   void finish() override;
   void zero_grad() override;
-  /// Places the shards for the next step (the chunk manager's policy); nothing is gathered.
+  /// With offload, copies the host step's updated parameters into the shards on the device (those on
+  /// the host were written by the step); then places the shards for the next step (the chunk
+  /// manager's policy). Nothing is gathered.
   void after_update(bool stepped) override;
   const comm::ProcessGroup& group() const override { return *group_; }
   bool replicates_gradients() const override { return false; }
@@ -65,7 +71,17 @@ class Zero3 final : public ZeroHandler {
   /// Parameters: this rank's shards (1/Nd of the model, with each chunk's padding); gradients: the
   /// f32 shard gradient plus the largest chunk's reduction in flight; masters and optimizer states
   /// of the shard.
+  /// With optimizer offload, device memory only: the parameter shards on the device, the f32 shard
+  /// gradient and the chunk in flight (masters and moments are on the host: host_bytes()).
   ModelStateBytes model_state_bytes() const override;
+
+  /// Optimizer offload (ZeroOptions::offload_optimizer, Note [ZeRO-3 offload] in zero3.cpp).
+  bool offloads_optimizer() const override { return offload_ != nullptr; }
+  void step_on_host() override;
+  void load_masters_from_model() override;
+  /// With offload: the offload's host memory plus the parameter shards on the host now.
+  int64_t host_bytes() const override;
+  int64_t pinned_host_bytes() const override;
 
   const ChunkManager& chunks() const { return *chunks_; }
   /// The hooked units' module names ("" for the model, "h.0", ...), in registration order.
@@ -85,6 +101,9 @@ class Zero3 final : public ZeroHandler {
   void prefetch_after(const std::vector<size_t>& order, size_t unit);
   Tensor gather_whole(const Tensor& local, size_t param) const;
   Tensor own_piece(const Tensor& whole, size_t param, const std::string& key) const;
+  void make_offload();
+  Tensor offload_output(size_t chunk) const;
+  int64_t host_shard_bytes() const;
 
   nn::Module& model_;
   optim::Optimizer& optimizer_;
@@ -107,6 +126,9 @@ class Zero3 final : public ZeroHandler {
   bool orders_recorded_ = false;
   bool backward_marked_ = false;
   bool window_reduced_ = false;
+  std::unique_ptr<HostOffload> offload_;  // offload_optimizer: the masters and the step on the host
+  bool sync_ = true;                      // the current backward ends the window
+  bool discarding_ = false;               // zero_grad drops the window: no gradient to the host
 };
 
 }  // namespace colossal::parallel::zero

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "colossal/core/error.h"  // COLOSSAL_FAIL
 #include "colossal/core/tensor.h"
 #include "colossal/nn/module.h"
 #include "colossal/nn/state_dict.h"
@@ -63,8 +64,25 @@ class ZeroHandler : public GradientHandler {
   /// After finish(): every parameter's reduced gradient, whole (all-gathered over the group), by
   /// name: for tests and debugging. Collective.
   virtual std::vector<std::pair<std::string, Tensor>> gather_gradients() const = 0;
-  /// This rank's model states now (for LogMemoryHook and the memory benchmarks).
+  /// This rank's model states now (for LogMemoryHook and the memory benchmarks): device memory.
   virtual ModelStateBytes model_state_bytes() const = 0;
+
+  // Optimizer offload (zero.offload_optimizer; parallel/zero/host_offload.h, Note [Optimizer offload]).
+  /// Whether the optimizer steps on the host.
+  virtual bool offloads_optimizer() const { return false; }
+  /// With offload: the window's optimizer step, on the host, in place of optimizer.step() (the Engine
+  /// and MixedPrecisionOptimizer call it), with the gradient scale the optimizer was given (clipping's
+  /// factor); the handler's after_update puts the updated parameters where the model reads them.
+  virtual void step_on_host() { COLOSSAL_FAIL("ZeRO: step_on_host without zero.offload_optimizer = true"); }
+  /// With offload and an f32 model (no mixed precision, or torch's): the host masters are copies of
+  /// the model's parameters; this copies them again from the model (after a checkpoint loaded it).
+  /// Nothing otherwise: the wrapper's masters are their own state.
+  virtual void load_masters_from_model() {}
+  /// Bytes of host memory this rank's model states take (with offload: masters, moments, gradient
+  /// shard and staging buffers; stage 3 adds the parameter shards kept on the host), and of those the
+  /// pinned (page-locked) ones.
+  virtual int64_t host_bytes() const { return 0; }
+  virtual int64_t pinned_host_bytes() const { return 0; }
 };
 
 }  // namespace colossal::parallel::zero
