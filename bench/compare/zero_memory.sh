@@ -11,7 +11,7 @@
 # a bucket in flight; stage 1 adds the fp32 shard gradients (4 Psi / Nd) to the full bf16 ones.
 #
 #   tools/gpu-check --run bench/compare/zero_memory.sh [gpt2] [gpt2-medium] [gpt2-large] [gpt2-xl]
-# (default: gpt2-medium gpt2-xl). COLOSSAL=path/to/colossal, OUT=folder for logs and metrics.
+# (default: gpt2-medium gpt2-xl; "none": no 2-GPU runs). COLOSSAL=path/to/colossal, OUT=folder for logs and metrics.
 # STAGES="0 1 2" picks the ZeRO-1/2 stages run (empty: none); ZERO3_CPU=0 skips the cpu placement run.
 #
 # Then the optimizer offload on ONE GPU (zero.offload_optimizer, Note [Optimizer offload] in
@@ -29,6 +29,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 sizes=("$@")
 [[ ${#sizes[@]} == 0 ]] && sizes=(gpt2-medium gpt2-xl)
+[[ ${sizes[0]} == none ]] && sizes=()  # only the one-GPU offload runs
 colossal=${COLOSSAL:-build-gpu/src/colossal/cli/colossal}
 out=${OUT:-/tmp/zero-memory}
 mkdir -p "$out"
