@@ -156,11 +156,10 @@ void run_describe(const DescribeOptions& o) {
   if (c.parallel.pipeline > 1) {
     // The stages as colossal train cuts them (initialize/pipeline_stage.h).
     const auto pieces = initialize::pipeline_pieces(*model);
-    const parallel::pp::StageParts parts =
-        initialize::plan_pipeline(pieces, c.parallel.pipeline, c.parallel.num_chunks);
-    fmt::print("# pipeline: {} stages x {} chunk(s), {} pieces balanced by parameters, {} microbatches of {} samples\n",
-               c.parallel.pipeline, c.parallel.num_chunks, pieces.size(), c.parallel.num_microbatches,
-               c.data.batch_size / std::max(1, c.parallel.num_microbatches));
+    const parallel::pp::StageParts parts = initialize::plan_pipeline(pieces, c.parallel);
+    fmt::print("# pipeline: {} stages x {} chunk(s), {} pieces {}, {} microbatches of {} samples\n",
+               c.parallel.pipeline, c.parallel.num_chunks, pieces.size(), initialize::describe_partition(c.parallel),
+               c.parallel.num_microbatches, c.data.batch_size / std::max(1, c.parallel.num_microbatches));
     for (size_t s = 0; s < parts.size(); ++s) {
       for (size_t k = 0; k < parts[s].size(); ++k) {
         int64_t params = 0;

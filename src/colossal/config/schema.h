@@ -62,6 +62,8 @@ inline constexpr EnumEntry<TensorSplit> kTensorSplits[] = {{TensorSplit::kColumn
                                                            {TensorSplit::kVocab, "vocab"}};
 inline constexpr EnumEntry<AmpMode> kAmpModes[] = {
     {AmpMode::kOff, "off"}, {AmpMode::kTorch, "torch"}, {AmpMode::kNaive, "naive"}};
+inline constexpr EnumEntry<PipelinePartition> kPipelinePartitions[] = {{PipelinePartition::kBalanced, "balanced"},
+                                                                       {PipelinePartition::kUniform, "uniform"}};
 inline constexpr EnumEntry<ZeroPlacement> kZeroPlacements[] = {
     {ZeroPlacement::kCuda, "cuda"}, {ZeroPlacement::kCpu, "cpu"}, {ZeroPlacement::kAuto, "auto"}};
 inline constexpr EnumEntry<ModelName> kModelNames[] = {
@@ -93,6 +95,9 @@ inline std::span<const EnumEntry<TensorSplit>> enum_entries(TensorSplit) {
 }
 inline std::span<const EnumEntry<AmpMode>> enum_entries(AmpMode) {
   return kAmpModes;
+}
+inline std::span<const EnumEntry<PipelinePartition>> enum_entries(PipelinePartition) {
+  return kPipelinePartitions;
 }
 inline std::span<const EnumEntry<ZeroPlacement>> enum_entries(ZeroPlacement) {
   return kZeroPlacements;
@@ -153,6 +158,8 @@ void visit_fields(Config& c, Visitor& v) {
   v("parallel.pipeline", c.parallel.pipeline, IntRange{1, kMaxRanks});
   v("parallel.num_microbatches", c.parallel.num_microbatches, IntRange{1, kIntFieldMax});
   v("parallel.num_chunks", c.parallel.num_chunks, IntRange{1, 1024});
+  v("parallel.partition", c.parallel.partition);
+  v("parallel.partition_sizes", c.parallel.partition_sizes, IntRange{1, kIntFieldMax});
   v("parallel.pipeline_report", c.parallel.pipeline_report, IntRange{0, kIntFieldMax});
   v("parallel.tensor.size", c.parallel.tensor.size, IntRange{1, kMaxRanks});
   v("parallel.tensor.mode", c.parallel.tensor.mode);

@@ -30,6 +30,12 @@ enum class AmpMode {
   kNaive,  ///< "naive": fp16 parameters, fp32 master copy, dynamic loss scale with hysteresis
 };
 
+/// parallel.partition: how a pipeline cuts the model's pieces among its stages (and their chunks).
+enum class PipelinePartition {
+  kBalanced,  ///< "balanced": by parameter count (Colossal-AI's partition_balanced)
+  kUniform,   ///< "uniform": by piece count (Colossal-AI's partition_uniform)
+};
+
 /// zero.placement_policy: where ZeRO-3 (Gemini) keeps parameter chunks between uses.
 enum class ZeroPlacement {
   kCuda,  ///< "cuda": on the GPU
@@ -122,6 +128,14 @@ struct ParallelConfig {
   /// Model chunks per pipeline stage (NUM_CHUNKS); more than 1 selects the interleaved 1F1B
   /// schedule, which needs num_microbatches to be a multiple of pipeline.
   int num_chunks = 1;
+  /// How the model's pieces (GPT-2: the embedding, each block, the head; ViT and ResNet alike) are
+  /// cut among the pipeline's stages x chunks: "balanced" by parameters, a weight two pieces share
+  /// counted in the last one; or "uniform" by number of pieces.
+  PipelinePartition partition = PipelinePartition::kBalanced;
+  /// Explicit pieces per part instead (Colossal-AI's explicit parts): pipeline x num_chunks counts, in
+  /// part order (part k is chunk k / pipeline of stage k % pipeline), adding up to the model's pieces;
+  /// `colossal describe` lists the pieces. Empty: `partition` decides.
+  std::vector<int64_t> partition_sizes;
   /// Under a pipeline, every this many steps the trainer prints each stage's busy and idle time and the
   /// measured bubble against (p - 1) / (v m) (engine/pipeline_report.h); 0: never.
   int pipeline_report = 0;

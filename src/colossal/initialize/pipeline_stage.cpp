@@ -2,9 +2,11 @@
 #include "colossal/initialize/pipeline_stage.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -29,8 +31,10 @@ std::vector<std::shared_ptr<nn::Module>> pipeline_pieces(nn::Module& model) {
                 model.type_name());
 }
 
-parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces, int num_stages,
-                                       int num_chunks) {
+namespace {
+
+parallel::pp::StageParts balanced_by_parameters(const std::vector<std::shared_ptr<nn::Module>>& pieces, int num_stages,
+                                                int num_chunks) {
   // The pieces are weighed by their parameters, a stand-in for their compute (a GEMM's FLOPs per token
   // are twice its weight's size). A weight two pieces share (GPT-2's tied wte, in the embedding and
   // the head) counts once, in the last piece that holds it: there it is the head's GEMM over the
@@ -52,11 +56,45 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
     }
     weights.push_back(n);
   }
+  return parallel::pp::partition_balanced(weights, num_stages, num_chunks);
+}
+
+}  // namespace
+
+std::string describe_partition(const config::ParallelConfig& parallel) {
+  if (!parallel.partition_sizes.empty()) {
+    return fmt::format("cut as parallel.partition_sizes = [{}]", fmt::join(parallel.partition_sizes, ", "));
+  }
+  return parallel.partition == config::PipelinePartition::kUniform ? "uniform by pieces" : "balanced by parameters";
+}
+
+parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces,
+                                       const config::ParallelConfig& parallel) {
+  const int num_stages = parallel.pipeline, num_chunks = parallel.num_chunks;
   COLOSSAL_CHECK(static_cast<int64_t>(pieces.size()) >= int64_t{num_stages} * num_chunks,
                  "parallel.pipeline = {} with parallel.num_chunks = {}: the model has {} pieces, fewer than the {} "
                  "parts the stages need",
                  num_stages, num_chunks, pieces.size(), int64_t{num_stages} * num_chunks);
-  return parallel::pp::partition_balanced(weights, num_stages, num_chunks);
+  const auto n = static_cast<int64_t>(pieces.size());
+  if (!parallel.partition_sizes.empty()) {
+    const int64_t total = std::accumulate(parallel.partition_sizes.begin(), parallel.partition_sizes.end(), int64_t{0});
+    COLOSSAL_CHECK(
+        parallel.partition_sizes.size() == static_cast<size_t>(num_stages) * static_cast<size_t>(num_chunks) &&
+            total == n,
+        "parallel.partition_sizes = [{}]: needs parallel.pipeline x parallel.num_chunks = {} x {} = {} "
+        "counts adding up to the model's {} pieces (`colossal describe` lists them); got {} adding up to {}",
+        fmt::join(parallel.partition_sizes, ", "), num_stages, num_chunks, num_stages * num_chunks, n,
+        parallel.partition_sizes.size(), total);
+    return parallel::pp::partition_explicit(parallel.partition_sizes, n, num_stages, num_chunks);
+  }
+  if (parallel.partition == config::PipelinePartition::kUniform) {
+    COLOSSAL_CHECK(n % num_chunks == 0,
+                   "parallel.partition = \"uniform\" with parallel.num_chunks = {}: the model's {} pieces do not "
+                   "divide into {} equal chunks; use parallel.partition = \"balanced\" or parallel.partition_sizes",
+                   num_chunks, n, num_chunks);
+    return parallel::pp::partition_uniform(n, num_stages, num_chunks);
+  }
+  return balanced_by_parameters(pieces, num_stages, num_chunks);
 }
 
 namespace {
@@ -111,7 +149,7 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
   const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kPipeline);
   const int p = group->size(), stage = group->rank(), v = c.parallel.num_chunks;
   const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(model);
-  const parallel::pp::StageParts parts = plan_pipeline(pieces, p, v);
+  const parallel::pp::StageParts parts = plan_pipeline(pieces, c.parallel);
 
   // Which stages hold each parameter: one held by several is tied between them.
   std::map<const core::TensorImpl*, std::set<int>> holders;
@@ -188,8 +226,8 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     schedule->set_tied_parameters(tied, engine::PipelineSchedule::tied_group(group, tied_stages.contains(stage)));
   }
   std::string description =
-      fmt::format("pipeline: {} stages x {} chunk{}, {} pieces balanced by parameters, {} microbatches{}; {}", p, v,
-                  v > 1 ? "s" : "", pieces.size(), c.parallel.num_microbatches,
+      fmt::format("pipeline: {} stages x {} chunk{}, {} pieces {}, {} microbatches{}; {}", p, v, v > 1 ? "s" : "",
+                  pieces.size(), describe_partition(c.parallel), c.parallel.num_microbatches,
                   tensor_parallel ? fmt::format(", blocks {}-way tensor-parallel", tensor_group->size()) : "",
                   parallel::pp::describe(parts));
   return {module, schedule, std::move(description), std::move(serial_names)};

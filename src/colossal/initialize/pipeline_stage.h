@@ -33,11 +33,15 @@ struct PipelineStage {
 /// The model's pieces for a pipeline (nn/models' layers()); throws naming the model when it has none.
 std::vector<std::shared_ptr<nn::Module>> pipeline_pieces(nn::Module& model);
 
-/// How `pieces` are cut among `num_stages` stages of `num_chunks` chunks: balanced by parameter count,
-/// a weight shared by two pieces counted once (in the first).
-/// Throws naming the numbers when there are fewer pieces than parts.
-parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces, int num_stages,
-                                       int num_chunks);
+/// How `pieces` are cut among parallel.pipeline stages of parallel.num_chunks chunks, as
+/// parallel.partition says (balanced by parameter count, a weight shared by two pieces counted once, in
+/// the last; or uniform by pieces) or parallel.partition_sizes lists. Throws naming the keys and numbers
+/// when there are fewer pieces than parts or the sizes do not fit.
+parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces,
+                                       const config::ParallelConfig& parallel);
+
+/// "balanced by parameters", "uniform by pieces" or "cut as parallel.partition_sizes = [...]": for logs.
+std::string describe_partition(const config::ParallelConfig& parallel);
 
 /// Cuts `model` (whole on this rank, serial; a GPT-2, ViT or ResNet) for this rank's pipeline stage.
 /// Every rank of the pipeline group must call it (it splits the group for tied weights). Throws naming

@@ -1,0 +1,129 @@
+// How colossal train cuts a model's pieces among pipeline stages (initialize/pipeline_stage.h's
+// plan_pipeline): parallel.partition "balanced" (by parameters, the tied wte counted in the head) and
+// "uniform" (by pieces), or parallel.partition_sizes (explicit pieces per part, in part order), and
+// the errors that name the keys.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "colossal/config/train_config.h"
+#include "colossal/core/error.h"
+#include "colossal/core/random.h"
+#include "colossal/initialize/pipeline_stage.h"
+#include "colossal/nn/models/gpt2.h"
+
+namespace colossal::initialize {
+namespace {
+
+using parallel::pp::PieceRange;
+using parallel::pp::StageParts;
+
+/// A tiny GPT-2 of 4 blocks: 6 pieces (the embedding, h.0-h.3, the head with the tied wte).
+std::vector<std::shared_ptr<nn::Module>> gpt2_pieces(std::shared_ptr<nn::models::GPT2>& keep) {
+  nn::models::GPT2Config g;
+  g.vocab_size = 512;
+  g.n_positions = 16;
+  g.n_embd = 16;
+  g.n_layer = 4;
+  g.n_head = 2;
+  core::Generator init(3);
+  keep = std::make_shared<nn::models::GPT2>(g, &init);
+  return pipeline_pieces(*keep);
+}
+
+config::ParallelConfig pipeline(int stages, int chunks = 1) {
+  config::ParallelConfig p;
+  p.pipeline = stages;
+  p.num_chunks = chunks;
+  return p;
+}
+
+std::string error_of(const std::vector<std::shared_ptr<nn::Module>>& pieces, const config::ParallelConfig& p) {
+  try {
+    (void)plan_pipeline(pieces, p);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PipelinePartition, TheConfigKeysLoadAndAreChecked) {
+  const config::TrainConfig c = config::parse_config(
+      "[parallel]\npipeline = 2\npartition = \"uniform\"\npartition_sizes = [2, 4]\n", {}, "test.toml");
+  EXPECT_EQ(c.parallel.partition, config::PipelinePartition::kUniform);
+  EXPECT_EQ(c.parallel.partition_sizes, (std::vector<int64_t>{2, 4}));
+  try {
+    (void)config::parse_config("[parallel]\npartition = \"even\"\n", {}, "test.toml");
+    ADD_FAILURE() << "an unknown partition loaded";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("parallel.partition"), std::string::npos) << m;
+    EXPECT_NE(m.find("uniform"), std::string::npos) << m;
+  }
+  try {
+    (void)config::parse_config("[parallel]\npartition_sizes = [3, 0]\n", {}, "test.toml");
+    ADD_FAILURE() << "a part of 0 pieces loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.partition_sizes"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PipelinePartition, BalancedUniformAndExplicit) {
+  std::shared_ptr<nn::models::GPT2> model;
+  const auto pieces = gpt2_pieces(model);
+  ASSERT_EQ(pieces.size(), 6u);
+
+  // Balanced: the head carries the 512 x 16 wte (8192 of the embedding stage's weight goes there),
+  // so the head's stage takes fewer blocks than the first.
+  config::ParallelConfig p = pipeline(2);
+  const StageParts balanced = plan_pipeline(pieces, p);
+  ASSERT_EQ(balanced.size(), 2u);
+  EXPECT_GT(balanced[0][0].end - balanced[0][0].begin, balanced[1][0].end - balanced[1][0].begin)
+      << parallel::pp::describe(balanced);
+  EXPECT_EQ(describe_partition(p), "balanced by parameters");
+
+  p.partition = config::PipelinePartition::kUniform;
+  EXPECT_EQ(plan_pipeline(pieces, p), (StageParts{{PieceRange{0, 3}}, {PieceRange{3, 6}}}));
+  EXPECT_EQ(describe_partition(p), "uniform by pieces");
+
+  // Interleaved, 2 chunks of 3 pieces each cut among the 2 stages: stage 0 holds parts 0 and 2.
+  config::ParallelConfig v2 = pipeline(2, 2);
+  v2.partition = config::PipelinePartition::kUniform;
+  const StageParts interleaved = plan_pipeline(pieces, v2);
+  ASSERT_EQ(interleaved.size(), 2u);
+  ASSERT_EQ(interleaved[0].size(), 2u);
+  EXPECT_EQ(interleaved[0][0].begin, 0);
+  EXPECT_EQ(interleaved[1][1].end, 6);
+
+  // Explicit sizes win over partition.
+  p.partition_sizes = {2, 4};
+  EXPECT_EQ(plan_pipeline(pieces, p), (StageParts{{PieceRange{0, 2}}, {PieceRange{2, 6}}}));
+  EXPECT_EQ(describe_partition(p), "cut as parallel.partition_sizes = [2, 4]");
+}
+
+TEST(PipelinePartition, ErrorsNameTheKeysAndTheNumbers) {
+  std::shared_ptr<nn::models::GPT2> model;
+  const auto pieces = gpt2_pieces(model);
+  config::ParallelConfig p = pipeline(2);
+  p.partition_sizes = {2, 3};
+  std::string m = error_of(pieces, p);
+  EXPECT_NE(m.find("parallel.partition_sizes = [2, 3]"), std::string::npos) << m;
+  EXPECT_NE(m.find("adding up to the model's 6 pieces"), std::string::npos) << m;
+
+  p.partition_sizes = {1, 1, 4};
+  m = error_of(pieces, p);
+  EXPECT_NE(m.find("2 x 1 = 2 counts"), std::string::npos) << m;
+
+  config::ParallelConfig v4 = pipeline(1, 4);
+  v4.partition = config::PipelinePartition::kUniform;
+  m = error_of(pieces, v4);
+  EXPECT_NE(m.find("parallel.partition = \"uniform\" with parallel.num_chunks = 4"), std::string::npos) << m;
+
+  m = error_of(pieces, pipeline(4, 2));
+  EXPECT_NE(m.find("fewer than the 8 parts"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace colossal::initialize
