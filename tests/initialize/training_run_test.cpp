@@ -122,20 +122,27 @@ TEST(TrainingRun, AConfigTrainsFromCppWithTheContextInTheEngine) {
 }
 
 TEST(TrainingRun, ZeroStageReachesTheEngine) {
-  // One data rank: ZeRO-1 shards over a group of one, and trains.
-  TrainingRun run(make_config({"train.max_steps=2", "zero.stage=1"}), RunOptions{.verbose = false});
-  ASSERT_NE(run.engine().zero(), nullptr) << "zero.stage = 1 makes the gradient handler ZeRO's";
-  EXPECT_EQ(run.engine().zero()->stage(), 1);
-  EXPECT_EQ(run.fit().updates, 2);
-  for (const auto& [sets, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"zero.stage=3"}, "zero.stage = 3: parameter sharding (ZeRO-3) is not built yet"},
-           {{"zero.stage=2", "zero.offload_optimizer=true"}, "zero.offload_optimizer = true with zero.stage = 2"}}) {
-    try {
-      TrainingRun refused(make_config(sets), RunOptions{.verbose = false});
-      ADD_FAILURE() << "built a run with " << sets.back();
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
-    }
+  // One data rank: every stage, with and without the optimizer on the host, shards over a group of
+  // one and trains.
+  for (const std::vector<std::string>& sets : std::vector<std::vector<std::string>>{
+           {"zero.stage=1"},
+           {"zero.stage=2"},
+           {"zero.stage=3"},
+           {"zero.stage=2", "zero.offload_optimizer=true"},
+           {"zero.stage=3", "zero.offload_optimizer=true", "zero.placement_policy=\"cpu\""}}) {
+    std::vector<std::string> overrides = sets;
+    overrides.push_back("train.max_steps=2");
+    TrainingRun run(make_config(overrides), RunOptions{.verbose = false});
+    ASSERT_NE(run.engine().zero(), nullptr) << sets.front() << " makes the gradient handler ZeRO's";
+    EXPECT_EQ(run.engine().zero()->stage(), sets.front().back() - '0') << sets.front();
+    EXPECT_EQ(run.fit().updates, 2) << sets.front();
+  }
+  // What stage 3 cannot shard is refused when the run is built, naming the stages that can.
+  try {
+    TrainingRun refused(make_config({"zero.stage=3", "optimizer.name=\"lamb\""}), RunOptions{.verbose = false});
+    ADD_FAILURE() << "built a ZeRO-3 run with LAMB";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use zero.stage = 1 or 2"), std::string::npos) << e.what();
   }
 }
 
