@@ -226,6 +226,17 @@ class Job {
     return std::nullopt;
   }
 
+  /// Waits until no process of the job is left, at most until kEndBoundSeconds after `since`; what
+  /// is still running then.
+  std::vector<JobProcess> wait_gone(Clock::time_point since) const {
+    std::vector<JobProcess> left = processes();
+    while (!left.empty() && Clock::now() - since < std::chrono::duration<double>(kEndBoundSeconds)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      left = processes();
+    }
+    return left;
+  }
+
   /// Waits until the metrics file logs step `step`; false if the launcher ended first or the job
   /// ran past kJobLimitSeconds. Polls every 2 ms.
   bool wait_for_step(int64_t step) {
@@ -397,11 +408,7 @@ TEST_F(FaultInjection, AKilledRankEndsTheJobNamingItAndResumeRepeatsTheLosses) {
     ASSERT_TRUE(status.has_value()) << "the job was still running " << kEndBoundSeconds << " s after the kill:\n"
                                     << job.log();
     // The launcher has waited for mpirun, which stops its ranks before it exits.
-    std::vector<JobProcess> left = job.processes();
-    while (!left.empty() && Clock::now() - killed < std::chrono::duration<double>(kEndBoundSeconds)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      left = job.processes();
-    }
+    const std::vector<JobProcess> left = job.wait_gone(killed);
     const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
     slowest = std::max(slowest, seconds);
     std::printf("fault injection: seed %llu: the job ended %.2f s after the kill (step %lld logged last)\n",
@@ -455,11 +462,7 @@ TEST_F(FaultInjection, AKilledLauncherTakesItsRanksAndResumeRepeatsTheLosses) {
       const std::optional<int> status = job.wait_exit(kEndBoundSeconds);
       ASSERT_TRUE(status.has_value());
       EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << "the launcher ended before the kill";
-      std::vector<JobProcess> left = job.processes();
-      while (!left.empty() && Clock::now() - killed < std::chrono::duration<double>(kEndBoundSeconds)) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        left = job.processes();
-      }
+      const std::vector<JobProcess> left = job.wait_gone(killed);
       const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
       slowest = std::max(slowest, seconds);
       const std::map<int64_t, double> logged = logged_steps(job.metrics());
