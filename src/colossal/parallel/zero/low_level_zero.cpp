@@ -1,6 +1,8 @@
 // LowLevelZero: see low_level_zero.h.
 #include "colossal/parallel/zero/low_level_zero.h"
 
+#include "colossal/parallel/zero/state_pieces.h"  // map_optimizer_state, map_amp_state
+
 #include <algorithm>
 #include <charconv>
 #include <deque>
@@ -61,21 +63,6 @@ struct LowLevelZero::InFlight {
 };
 
 namespace {
-
-constexpr std::string_view kMasterPrefix = "master.";
-
-/// (i, buffer) from an optimizer state key "state.<i>.<buffer>".
-bool parse_state_key(std::string_view key, size_t& index, std::string_view& buffer) {
-  constexpr std::string_view kState = "state.";
-  if (!key.starts_with(kState)) return false;
-  key.remove_prefix(kState.size());
-  const size_t dot = key.find('.');
-  if (dot == std::string_view::npos) return false;
-  auto [end, ec] = std::from_chars(key.data(), key.data() + dot, index);
-  if (ec != std::errc() || end != key.data() + dot) return false;
-  buffer = key.substr(dot + 1);
-  return true;
-}
 
 /// Elements [begin, begin + numel) of `t` flattened (a view; t contiguous).
 Tensor flat_slice(const Tensor& t, int64_t begin, int64_t numel) {
@@ -460,62 +447,23 @@ Tensor LowLevelZero::own_piece(const Tensor& whole, size_t k, const std::string&
 }
 
 optim::StateDict LowLevelZero::gather_optimizer_state(const optim::StateDict& state) const {
-  autograd::NoGradGuard no_grad;
-  optim::StateDict out;
-  for (const auto& [key, tensor] : state) {  // sorted: the same order on every rank
-    size_t index = 0;
-    std::string_view buffer;
-    if (parse_state_key(key, index, buffer) && buffer != "step") {
-      COLOSSAL_CHECK(index < entries_.size(), "ZeRO: optimizer state '{}' names parameter {} of {}", key, index,
-                     entries_.size());
-      out.emplace(key, gather_piece(tensor, index));
-    } else {
-      out.emplace(key, tensor);
-    }
-  }
-  return out;
+  return map_optimizer_state(state, entries_.size(),
+                             [&](const Tensor& t, size_t k, const std::string&) { return gather_piece(t, k); });
 }
 
 optim::StateDict LowLevelZero::shard_optimizer_state(const optim::StateDict& state) const {
-  autograd::NoGradGuard no_grad;
-  optim::StateDict out;
-  for (const auto& [key, tensor] : state) {
-    size_t index = 0;
-    std::string_view buffer;
-    if (parse_state_key(key, index, buffer) && buffer != "step") {
-      COLOSSAL_CHECK(index < entries_.size(),
-                     "checkpoint tensor \"optimizer.{}\" names parameter {}, but the optimizer has {}", key, index,
-                     entries_.size());
-      out.emplace(key, own_piece(tensor, index, "optimizer." + key));
-    } else {
-      out.emplace(key, tensor);
-    }
-  }
-  return out;
+  return map_optimizer_state(state, entries_.size(),
+                             [&](const Tensor& t, size_t k, const std::string& key) { return own_piece(t, k, key); });
 }
 
 optim::StateDict LowLevelZero::gather_amp_state(const optim::StateDict& state) const {
-  autograd::NoGradGuard no_grad;
-  std::unordered_map<std::string, size_t> index;
-  for (size_t k = 0; k < names_.size(); ++k) index.emplace(names_[k], k);
-  optim::StateDict out;
-  for (const auto& [key, tensor] : state) {
-    const auto it = key.starts_with(kMasterPrefix) ? index.find(key.substr(kMasterPrefix.size())) : index.end();
-    out.emplace(key, it == index.end() ? tensor : gather_piece(tensor, it->second));
-  }
-  return out;
+  return map_amp_state(state, names_,
+                       [&](const Tensor& t, size_t k, const std::string&) { return gather_piece(t, k); });
 }
 
 optim::StateDict LowLevelZero::shard_amp_state(const optim::StateDict& state) const {
-  autograd::NoGradGuard no_grad;
-  std::unordered_map<std::string, size_t> index;
-  for (size_t k = 0; k < names_.size(); ++k) index.emplace(names_[k], k);
-  optim::StateDict out;
-  for (const auto& [key, tensor] : state) {
-    const auto it = key.starts_with(kMasterPrefix) ? index.find(key.substr(kMasterPrefix.size())) : index.end();
-    out.emplace(key, it == index.end() ? tensor : own_piece(tensor, it->second, "amp." + key));
-  }
-  return out;
+  return map_amp_state(state, names_,
+                       [&](const Tensor& t, size_t k, const std::string& key) { return own_piece(t, k, key); });
 }
 
 std::vector<std::pair<std::string, Tensor>> LowLevelZero::gather_gradients() const {

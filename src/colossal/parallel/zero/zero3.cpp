@@ -1,6 +1,8 @@
 // Zero3: see zero3.h.
 #include "colossal/parallel/zero/zero3.h"
 
+#include "colossal/parallel/zero/state_pieces.h"  // map_optimizer_state, map_amp_state
+
 #include <algorithm>
 #include <charconv>
 #include <set>
@@ -103,21 +105,6 @@ class Zero3::BackwardHook final : public autograd::Function {
 };
 
 namespace {
-
-constexpr std::string_view kMasterPrefix = "master.";
-
-/// (i, buffer) from an optimizer state key "state.<i>.<buffer>".
-bool parse_state_key(std::string_view key, size_t& index, std::string_view& buffer) {
-  constexpr std::string_view kState = "state.";
-  if (!key.starts_with(kState)) return false;
-  key.remove_prefix(kState.size());
-  const size_t dot = key.find('.');
-  if (dot == std::string_view::npos) return false;
-  auto [end, ec] = std::from_chars(key.data(), key.data() + dot, index);
-  if (ec != std::errc() || end != key.data() + dot) return false;
-  buffer = key.substr(dot + 1);
-  return true;
-}
 
 bool is_container(const nn::Module& module) {
   return dynamic_cast<const nn::Sequential*>(&module) != nullptr ||
@@ -543,62 +530,24 @@ Tensor Zero3::own_piece(const Tensor& whole, size_t k, const std::string& key) c
 }
 
 optim::StateDict Zero3::gather_optimizer_state(const optim::StateDict& state) const {
-  autograd::NoGradGuard no_grad;
-  optim::StateDict out;
-  for (const auto& [key, tensor] : state) {  // sorted: the same order on every rank
-    size_t index = 0;
-    std::string_view buffer;
-    if (parse_state_key(key, index, buffer) && buffer != "step") {
-      COLOSSAL_CHECK(index < params_.size(), "ZeRO-3: optimizer state '{}' names parameter {} of {}", key, index,
-                     params_.size());
-      out.emplace(key, gather_whole(tensor.to(group_->device()), index));
-    } else {
-      out.emplace(key, tensor);
-    }
-  }
-  return out;
+  return map_optimizer_state(state, params_.size(), [&](const Tensor& t, size_t k, const std::string&) {
+    return gather_whole(t.to(group_->device()), k);
+  });
 }
 
 optim::StateDict Zero3::shard_optimizer_state(const optim::StateDict& state) const {
-  autograd::NoGradGuard no_grad;
-  optim::StateDict out;
-  for (const auto& [key, tensor] : state) {
-    size_t index = 0;
-    std::string_view buffer;
-    if (parse_state_key(key, index, buffer) && buffer != "step") {
-      COLOSSAL_CHECK(index < params_.size(),
-                     "checkpoint tensor \"optimizer.{}\" names parameter {}, but the optimizer has {}", key, index,
-                     params_.size());
-      out.emplace(key, own_piece(tensor, index, "optimizer." + key));
-    } else {
-      out.emplace(key, tensor);
-    }
-  }
-  return out;
+  return map_optimizer_state(state, params_.size(),
+                             [&](const Tensor& t, size_t k, const std::string& key) { return own_piece(t, k, key); });
 }
 
 optim::StateDict Zero3::gather_amp_state(const optim::StateDict& state) const {
-  autograd::NoGradGuard no_grad;
-  std::unordered_map<std::string, size_t> index;
-  for (size_t k = 0; k < names_.size(); ++k) index.emplace(names_[k], k);
-  optim::StateDict out;
-  for (const auto& [key, tensor] : state) {
-    const auto it = key.starts_with(kMasterPrefix) ? index.find(key.substr(kMasterPrefix.size())) : index.end();
-    out.emplace(key, it == index.end() ? tensor : gather_whole(tensor, it->second));
-  }
-  return out;
+  return map_amp_state(state, names_,
+                       [&](const Tensor& t, size_t k, const std::string&) { return gather_whole(t, k); });
 }
 
 optim::StateDict Zero3::shard_amp_state(const optim::StateDict& state) const {
-  autograd::NoGradGuard no_grad;
-  std::unordered_map<std::string, size_t> index;
-  for (size_t k = 0; k < names_.size(); ++k) index.emplace(names_[k], k);
-  optim::StateDict out;
-  for (const auto& [key, tensor] : state) {
-    const auto it = key.starts_with(kMasterPrefix) ? index.find(key.substr(kMasterPrefix.size())) : index.end();
-    out.emplace(key, it == index.end() ? tensor : own_piece(tensor, it->second, "amp." + key));
-  }
-  return out;
+  return map_amp_state(state, names_,
+                       [&](const Tensor& t, size_t k, const std::string& key) { return own_piece(t, k, key); });
 }
 
 nn::StateDict Zero3::gather_model_state(const nn::StateDict& state) const {
