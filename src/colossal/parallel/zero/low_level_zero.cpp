@@ -128,25 +128,9 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
                    "(requires_grad = false) or give it to the optimizer",
                    name, optimizer_.name());
   }
-  for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
-    for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) {
-      const optim::ParamState* state = optimizer_.find_state(g, i);
-      COLOSSAL_CHECK(state == nullptr || (state->buffers.empty() && state->step == 0),
-                     "ZeRO: the {} optimizer has state already (param group {}, {}); build ZeRO before the first "
-                     "step and load checkpoints through the Engine",
-                     optimizer_.name(), g, optimizer_.param_groups()[g].param_label(i));
-    }
-  }
+  check_no_optimizer_state(optimizer_, "ZeRO");
 
-  if (options_.broadcast_parameters) {
-    for (const auto& [name, tensor] : model_.state_dict()) {
-      COLOSSAL_CHECK(tensor.is_contiguous(), "ZeRO: '{}' is not contiguous", name);
-      group_->broadcast(tensor, 0);
-    }
-    if (amp_ != nullptr && amp_->mode() != amp::AmpMode::torch) {
-      for (const Tensor& master : masters) group_->broadcast(master, 0);
-    }
-  }
+  if (options_.broadcast_parameters) broadcast_initial_state(model_, masters, amp_, *group_, "ZeRO");
 
   // Buckets fill in reverse registration order, roughly the order backward produces gradients.
   std::unordered_set<size_t> seen;

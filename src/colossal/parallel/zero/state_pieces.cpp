@@ -53,4 +53,27 @@ optim::StateDict map_amp_state(const optim::StateDict& state, const std::vector<
   return out;
 }
 
+void check_no_optimizer_state(const optim::Optimizer& optimizer, std::string_view who) {
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    for (size_t i = 0; i < optimizer.param_groups()[g].params.size(); ++i) {
+      const optim::ParamState* state = optimizer.find_state(g, i);
+      COLOSSAL_CHECK(state == nullptr || (state->buffers.empty() && state->step == 0),
+                     "{}: the {} optimizer has state already (param group {}, {}); build ZeRO before the first "
+                     "step and load checkpoints through the Engine",
+                     who, optimizer.name(), g, optimizer.param_groups()[g].param_label(i));
+    }
+  }
+}
+
+void broadcast_initial_state(nn::Module& model, const std::vector<Tensor>& masters,
+                             const amp::MixedPrecisionOptimizer* amp, comm::ProcessGroup& group, std::string_view who) {
+  for (const auto& [name, tensor] : model.state_dict()) {
+    COLOSSAL_CHECK(tensor.is_contiguous(), "{}: '{}' is not contiguous", who, name);
+    group.broadcast(tensor, 0);
+  }
+  if (amp != nullptr && amp->mode() != amp::AmpMode::torch) {
+    for (const Tensor& master : masters) group.broadcast(master, 0);
+  }
+}
+
 }  // namespace colossal::parallel::zero

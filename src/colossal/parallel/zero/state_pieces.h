@@ -1,7 +1,8 @@
-// The optimizer's and mixed precision's per-parameter tensors in a checkpoint, as every ZeRO stage
-// maps them between this rank's pieces and the whole (serial) tensors: LowLevelZero and Zero3 differ
-// only in how one parameter's piece is gathered or cut (Note [Checkpoints of a sharded model] in
-// engine/checkpoint_sharding.cpp).
+// What every ZeRO stage (LowLevelZero, Zero3) does alike: its start (the optimizer without state,
+// rank 0's model and masters broadcast), and the optimizer's and mixed precision's per-parameter
+// tensors in a checkpoint mapped between this rank's pieces and the whole (serial) tensors, where the
+// stages differ only in how one parameter's piece is gathered or cut (Note [Checkpoints of a sharded
+// model] in engine/checkpoint_sharding.cpp).
 #pragma once
 
 #include <cstddef>
@@ -10,7 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#include "colossal/amp/mixed_precision_optimizer.h"
+#include "colossal/comm/process_group.h"
 #include "colossal/core/tensor.h"
+#include "colossal/nn/module.h"
 #include "colossal/optim/optimizer.h"  // optim::StateDict
 
 namespace colossal::parallel::zero {
@@ -31,5 +35,15 @@ optim::StateDict map_optimizer_state(const optim::StateDict& state, size_t num_p
 /// in `names` replaced by map(tensor, its index in names, "amp.<key>"), the rest kept.
 optim::StateDict map_amp_state(const optim::StateDict& state, const std::vector<std::string>& names,
                                const PieceMap& map);
+
+/// Every ZeRO stage's precondition: `optimizer` has no state yet (ZeRO rebinds its param groups, so
+/// it must be built before the first step; checkpoints load through the Engine). Throws naming `who`,
+/// the group and the parameter.
+void check_no_optimizer_state(const optim::Optimizer& optimizer, std::string_view who);
+
+/// Rank 0's model (parameters and buffers, each contiguous) and, under naive fp16 / bf16, its fp32
+/// `masters` to every rank of `group`, so the replicas start equal. Collective.
+void broadcast_initial_state(nn::Module& model, const std::vector<Tensor>& masters,
+                             const amp::MixedPrecisionOptimizer* amp, comm::ProcessGroup& group, std::string_view who);
 
 }  // namespace colossal::parallel::zero

@@ -158,24 +158,8 @@ Zero3::Zero3(nn::Module& model, optim::Optimizer& optimizer, amp::MixedPrecision
                    "frozen parameters)",
                    name, param.requires_grad() ? "is in no param group" : "is frozen", optimizer_.name());
   }
-  for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {
-    for (size_t i = 0; i < optimizer_.param_groups()[g].params.size(); ++i) {
-      const optim::ParamState* state = optimizer_.find_state(g, i);
-      COLOSSAL_CHECK(state == nullptr || (state->buffers.empty() && state->step == 0),
-                     "ZeRO-3: the {} optimizer has state already (param group {}, {}); build ZeRO before the first "
-                     "step and load checkpoints through the Engine",
-                     optimizer_.name(), g, optimizer_.param_groups()[g].param_label(i));
-    }
-  }
-  if (options_.broadcast_parameters) {
-    for (const auto& [name, tensor] : model_.state_dict()) {
-      COLOSSAL_CHECK(tensor.is_contiguous(), "ZeRO-3: '{}' is not contiguous", name);
-      group_->broadcast(tensor, 0);
-    }
-    if (amp_ != nullptr && amp_->mode() != amp::AmpMode::torch) {
-      for (const Tensor& master : masters) group_->broadcast(master, 0);
-    }
-  }
+  check_no_optimizer_state(optimizer_, "ZeRO-3");
+  if (options_.broadcast_parameters) broadcast_initial_state(model_, masters, amp_, *group_, "ZeRO-3");
 
   // The units (Note [ZeRO-3 units]): containers' members outside another unit, then the model.
   std::vector<std::pair<std::string, nn::Module*>> unit_modules;
