@@ -279,6 +279,15 @@ void PipelineSchedule::rebind_tied_parameters(std::vector<Tensor> parameters) {
   tied_ = std::move(parameters);
 }
 
+const std::vector<ExchangeBatch>& PipelineSchedule::exchange_plan(bool forward_only, bool headers) {
+  auto [it, made] = plans_.try_emplace({forward_only, headers});
+  if (made) {
+    it->second = parallel::pp::exchange_batches(group_->rank(), group_->size(), forward_only ? 1 : num_microbatches_,
+                                                static_cast<int>(chunks_.size()), headers, forward_only);
+  }
+  return it->second;
+}
+
 std::shared_ptr<comm::ProcessGroup> PipelineSchedule::tied_group(const std::shared_ptr<comm::ProcessGroup>& pipeline,
                                                                  bool holds) {
   COLOSSAL_CHECK(pipeline != nullptr, "PipelineSchedule::tied_group needs the pipeline group");
@@ -314,7 +323,7 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   const std::vector<int64_t> key = shape_key(true, m, input);
   const bool shapes_known = shapes_.contains(key);
   Exchanger exchanger(*group_, shapes_[key]);
-  const std::vector<ExchangeBatch> batches = parallel::pp::exchange_batches(s, p, m, v, !shapes_known);
+  const std::vector<ExchangeBatch>& batches = exchange_plan(/*forward_only=*/false, !shapes_known);
   size_t next_batch = 0;
 
   struct Saved {
@@ -453,8 +462,7 @@ Tensor PipelineSchedule::evaluate(Engine& engine, const Tensor& input) {
   Tensor output;
   {
     Exchanger exchanger(*group_, shapes);
-    const std::vector<ExchangeBatch> batches =
-        parallel::pp::exchange_batches(s, p, 1, v, !shapes_known, /*forward_only=*/true);
+    const std::vector<ExchangeBatch>& batches = exchange_plan(/*forward_only=*/true, !shapes_known);
     const std::vector<PipelineOp> order = parallel::pp::forward_only_order(1, v);
     auto no_gradients = [](int64_t, int) -> const Tensor& {
       COLOSSAL_FAIL("pipeline evaluation: no gradient travels");

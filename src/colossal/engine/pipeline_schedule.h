@@ -55,6 +55,7 @@
 #include "colossal/comm/process_group.h"
 #include "colossal/engine/schedule.h"
 #include "colossal/nn/module.h"
+#include "colossal/parallel/pp/exchange_plan.h"  // ExchangeBatch
 
 namespace colossal::engine {
 
@@ -127,6 +128,11 @@ class PipelineSchedule final : public Schedule {
   StageTiming last_timing_;
   /// The activation shapes each batch shape gave, by sending chunk (Note [Pipeline exchanges]).
   std::map<std::vector<int64_t>, std::map<int, std::pair<Shape, DType>>> shapes_;
+  /// This stage's exchange batches (parallel/pp/exchange_plan.h), made once per (forward only,
+  /// headers): they depend on nothing else that changes between steps, and each takes the
+  /// neighbours' plans to make.
+  const std::vector<parallel::pp::ExchangeBatch>& exchange_plan(bool forward_only, bool headers);
+  std::map<std::pair<bool, bool>, std::vector<parallel::pp::ExchangeBatch>> plans_;
 };
 
 }  // namespace colossal::engine
