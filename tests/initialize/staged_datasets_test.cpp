@@ -3,7 +3,9 @@
 // pipeline with its batch transform, bit for bit on the CPU (the stages' CPU kernels are the
 // per-sample transforms), for the tutorial configs on stand-in CIFAR-10 files and for synthetic
 // images; pipelines whose float transforms cannot move are left unstaged.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>  // getpid
 
 #include <filesystem>
 #include <fstream>
@@ -21,9 +23,12 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path kConfigsDir = fs::path(COLOSSAL_TEST_DATA_DIR) / ".." / ".." / "configs";
 
-/// CIFAR-10's binary files with `records` random-looking images each (label byte, 3072 pixels).
+/// CIFAR-10's binary files with `records` random-looking images each (label byte, 3072 pixels), in a
+/// folder of the running test and process alone (ctest runs this file's tests side by side).
 std::string stand_in_cifar10(int records) {
-  const fs::path dir = fs::temp_directory_path() / "colossal_staged_datasets_test_cifar10";
+  const fs::path dir = fs::temp_directory_path() /
+                       fmt::format("colossal_staged_datasets_test_{}_{}",
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name(), ::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
   int image = 0;
