@@ -54,17 +54,7 @@ cli() {  # name, then colossal train arguments; sets last_ms
 }
 
 stand_in_cifar10() {  # folder: CIFAR-10's six binary files of random bytes (labels 0..9), once
-  [[ -f $1/test_batch.bin ]] && return
-  mkdir -p "$1"
-  python3 - "$1" <<'EOF'
-import random, sys
-rng = random.Random(10)
-for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
-    records = bytearray(rng.randbytes(10000 * 3073))  # label byte + 3 x 32 x 32 pixels
-    for r in range(10000):
-        records[r * 3073] %= 10
-    open(f"{sys.argv[1]}/{name}", "wb").write(records)
-EOF
+  python3 bench/compare/stand_in_cifar10.py "$1"
 }
 
 ratio_cells() {  # ms, baseline ms: "  ms  ratio"

@@ -146,6 +146,25 @@ TEST(Trainer, HooksRunByAscendingPriorityStable) {
   EXPECT_EQ(trainer.hooks()[3]->priority(), 5);
 }
 
+TEST(Trainer, ThroughputCountsTheTargetsRowsWhereTheRankHasNoOutput) {
+  // A pipeline stage before the last has no output; its throughput is still the batch's samples.
+  Fixture f;
+  Trainer trainer(f.engine);
+  ThroughputHook hook;
+  hook.before_train_epoch(trainer);
+  hook.after_train_iter(trainer, Tensor(), core::zeros({2}, DType::i64), Tensor());
+  hook.after_train_iter(trainer, core::zeros({3, 2}), Tensor(), Tensor());  // no target: the output's rows
+  hook.after_train_epoch(trainer);
+  const double throughput = trainer.train_metrics().at("throughput");
+  EXPECT_GT(throughput, 0.0);
+  // Nothing to count: no samples.
+  ThroughputHook none;
+  none.before_train_epoch(trainer);
+  none.after_train_iter(trainer, Tensor(), Tensor(), Tensor());
+  none.after_train_epoch(trainer);
+  EXPECT_EQ(trainer.train_metrics().at("throughput"), 0.0);
+}
+
 TEST(Trainer, LossAndAccuracyHooksAverageThePass) {
   Fixture f;
   std::ostringstream log;

@@ -128,8 +128,11 @@ void ThroughputHook::before_train_epoch(Trainer&) {
   start_ = std::chrono::steady_clock::now();
 }
 
-void ThroughputHook::after_train_iter(Trainer&, const Tensor& output, const Tensor&, const Tensor&) {
-  if (output.defined() && output.dim() > 0) samples_ += output.size(0);
+void ThroughputHook::after_train_iter(Trainer&, const Tensor& output, const Tensor& target, const Tensor&) {
+  // The batch's samples: the target's rows where the rank has them (a pipeline's stages before the
+  // last have no output), else the output's.
+  const Tensor& counted = target.defined() && target.dim() > 0 ? target : output;
+  if (counted.defined() && counted.dim() > 0) samples_ += counted.size(0);
 }
 
 void ThroughputHook::after_train_epoch(Trainer& trainer) {
