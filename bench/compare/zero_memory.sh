@@ -7,8 +7,10 @@
 # counts (parameters, gradients, masters, optimizer) and the caching allocator's peak, beside the
 # ZeRO paper's model-state formulas for mixed-precision Adam (K = 12) at Nd = 2:
 #   stage 0: (2 + 2 + K) Psi;   stage 1: 2 Psi + 2 Psi + K Psi / Nd;   stage 2: 2 Psi + (2 + K) Psi / Nd.
-# Our stage 2 keeps the shard's gradients in fp32 (4 Psi / Nd, the paper counts 2 Psi / Nd of fp16) and
-# a bucket in flight; stage 1 adds the fp32 shard gradients (4 Psi / Nd) to the full bf16 ones.
+# Without accumulation the shard's gradients wait in bf16 (2 Psi / Nd, as the paper counts; Note [Shard
+# gradient dtype] in parallel/zero/state_pieces.cpp), with it in f32 (4 Psi / Nd); beside them a bucket
+# (stages 1, 2) or chunk (stage 3) in flight. Stage 1's whole bf16 gradients are dropped as their
+# buckets are packed, so they and the shard never hold more than the larger of the two.
 #
 #   tools/gpu-check --run bench/compare/zero_memory.sh [gpt2] [gpt2-medium] [gpt2-large] [gpt2-xl]
 # (default: gpt2-medium gpt2-xl; "none": no 2-GPU runs). COLOSSAL=path/to/colossal, OUT=folder for logs and metrics.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <deque>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -24,9 +25,10 @@ namespace colossal::parallel::zero {
 //     the order backward produces gradients); a full bucket, once every earlier one has gone (the
 //     collectives' order must be the same on every rank), is packed into its flat buffer in chunk
 //     order, its parameters' gradients are dropped, and the buffer is reduce-scattered (averaged)
-//     asynchronously: rank r receives its chunk. A completed reduction is added, in f32, into the
-//     rank's shard gradient (one f32 buffer of its chunks end to end). Stage 1 does this in the
-//     window's last backward only (before it the full gradients accumulate locally, DDP's no_sync);
+//     asynchronously: rank r receives its chunk. A completed reduction is added into the rank's
+//     shard gradient (one buffer of its chunks end to end: f32 where micro-steps accumulate in it,
+//     else 16-bit until finish(), Note [Shard gradient dtype] in state_pieces.cpp). Stage 1 does
+//     this in the window's last backward only (before it the full gradients accumulate locally, DDP's no_sync);
 //     stage 2 in every backward, accumulating the shard, so a full gradient never outlives its bucket.
 //  2. finish(): buckets that did not fill (parameters without a gradient) go with zeros, every
 //     reduction is waited for, and each shard tensor the optimizer steps gets its slice of the
@@ -307,17 +309,31 @@ void LowLevelZero::launch(size_t b) {
   in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out), sync_});
 }
 
+DType LowLevelZero::reduced_dtype() const {
+  std::optional<DType> dtype;
+  for (const Bucket& bucket : partition_->buckets()) {
+    if (bucket.params.empty()) continue;
+    const DType d = entries_[fill_order_[bucket.params.front()]].param.dtype();
+    if (dtype && *dtype != d) return DType::f32;
+    dtype = d;
+  }
+  return dtype.value_or(DType::f32);
+}
+
 void LowLevelZero::drain(bool all) {
   while (!in_flight_.empty()) {
     InFlight& front = in_flight_.front();
     if (!all && !front.work.is_completed()) break;
     front.work.wait();
     if (!shard_grad_.defined()) {
-      shard_grad_ = core::zeros({partition_->shard_numel()}, TensorOptions(DType::f32, group_->device()));
+      // Note [Shard gradient dtype] in state_pieces.cpp.
+      const DType dtype = shard_gradient_dtype(reduced_dtype(), front.last, offload_ != nullptr);
+      shard_grad_ = core::zeros({partition_->shard_numel()}, TensorOptions(dtype, group_->device()));
+      shard_grad_element_size_ = static_cast<int64_t>(core::element_size(dtype));
     }
     const Bucket& bucket = partition_->buckets()[front.bucket];
     Tensor dst = shard_grad_.narrow(0, partition_->shard_offset(front.bucket), bucket.chunk);
-    ops::add_(dst, front.out);  // in f32: the window's micro-steps accumulate in the shard
+    ops::add_(dst, front.out);  // in f32 where the window's micro-steps accumulate in the shard
     // Offload: the bucket's gradient is complete; to the host (and the step, where it may start now).
     if (offload_ && front.last && !discarding_) offload_->gradient_ready(front.bucket, dst);
     in_flight_.erase(in_flight_.begin());
@@ -333,6 +349,7 @@ void LowLevelZero::finish() {
     shard_grad_ = core::zeros({partition_->shard_numel()}, TensorOptions(DType::f32, group_->device()));
   }
   if (offload_) offload_->wait_for_gradients();  // the copies read shard_grad_, released below
+  shard_grad_ = shard_gradient_for_step(shard_grad_);
   for (size_t k = 0; k < entries_.size(); ++k) {
     const Entry& e = entries_[k];
     shards_[k].set_grad(offload_ ? offload_->gradient(e.shard_offset, e.own.numel)
@@ -492,7 +509,11 @@ ModelStateBytes LowLevelZero::model_state_bytes() const {
     const auto element = static_cast<int64_t>(entries_[fill_order_[bucket.params.front()]].param.element_size());
     largest_bucket = std::max(largest_bucket, bucket.chunk * (group_->size() + 1) * element);
   }
-  bytes.gradients = partition_->shard_numel() * 4 + (options_.stage == 1 ? bytes.parameters : largest_bucket);
+  // The window's shard (Note [Shard gradient dtype] in state_pieces.cpp) and the buckets in flight.
+  // Stage 1 also keeps the whole 16-bit gradients over the window, but each is dropped when its
+  // bucket is packed, before its shard lands: the two together never exceed the larger one.
+  const int64_t shard = partition_->shard_numel() * shard_grad_element_size_;
+  bytes.gradients = (options_.stage == 1 ? std::max(bytes.parameters, shard) : shard) + largest_bucket;
   if (master_shard_.defined()) bytes.master_weights = static_cast<int64_t>(master_shard_.nbytes());
   if (offload_) return bytes;  // masters and moments on the host: host_bytes()
   for (size_t g = 0; g < optimizer_.param_groups().size(); ++g) {

@@ -134,6 +134,7 @@ class LowLevelZero final : public ZeroHandler {
   void launch(size_t bucket);
   void flush_backward();
   void drain(bool all);
+  DType reduced_dtype() const;  // the buckets' one gradient dtype, f32 where they differ
   void make_offload();
   Tensor gather_piece(const Tensor& local, size_t param) const;
   Tensor own_piece(const Tensor& whole, size_t param, const std::string& key) const;
@@ -153,9 +154,10 @@ class LowLevelZero final : public ZeroHandler {
   std::vector<InFlight> in_flight_;
   size_t next_launch_ = 0;
   bool sync_ = true;
-  bool backward_marked_ = false;  // the current backward marked a parameter
-  bool window_reduced_ = false;   // the window launched a reduction
-  Tensor shard_grad_;             // f32, partition().shard_numel(): the window's reduced gradients
+  bool backward_marked_ = false;         // the current backward marked a parameter
+  bool window_reduced_ = false;          // the window launched a reduction
+  Tensor shard_grad_;                    // partition().shard_numel(): the window's reduced gradients
+  int64_t shard_grad_element_size_ = 4;  // its last window's dtype (Note [Shard gradient dtype])
   bool shard_grad_written_ = false;
   Tensor master_shard_;                   // naive / bf16: the f32 masters of this rank's shard, end to end
   std::unique_ptr<HostOffload> offload_;  // offload_optimizer: the masters and the step on the host

@@ -76,4 +76,23 @@ void broadcast_initial_state(nn::Module& model, const std::vector<Tensor>& maste
   }
 }
 
+// Note [Shard gradient dtype]
+// A window's reduced gradients wait in the shard from the reduce-scatter that makes them until the
+// step, through the rest of backward, beside the activations. Kept in f32 they cost 4 Psi / Nd bytes
+// where the ZeRO paper counts 2 Psi / Nd; that was most of what gpt2-xl's model states had above
+// the paper's formulas at dp=2 (+14% at stage 3). The reduce-scatter's output is already 16-bit under
+// naive fp16 and bf16, and when the window is one backward (stage 1 always: it reduces in the last
+// backward only) nothing is added to it, so the shard keeps it as it is and becomes f32 only at
+// finish(), after backward, when the activations are gone: the same values the f32 shard held
+// (a 16-bit number is exact in f32). Stages 2 and 3 with accumulation add every micro-step's
+// reduction into the shard, which must be f32 for that; so must the optimizer offload's copies to
+// the host. The first reduction to land tells which case a window is (it is the earliest launched).
+DType shard_gradient_dtype(DType reduced, bool from_last_backward, bool offloaded) {
+  return core::is_reduced_float(reduced) && from_last_backward && !offloaded ? reduced : DType::f32;
+}
+
+Tensor shard_gradient_for_step(const Tensor& shard_grad) {
+  return shard_grad.dtype() == DType::f32 ? shard_grad : shard_grad.to(DType::f32);
+}
+
 }  // namespace colossal::parallel::zero

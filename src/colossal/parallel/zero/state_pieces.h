@@ -46,4 +46,13 @@ void check_no_optimizer_state(const optim::Optimizer& optimizer, std::string_vie
 void broadcast_initial_state(nn::Module& model, const std::vector<Tensor>& masters,
                              const amp::MixedPrecisionOptimizer* amp, comm::ProcessGroup& group, std::string_view who);
 
+/// The dtype of a window's shard gradient, chosen when its first reduction lands (Note [Shard
+/// gradient dtype] in state_pieces.cpp): `reduced` (every bucket's or chunk's one dtype; f32 where
+/// they differ) when that reduction came from the window's last backward (nothing accumulates in the
+/// shard) and the gradients stay on the device; f32 otherwise.
+DType shard_gradient_dtype(DType reduced, bool from_last_backward, bool offloaded);
+
+/// The shard gradient's f32 form for the optimizer (the same tensor when it is f32 already).
+Tensor shard_gradient_for_step(const Tensor& shard_grad);
+
 }  // namespace colossal::parallel::zero

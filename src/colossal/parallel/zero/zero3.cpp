@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <unordered_map>
@@ -39,8 +40,9 @@ namespace colossal::parallel::zero {
 //  2. backward: as a unit's backward ends, each of its chunks' gradients is packed into a flat
 //     buffer in chunk order (the parameters' full gradients dropped) and reduce-scattered
 //     (averaged; 16-bit buckets divided first, Note [Averaging 16-bit gradients] in
-//     low_level_zero.cpp) asynchronously; a completed reduction is added in f32 into the rank's
-//     shard gradient, so accumulation over micro-steps happens in the shard (stage 2's rule).
+//     low_level_zero.cpp) asynchronously; a completed reduction is added into the rank's shard
+//     gradient, so accumulation over micro-steps happens in the shard (stage 2's rule); f32 where it
+//     does, else 16-bit until finish() (Note [Shard gradient dtype] in state_pieces.cpp).
 //  3. finish(): units that got no gradient send zeros, reductions are waited for, every chunk is
 //     freed, the shards are fetched to the device, and each tensor the optimizer steps gets its
 //     slice of the shard gradient. The Engine unscales, checks overflow and clips over those
@@ -358,16 +360,29 @@ void Zero3::reduce_unit(size_t u) {
   for (size_t c : chunks_->unit_chunks(u)) chunks_->release(c);
 }
 
+DType Zero3::reduced_dtype() const {
+  std::optional<DType> dtype;
+  for (size_t c = 0; c < chunks_->num_chunks(); ++c) {
+    if (chunks_->shard_numel(c) == 0) continue;
+    if (dtype && *dtype != chunks_->dtype(c)) return DType::f32;
+    dtype = chunks_->dtype(c);
+  }
+  return dtype.value_or(DType::f32);
+}
+
 void Zero3::drain(bool all) {
   while (!in_flight_.empty()) {
     InFlight& front = in_flight_.front();
     if (!all && !front.work.is_completed()) break;
     front.work.wait();
     if (!shard_grad_.defined()) {
-      shard_grad_ = core::zeros({shard_grad_numel_}, TensorOptions(DType::f32, group_->device()));
+      // Note [Shard gradient dtype] in state_pieces.cpp.
+      const DType dtype = shard_gradient_dtype(reduced_dtype(), front.last, offload_ != nullptr);
+      shard_grad_ = core::zeros({shard_grad_numel_}, TensorOptions(dtype, group_->device()));
+      shard_grad_element_size_ = static_cast<int64_t>(core::element_size(dtype));
     }
     Tensor dst = shard_grad_.narrow(0, grad_offset_[front.chunk], chunks_->shard_numel(front.chunk));
-    ops::add_(dst, front.out);  // in f32: the window's micro-steps accumulate in the shard
+    ops::add_(dst, front.out);  // in f32 where the window's micro-steps accumulate in the shard
     // Offload: the chunk's gradient is complete; to the host (and the step, where it may start now).
     if (offload_ && front.last && !discarding_) offload_->gradient_ready(front.chunk, dst);
     in_flight_.erase(in_flight_.begin());
@@ -405,6 +420,7 @@ void Zero3::finish() {
     shard_grad_ = core::zeros({shard_grad_numel_}, TensorOptions(DType::f32, group_->device()));
   }
   if (offload_) offload_->wait_for_gradients();  // the copies read shard_grad_, released below
+  shard_grad_ = shard_gradient_for_step(shard_grad_);
   for (size_t k = 0; k < params_.size(); ++k) {
     const Piece own = chunks_->piece_range(k);
     const int64_t at = own.numel == 0 ? 0 : grad_offset_[chunks_->chunk_of(k)] + own.offset;
@@ -597,7 +613,8 @@ ModelStateBytes Zero3::model_state_bytes() const {
     bytes.parameters += chunks_->shard_numel(c) * element;
     largest_chunk = std::max(largest_chunk, chunks_->shard_numel(c) * (group_->size() + 1) * element);
   }
-  bytes.gradients = shard_grad_numel_ * 4 + largest_chunk;
+  // The window's shard (Note [Shard gradient dtype] in state_pieces.cpp) and a chunk in flight.
+  bytes.gradients = shard_grad_numel_ * shard_grad_element_size_ + largest_chunk;
   // Offload: the shards on the host stay there through the step; masters and moments are host_bytes().
   if (offload_) {
     bytes.parameters -= host_shard_bytes();

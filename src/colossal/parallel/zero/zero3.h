@@ -98,6 +98,7 @@ class Zero3 final : public ZeroHandler {
   void reduce_unit(size_t unit);
   void flush_backward();
   void drain(bool all);
+  DType reduced_dtype() const;  // the chunks' one dtype, f32 where they differ
   void prefetch_after(const std::vector<size_t>& order, size_t unit);
   Tensor gather_whole(const Tensor& local, size_t param) const;
   Tensor own_piece(const Tensor& whole, size_t param, const std::string& key) const;
@@ -118,7 +119,8 @@ class Zero3 final : public ZeroHandler {
   std::vector<std::string> unit_names_;
   std::vector<int64_t> grad_offset_;  // per chunk: where its shard starts in shard_grad_
   int64_t shard_grad_numel_ = 0;
-  Tensor shard_grad_;  // f32: the window's reduced gradients of every chunk's shard
+  Tensor shard_grad_;                    // the window's reduced gradients of every chunk's shard
+  int64_t shard_grad_element_size_ = 4;  // its last window's dtype (Note [Shard gradient dtype])
   std::vector<InFlight> in_flight_;
   Tensor master_shard_;  // naive / bf16: the f32 masters of every chunk's shard
   // The units' order in the first forward and backward, for prefetching the next one.
