@@ -14,7 +14,8 @@
 #
 #   tools/gpu-check --run bench/compare/zero_memory.sh [gpt2] [gpt2-medium] [gpt2-large] [gpt2-xl]
 # (default: gpt2-medium gpt2-xl; "none": no 2-GPU runs). COLOSSAL=path/to/colossal, OUT=folder for logs and metrics.
-# STAGES="0 1 2" picks the ZeRO-1/2 stages run (empty: none); ZERO3_CPU=0 skips the cpu placement run.
+# STAGES="0 1 2" picks the ZeRO-1/2 stages run (empty: none); ZERO3_CPU=0 skips the cpu placement run;
+# BATCH=8 runs 8 sequences per GPU instead of 4 (every run, FSDP2's too).
 #
 # Then the optimizer offload on ONE GPU (zero.offload_optimizer, Note [Optimizer offload] in
 # parallel/zero/host_offload.cpp), GPT-2 medium at dp = 1: ZeRO-2 without offload, with it and clipping
@@ -34,6 +35,7 @@ sizes=("$@")
 [[ ${sizes[0]} == none ]] && sizes=()  # only the one-GPU offload runs
 colossal=${COLOSSAL:-build-gpu/src/colossal/cli/colossal}
 out=${OUT:-/tmp/zero-memory}
+batch=${BATCH:-4}  # sequences of 1024 tokens per GPU (FSDP2 gets the same)
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0
 python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
@@ -45,7 +47,7 @@ name, path, log, L, C, stage = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.ar
 nd = int(sys.argv[7]) if len(sys.argv) > 7 else 2
 pts = [(j["step"], j["wall_s"]) for j in map(json.loads, open(path)) if j.get("event") == "step" and "wall_s" in j]
 pts = [p for p in pts if 10 <= p[0] <= 30]
-V, T, B = 50304, 1024, 4
+V, T, B = 50304, 1024, int(sys.argv[8]) if len(sys.argv) > 8 else 4
 n = L * (12 * C * C + 13 * C) + V * C + 2 * C  # without wpe
 psi = n + T * C                                # every parameter, wpe included
 if len(pts) >= 2:
@@ -72,7 +74,7 @@ run() {  # name, layers, width, heads, stage, [GPUs, extra --set arguments...]
   local name=$1 L=$2 C=$3 H=$4 stage=$5 gpus=${6:-2}
   shift 6 2>/dev/null || shift $#
   local args=(train --config configs/gpt2_tokens.toml --set "data.path=\"$out/tokens.bin\"" --set 'data.test_path=""'
-    --set gradient_accumulation=1 --set bf16=true --set data.batch_size=4 --set lr_scheduler.warmup_steps=5
+    --set gradient_accumulation=1 --set bf16=true --set data.batch_size=$batch --set lr_scheduler.warmup_steps=5
     --set "model.options={ vocab_multiple = 64, dropout = 0.0, n_layer = $L, n_embd = $C, n_head = $H }"
     --set parallel.data="$gpus" --set zero.stage="$stage"
     --set train.max_steps=30 --set train.log_interval=5 --set train.progress=false --set 'train.checkpoint_dir=""'
@@ -81,7 +83,7 @@ run() {  # name, layers, width, heads, stage, [GPUs, extra --set arguments...]
   if ! "$colossal" run --nproc_per_node "$gpus" -- "$colossal" "${args[@]}" > "$out/$name.log" 2>&1; then
     echo "$name: FAILED"; tail -8 "$out/$name.log"; return
   fi
-  report "$name" "$out/$name.jsonl" "$out/$name.log" "$L" "$C" "$stage" "$gpus"
+  report "$name" "$out/$name.jsonl" "$out/$name.log" "$L" "$C" "$stage" "$gpus" "$batch"
   grep "| memory |" "$out/$name.log" | grep Epoch | tail -1 | grep -o "host=.*" | sed 's/^/  offload: /'
 }
 
@@ -94,13 +96,13 @@ for size in "${sizes[@]}"; do
     *) echo "unknown size '$size' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)"; exit 2 ;;
   esac
   for stage in ${STAGES-0 1 2}; do run "${size}_dp2_zero$stage" "${shape[@]}" "$stage"; done
-  # ZeRO-3 (parallel/zero/zero3.h), paper (2 + 2 + K) Psi / Nd; ours counts the fp32 shard gradients
-  # (4 Psi / Nd) and the largest chunk's reduction in flight. Then its "cpu" placement, and PyTorch
+  # ZeRO-3 (parallel/zero/zero3.h), paper (2 + 2 + K) Psi / Nd; ours counts the shard gradients
+  # (bf16 here: no accumulation) and the largest chunk's reduction in flight. Then its "cpu" placement, and PyTorch
   # FSDP2 on the same shapes (bench/compare/fsdp2_step.py, one fully_shard per block and the root).
   run "${size}_dp2_zero3" "${shape[@]}" 3
   [[ ${ZERO3_CPU:-1} == 1 ]] && run "${size}_dp2_zero3_cpu" "${shape[@]}" 3 2 'zero.placement_policy="cpu"'
   torchrun --nproc_per_node 2 bench/compare/fsdp2_step.py --layers "${shape[0]}" --width "${shape[1]}" \
-    --heads "${shape[2]}" 2>&1 | grep FSDP2 || echo "${size} FSDP2: FAILED"
+    --heads "${shape[2]}" --batch "$batch" 2>&1 | grep FSDP2 || echo "${size} FSDP2: FAILED"
 done
 
 case ${OFFLOAD_SIZE:-gpt2-medium} in
