@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Every tutorial config of configs/ (seeds 000-003) at full size through `colossal train` on GPUs, on
 # stand-in CIFAR-10 files (random bytes in the binary format, bench/compare/stand_in_cifar10.py): each
-# for about $STEPS batches (default 200; a config with gradient accumulation A runs STEPS / A updates,
-# at least 12) with the config's own hyperparameters, the layout it asks for, and evaluation off;
-# ms/update is the metrics' wall_s slope over the logged updates from the first quarter to the last,
-# images/s the update's images over it, and the last logged loss shows it trained. Configs needing more GPUs than the
+# for $STEPS iterations (default 200; an iteration is one batch, a micro-step of the config's gradient
+# accumulation) with the config's own hyperparameters, the layout it asks for, and evaluation off;
+# ms/iteration is the metrics' wall_s slope over the logged iterations from the first quarter to the
+# last, images/s an iteration's images (over every rank) over it, and the last logged loss shows it
+# trained. Configs needing more GPUs than the
 # machine has are listed as skipped. Issue 20's "every tutorial config runs on 2 GPUs at full size".
 #
 #   tools/gpu-check --run bench/compare/tutorial_configs.sh [NAME ...]   # default: every config below
@@ -14,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 colossal=${COLOSSAL:-build-gpu/src/colossal/cli/colossal}
 out=${OUT:-/tmp/tutorial-configs}
-batches=${STEPS:-200}
+steps=${STEPS:-200}
 gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}
 export NCCL_NVLS_ENABLE=0
 data=${CIFAR_DIR:-/tmp/stand-in-cifar10}  # 180 MB: kept out of $OUT
@@ -33,7 +34,7 @@ rows=(
   "vit_l16_pp2|configs/vit_l16_pipeline_cifar10.toml|2|16|"
 )
 wanted=("$@")
-printf '%-20s %-42s %5s %6s %10s %10s %10s\n' run config ranks accum ms/update images/s "last loss"
+printf '%-20s %-42s %5s %6s %10s %10s %10s\n' run config ranks accum ms/iter images/s "last loss"
 for row in "${rows[@]}"; do
   IFS='|' read -r name config ranks images extra <<< "$row"
   if [[ ${#wanted[@]} -gt 0 && ! " ${wanted[*]} " =~ " $name " ]]; then continue; fi
@@ -43,11 +44,8 @@ for row in "${rows[@]}"; do
   fi
   accum=$(sed -n 's/^gradient_accumulation *= *\([0-9]*\).*/\1/p' "$config")
   accum=${accum:-1}
-  steps=$(( (batches + accum - 1) / accum ))
-  (( steps < 12 )) && steps=12
   log_interval=10
   (( steps < 100 )) && log_interval=1
-  images=$(( images * accum ))
   args=(--config "$config" --set "data.path=\"$data\"" --set train.max_steps="$steps" --set train.log_interval=$log_interval
     --set train.test_interval=0 --set train.progress=false --metrics "$out/logs/$name.jsonl")
   [[ -n $extra ]] && args+=(--set "$extra")
