@@ -212,6 +212,28 @@ TEST(DropoutAddTest, EqualsDropoutThenAdd) {
   }
 }
 
+TEST(DropoutAddTest, A16BitBranchOnAnF32ResidualPromotesAsAddDoes) {
+  // fp16 "torch" mode: the branch's matmul autocasts to f16, the residual stream stays f32.
+  const Tensor x64 = random_tensor({5, 11}, 61, 0.5, 1.5), r = random_tensor({5, 11}, 62, -1.0, 1.0);
+  const Tensor x = core::cast_raw(x64, DType::f16).set_requires_grad(true);
+  const Tensor x2 = core::cast_raw(x64, DType::f16).set_requires_grad(true);
+  const Tensor r32 = core::cast_raw(r, DType::f32).set_requires_grad(true);
+  const Tensor r32b = core::cast_raw(r, DType::f32).set_requires_grad(true);
+  core::Generator fused_gen(23), plain_gen(23);
+  const Tensor fused = ops::dropout_add(x, r32, 0.25, true, &fused_gen);
+  const Tensor plain = ops::add(r32b, ops::dropout(x2, 0.25, true, &plain_gen));
+  EXPECT_EQ(fused.dtype(), DType::f32);
+  EXPECT_EQ(fused_gen.state(), plain_gen.state());
+  expect_close(core::cast_raw(fused, DType::f64), core::cast_raw(plain, DType::f64), 0.0, 0.0, "output");
+  const Tensor upstream = core::cast_raw(random_tensor({5, 11}, 63, -1.0, 1.0), DType::f32);
+  autograd::backward(fused, upstream);
+  autograd::backward(plain, upstream);
+  EXPECT_EQ(x.grad().dtype(), DType::f16);
+  expect_close(core::cast_raw(x.grad(), DType::f64), core::cast_raw(x2.grad(), DType::f64), 0.0, 0.0, "x's gradient");
+  expect_close(core::cast_raw(r32.grad(), DType::f64), core::cast_raw(r32b.grad(), DType::f64), 0.0, 0.0,
+               "the residual's gradient");
+}
+
 TEST(GradCheck, dropout_add) {
   check_gradients({.make_inputs =
                        [] {
@@ -230,8 +252,9 @@ TEST(DropoutAddTest, EvalIsTheSumAndBadInputsAreNamed) {
   core::Generator gen(5);
   expect_close(ops::dropout_add(x, r, 0.5, /*training=*/false, &gen), ops::add(r, x), 0.0, 0.0, "eval");
   EXPECT_EQ(gen.state().offset, 0u) << "eval draws nothing";
-  EXPECT_ERROR_CONTAINS(ops::dropout_add(x, random_tensor({3, 2}, 58), 0.5),
-                        "dropout_add: x (f64 [2, 3] on cpu) and the residual (f64 [3, 2] on cpu) must have one shape");
+  EXPECT_ERROR_CONTAINS(
+      ops::dropout_add(x, random_tensor({3, 2}, 58), 0.5),
+      "dropout_add: x (f64 [2, 3] on cpu) and the residual (f64 [3, 2] on cpu) must have one shape and device");
   EXPECT_ERROR_CONTAINS(ops::dropout_add(x, r, 1.5), "dropout_add: probability p must be in [0, 1], got 1.5");
 }
 

@@ -65,10 +65,13 @@ Tensor dropout(const Tensor& x, double p, bool training, core::Generator* genera
 Tensor dropout_add(const Tensor& x, const Tensor& residual, double p, bool training, core::Generator* generator) {
   check_arguments("dropout_add", x, p);
   COLOSSAL_CHECK(residual.defined(), "dropout_add: the residual is undefined");
-  COLOSSAL_CHECK(x.shape() == residual.shape() && x.dtype() == residual.dtype() && x.device() == residual.device(),
-                 "dropout_add: x ({} {} on {}) and the residual ({} {} on {}) must have one shape, dtype and device",
+  COLOSSAL_CHECK(x.shape() == residual.shape() && x.device() == residual.device(),
+                 "dropout_add: x ({} {} on {}) and the residual ({} {} on {}) must have one shape and device",
                  x.dtype(), x.shape(), x.device(), residual.dtype(), residual.shape(), residual.device());
   if (!training || p == 0.0) return add(residual, x);
+  // Under autocast (fp16 "torch" mode) a branch's output is 16-bit while the residual stream stays
+  // f32: the sum promotes as add does, through dropout's own pass (the same mask from the same draw).
+  if (x.dtype() != residual.dtype()) return add(residual, dropout(x, p, training, generator));
   const DropoutParams params = draw_params(p, generator);
   Tensor out = masked(x, residual, params);
   autograd::record("dropout_add", {x, residual}, {out},
