@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every tutorial config of configs/ (seeds 000-003) at full size through `colossal train` on GPUs, on
 # stand-in CIFAR-10 files (random bytes in the binary format, bench/compare/stand_in_cifar10.py): each
-# for $STEPS iterations (default 200; an iteration is one batch, a micro-step of the config's gradient
-# accumulation) with the config's own hyperparameters, the layout it asks for, and evaluation off;
+# for about $STEPS iterations (default 200; an iteration is one batch, a micro-step of the config's
+# gradient accumulation A; train.max_steps counts updates, so STEPS / A of them) with the config's
+# own hyperparameters, the layout it asks for, and evaluation off;
 # ms/iteration is the metrics' wall_s slope over the logged iterations from the first quarter to the
 # last, images/s an iteration's images (over every rank) over it, and the last logged loss shows it
 # trained. Configs needing more GPUs than the
@@ -44,16 +45,18 @@ for row in "${rows[@]}"; do
   fi
   accum=$(sed -n 's/^gradient_accumulation *= *\([0-9]*\).*/\1/p' "$config")
   accum=${accum:-1}
+  updates=$(( (steps + accum - 1) / accum ))
+  iterations=$(( updates * accum ))
   log_interval=10
-  (( steps < 100 )) && log_interval=1
-  args=(--config "$config" --set "data.path=\"$data\"" --set train.max_steps="$steps" --set train.log_interval=$log_interval
+  (( iterations < 100 )) && log_interval=1
+  args=(--config "$config" --set "data.path=\"$data\"" --set train.max_steps="$updates" --set train.log_interval=$log_interval
     --set train.test_interval=0 --set train.progress=false --metrics "$out/logs/$name.jsonl")
   [[ -n $extra ]] && args+=(--set "$extra")
   [[ -n ${EXTRA_SET:-} ]] && args+=(--set "$EXTRA_SET")  # e.g. train.device="cpu" to try the script on CPU ranks
   rm -f "$out/logs/$name.jsonl"
   # The logs stay in $out/logs (not $OUT's top level: a device call brings back only a few files).
   if "$colossal" run --nproc_per_node "$ranks" -- "$colossal" train "${args[@]}" > "$out/logs/$name.log" 2>&1; then
-    python3 - "$out/logs/$name.jsonl" "$name" "$config" "$ranks" "$images" "$steps" "$accum" <<'PY'
+    python3 - "$out/logs/$name.jsonl" "$name" "$config" "$ranks" "$images" "$iterations" "$accum" <<'PY'
 import json, sys
 path, name, config, ranks, images, steps, accum = sys.argv[1:]
 lines = [json.loads(l) for l in open(path)]
