@@ -42,11 +42,12 @@ python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size
 
 report() {  # name, metrics file, log file, layers, width, stage, [data-parallel GPUs]
   python3 - "$@" <<'PY'
-import json, re, sys
+import json, os, re, sys
 name, path, log, L, C, stage = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 nd = int(sys.argv[7]) if len(sys.argv) > 7 else 2
 pts = [(j["step"], j["wall_s"]) for j in map(json.loads, open(path)) if j.get("event") == "step" and "wall_s" in j]
-pts = [p for p in pts if 10 <= p[0] <= 30]
+first, last = int(os.environ.get("WINDOW_FIRST", 10)), int(os.environ.get("WINDOW_LAST", 30))
+pts = [p for p in pts if first <= p[0] <= last]
 V, T, B = 50304, 1024, int(sys.argv[8]) if len(sys.argv) > 8 else 4
 n = L * (12 * C * C + 13 * C) + V * C + 2 * C  # without wpe
 psi = n + T * C                                # every parameter, wpe included
@@ -124,4 +125,23 @@ if [[ ${ZERO3_OFFLOAD:-1} == 1 ]]; then
     'zero.placement_policy="cpu"'
   run "${size}_1gpu_zero3_offload_cpu_noclip" "${offload_shape[@]}" 3 1 zero.offload_optimizer=true \
     'zero.placement_policy="cpu"' clip_grad_norm=0
+fi
+
+if [[ -n ${LARGE:-} ]]; then
+  # The largest-model run of issue 21 on ONE GPU: a GPT of LARGE="n_layer n_embd n_head" under ZeRO-3
+  # with the optimizer offloaded, each placement of LARGE_PLACEMENTS (default "cpu auto"), activation
+  # checkpointing, no clipping (chunks stepped on the host during the last backward), LARGE_BATCH
+  # sequences (default 8) per micro-step and LARGE_ACCUM micro-steps (default 8) per update, for
+  # LARGE_UPDATES updates (default 4). ms/step and MFU are per micro-step over the updates after the
+  # first (the host's step included); MFU counts 6N + 12LCT per token, not the recomputation.
+  read -r large_l large_c large_h <<< "$LARGE"
+  accum=${LARGE_ACCUM:-8}
+  updates=${LARGE_UPDATES:-4}
+  batch=${LARGE_BATCH:-8}
+  for placement in ${LARGE_PLACEMENTS:-cpu auto}; do
+    WINDOW_FIRST=$accum WINDOW_LAST=$((accum * updates)) run "gpt_L${large_l}_C${large_c}_1gpu_zero3_offload_$placement" \
+      "$large_l" "$large_c" "$large_h" 3 1 zero.offload_optimizer=true "zero.placement_policy=\"$placement\"" \
+      clip_grad_norm=0 gradient_accumulation="$accum" train.max_steps="$updates" train.log_interval="$accum" \
+      model.options.checkpoint_activations=true
+  done
 fi
