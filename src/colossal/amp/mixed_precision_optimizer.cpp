@@ -97,7 +97,13 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::shared_ptr<nn::Module> mod
   model_->to(compute_dtype());
   for (size_t k = 0; k < names_.size(); ++k) {
     model_params_.push_back(model_->parameter(names_[k]));
-    Tensor master = old_params[k].detach();
+    // Note [Masters on the host]
+    // A 10B-parameter model is 40 GB in f32 and 20 GB in bf16: built on the GPU and converted, both
+    // sit there until ZeRO-3 packs the 16-bit one into chunks, another 20 GB, which an 80 GB GPU does
+    // not hold. With masters_on_host each master goes to host memory as it is made, and the device
+    // f32 tensor is freed once the optimizer's slot below and old_params no longer hold it (at the
+    // end of this constructor), so the GPU's peak is the f32 model and its 16-bit copy once.
+    Tensor master = options_.masters_on_host ? old_params[k].detach().to(Device{}) : old_params[k].detach();
     master.autograd_meta().name = names_[k];
     master_params_.push_back(master);
     groups[slots[k].group].params[slots[k].index] = master;

@@ -47,6 +47,11 @@ struct AmpOptions {
   /// way, so this only drops the f32 copy of the logits and of their gradient (for GPT-2 at B16
   /// T1024: 3.3 GB each, ~1.7 ms each on an H100).
   bool output_to_f32 = true;
+  /// naive and bf16: the f32 masters in host memory instead of beside the model. ZeRO-3 with the
+  /// optimizer offloaded copies them to the host and never steps them on the device, so a model's
+  /// whole f32 copy need not stay on the GPU beside its 16-bit one until ZeRO takes them (Note
+  /// [Masters on the host] in mixed_precision_optimizer.cpp). The Engine sets it there.
+  bool masters_on_host = false;
 
   /// `mode` with its reference's scaler defaults: torch_defaults() for torch, naive_defaults() otherwise.
   static AmpOptions for_mode(AmpMode mode);

@@ -40,7 +40,15 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
     context_ = parallel::ParallelContext::single_process(params.empty() ? Device{} : params.front().device());
   }
   schedule_ = options_.schedule ? options_.schedule : std::make_shared<NonPipelineSchedule>();
-  if (options_.amp) amp_ = std::make_unique<amp::MixedPrecisionOptimizer>(model_, optimizer_, *options_.amp);
+  if (options_.amp) {
+    amp::AmpOptions amp_options = *options_.amp;
+    // ZeRO-3 with the optimizer offloaded takes the masters to the host anyway: made there, the
+    // model's whole f32 copy does not stay on the GPU (Note [Masters on the host]).
+    if (options_.zero && options_.zero->stage == 3 && options_.zero->offload_optimizer && device_.is_cuda()) {
+      amp_options.masters_on_host = true;
+    }
+    amp_ = std::make_unique<amp::MixedPrecisionOptimizer>(model_, optimizer_, amp_options);
+  }
   // After the mixed-precision conversion: the gradient hooks sit on the tensors backward fills.
   if (options_.zero) {
     COLOSSAL_CHECK(!options_.gradient_handler, "Engine: options.zero and options.gradient_handler are exclusive");

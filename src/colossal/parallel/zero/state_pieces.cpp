@@ -72,7 +72,16 @@ void broadcast_initial_state(nn::Module& model, const std::vector<Tensor>& maste
     group.broadcast(tensor, 0);
   }
   if (amp != nullptr && amp->mode() != amp::AmpMode::torch) {
-    for (const Tensor& master : masters) group.broadcast(master, 0);
+    for (const Tensor& master : masters) {
+      if (master.device() == group.device()) {
+        group.broadcast(master, 0);
+        continue;
+      }
+      // Masters in host memory (Note [Masters on the host]) go through the group's device one at a time.
+      Tensor staged = master.to(group.device());
+      group.broadcast(staged, 0);
+      Tensor(master).copy_(staged);
+    }
   }
 }
 
