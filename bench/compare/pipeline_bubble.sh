@@ -6,7 +6,7 @@
 # bubble report (parallel.pipeline_report: each stage's busy and idle ms of a micro-step, the measured
 # bubble idle / busy against (p - 1) / (v m) = 0.125 and 0.0625), averaged over the reported steps.
 #
-#   tools/gpu-check --run bench/compare/pipeline_bubble.sh [serial] [v1] [v2] [v1-uniform] [v2-uniform]
+#   tools/gpu-check --run bench/compare/pipeline_bubble.sh [serial] [v1] [v2] [v1-uniform] [v2-uniform] [v1-measured] [v2-measured]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -72,6 +72,10 @@ for part in "${parts[@]}"; do
           --set 'parallel.partition="uniform"' --set parallel.pipeline_report=5 ;;
     v2-uniform) run gpt350m_pp2_m8_v2_uniform 2 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
           --set parallel.num_chunks=2 --set 'parallel.partition="uniform"' --set parallel.pipeline_report=5 ;;
-    *) echo "unknown part '$part' (serial, v1, v2, v1-uniform, v2-uniform)"; exit 2 ;;
+    v1-measured) run gpt350m_pp2_m8_v1_measured 2 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
+          --set 'parallel.partition="measured"' --set parallel.pipeline_report=5 ;;
+    v2-measured) run gpt350m_pp2_m8_v2_measured 2 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
+          --set parallel.num_chunks=2 --set 'parallel.partition="measured"' --set parallel.pipeline_report=5 ;;
+    *) echo "unknown part '$part' (serial, v1, v2, v1-uniform, v2-uniform, v1-measured, v2-measured)"; exit 2 ;;
   esac
 done

@@ -1,7 +1,7 @@
 // How colossal train cuts a model's pieces among pipeline stages (initialize/pipeline_stage.h's
-// plan_pipeline): parallel.partition "balanced" (by parameters, the tied wte counted in the head) and
-// "uniform" (by pieces), or parallel.partition_sizes (explicit pieces per part, in part order), and
-// the errors that name the keys.
+// plan_pipeline): parallel.partition "balanced" (by parameters, the tied wte counted in the head),
+// "uniform" (by pieces) and "measured" (by each piece's measured time), or parallel.partition_sizes
+// (explicit pieces per part, in part order), and the errors that name the keys.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -54,6 +54,9 @@ TEST(PipelinePartition, TheConfigKeysLoadAndAreChecked) {
       "[parallel]\npipeline = 2\npartition = \"uniform\"\npartition_sizes = [2, 4]\n", {}, "test.toml");
   EXPECT_EQ(c.parallel.partition, config::PipelinePartition::kUniform);
   EXPECT_EQ(c.parallel.partition_sizes, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(
+      config::parse_config("[parallel]\npipeline = 2\npartition = \"measured\"\n", {}, "test.toml").parallel.partition,
+      config::PipelinePartition::kMeasured);
   try {
     (void)config::parse_config("[parallel]\npartition = \"even\"\n", {}, "test.toml");
     ADD_FAILURE() << "an unknown partition loaded";
@@ -101,6 +104,35 @@ TEST(PipelinePartition, BalancedUniformAndExplicit) {
   p.partition_sizes = {2, 4};
   EXPECT_EQ(plan_pipeline(pieces, p), (StageParts{{PieceRange{0, 2}}, {PieceRange{2, 6}}}));
   EXPECT_EQ(describe_partition(p), "cut as parallel.partition_sizes = [2, 4]");
+}
+
+TEST(PipelinePartition, MeasuredBalancesTheTimesOfThePieces) {
+  std::shared_ptr<nn::models::GPT2> model;
+  const auto pieces = gpt2_pieces(model);
+  config::ParallelConfig p = pipeline(2);
+  p.partition = config::PipelinePartition::kMeasured;
+  EXPECT_EQ(describe_partition(p), "balanced by measured times");
+  // A head that takes as long as the four blocks gets a stage of its own with the last block.
+  EXPECT_EQ(plan_pipeline(pieces, p, {1, 1, 1, 1, 1, 4}), (StageParts{{PieceRange{0, 5}}, {PieceRange{5, 6}}}));
+  EXPECT_EQ(plan_pipeline(pieces, p, {5, 1, 1, 1, 1, 1}), (StageParts{{PieceRange{0, 1}}, {PieceRange{1, 6}}}));
+  const std::string m = error_of(pieces, p);  // no times
+  EXPECT_NE(m.find("parallel.partition = \"measured\": 0 measured times for the model's 6 pieces"), std::string::npos)
+      << m;
+
+  // The times themselves: every piece, forward and backward of a microbatch of token ids, positive; the
+  // pieces' gradients dropped afterwards (the tied wte's two pieces included).
+  config::TrainConfig c;
+  c.parallel = p;
+  c.parallel.num_microbatches = 2;
+  c.data.batch_size = 4;
+  c.data.seq_len = 8;
+  const Tensor sample = pipeline_sample_microbatch(*model, c, Tensor(), Device{});
+  EXPECT_EQ(sample.shape(), (Shape{2, 8}));
+  EXPECT_EQ(sample.dtype(), DType::i64);
+  const std::vector<double> seconds = measure_pipeline_pieces(pieces, sample, 2);
+  ASSERT_EQ(seconds.size(), pieces.size());
+  for (double t : seconds) EXPECT_GT(t, 0.0);
+  for (const auto& [name, param] : model->named_parameters()) EXPECT_FALSE(param.grad().defined()) << name;
 }
 
 TEST(PipelinePartition, ErrorsNameTheKeysAndTheNumbers) {

@@ -63,7 +63,8 @@ inline constexpr EnumEntry<TensorSplit> kTensorSplits[] = {{TensorSplit::kColumn
 inline constexpr EnumEntry<AmpMode> kAmpModes[] = {
     {AmpMode::kOff, "off"}, {AmpMode::kTorch, "torch"}, {AmpMode::kNaive, "naive"}};
 inline constexpr EnumEntry<PipelinePartition> kPipelinePartitions[] = {{PipelinePartition::kBalanced, "balanced"},
-                                                                       {PipelinePartition::kUniform, "uniform"}};
+                                                                       {PipelinePartition::kUniform, "uniform"},
+                                                                       {PipelinePartition::kMeasured, "measured"}};
 inline constexpr EnumEntry<ZeroPlacement> kZeroPlacements[] = {
     {ZeroPlacement::kCuda, "cuda"}, {ZeroPlacement::kCpu, "cpu"}, {ZeroPlacement::kAuto, "auto"}};
 inline constexpr EnumEntry<ModelName> kModelNames[] = {

@@ -34,6 +34,7 @@ enum class AmpMode {
 enum class PipelinePartition {
   kBalanced,  ///< "balanced": by parameter count (Colossal-AI's partition_balanced)
   kUniform,   ///< "uniform": by piece count (Colossal-AI's partition_uniform)
+  kMeasured,  ///< "measured": by each piece's forward and backward time, measured at start-up
 };
 
 /// zero.placement_policy: where ZeRO-3 (Gemini) keeps parameter chunks between uses.
@@ -130,7 +131,8 @@ struct ParallelConfig {
   int num_chunks = 1;
   /// How the model's pieces (GPT-2: the embedding, each block, the head; ViT and ResNet alike) are
   /// cut among the pipeline's stages x chunks: "balanced" by parameters, a weight two pieces share
-  /// counted in the last one; or "uniform" by number of pieces.
+  /// counted in the last one; "uniform" by number of pieces; or "measured" by each piece's forward and
+  /// backward time on one microbatch, measured on every rank at start-up (initialize/pipeline_stage.h).
   PipelinePartition partition = PipelinePartition::kBalanced;
   /// Explicit pieces per part instead (Colossal-AI's explicit parts): pipeline x num_chunks counts, in
   /// part order (part k is chunk k / pipeline of stage k % pipeline), adding up to the model's pieces;

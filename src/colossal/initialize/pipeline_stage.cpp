@@ -5,12 +5,15 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <numeric>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "colossal/autograd/engine.h"   // backward
+#include "colossal/core/cuda_device.h"  // synchronize, current_stream
 #include "colossal/core/error.h"
 #include "colossal/initialize/builders.h"  // make_optimizer
 #include "colossal/nn/models/gpt2.h"
@@ -65,11 +68,19 @@ std::string describe_partition(const config::ParallelConfig& parallel) {
   if (!parallel.partition_sizes.empty()) {
     return fmt::format("cut as parallel.partition_sizes = [{}]", fmt::join(parallel.partition_sizes, ", "));
   }
-  return parallel.partition == config::PipelinePartition::kUniform ? "uniform by pieces" : "balanced by parameters";
+  switch (parallel.partition) {
+    case config::PipelinePartition::kUniform:
+      return "uniform by pieces";
+    case config::PipelinePartition::kMeasured:
+      return "balanced by measured times";
+    case config::PipelinePartition::kBalanced:
+      break;
+  }
+  return "balanced by parameters";
 }
 
 parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces,
-                                       const config::ParallelConfig& parallel) {
+                                       const config::ParallelConfig& parallel, const std::vector<double>& measured) {
   const int num_stages = parallel.pipeline, num_chunks = parallel.num_chunks;
   COLOSSAL_CHECK(static_cast<int64_t>(pieces.size()) >= int64_t{num_stages} * num_chunks,
                  "parallel.pipeline = {} with parallel.num_chunks = {}: the model has {} pieces, fewer than the {} "
@@ -94,8 +105,91 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
                    num_chunks, n, num_chunks);
     return parallel::pp::partition_uniform(n, num_stages, num_chunks);
   }
+  if (parallel.partition == config::PipelinePartition::kMeasured) {
+    COLOSSAL_CHECK(measured.size() == pieces.size(),
+                   "parallel.partition = \"measured\": {} measured times for the model's {} pieces", measured.size(),
+                   pieces.size());
+    return parallel::pp::partition_balanced(measured, num_stages, num_chunks);
+  }
   return balanced_by_parameters(pieces, num_stages, num_chunks);
 }
+
+Tensor pipeline_sample_microbatch(nn::Module& model, const config::TrainConfig& c, const Tensor& first_example_input,
+                                  Device device) {
+  const int64_t m = std::max<int64_t>(1, c.data.batch_size / std::max(1, c.parallel.num_microbatches));
+  if (auto* gpt2 = dynamic_cast<nn::models::GPT2*>(&model)) {
+    const int64_t tokens = c.data.seq_len > 0 ? c.data.seq_len : gpt2->config().n_positions;
+    return core::zeros({m, tokens}, TensorOptions(DType::i64, device));
+  }
+  if (auto* vit = dynamic_cast<nn::models::VisionTransformer*>(&model)) {
+    const nn::models::ViTConfig& v = vit->config();
+    return core::zeros({m, v.in_chans, v.img_size, v.img_size}, TensorOptions(DType::f32, device));
+  }
+  COLOSSAL_CHECK(dynamic_cast<nn::models::ResNet*>(&model) != nullptr,
+                 "parallel.partition = \"measured\": the model built ({}) is none of GPT-2, ViT and ResNet",
+                 model.type_name());
+  const bool resizes =
+      std::find(c.data.transforms.begin(), c.data.transforms.end(), "resize") != c.data.transforms.end();
+  int64_t size = 224;
+  if (resizes) {
+    size = c.data.options.get_int("resize", 224, 1);
+  } else if (first_example_input.defined() && first_example_input.dim() >= 2) {
+    size = first_example_input.size(first_example_input.dim() - 2);
+  }
+  return core::zeros({m, 3, size, size}, TensorOptions(DType::f32, device));
+}
+
+std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn::Module>>& pieces,
+                                            const Tensor& microbatch, int repeats) {
+  COLOSSAL_CHECK(repeats >= 1, "measure_pipeline_pieces: repeats must be >= 1, got {}", repeats);
+  const Device device = microbatch.device();
+  // The stream the pieces run on, waited for around each run (not the whole device: a communicator's
+  // kernel may be spinning there).
+  const auto wait = [device] {
+    if (device.is_cuda()) core::cuda::synchronize(core::cuda::current_stream(device));
+  };
+  std::vector<double> seconds;
+  Tensor x = microbatch;
+  for (const std::shared_ptr<nn::Module>& piece : pieces) {
+    const Tensor input = core::is_floating(x.dtype()) ? x.detach().set_requires_grad(true) : x;
+    std::vector<double> runs;
+    Tensor output;
+    for (int r = 0; r <= repeats; ++r) {  // run 0 warms up (cuBLAS and cuDNN plans, the allocator)
+      wait();
+      const auto start = std::chrono::steady_clock::now();
+      output = (*piece)(input);
+      autograd::backward(output, core::ones_like(output));
+      wait();
+      if (r > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::sort(runs.begin(), runs.end());
+    seconds.push_back(runs[runs.size() / 2]);
+    for (const Tensor& param : piece->parameters()) {
+      if (param.grad().defined()) Tensor(param).set_grad(Tensor());
+    }
+    x = output.detach();
+  }
+  return seconds;
+}
+
+namespace {
+
+/// Every rank's times made one: averaged over the pipeline (its stages measured the same pieces on
+/// their own GPUs), then data rank 0's and tensor rank 0's copies broadcast, so that every rank cuts
+/// from the same bits (averages over different groups need not round alike).
+std::vector<double> agree_on_times(const std::vector<double>& local, const parallel::ParallelContext& context) {
+  const std::shared_ptr<comm::ProcessGroup> pipeline = context.group(parallel::GroupKind::kPipeline);
+  Tensor times = core::from_vector<double>(local, {static_cast<int64_t>(local.size())}).to(pipeline->device());
+  pipeline->all_reduce(times, comm::ReduceOp::avg);
+  for (parallel::GroupKind kind : {parallel::GroupKind::kData, parallel::GroupKind::kTensor}) {
+    if (!context.has_group(kind)) continue;
+    const std::shared_ptr<comm::ProcessGroup> group = context.group(kind);
+    if (group != nullptr && group->size() > 1) group->broadcast(times, 0);
+  }
+  return times.to(Device{}).to_vector<double>();
+}
+
+}  // namespace
 
 namespace {
 
@@ -145,11 +239,26 @@ std::shared_ptr<nn::Module> tensor_parallel_piece(nn::Module& model, const std::
 }  // namespace
 
 PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelContext& context,
-                                  const config::TrainConfig& c, const parallel::tp::DropoutGenerators& dropout) {
+                                  const config::TrainConfig& c, const parallel::tp::DropoutGenerators& dropout,
+                                  const Tensor& sample) {
   const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kPipeline);
   const int p = group->size(), stage = group->rank(), v = c.parallel.num_chunks;
   const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(model);
-  const parallel::pp::StageParts parts = plan_pipeline(pieces, c.parallel);
+  std::vector<double> measured;
+  if (c.parallel.partition == config::PipelinePartition::kMeasured && c.parallel.partition_sizes.empty()) {
+    COLOSSAL_CHECK(sample.defined(),
+                   "parallel.partition = \"measured\": make_pipeline_stage needs a sample microbatch");
+    // Measuring runs the pieces' dropout: their generators are put back, so that the training run
+    // draws the masks it would draw under any other cut.
+    std::vector<std::pair<core::Generator*, core::GeneratorState>> saved{
+        {&core::default_generator(), core::default_generator().state()}};
+    for (core::Generator* g : {dropout.data, dropout.tensor}) {
+      if (g != nullptr) saved.emplace_back(g, g->state());
+    }
+    measured = agree_on_times(measure_pipeline_pieces(pieces, sample), context);
+    for (auto& [g, state] : saved) g->set_state(state);
+  }
+  const parallel::pp::StageParts parts = plan_pipeline(pieces, c.parallel, measured);
 
   // Which stages hold each parameter: one held by several is tied between them.
   std::map<const core::TensorImpl*, std::set<int>> holders;
@@ -230,6 +339,12 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
                   pieces.size(), describe_partition(c.parallel), c.parallel.num_microbatches,
                   tensor_parallel ? fmt::format(", blocks {}-way tensor-parallel", tensor_group->size()) : "",
                   parallel::pp::describe(parts));
+  if (!measured.empty()) {
+    std::vector<std::string> ms;
+    for (double t : measured) ms.push_back(fmt::format("{:.2f}", 1e3 * t));
+    description +=
+        fmt::format("; measured ms per piece (forward and backward of one microbatch): [{}]", fmt::join(ms, ", "));
+  }
   return {module, schedule, std::move(description), std::move(serial_names)};
 }
 

@@ -35,10 +35,28 @@ std::vector<std::shared_ptr<nn::Module>> pipeline_pieces(nn::Module& model);
 
 /// How `pieces` are cut among parallel.pipeline stages of parallel.num_chunks chunks, as
 /// parallel.partition says (balanced by parameter count, a weight shared by two pieces counted once, in
-/// the last; or uniform by pieces) or parallel.partition_sizes lists. Throws naming the keys and numbers
-/// when there are fewer pieces than parts or the sizes do not fit.
+/// the last; uniform by pieces; or, "measured", balanced by `measured`: each piece's seconds, from
+/// measure_pipeline_pieces) or parallel.partition_sizes lists. Throws naming the keys and numbers
+/// when there are fewer pieces than parts or the sizes do not fit, and when "measured" comes without
+/// one time per piece.
 parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces,
-                                       const config::ParallelConfig& parallel);
+                                       const config::ParallelConfig& parallel,
+                                       const std::vector<double>& measured = {});
+
+/// A microbatch of zeros the model's first piece takes, for measure_pipeline_pieces: GPT-2's
+/// [m, T] token ids (T = data.seq_len, else the model's context), ViT's [m, in_chans, img_size,
+/// img_size] and ResNet's [m, 3, S, S] images (S = data.options.resize where the transforms resize,
+/// else the training set's first image's height), m = data.batch_size / parallel.num_microbatches.
+Tensor pipeline_sample_microbatch(nn::Module& model, const config::TrainConfig& c, const Tensor& first_example_input,
+                                  Device device);
+
+/// Note [Measured pipeline partition]
+/// Each piece's forward and backward time on this rank's device (seconds, the median of `repeats`
+/// runs after one warm-up), the pieces run in order on `microbatch` (each on the previous one's
+/// output, its gradient all ones), in training mode. The pieces' parameter gradients are dropped
+/// afterwards. The caller restores the random generators the pieces' dropout drew from.
+std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn::Module>>& pieces,
+                                            const Tensor& microbatch, int repeats = 3);
 
 /// "balanced by parameters", "uniform by pieces" or "cut as parallel.partition_sizes = [...]": for logs.
 std::string describe_partition(const config::ParallelConfig& parallel);
@@ -56,7 +74,11 @@ std::string describe_partition(const config::ParallelConfig& parallel);
 /// the blocks are whole on every tensor rank, so each tensor rank of stage s exchanges them with the
 /// same tensor rank of stage s + 1 over its own pipeline group, and the tied wte's copies are summed
 /// per tensor rank. Not with sequence parallelism or parallel.tensor.specs (refused by the run).
+/// With parallel.partition = "measured", `sample` is a microbatch for measure_pipeline_pieces
+/// (pipeline_sample_microbatch); every rank measures, the pipeline averages, and data rank 0's and then
+/// tensor rank 0's average goes to every rank, so that all cut alike. Collective over every group.
 PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelContext& context,
-                                  const config::TrainConfig& c, const parallel::tp::DropoutGenerators& dropout = {});
+                                  const config::TrainConfig& c, const parallel::tp::DropoutGenerators& dropout = {},
+                                  const Tensor& sample = Tensor());
 
 }  // namespace colossal::initialize

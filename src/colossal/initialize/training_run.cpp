@@ -274,7 +274,12 @@ void TrainingRun::build_data_and_model() {
     // With tensor parallelism its blocks become tensor-parallel (Note [Pipeline of tensor-parallel
     // stages]), their dropout drawing as ParallelGPT2's and ParallelViT's do.
     const parallel::tp::DropoutGenerators dropout{.data = dropout_generator_.get(), .tensor = tensor_generator_.get()};
-    PipelineStage stage = make_pipeline_stage(*model_, *context_, c, dropout);
+    Tensor sample;  // parallel.partition = "measured": a microbatch to time the pieces on
+    if (c.parallel.partition == config::PipelinePartition::kMeasured && c.parallel.partition_sizes.empty()) {
+      const Tensor first = datasets_.train->size() > 0 ? datasets_.train->get(0).input : Tensor();
+      sample = pipeline_sample_microbatch(*model_, c, first, device_);
+    }
+    PipelineStage stage = make_pipeline_stage(*model_, *context_, c, dropout, sample);
     if (writer_ && options_.verbose) fmt::print("{}\n", stage.description);
     model_ = stage.module;
     model_->to(device_);  // the tensor-parallel blocks made anew sit where the serial model did
