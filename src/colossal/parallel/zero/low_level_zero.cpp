@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <charconv>
 #include <deque>
-#include <optional>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -309,15 +308,12 @@ void LowLevelZero::launch(size_t b) {
   in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out), sync_});
 }
 
-DType LowLevelZero::reduced_dtype() const {
-  std::optional<DType> dtype;
+std::vector<DType> LowLevelZero::reduced_dtypes() const {
+  std::vector<DType> dtypes;
   for (const Bucket& bucket : partition_->buckets()) {
-    if (bucket.params.empty()) continue;
-    const DType d = entries_[fill_order_[bucket.params.front()]].param.dtype();
-    if (dtype && *dtype != d) return DType::f32;
-    dtype = d;
+    if (!bucket.params.empty()) dtypes.push_back(entries_[fill_order_[bucket.params.front()]].param.dtype());
   }
-  return dtype.value_or(DType::f32);
+  return dtypes;
 }
 
 void LowLevelZero::drain(bool all) {
@@ -327,13 +323,13 @@ void LowLevelZero::drain(bool all) {
     front.work.wait();
     if (!shard_grad_.defined()) {
       // Note [Shard gradient dtype] in state_pieces.cpp.
-      const DType dtype = shard_gradient_dtype(reduced_dtype(), front.last, offload_ != nullptr);
-      shard_grad_ = core::zeros({partition_->shard_numel()}, TensorOptions(dtype, group_->device()));
-      shard_grad_element_size_ = static_cast<int64_t>(core::element_size(dtype));
+      shard_grad_ = make_shard_gradient(partition_->shard_numel(), reduced_dtypes(), front.last, offload_ != nullptr,
+                                        group_->device());
+      shard_grad_element_size_ = static_cast<int64_t>(shard_grad_.element_size());
     }
     const Bucket& bucket = partition_->buckets()[front.bucket];
     Tensor dst = shard_grad_.narrow(0, partition_->shard_offset(front.bucket), bucket.chunk);
-    ops::add_(dst, front.out);  // in f32 where the window's micro-steps accumulate in the shard
+    land_reduction(dst, front.out);
     // Offload: the bucket's gradient is complete; to the host (and the step, where it may start now).
     if (offload_ && front.last && !discarding_) offload_->gradient_ready(front.bucket, dst);
     in_flight_.erase(in_flight_.begin());

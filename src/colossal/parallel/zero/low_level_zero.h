@@ -134,7 +134,7 @@ class LowLevelZero final : public ZeroHandler {
   void launch(size_t bucket);
   void flush_backward();
   void drain(bool all);
-  DType reduced_dtype() const;  // the buckets' one gradient dtype, f32 where they differ
+  std::vector<DType> reduced_dtypes() const;  // each bucket's gradient dtype
   void make_offload();
   Tensor gather_piece(const Tensor& local, size_t param) const;
   Tensor own_piece(const Tensor& whole, size_t param, const std::string& key) const;

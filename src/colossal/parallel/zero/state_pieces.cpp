@@ -1,11 +1,13 @@
 // ZeRO's checkpoint state mapping: see state_pieces.h.
 #include "colossal/parallel/zero/state_pieces.h"
 
+#include <algorithm>
 #include <charconv>
 #include <unordered_map>
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"
+#include "colossal/ops/elementwise.h"  // add_
 
 namespace colossal::parallel::zero {
 
@@ -96,8 +98,26 @@ void broadcast_initial_state(nn::Module& model, const std::vector<Tensor>& maste
 // (a 16-bit number is exact in f32). Stages 2 and 3 with accumulation add every micro-step's
 // reduction into the shard, which must be f32 for that; so must the optimizer offload's copies to
 // the host. The first reduction to land tells which case a window is (it is the earliest launched).
-DType shard_gradient_dtype(DType reduced, bool from_last_backward, bool offloaded) {
-  return core::is_reduced_float(reduced) && from_last_backward && !offloaded ? reduced : DType::f32;
+// A 16-bit shard is made without zeros and each reduction copied into its slice: every bucket or
+// chunk is reduced once in the window (finish() sends those that got no gradient as zeros), so every
+// slice is written once.
+Tensor make_shard_gradient(int64_t numel, const std::vector<DType>& reduced, bool from_last_backward, bool offloaded,
+                           Device device) {
+  const bool one_dtype =
+      !reduced.empty() && std::all_of(reduced.begin(), reduced.end(), [&](DType d) { return d == reduced.front(); });
+  if (one_dtype && core::is_reduced_float(reduced.front()) && from_last_backward && !offloaded) {
+    return core::empty({numel}, TensorOptions(reduced.front(), device));
+  }
+  return core::zeros({numel}, TensorOptions(DType::f32, device));
+}
+
+void land_reduction(const Tensor& dst, const Tensor& out) {
+  Tensor slice = dst;  // a handle on the shard's slice, which the ops write through
+  if (slice.dtype() == DType::f32) {
+    ops::add_(slice, out);
+  } else {
+    slice.copy_(out);
+  }
 }
 
 Tensor shard_gradient_for_step(const Tensor& shard_grad) {

@@ -46,11 +46,17 @@ void check_no_optimizer_state(const optim::Optimizer& optimizer, std::string_vie
 void broadcast_initial_state(nn::Module& model, const std::vector<Tensor>& masters,
                              const amp::MixedPrecisionOptimizer* amp, comm::ProcessGroup& group, std::string_view who);
 
-/// The dtype of a window's shard gradient, chosen when its first reduction lands (Note [Shard
-/// gradient dtype] in state_pieces.cpp): `reduced` (every bucket's or chunk's one dtype; f32 where
-/// they differ) when that reduction came from the window's last backward (nothing accumulates in the
-/// shard) and the gradients stay on the device; f32 otherwise.
-DType shard_gradient_dtype(DType reduced, bool from_last_backward, bool offloaded);
+/// A window's shard gradient of `numel` elements on `device`, made when its first reduction lands
+/// (Note [Shard gradient dtype] in state_pieces.cpp): in the reduced dtype when `reduced` (every
+/// bucket's or chunk's dtype) is one 16-bit dtype, that reduction came from the window's last
+/// backward and the gradients stay on the device, left unset since each slice is then written once;
+/// else f32 zeros, which the window's micro-steps add into.
+Tensor make_shard_gradient(int64_t numel, const std::vector<DType>& reduced, bool from_last_backward, bool offloaded,
+                           Device device);
+
+/// A landed reduction `out` into its slice `dst` of the shard gradient: copied into a 16-bit shard,
+/// added into an f32 one.
+void land_reduction(const Tensor& dst, const Tensor& out);
 
 /// The shard gradient's f32 form for the optimizer (the same tensor when it is f32 already).
 Tensor shard_gradient_for_step(const Tensor& shard_grad);

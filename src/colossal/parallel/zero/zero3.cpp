@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <optional>
 #include <set>
 #include <string_view>
 #include <unordered_map>
@@ -360,14 +359,12 @@ void Zero3::reduce_unit(size_t u) {
   for (size_t c : chunks_->unit_chunks(u)) chunks_->release(c);
 }
 
-DType Zero3::reduced_dtype() const {
-  std::optional<DType> dtype;
+std::vector<DType> Zero3::reduced_dtypes() const {
+  std::vector<DType> dtypes;
   for (size_t c = 0; c < chunks_->num_chunks(); ++c) {
-    if (chunks_->shard_numel(c) == 0) continue;
-    if (dtype && *dtype != chunks_->dtype(c)) return DType::f32;
-    dtype = chunks_->dtype(c);
+    if (chunks_->shard_numel(c) > 0) dtypes.push_back(chunks_->dtype(c));
   }
-  return dtype.value_or(DType::f32);
+  return dtypes;
 }
 
 void Zero3::drain(bool all) {
@@ -377,12 +374,12 @@ void Zero3::drain(bool all) {
     front.work.wait();
     if (!shard_grad_.defined()) {
       // Note [Shard gradient dtype] in state_pieces.cpp.
-      const DType dtype = shard_gradient_dtype(reduced_dtype(), front.last, offload_ != nullptr);
-      shard_grad_ = core::zeros({shard_grad_numel_}, TensorOptions(dtype, group_->device()));
-      shard_grad_element_size_ = static_cast<int64_t>(core::element_size(dtype));
+      shard_grad_ =
+          make_shard_gradient(shard_grad_numel_, reduced_dtypes(), front.last, offload_ != nullptr, group_->device());
+      shard_grad_element_size_ = static_cast<int64_t>(shard_grad_.element_size());
     }
     Tensor dst = shard_grad_.narrow(0, grad_offset_[front.chunk], chunks_->shard_numel(front.chunk));
-    ops::add_(dst, front.out);  // in f32 where the window's micro-steps accumulate in the shard
+    land_reduction(dst, front.out);
     // Offload: the chunk's gradient is complete; to the host (and the step, where it may start now).
     if (offload_ && front.last && !discarding_) offload_->gradient_ready(front.chunk, dst);
     in_flight_.erase(in_flight_.begin());

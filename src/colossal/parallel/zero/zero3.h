@@ -98,7 +98,7 @@ class Zero3 final : public ZeroHandler {
   void reduce_unit(size_t unit);
   void flush_backward();
   void drain(bool all);
-  DType reduced_dtype() const;  // the chunks' one dtype, f32 where they differ
+  std::vector<DType> reduced_dtypes() const;  // each chunk's dtype
   void prefetch_after(const std::vector<size_t>& order, size_t unit);
   Tensor gather_whole(const Tensor& local, size_t param) const;
   Tensor own_piece(const Tensor& whole, size_t param, const std::string& key) const;
