@@ -114,6 +114,10 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
   return balanced_by_parameters(pieces, num_stages, num_chunks);
 }
 
+bool measures_pipeline_partition(const config::ParallelConfig& parallel) {
+  return parallel.partition == config::PipelinePartition::kMeasured && parallel.partition_sizes.empty();
+}
+
 Tensor pipeline_sample_microbatch(nn::Module& model, const config::TrainConfig& c, const Tensor& first_example_input,
                                   Device device) {
   const int64_t m = std::max<int64_t>(1, c.data.batch_size / std::max(1, c.parallel.num_microbatches));
@@ -245,7 +249,7 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
   const int p = group->size(), stage = group->rank(), v = c.parallel.num_chunks;
   const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(model);
   std::vector<double> measured;
-  if (c.parallel.partition == config::PipelinePartition::kMeasured && c.parallel.partition_sizes.empty()) {
+  if (measures_pipeline_partition(c.parallel)) {
     COLOSSAL_CHECK(sample.defined(),
                    "parallel.partition = \"measured\": make_pipeline_stage needs a sample microbatch");
     // Measuring runs the pieces' dropout: their generators are put back, so that the training run

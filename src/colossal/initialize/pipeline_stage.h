@@ -43,6 +43,9 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
                                        const config::ParallelConfig& parallel,
                                        const std::vector<double>& measured = {});
 
+/// True when the cut is measured (parallel.partition = "measured" and no parallel.partition_sizes).
+bool measures_pipeline_partition(const config::ParallelConfig& parallel);
+
 /// A microbatch of zeros the model's first piece takes, for measure_pipeline_pieces: GPT-2's
 /// [m, T] token ids (T = data.seq_len, else the model's context), ViT's [m, in_chans, img_size,
 /// img_size] and ResNet's [m, 3, S, S] images (S = data.options.resize where the transforms resize,

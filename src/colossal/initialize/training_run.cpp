@@ -275,7 +275,7 @@ void TrainingRun::build_data_and_model() {
     // stages]), their dropout drawing as ParallelGPT2's and ParallelViT's do.
     const parallel::tp::DropoutGenerators dropout{.data = dropout_generator_.get(), .tensor = tensor_generator_.get()};
     Tensor sample;  // parallel.partition = "measured": a microbatch to time the pieces on
-    if (c.parallel.partition == config::PipelinePartition::kMeasured && c.parallel.partition_sizes.empty()) {
+    if (measures_pipeline_partition(c.parallel)) {
       const Tensor first = datasets_.train->size() > 0 ? datasets_.train->get(0).input : Tensor();
       sample = pipeline_sample_microbatch(*model_, c, first, device_);
     }
