@@ -10,6 +10,7 @@
 
 #include "colossal/amp/mixed_precision_optimizer.h"
 #include "colossal/core/error.h"
+#include "colossal/parallel/zero/state_pieces.h"  // parse_state_key
 
 namespace colossal::engine {
 
@@ -54,18 +55,7 @@ namespace {
 
 using parallel::tp::ShardSpec;
 
-/// (i, buffer) from an optimizer state key "state.<i>.<buffer>".
-bool parse_state_key(std::string_view key, size_t& index, std::string_view& buffer) {
-  constexpr std::string_view kState = "state.";
-  if (!key.starts_with(kState)) return false;
-  key.remove_prefix(kState.size());
-  const size_t dot = key.find('.');
-  if (dot == std::string_view::npos) return false;
-  auto [end, ec] = std::from_chars(key.data(), key.data() + dot, index);
-  if (ec != std::errc() || end != key.data() + dot) return false;
-  buffer = key.substr(dot + 1);
-  return true;
-}
+using parallel::zero::parse_state_key;  // (i, buffer) from "state.<i>.<buffer>"
 
 /// (g, option) from an optimizer key "param_groups.<g>.<option>".
 bool parse_group_key(std::string_view key, size_t& group, std::string_view& option) {
