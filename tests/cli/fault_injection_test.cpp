@@ -427,17 +427,15 @@ TEST_F(FaultInjection, AKilledRankEndsTheJobNamingItAndResumeRepeatsTheLosses) {
 }
 
 // Note [A killed launcher's ranks may outrun the kill]
-// A killed launcher's ranks do not die at the very instant: its watchdog SIGKILLs them once the
-// kernel has told mpirun (Note [Signals reach mpirun's ranks directly] in cli/run.cpp), 0.03 s after
-// the kill here; before that they were left to mpirun, which stops them only after a second (1.05 to
-// 1.16 s here), in which they went on training. With the kill in the first quarter of the run that
-// leaves them seconds of work, but a loaded machine can stretch the delay (and the test's own poll)
-// past the rest of the run: the ranks then log the last step and the resume has nothing to do. Such
-// a run has still shown what it can (its ranks died within kEndBoundSeconds, its steps were the
-// uninterrupted run's), so it is not a failure but no test of the resume either: it is run again,
-// up to kLauncherAttempts times, with the kill at kFirstKillStep, the most work left behind it.
-// Only where every attempt ran to the end does the test fail, as its ranks then went on for the
-// whole run after the launcher was gone.
+// A killed launcher's ranks do not die at once: the kernel sends mpirun SIGTERM, mpirun stops its
+// ranks, and about a second goes by (1.05 to 1.16 s here), in which the ranks go on training. With the
+// kill in the first quarter of the run that leaves them seconds of work, but a loaded machine can
+// stretch that second (and the test's own poll) past the rest of the run: the ranks then log the last
+// step and the resume has nothing to do. Such a run has still shown what it can (its ranks died within
+// kEndBoundSeconds, its steps were the uninterrupted run's), so it is not a failure but no test of the
+// resume either: it is run again, up to kLauncherAttempts times, with the kill at kFirstKillStep, the
+// most work left behind it. Only where every attempt ran to the end does the test fail, as its ranks
+// then went on for the whole run after the launcher was gone.
 constexpr int kLauncherAttempts = 3;
 
 TEST_F(FaultInjection, AKilledLauncherTakesItsRanksAndResumeRepeatsTheLosses) {

@@ -11,7 +11,6 @@
 #include <string.h>     // strsignal, strerror
 #include <sys/prctl.h>  // PR_SET_PDEATHSIG
 #include <sys/wait.h>
-#include <time.h>  // nanosleep
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -310,17 +309,10 @@ std::string find_program(const std::string& program) {
 // init after SIGKILL. The flag is not inherited across fork, so what a rank starts itself (a shell
 // script's programs) would outlive it: a JobWatchdog, a process forked at the start of each launch
 // that only waits for the launcher's end of a pipe to close, then sends each child's process group
-// SIGKILL (each rank leads one, and its own children stay in it unless they move out). mpirun would
-// stop its ranks' groups itself, but only after its odls_base_sigkill_timeout (1 s: SIGCONT, a
-// second's wait, then SIGTERM), a second in which the ranks train on; so the watchdog also SIGKILLs
-// the groups of mpirun's ranks (Note [Signals reach mpirun's ranks directly]), never mpirun itself:
-// mpirun must not get a second SIGTERM, as Open MPI takes a second one as "exit now" and leaves the
-// ranks running (seen with the watchdog's SIGTERM arriving just after the kernel's). Nor may its
-// ranks die before the kernel's SIGTERM reaches it: mpirun would begin its abort for the dead ranks
-// and take the SIGTERM for that second signal (it printed "abort is already in progress", then
-// crashed in PMIx_Finalize). The kernel closes a dying launcher's files, which is what wakes the
-// watchdog, before it reparents and signals its children, so the watchdog first waits until it has
-// itself been reparented (it is the launcher's child too), and a few milliseconds more.
+// SIGKILL (each rank leads one, and its own children stay in it unless they move out). mpirun needs
+// no watchdog, as it stops its ranks' groups itself, and must not get a second SIGTERM: Open MPI
+// takes a second one as "exit now" and leaves the ranks running (seen with the watchdog's SIGTERM
+// arriving just after the kernel's).
 
 /// The process that stops the job's process groups when the launcher dies without saying it is done
 /// (Note [Children die with the launcher]). It is forked, not exec'd, so it runs only
@@ -332,9 +324,8 @@ class JobWatchdog {
   JobWatchdog() {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw Error(fmt::format("pipe: {}", strerror(errno)));
-    const pid_t launcher = ::getpid();
     pid_ = ::fork();
-    if (pid_ == 0) watch(fds[0], launcher);
+    if (pid_ == 0) watch(fds[0]);
     const int fork_error = errno;
     ::close(fds[0]);
     if (pid_ < 0) {
@@ -369,7 +360,7 @@ class JobWatchdog {
     }
   }
 
-  [[noreturn]] static void watch(int fd, pid_t launcher) {
+  [[noreturn]] static void watch(int fd) {
     ::setsid();
     struct sigaction default_action = {};
     default_action.sa_handler = SIG_DFL;
@@ -396,13 +387,6 @@ class JobWatchdog {
         }
       }
     }
-    // The kernel signals the launcher's children (mpirun's SIGTERM) as it reparents them, after it
-    // closed the pipe: wait for this process's own reparenting (at most 2 s), then 5 ms more, so that
-    // mpirun has its SIGTERM before its ranks die (Note [Children die with the launcher]).
-    const struct timespec millisecond = {0, 1000000};
-    for (int waited = 0; ::getppid() == launcher && waited < 2000; ++waited) ::nanosleep(&millisecond, nullptr);
-    const struct timespec moment = {0, 5000000};
-    ::nanosleep(&moment, nullptr);
     for (int g = 0; g < count; ++g) ::kill(-groups[g].group, groups[g].signo);
     ::_exit(0);
   }
@@ -579,19 +563,12 @@ class Supervisor {
   int interrupt_signal() const { return interrupt_signal_; }
   int stopped_by_interrupt() const { return stopped_by_interrupt_; }
 
-  /// Whenever the children are signalled, also signal the process groups `groups` returns then
-  /// (mpirun's ranks: Note [Signals reach mpirun's ranks directly]), just after the children.
-  void also_signal(std::function<std::vector<pid_t>()> groups) { also_signal_ = std::move(groups); }
-
  private:
   void signal_all(int signo) {
-    // Listed before the children are signalled: a SIGKILLed mpirun no longer lists its ranks.
-    const std::vector<pid_t> also = also_signal_ ? also_signal_() : std::vector<pid_t>{};
     // The whole process group, so that what a rank started (a shell's child) goes too.
     for (const Child& c : children_) {
       if (c.pid > 0) ::kill(-c.pid, signo);
     }
-    for (pid_t group : also) ::kill(-group, signo);
   }
 
   void forward_signals() {
@@ -613,7 +590,6 @@ class Supervisor {
   std::chrono::duration<double> grace_;
   const SignalCapture& signals_;
   Sink sink_;
-  std::function<std::vector<pid_t>()> also_signal_;
   std::optional<Clock::time_point> kill_at_;
   int interrupt_signal_ = 0;
   int stopped_by_interrupt_ = 0;
@@ -876,71 +852,6 @@ class TemporaryDirectory {
   std::filesystem::path path_;
 };
 
-// Note [Signals reach mpirun's ranks directly]
-// Told to stop (SIGTERM or SIGINT), Open MPI 4.1's mpirun sends its ranks' process groups SIGCONT,
-// waits its odls_base_sigkill_timeout (1 s by default), and only then sends SIGTERM, then SIGKILL
-// (seen with strace on `mpirun -np 2 sh -c 'sleep 30'`): its ranks run on for that second, and a
-// training job logged 11 to 18 more steps. So the launcher signals the ranks' groups itself.
-// mpirun forks each rank of this node (there is no orted between), and each leads a process group
-// of its own: the groups are mpirun's children (/proc/<mpirun>/task/*/children) that lead their
-// group and run this launch's rank step (its command line holds the launch's status folder; an
-// ssh that mpirun starts to reach other hosts does not). A signal the launcher gets goes to mpirun
-// first and then to these groups, as do a second signal's and the grace period's SIGKILLs: mpirun
-// must have its signal before it sees a rank die, as one that comes while it aborts for a dead rank
-// counts as a second ("abort is already in progress": it exits at once, and crashed in
-// PMIx_Finalize when its ranks had been SIGKILLed before its SIGTERM). The watchdog
-// SIGKILLs the groups should the launcher die (Note [Children die with the launcher]): they are
-// handed to it as they appear (looked for at most every 50 ms) and taken back once mpirun no longer
-// lists their leader, which it has then reaped (its id may be reused). Ranks on other hosts (a
-// hostfile) are left to mpirun, as before.
-
-/// A small file read whole, "" when it cannot be read: /proc files, whose size stat() does not know.
-std::string read_proc_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  std::string text;
-  char buffer[4096];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return text;
-}
-
-/// The process groups of mpirun's ranks on this node, sorted (Note [Signals reach mpirun's ranks
-/// directly]): the children of mpirun that lead a group of their own and whose command line holds
-/// `marker` (the launch's status folder, an argument of each rank's step).
-std::vector<pid_t> mpirun_rank_groups(pid_t mpirun, const std::string& marker) {
-  std::vector<pid_t> groups;
-  std::error_code ec;
-  std::filesystem::directory_iterator task(fmt::format("/proc/{}/task", mpirun), ec);
-  for (const std::filesystem::directory_iterator end; !ec && task != end; task.increment(ec)) {
-    const std::string children = read_proc_file(task->path().string() + "/children");
-    char* next = nullptr;
-    for (const char* p = children.c_str();; p = next) {
-      const long pid = std::strtol(p, &next, 10);
-      if (next == p) break;
-      // "pid (comm) state ppid pgrp ...": comm may hold anything, so the fields after the last ')'.
-      const std::string stat = read_proc_file(fmt::format("/proc/{}/stat", pid));
-      const size_t paren = stat.rfind(')');
-      char state = 0;
-      long parent = 0;
-      long group = 0;
-      if (paren != std::string::npos &&
-          std::sscanf(stat.c_str() + paren + 1, " %c %ld %ld", &state, &parent, &group) == 3 && parent == mpirun &&
-          group == pid && read_proc_file(fmt::format("/proc/{}/cmdline", pid)).find(marker) != std::string::npos) {
-        groups.push_back(static_cast<pid_t>(pid));
-      }
-    }
-  }
-  std::sort(groups.begin(), groups.end());
-  groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
-  return groups;
-}
-
 LaunchResult launch_mpi(const LaunchOptions& o, const std::vector<std::string>& command) {
   LaunchResult result;
   result.backend = LaunchBackend::kMpi;
@@ -981,49 +892,26 @@ LaunchResult launch_mpi(const LaunchOptions& o, const std::vector<std::string>& 
   argv.insert(argv.end(), command.begin(), command.end());
 
   SignalCapture signals;
-  JobWatchdog watchdog;  // mpirun's ranks; after SignalCapture: its last write must not meet a default SIGPIPE
   std::vector<Child> children(1);
   MpiOutputRouter router(o.output_fd, o.error_fd);
   Supervisor supervisor(children, o.grace_seconds, signals,
                         [&](size_t, bool from_stderr, std::string_view bytes) { router.feed(from_stderr, bytes); });
-  // Signals reach the ranks without mpirun's delay (Note [Signals reach mpirun's ranks directly]).
-  const auto rank_groups = [&] {
-    return children[0].running ? mpirun_rank_groups(children[0].pid, status_dir.path().string()) : std::vector<pid_t>{};
-  };
-  supervisor.also_signal(rank_groups);
   if (auto error = spawn(children[0], argv, child_environment(env), SIGTERM)) {
     throw Error(fmt::format("cannot start mpirun: {}", *error));
   }
-  std::vector<pid_t> guarded;  // the ranks' groups the watchdog holds, sorted
-  std::optional<Clock::time_point> looked_at;
-  const auto guard_ranks = [&] {
-    const std::vector<pid_t> groups = rank_groups();
-    for (pid_t g : groups) {
-      if (!std::binary_search(guarded.begin(), guarded.end(), g)) watchdog.guard(g, SIGKILL);
-    }
-    for (pid_t g : guarded) {
-      if (!std::binary_search(groups.begin(), groups.end(), g)) watchdog.release(g);
-    }
-    guarded = groups;
-  };
   // mpirun aborts the job once a rank has failed; should it still be running a grace period later,
   // it is stopped like a rank.
   std::optional<RankFailure> failure;
   std::optional<Clock::time_point> stop_at;
-  supervisor.run(
-      [&](size_t) { guard_ranks(); },  // mpirun reaped: its ranks are no longer known
-      [&] {
-        if (children[0].running && (!looked_at || Clock::now() - *looked_at >= std::chrono::milliseconds(50))) {
-          looked_at = Clock::now();
-          guard_ranks();
-        }
-        if (!failure) failure = read_first_failure(status_dir.path());
-        if (!stop_at && (failure || read_lowest_failure(status_dir.path()))) {
-          stop_at = Clock::now() +
-                    std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_seconds));
-        }
-        if (stop_at && Clock::now() >= *stop_at) supervisor.stop();
-      });
+  supervisor.run([](size_t) {},
+                 [&] {
+                   if (!failure) failure = read_first_failure(status_dir.path());
+                   if (!stop_at && (failure || read_lowest_failure(status_dir.path()))) {
+                     stop_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(o.grace_seconds));
+                   }
+                   if (stop_at && Clock::now() >= *stop_at) supervisor.stop();
+                 });
   router.finish();
 
   const int status = children[0].status;
