@@ -33,7 +33,7 @@ namespace colossal::parallel::zero {
 // all-gather overlap the unit computing before it. The optimizer steps on the device, so every shard
 // is fetched there before the step and moved back after it (the host buffer is kept, pinned once).
 // "auto" starts as "cpu" for its first step (the warm-up) and then sets its budget to what the
-// device has left beside that step's peak (less a tenth of the device for fragmentation and other
+// device has left beside that step's peak (the allocator's peak, reset when the chunks are made) (less a tenth of the device for fragmentation and other
 // processes): after each step it keeps on the device the most recently used shards that fit the
 // budget and moves the rest to the host. Whatever it keeps sits in memory the "cpu" run's peak left
 // free, so "auto" cannot run out of memory where "cpu" runs (Colossal-AI's #2246 and #6272 report
@@ -154,6 +154,11 @@ ChunkManager::ChunkManager(std::vector<Tensor> params, const std::vector<std::ve
   if (placement_ != Placement::cuda) {
     for (Chunk& chunk : chunks_) move_shard(chunk, ShardPlace::host);
   }
+  // "auto"'s budget is what the warm-up step leaves free, so the allocator's peak is counted from
+  // here: the model's construction and mixed-precision conversion (an f32 model and its 16-bit copy
+  // side by side on the device, Note [Masters on the host]) peak higher than any step and would
+  // otherwise shrink the budget by the difference. LogMemoryHook's peak then also starts here.
+  if (placement_ == Placement::auto_ && !budget_ && device.is_cuda()) core::reset_peak_memory(device);
 }
 
 ChunkManager::~ChunkManager() {
