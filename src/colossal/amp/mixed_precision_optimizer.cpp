@@ -157,16 +157,85 @@ Tensor MixedPrecisionOptimizer::unscale_and_sum_squares(double inv_scale) const 
   return optim::sum_of_squares(grads, inv_scale);
 }
 
+// Note [Fused mixed-precision step]
+// The three-pass step of naive and bf16 copies every 16-bit gradient into a new f32 gradient (2
+// bytes read, 4 written per parameter), steps the f32 masters (AdamW reads g, p, m, v and writes p,
+// m, v: 16 + 12) and copies them back into the 16-bit model (4 + 2): 40 bytes per parameter, and
+// naive's in-place unscale of the f32 gradients 8 more. An optimizer that
+// supports_mixed_precision_step() (Adam, AdamW) does it all in its one update pass: it reads the
+// 16-bit gradient, converting it as it reads it, and writes each updated master into its model
+// parameter as well ("write-through"): 2 + 12 read, 12 + 2 written, 28 bytes per parameter (AMSGrad
+// adds 8 to both), naive's overflow check 2 more, and no f32 gradient is allocated. The masters'
+// .grad are then the model's 16-bit gradients themselves (moved, not copied), which the overflow
+// check and clipping's norm read.
+//
+// The fused step gives the three-pass step's bits exactly:
+// - a 16-bit number converts to f32 exactly, so the update reads the same gradient;
+// - the fp16 unscale (1 / loss scale) is applied by the update as its first operation, rounded as
+//   optim::sum_of_squares rounded it in place (Optimizer::unscale_gradients_in_next_step), and
+//   clipping's factor after it as before;
+// - the write-through rounds to nearest even as multi_tensor_copy does (the same instruction on
+//   CUDA, the same copy on the CPU);
+// - the overflow check and clipping's norm take their sums of squares from the 16-bit gradients:
+//   the same values in f64, added in the same order (Note [Sums of squares in one order] in
+//   optim/cuda/clip_grad_kernels.cu), so bf16's norm is the same bits. Under naive fp16 the
+//   gradients carry the loss scale S: the norm of the scaled gradients times 1 / S is the norm of
+//   the unscaled ones exactly when 1 / S is a power of two (the scaler's default factors keep it
+//   one) and the norm is the 1-, 2- or inf-norm (every operation on the way — squares, sums, maxima,
+//   square roots — commutes with a power of two; a general p-th power does not). A clipped naive
+//   step with another scale or norm, like any step the fused path cannot take, takes the three
+//   passes, step by step.
+// The fused path is taken where the optimizer supports it, the masters are on the model's device
+// (not masters_on_host) and the step is the inner optimizer's (not ZeRO's offloaded host step,
+// set_optimizer_step); the 16-bit gradients must be contiguous, as the f32 copies were, for the
+// sums above to run in the same order. Under ZeRO (shard_masters) the shard's gradient is f32
+// already, made by the handler, and unscaled in place as before: only the write-through into the
+// model's slice (or ZeRO-3's target) is fused, which saves the copy out (6 bytes per element of the
+// shard). A master that gets no gradient is neither stepped nor written: its model parameter holds
+// its rounding already, as the three-pass copy would have rewritten it.
+
+bool MixedPrecisionOptimizer::can_fuse_step(std::optional<double> max_norm, double norm_type) const {
+  if (options_.mode == AmpMode::torch || options_.masters_on_host || optimizer_step_ ||
+      !optimizer_->supports_mixed_precision_step()) {
+    return false;
+  }
+  if (scaler_ && !sharded_ && max_norm) {
+    int exponent = 0;
+    const double inv_scale = scaler_->inv_scale();
+    const bool power_of_two = std::frexp(inv_scale, &exponent) == 0.5 && exponent > -100 && exponent < 100;
+    if (!power_of_two || !(norm_type == 1.0 || norm_type == 2.0 || std::isinf(norm_type))) return false;
+  }
+  const std::vector<Tensor> targets = sharded_ ? model_slices() : model_params_;
+  for (size_t k = 0; k < master_params_.size(); ++k) {
+    if (targets[k].device() != master_params_[k].device()) return false;
+    if (sharded_) continue;
+    const Tensor grad = model_params_[k].grad();
+    if (grad.defined() && (!grad.is_contiguous() || grad.dtype() != model_params_[k].dtype())) return false;
+  }
+  return true;
+}
+
 AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, double norm_type) {
   autograd::NoGradGuard no_grad;
   AmpStepResult result;
   result.loss_scale = loss_scale();
   const Device device = master_params_.empty() ? Device{} : master_params_.front().device();
+  const bool fused = can_fuse_step(max_norm, norm_type);  // Note [Fused mixed-precision step]
+  // The fp16 gradients reach the update still scaled, and so do their sums of squares. The scale is
+  // this step's, read before the scaler's update below changes it.
+  const bool unscale_in_update = fused && scaler_ && !sharded_;
+  const double inv_scale = scaler_ ? scaler_->inv_scale() : 1.0;
 
   if (sharded_) {
     // ZeRO left each shard's reduced f32 gradient in its master's .grad (shard_masters).
     for (Tensor& param : model_params_) {
       if (param.grad().defined()) param.set_grad(Tensor());
+    }
+  } else if (fused) {
+    // The masters take the 16-bit gradients as they are; the update converts them.
+    for (size_t k = 0; k < model_params_.size(); ++k) {
+      master_params_[k].set_grad(model_params_[k].grad());
+      model_params_[k].set_grad(Tensor());
     }
   } else if (options_.mode != AmpMode::torch) {
     core::profiler::Scope scope("update: gradients to f32 masters", device);
@@ -189,10 +258,12 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
     optim::multi_tensor_copy(master_grads, model_grads);
   }
 
-  Tensor sum_of_squares;  // of the unscaled gradients, from the overflow check
+  Tensor sum_of_squares;  // of the gradients the norm reads (still scaled where unscale_in_update), from the overflow
+                          // check
   if (scaler_) {
-    core::profiler::Scope scope("update: unscale and overflow check", device);
-    sum_of_squares = unscale_and_sum_squares(scaler_->inv_scale());
+    core::profiler::Scope scope(unscale_in_update ? "update: overflow check" : "update: unscale and overflow check",
+                                device);
+    sum_of_squares = unscale_and_sum_squares(unscale_in_update ? 1.0 : inv_scale);
     const bool local_found_inf = !std::isfinite(sum_of_squares.item<double>());
     const bool found_inf = found_inf_sync_ ? found_inf_sync_(local_found_inf) : local_found_inf;
     scaler_->update(found_inf);
@@ -210,6 +281,9 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
     } else {
       result.grad_norm = reuse.defined() ? ops::sqrt(reuse) : optim::total_grad_norm(master_params_, norm_type);
     }
+    // The norm of the scaled gradients times 1 / scale, a power of two here: exactly the unscaled
+    // gradients' norm (Note [Fused mixed-precision step]).
+    if (unscale_in_update && inv_scale != 1.0) result.grad_norm = ops::mul(result.grad_norm, inv_scale);
     optimizer_->scale_gradients_in_next_step(optim::clip_coefficient(result.grad_norm, *max_norm));
   }
   if (optimizer_step_) {
@@ -220,9 +294,13 @@ AmpStepResult MixedPrecisionOptimizer::step(std::optional<double> max_norm, doub
   }
   {
     core::profiler::Scope scope("update: optimizer step", device);
+    if (fused) {
+      if (unscale_in_update && inv_scale != 1.0) optimizer_->unscale_gradients_in_next_step(inv_scale);
+      optimizer_->write_through_in_next_step(master_params_, sharded_ ? model_slices() : model_params_);
+    }
     optimizer_->step();
   }
-  if (options_.mode != AmpMode::torch) {
+  if (options_.mode != AmpMode::torch && !fused) {
     core::profiler::Scope scope("update: masters to the model", device);
     optim::multi_tensor_copy(sharded_ ? model_slices() : model_params_, master_params_);
   }

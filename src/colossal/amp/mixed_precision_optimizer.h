@@ -78,7 +78,9 @@ using FoundInfSync = std::function<bool(bool local_found_inf)>;
 /// The total norm of the gradients of `params` as a 0-d f64 device tensor (optim::total_grad_norm by
 /// default; the distributed layer replaces it with one that sums the norm over its groups:
 /// parallel::GradientStatistics::grad_norm). `local_sum_of_squares`, when defined, is this rank's
-/// sum of squares of those gradients, already taken by the overflow check (p = 2 only).
+/// sum of squares of those gradients, already taken by the overflow check (p = 2 only). Under naive
+/// fp16's fused step those gradients are the 16-bit ones still carrying the loss scale (a power of
+/// two then), and step() multiplies the norm returned by 1 / scale (Note [Fused mixed-precision step]).
 using GradNormFn =
     std::function<Tensor(const std::vector<Tensor>& params, double norm_type, const Tensor& local_sum_of_squares)>;
 
@@ -123,6 +125,9 @@ class MixedPrecisionOptimizer {
   ///  3. when max_norm is set, the fp32 gradients are clipped through the clip hook;
   ///  4. the inner optimizer steps the f32 tensors, and naive / bf16 copy them (rounded to nearest even)
   ///     into the model's parameters.
+  /// With an optimizer that supports_mixed_precision_step() (Adam, AdamW), naive and bf16 fold 1, the
+  /// unscale of 2 and the copy of 4 into the update's own pass, with the same bits: the masters' .grad
+  /// are then the 16-bit gradients themselves (Note [Fused mixed-precision step]).
   AmpStepResult step(std::optional<double> max_norm = std::nullopt, double norm_type = 2.0);
   /// Drops the gradients of the model's parameters and of the master weights.
   void zero_grad();
@@ -187,6 +192,9 @@ class MixedPrecisionOptimizer {
   Tensor unscale_and_sum_squares(double inv_scale) const;
   /// After shard_masters: the slice of each model parameter (flattened) its master shard covers.
   std::vector<Tensor> model_slices() const;
+  /// Whether this step can take the fused path (Note [Fused mixed-precision step]); called before
+  /// the gradients move.
+  bool can_fuse_step(std::optional<double> max_norm, double norm_type) const;
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;

@@ -72,14 +72,22 @@ void Adam::step() {
 }
 
 void adam_step_reference(const MultiTensorLists& lists, const AdamOptions& o, WeightDecayMode mode) {
+  const Tensor unscale = lists.grad_unscale != 1.0
+                             ? core::full({}, lists.grad_unscale, TensorOptions(DType::f64, lists.device))
+                             : Tensor();
   for (size_t i = 0; i < lists.params.size(); ++i) {
     Tensor p = lists.params[i];
     Tensor grad = lists.grads[i];
-    if (lists.grad_scale.defined()) {
+    // A bf16 / f16 gradient of an f32 master is read as f32 (exact), as amp's copy into an f32
+    // gradient would have made it (Note [Fused mixed-precision step]).
+    if (core::is_reduced_float(grad.dtype()) && p.dtype() == DType::f32) grad = core::cast_raw(grad, DType::f32);
+    const DType grad_dtype = grad.dtype();
+    for (const Tensor& scale : {unscale, lists.grad_scale}) {
+      if (!scale.defined()) continue;
       // In the accumulation type, rounded once to the gradient's dtype (a 16-bit gradient times an
       // f32 scale promotes to f32), as the fused kernel does.
-      grad = ops::mul(grad, scale_for(lists.grad_scale, grad.dtype()));
-      if (grad.dtype() != lists.grads[i].dtype()) grad = core::cast_raw(grad, lists.grads[i].dtype());
+      grad = ops::mul(grad, scale_for(scale, grad_dtype));
+      if (grad.dtype() != grad_dtype) grad = core::cast_raw(grad, grad_dtype);
     }
     Tensor exp_avg = lists.state[0][i];
     Tensor exp_avg_sq = lists.state[1][i];
@@ -106,6 +114,7 @@ void adam_step_reference(const MultiTensorLists& lists, const AdamOptions& o, We
     }
     const Tensor denom = ops::add(ops::div(ops::sqrt(second_moment), std::sqrt(bias_correction2)), o.eps);
     ops::addcdiv_(p, exp_avg, denom, -o.lr / bias_correction1);
+    if (i < lists.write_through.size() && lists.write_through[i].defined()) lists.write_through[i].copy_(p);
   }
 }
 

@@ -31,7 +31,10 @@ enum class WeightDecayMode { l2, decoupled };
 using AdamStepKernel = void(const MultiTensorLists& lists, const AdamOptions& options, WeightDecayMode mode);
 /// Backends register a multi-tensor kernel here (see Note [Multi-tensor optimizer kernels]).
 extern core::DispatchStub<AdamStepKernel> adam_step_stub;
-/// The per-tensor loop over in-place ops used where no kernel is registered.
+/// The per-tensor loop over in-place ops used where no kernel is registered. A gradient narrower
+/// than its parameter (bf16 or f16 for f32) is converted to the parameter's dtype first (exactly);
+/// lists.grad_unscale, then lists.grad_scale multiply it; lists.write_through[i], where defined,
+/// receives the updated parameter (copy_, round to nearest even).
 void adam_step_reference(const MultiTensorLists& lists, const AdamOptions& options, WeightDecayMode mode);
 
 /// For each parameter with gradient g, at step t (counted per parameter, from 1):
@@ -45,6 +48,9 @@ class Adam : public Optimizer {
   explicit Adam(std::vector<ParamGroup> groups, AdamOptions defaults = {});
   explicit Adam(std::vector<Tensor> params, AdamOptions defaults = {});
   void step() override;
+  /// A 16-bit gradient of an f32 parameter, the unscale and the write-through, all in the one
+  /// update pass (Note [Fused mixed-precision step] in amp/mixed_precision_optimizer.cpp).
+  bool supports_mixed_precision_step() const override { return true; }
 
  protected:
   Adam(std::string name, WeightDecayMode mode, std::vector<ParamGroup> groups, AdamOptions defaults);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <set>
 #include <string_view>
 #include <unordered_set>
@@ -126,6 +127,56 @@ Tensor Optimizer::release_grad_scale() {
   return std::exchange(grad_scale_, Tensor());
 }
 
+void Optimizer::take_grad_scale() {
+  grad_scale_ = Tensor();
+  grad_unscale_ = 1.0;
+  write_through_.clear();
+}
+
+void Optimizer::unscale_gradients_in_next_step(double factor) {
+  COLOSSAL_CHECK(supports_mixed_precision_step(),
+                 "{}: unscale_gradients_in_next_step: this optimizer does not unscale inside its update; multiply the "
+                 "gradients first (optim::sum_of_squares with a scale)",
+                 name_);
+  COLOSSAL_CHECK(std::isfinite(factor) && factor > 0.0,
+                 "{}: unscale_gradients_in_next_step expects a finite factor > 0, got {}", name_, factor);
+  grad_unscale_ = factor;
+}
+
+void Optimizer::write_through_in_next_step(const std::vector<Tensor>& params, const std::vector<Tensor>& copies) {
+  const std::string context = fmt::format("{}: write_through_in_next_step: ", name_);
+  COLOSSAL_CHECK(supports_mixed_precision_step(),
+                 "{}this optimizer does not write its parameters through; copy them after step() "
+                 "(optim::multi_tensor_copy)",
+                 context);
+  COLOSSAL_CHECK(params.size() == copies.size(), "{}{} copies for {} parameters", context, copies.size(),
+                 params.size());
+  std::unordered_map<const core::TensorImpl*, std::pair<size_t, size_t>> where;  // parameter -> (group, index)
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) where.emplace(groups_[g].params[i].impl(), std::pair{g, i});
+  }
+  std::unordered_map<const core::TensorImpl*, Tensor> mapping;
+  for (size_t k = 0; k < params.size(); ++k) {
+    COLOSSAL_CHECK(params[k].defined(), "{}parameter {} of the list is undefined", context, k);
+    const auto it = where.find(params[k].impl());
+    COLOSSAL_CHECK(it != where.end(), "{}tensor {} of the list (shape {}) is not a parameter of this optimizer",
+                   context, k, params[k].shape());
+    const auto [g, i] = it->second;
+    const Tensor& p = groups_[g].params[i];
+    const Tensor& copy = copies[k];
+    const std::string label = fmt::format("{}param group {}: parameter {}", context, g, groups_[g].param_label(i));
+    COLOSSAL_CHECK(copy.defined(), "{}: its copy is undefined", label);
+    COLOSSAL_CHECK(copy.shape() == p.shape(), "{} has shape {} but its copy has shape {}", label, p.shape(),
+                   copy.shape());
+    COLOSSAL_CHECK(copy.device() == p.device(), "{} is on {} but its copy is on {}", label, p.device(), copy.device());
+    COLOSSAL_CHECK(copy.dtype() == DType::f32 || core::is_reduced_float(copy.dtype()),
+                   "{}: its copy is {}; a copy must be f32, bf16 or f16", label, copy.dtype());
+    COLOSSAL_CHECK(!copy.is_same(p), "{}: its copy is the parameter itself", label);
+    mapping.insert_or_assign(params[k].impl(), copy);
+  }
+  write_through_ = std::move(mapping);
+}
+
 void Optimizer::apply_grad_scale_in_place() {
   if (!grad_scale_.defined()) return;
   std::vector<Tensor> grads;
@@ -139,7 +190,7 @@ void Optimizer::apply_grad_scale_in_place() {
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
-  grad_scale_ = Tensor();
+  take_grad_scale();
   for (ParamGroup& group : groups_) {
     for (Tensor& p : group.params) {
       if (set_to_none) {
@@ -179,6 +230,13 @@ std::vector<MultiTensorLists> Optimizer::gather_for_update(size_t group_index,
                    group_context(group_index), group.param_label(i), p.shape(), grad.shape());
     COLOSSAL_CHECK(grad.device() == p.device(), "{}parameter {} is on {} but its gradient is on {}",
                    group_context(group_index), group.param_label(i), p.device(), grad.device());
+    // A 16-bit gradient of an f32 parameter is what mixed precision hands over unconverted (Note
+    // [Fused mixed-precision step]); optimizers without that support keep their promoting
+    // reference loop for mismatched dtypes, as before.
+    COLOSSAL_CHECK(!supports_mixed_precision_step() || p.dtype() != DType::f32 || grad.dtype() == DType::f32 ||
+                       core::is_reduced_float(grad.dtype()),
+                   "{}parameter {} is f32 but its gradient is {}; an f32 parameter's gradient must be f32, bf16 or f16",
+                   group_context(group_index), group.param_label(i), grad.dtype());
     auto bucket = std::find_if(buckets.begin(), buckets.end(), [&](const auto& b) { return b.device == p.device(); });
     if (bucket == buckets.end()) {
       MultiTensorLists lists;
@@ -200,9 +258,20 @@ std::vector<MultiTensorLists> Optimizer::gather_for_update(size_t group_index,
     bucket->grads.push_back(grad);
     bucket->steps.push_back(s.step);
     bucket->buffers_created.push_back(created ? 1 : 0);
+    if (!write_through_.empty()) {
+      // Index-aligned with params once any parameter of the bucket has a copy.
+      const auto it = write_through_.find(p.impl());
+      if (it != write_through_.end() && bucket->write_through.size() + 1 < bucket->params.size()) {
+        bucket->write_through.resize(bucket->params.size() - 1);
+      }
+      if (it != write_through_.end() || !bucket->write_through.empty()) {
+        bucket->write_through.push_back(it != write_through_.end() ? it->second : Tensor());
+      }
+    }
   }
   for (MultiTensorLists& lists : buckets) {
-    if (!grad_scale_.defined()) break;
+    lists.grad_unscale = grad_unscale_;
+    if (!grad_scale_.defined()) continue;
     lists.grad_scale = grad_scale_.device() == lists.device ? grad_scale_ : grad_scale_.to(lists.device);
   }
   return buckets;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -66,6 +67,15 @@ struct MultiTensorLists {
   /// its dtype, the product rounded to it) before the update uses it, .grad itself left as it is (clipping's factor:
   /// see Optimizer::scale_gradients_in_next_step). Only optimizers whose kernels take it set it.
   Tensor grad_scale;
+  /// Multiplies every gradient before grad_scale does, in the same way (the factor rounded to the
+  /// accumulation type, the product to the parameter's dtype): the fp16 loss scale's unscale
+  /// (Optimizer::unscale_gradients_in_next_step). 1: none. Only with supports_mixed_precision_step().
+  double grad_unscale = 1.0;
+  /// Empty, or one tensor per parameter, undefined where there is none: params[i] once updated is
+  /// also written into write_through[i] (same shape and device), rounded to nearest even as
+  /// multi_tensor_copy rounds: the 16-bit model parameter of an f32 master (see
+  /// Optimizer::write_through_in_next_step). Only with supports_mixed_precision_step().
+  std::vector<Tensor> write_through;
 };
 
 /// Runs one update of `lists` through `stub`'s kernel for their device when a backend registered
@@ -113,6 +123,27 @@ class Optimizer {
   /// under ZeRO's optimizer offload), which applies it itself.
   Tensor release_grad_scale();
 
+  /// Whether step() takes mixed precision's work into its own pass (Note [Fused mixed-precision
+  /// step] in amp/mixed_precision_optimizer.cpp): a bf16 or f16 gradient of an f32 parameter, read
+  /// and converted (exactly) by the update itself instead of copied into an f32 gradient first, and
+  /// the hand-overs unscale_gradients_in_next_step and write_through_in_next_step. Adam and AdamW
+  /// do; SGD, LAMB and LARS do not (amp copies for them, and the hand-overs throw).
+  virtual bool supports_mixed_precision_step() const { return false; }
+  /// The next step() multiplies every gradient by `factor` before it uses it (rounded as
+  /// MultiTensorLists::grad_unscale says), and before the scale of scale_gradients_in_next_step:
+  /// the fp16 loss scale's unscale (1 / loss scale), which then needs no pass of its own. .grad is
+  /// left as it is. One step only; zero_grad forgets it. Throws unless
+  /// supports_mixed_precision_step() and `factor` is finite and positive.
+  void unscale_gradients_in_next_step(double factor);
+  /// For the next step() only: each of `params` (parameters of this optimizer) that the step
+  /// updates is also written into the tensor of `copies` at its index, converted to that tensor's
+  /// dtype and rounded to nearest even exactly as multi_tensor_copy would: amp's f32 master into
+  /// its 16-bit model parameter (or ZeRO's slice of it), in the update's own pass. A parameter
+  /// without a gradient is neither updated nor written. zero_grad forgets the hand-over. Throws
+  /// naming the parameter when it is not this optimizer's or its copy differs in shape or device
+  /// or is not f32, bf16 or f16, and unless supports_mixed_precision_step().
+  void write_through_in_next_step(const std::vector<Tensor>& params, const std::vector<Tensor>& copies);
+
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   /// Appends a group (defaults filled in and validated like the constructor's).
@@ -153,15 +184,18 @@ class Optimizer {
 
   /// The parameters of group `group_index` that have a gradient, one bucket per device, with
   /// their state buffers `buffer_names` (created as zeros like the parameter when missing) and
-  /// their step counts advanced by one. Throws naming the parameter if its gradient's shape or
-  /// device differs from it.
+  /// their step counts advanced by one, and the pending hand-overs (grad_scale, grad_unscale,
+  /// write_through). Throws naming the parameter if its gradient's shape or device differs from
+  /// it, or, where the optimizer supports_mixed_precision_step(), if the gradient of an f32
+  /// parameter has a dtype other than f32, bf16 or f16.
   std::vector<MultiTensorLists> gather_for_update(size_t group_index, const std::vector<std::string>& buffer_names);
 
   /// The scale set by scale_gradients_in_next_step and not yet used (undefined when none). An
   /// optimizer whose kernels take it puts it into its lists' grad_scale and calls
   /// take_grad_scale() when done; the others call apply_grad_scale_in_place() at the start of step().
   const Tensor& pending_grad_scale() const { return grad_scale_; }
-  void take_grad_scale() { grad_scale_ = Tensor(); }
+  /// Forgets the pending scale and the mixed-precision hand-overs, which the lists carried.
+  void take_grad_scale();
   /// Multiplies every gradient in place by the pending scale, if any, and forgets it.
   void apply_grad_scale_in_place();
 
@@ -181,6 +215,9 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][param], grown on demand
   Tensor grad_scale_;                           // scale_gradients_in_next_step's, until used
+  double grad_unscale_ = 1.0;                   // unscale_gradients_in_next_step's, until used
+  /// write_through_in_next_step's: parameter -> its copy, until used.
+  std::unordered_map<const core::TensorImpl*, Tensor> write_through_;
 };
 
 /// The default rule for which parameters skip weight decay (timm's and Colossal-AI's): 0-d and 1-D

@@ -12,6 +12,16 @@ namespace {
 
 using namespace cuda_detail;
 
+// Note [Sums of squares in one order]
+// Mixed precision's fused step (Note [Fused mixed-precision step] in amp/mixed_precision_optimizer.cpp)
+// takes the overflow check and the clipping norm from the 16-bit gradients themselves where the
+// three-pass step took them from their f32 copies, and the norm must come out the same bits. The
+// values are the same (a 16-bit number is exact in f32 and its square exact in f64), so the order of
+// the f64 additions must be too: each thread sums the elements of vectors of acc_t's width (four for
+// f32, bf16 and f16 alike: kVecElements), and a misaligned chunk is visited in that same order one
+// element at a time (multi_tensor_kernel), so a tensor's sum does not depend on its dtype's width or
+// on where it starts. Chunks and their partials are laid out by element counts alone.
+
 /// Column 0 is the tensor. With Scale, x <- round(x * scale) is written back first (ops::mul_ by a
 /// host scalar: the scalar converted to acc_t, one rounding). Adds x * x, squared in f64 (no f32
 /// square overflows, so the sum is non-finite exactly when some x is), to sums[0].
@@ -20,6 +30,8 @@ struct SumSquares {
   using A = core::acc_t<T>;
   static constexpr int kDepth = 1;
   static constexpr int kNorms = 2;
+  /// Note [Sums of squares in one order]: a 16-bit tensor sums in its f32 copy's order.
+  static constexpr int kVecElements = static_cast<int>(16 / sizeof(A));
   static constexpr unsigned kWrites = Scale ? 1u : 0u;
   struct Context {};
   A scale;

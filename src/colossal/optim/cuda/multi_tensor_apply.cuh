@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "colossal/core/cuda/launch.cuh"  // Vec, stream_of, COLOSSAL_CUDA_CHECK_LAUNCH
@@ -176,6 +177,18 @@ __device__ __forceinline__ void block_sum2(A (&v)[2]) {
   }
 }
 
+/// Elements per vector access of multi_tensor_kernel: Op::kVecElements where the op fixes it,
+/// else 16 bytes' worth of T.
+template <class Op, class T>
+constexpr int vector_elements() {
+  if constexpr (requires { Op::kVecElements; }) {
+    static_assert(Op::kVecElements * sizeof(T) <= 16 && 16 % (Op::kVecElements * sizeof(T)) == 0);
+    return Op::kVecElements;
+  } else {
+    return static_cast<int>(16 / sizeof(T));
+  }
+}
+
 /// The table slot block `block` works on: the first t with block_end[t] > block (empty tensors,
 /// whose block_end repeats the previous one, are never chosen).
 template <class Table>
@@ -203,7 +216,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   using A = core::acc_t<T>;
   constexpr int kDepth = Table::kDepth;
   static_assert(Op::kDepth == kDepth, "the op and its table disagree on the number of columns");
-  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kVec = vector_elements<Op, T>();
   using V = core::cuda_detail::Vec<T, kVec>;
 
   const int block = static_cast<int>(blockIdx.x);
@@ -215,7 +228,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
   for (int k = 0; k < kDepth; ++k) {
     ptr[k] = static_cast<T*>(table.data[k][t]) + begin;
-    aligned = aligned && reinterpret_cast<uintptr_t>(ptr[k]) % 16 == 0;
+    aligned = aligned && reinterpret_cast<uintptr_t>(ptr[k]) % sizeof(V) == 0;
   }
   const typename Op::Context context = op.context(table.first_tensor + t, table.scalars[t]);
   NormSum sums[2] = {0.0, 0.0};
@@ -246,6 +259,28 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
     scalar_start += n_vec * kVec;
   }
+  if constexpr (Op::kNorms > 0) {
+    // A misaligned chunk is visited in the vectors' order, element by element, so that each
+    // thread's sums add the same elements in the same order whatever the alignment (Note [Sums
+    // of squares in one order]).
+    if (!aligned) {
+      const int n_vec = n / kVec;
+      for (int i = static_cast<int>(threadIdx.x); i < n_vec; i += kBlockThreads) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          A x[kDepth];
+#pragma unroll
+          for (int k = 0; k < kDepth; ++k) x[k] = static_cast<A>(ptr[k][i * kVec + j]);
+          op(x, context, sums);
+#pragma unroll
+          for (int k = 0; k < kDepth; ++k) {
+            if ((Op::kWrites >> k) & 1u) ptr[k][i * kVec + j] = to_storage<T>(x[k]);
+          }
+        }
+      }
+      scalar_start += n_vec * kVec;
+    }
+  }
   // The tail that does not fill a vector, or the whole chunk when some column is misaligned.
   for (int i = scalar_start; i < n; i += kBlockThreads) {
     A x[kDepth];
@@ -263,6 +298,92 @@ __global__ void __launch_bounds__(kBlockThreads)
       partials[2 * int64_t{block}] = sums[0];
       partials[2 * int64_t{block} + 1] = sums[1];
     }
+  }
+}
+
+/// Calls f(std::integral_constant<int, K>{}) for K = 0, ..., N - 1: a loop over columns whose index
+/// is a constant, as a mixed table's columns of different element types need.
+template <int N, class F>
+__device__ __forceinline__ void for_each_column(F&& f) {
+  [&]<int... K>(std::integer_sequence<int, K...>) {
+    (f(std::integral_constant<int, K>{}), ...);
+  }
+  (std::make_integer_sequence<int, N>{});
+}
+
+/// multi_tensor_kernel for an op whose columns hold different element types, Op::Column<k> for
+/// column k (Note [Fused mixed-precision step] in amp/mixed_precision_optimizer.cpp: an f32 master
+/// and its moments beside a bf16 gradient and the bf16 model parameter written through). The op
+/// computes in Op::A; column k is read only where bit k of Op::kReads is set (a written-through
+/// copy is never read) and stored where bit k of Op::kWrites is, rounded by to_storage. Every
+/// column moves four elements per access (16 bytes of f32, 8 of a 16-bit type) where all columns
+/// are aligned to that, else one at a time. No norms.
+template <class Op, class Table>
+__global__ void __launch_bounds__(kBlockThreads)
+    multi_tensor_mixed_kernel(const __grid_constant__ Table table, const Op op) {
+  using A = typename Op::A;
+  constexpr int kDepth = Table::kDepth;
+  static_assert(Op::kDepth == kDepth, "the op and its table disagree on the number of columns");
+  static_assert(Op::kNorms == 0, "the mixed kernel takes no norms");
+  constexpr int kVec = 4;
+
+  const int block = static_cast<int>(blockIdx.x);
+  const int t = tensor_of_block(table, block);
+  const int64_t begin = int64_t{block - (t > 0 ? table.block_end[t - 1] : 0)} * kChunkElements;
+  const int n = static_cast<int>(min(kChunkElements, table.numel[t] - begin));
+  void* ptr[kDepth];
+  bool aligned = true;
+  for_each_column<kDepth>([&](auto k) {
+    constexpr int K = decltype(k)::value;
+    using C = typename Op::template Column<K>;
+    ptr[K] = static_cast<C*>(table.data[K][t]) + begin;
+    aligned = aligned && reinterpret_cast<uintptr_t>(ptr[K]) % (kVec * sizeof(C)) == 0;
+  });
+  const typename Op::Context context = op.context(table.first_tensor + t, table.scalars[t]);
+  NormSum sums[2] = {0.0, 0.0};
+
+  int scalar_start = static_cast<int>(threadIdx.x);
+  if (aligned) {
+    const int n_vec = n / kVec;
+    for (int i = static_cast<int>(threadIdx.x); i < n_vec; i += kBlockThreads) {
+      A x[kVec][kDepth] = {};
+      for_each_column<kDepth>([&](auto k) {
+        constexpr int K = decltype(k)::value;
+        using C = typename Op::template Column<K>;
+        if constexpr ((Op::kReads >> K) & 1u) {
+          const auto v = static_cast<const core::cuda_detail::Vec<C, kVec>*>(ptr[K])[i];
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) x[j][K] = static_cast<A>(v.v[j]);
+        }
+      });
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) op(x[j], context, sums);
+      for_each_column<kDepth>([&](auto k) {
+        constexpr int K = decltype(k)::value;
+        using C = typename Op::template Column<K>;
+        if constexpr ((Op::kWrites >> K) & 1u) {
+          core::cuda_detail::Vec<C, kVec> v;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) v.v[j] = to_storage<C>(x[j][K]);
+          static_cast<core::cuda_detail::Vec<C, kVec>*>(ptr[K])[i] = v;
+        }
+      });
+    }
+    scalar_start += n_vec * kVec;
+  }
+  for (int i = scalar_start; i < n; i += kBlockThreads) {
+    A x[kDepth] = {};
+    for_each_column<kDepth>([&](auto k) {
+      constexpr int K = decltype(k)::value;
+      using C = typename Op::template Column<K>;
+      if constexpr ((Op::kReads >> K) & 1u) x[K] = static_cast<A>(static_cast<const C*>(ptr[K])[i]);
+    });
+    op(x, context, sums);
+    for_each_column<kDepth>([&](auto k) {
+      constexpr int K = decltype(k)::value;
+      using C = typename Op::template Column<K>;
+      if constexpr ((Op::kWrites >> K) & 1u) static_cast<C*>(ptr[K])[i] = to_storage<C>(x[K]);
+    });
   }
 }
 
@@ -288,8 +409,13 @@ __global__ void __launch_bounds__(kFinishThreads)
 
 // ---- host side
 
-/// Column c of `lists` at tensor i: 0 the parameters, 1 the gradients, 2 + k state buffer k.
+/// The column number of MultiTensorLists::write_through in make_tensor_args.
+constexpr int kWriteThroughColumn = -1;
+
+/// Column c of `lists` at tensor i: 0 the parameters, 1 the gradients, 2 + k state buffer k,
+/// kWriteThroughColumn the write-through copies.
 inline const Tensor& column_tensor(const MultiTensorLists& lists, int column, size_t i) {
+  if (column == kWriteThroughColumn) return lists.write_through[i];
   if (column == 0) return lists.params[i];
   if (column == 1) return lists.grads[i];
   return lists.state[static_cast<size_t>(column - 2)][i];
@@ -319,6 +445,16 @@ void launch_update(const std::vector<TensorArgs<Table>>& tensors, const Op& op, 
   });
 }
 
+/// Runs `op` (kNorms == 0, columns of different element types) over `tensors` on `stream`.
+template <class Table, class Op>
+void launch_mixed_update(const std::vector<TensorArgs<Table>>& tensors, const Op& op, cudaStream_t stream) {
+  static_assert(sizeof(Table) + sizeof(Op) <= kKernelArgBytes);
+  for_each_table(tensors, [&](const Table& table, int blocks, int64_t) {
+    multi_tensor_mixed_kernel<<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(table, op);
+    COLOSSAL_CUDA_CHECK_LAUNCH();
+  });
+}
+
 /// Runs `op` (kNorms == 2) over `tensors`, then finish(tensor index, norm 0, norm 1) for each tensor
 /// with elements, all on `stream`. The partial sums live in a scratch tensor on `device`, which the
 /// stream-ordered allocator reuses only after these kernels.
@@ -342,17 +478,29 @@ void launch_update_with_norms(const std::vector<TensorArgs<Table>>& tensors, con
   });
 }
 
+/// Tensor i's write-through copy (undefined when it has none).
+inline Tensor write_through_of(const MultiTensorLists& lists, size_t i) {
+  return i < lists.write_through.size() ? lists.write_through[i] : Tensor();
+}
+
 /// Whether tensor i of `lists` can take the fused path: every tensor of it contiguous, with the
-/// parameter's dtype and size (anything else goes to the reference loop, which promotes dtypes and
-/// follows strides).
-inline bool fusable(const MultiTensorLists& lists, size_t i) {
+/// parameter's dtype and size; or, where the kernel takes `mixed` columns, an f32 parameter and
+/// state with an f32, bf16 or f16 gradient and write-through copy (anything else goes to the
+/// reference loop, which promotes dtypes and follows strides).
+inline bool fusable(const MultiTensorLists& lists, size_t i, bool mixed) {
   const Tensor& p = lists.params[i];
   auto same = [&](const Tensor& t) { return t.is_contiguous() && t.dtype() == p.dtype() && t.numel() == p.numel(); };
-  if (!same(p) || !same(lists.grads[i])) return false;
+  auto narrow_f32 = [&](const Tensor& t) {
+    return t.is_contiguous() && t.numel() == p.numel() &&
+           (t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16);
+  };
   for (const auto& buffers : lists.state) {
     if (!same(buffers[i])) return false;
   }
-  return true;
+  const Tensor copy = write_through_of(lists, i);
+  if (same(p) && same(lists.grads[i]) && !copy.defined()) return true;
+  return mixed && same(p) && p.dtype() == DType::f32 && narrow_f32(lists.grads[i]) &&
+         (!copy.defined() || narrow_f32(copy));
 }
 
 /// The tensors `indices` of `lists`, as lists of their own.
@@ -360,6 +508,7 @@ inline MultiTensorLists select_tensors(const MultiTensorLists& lists, const std:
   MultiTensorLists out;
   out.device = lists.device;
   out.grad_scale = lists.grad_scale;
+  out.grad_unscale = lists.grad_unscale;
   out.state.resize(lists.state.size());
   for (size_t i : indices) {
     out.params.push_back(lists.params[i]);
@@ -367,19 +516,25 @@ inline MultiTensorLists select_tensors(const MultiTensorLists& lists, const std:
     for (size_t k = 0; k < lists.state.size(); ++k) out.state[k].push_back(lists.state[k][i]);
     out.steps.push_back(lists.steps[i]);
     out.buffers_created.push_back(lists.buffers_created[i]);
+    if (!lists.write_through.empty()) out.write_through.push_back(write_through_of(lists, i));
   }
   return out;
 }
 
 /// The entry every fused optimizer kernel shares: checks that all tensors are on lists.device,
 /// then calls typed.template operator()<T>(sub-lists) once per parameter dtype on the fusable
-/// tensors and reference(sub-lists) on the rest (see fusable).
+/// tensors and reference(sub-lists) on the rest (see fusable). With `mixed` (a kernel that takes
+/// a narrower gradient and a write-through copy), the sub-lists are split further so that each
+/// has one gradient dtype and one copy dtype (or no copies).
 template <class Typed, class Reference>
-void run_fused(const MultiTensorLists& lists, const char* op, Typed&& typed, Reference&& reference) {
+void run_fused(const MultiTensorLists& lists, const char* op, Typed&& typed, Reference&& reference,
+               bool mixed = false) {
   const size_t n = lists.params.size();
   COLOSSAL_CHECK(lists.grads.size() == n && lists.steps.size() == n && lists.buffers_created.size() == n,
                  "{}: lists of unequal length: {} params, {} grads, {} steps, {} created flags", op, n,
                  lists.grads.size(), lists.steps.size(), lists.buffers_created.size());
+  COLOSSAL_CHECK(lists.write_through.empty() || lists.write_through.size() == n,
+                 "{}: {} write-through copies for {} params", op, lists.write_through.size(), n);
   for (const auto& buffers : lists.state) {
     COLOSSAL_CHECK(buffers.size() == n, "{}: a state list has {} tensors for {} params", op, buffers.size(), n);
   }
@@ -396,13 +551,19 @@ void run_fused(const MultiTensorLists& lists, const char* op, Typed&& typed, Ref
     check_device(lists.params[i], "parameter", i);
     check_device(lists.grads[i], "gradient", i);
     for (const auto& buffers : lists.state) check_device(buffers[i], "state buffer", i);
-    if (!fusable(lists, i)) {
+    if (const Tensor copy = write_through_of(lists, i); copy.defined()) check_device(copy, "write-through copy", i);
+    if (!fusable(lists, i, mixed)) {
       rest.push_back(i);
       continue;
     }
-    auto group = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const auto& g) {
-      return lists.params[g.front()].dtype() == lists.params[i].dtype();
-    });
+    // One kernel per (parameter, gradient, copy) dtypes; -1 stands for no copy.
+    auto dtypes_of = [&](size_t j) {
+      const Tensor copy = write_through_of(lists, j);
+      return std::array<int, 3>{static_cast<int>(lists.params[j].dtype()), static_cast<int>(lists.grads[j].dtype()),
+                                copy.defined() ? static_cast<int>(copy.dtype()) : -1};
+    };
+    auto group = std::find_if(by_dtype.begin(), by_dtype.end(),
+                              [&](const auto& g) { return dtypes_of(g.front()) == dtypes_of(i); });
     if (group == by_dtype.end()) {
       by_dtype.push_back({i});
     } else {
