@@ -277,5 +277,29 @@ TEST(FusedMixedPrecisionStep, ShardedMastersWriteThroughEqualsThreePasses) {
   }
 }
 
+TEST(FusedMixedPrecisionStep, ShardedMastersAreWrittenThroughByTheUpdate) {
+  // The three passes copy every shard into its slice; the fused update writes the shards it steps,
+  // so a slice whose shard got no gradient keeps what it holds (its master's rounding, normally:
+  // here a marker that shows which path ran).
+  const FusedCase s{.name = "bf16 sharded", .mode = AmpMode::bf16};
+  for (const bool fused : {false, true}) {
+    AmpRun run = make_run(s, fused);
+    std::vector<int64_t> begins;
+    shard_like_zero(*run.amp, begins);
+    forward_backward(*run.amp, 0);
+    for (size_t k = 0; k < run.amp->master_params().size(); ++k) {
+      Tensor shard = run.amp->master_params()[k];
+      const Tensor grad = run.amp->model_params()[k].grad();
+      if (k == 0) continue;  // no gradient for parameter 0's shard
+      shard.set_grad(core::cast_raw(grad.view({-1}).narrow(0, begins[k], shard.numel()), DType::f32));
+    }
+    Tensor slice = run.amp->model_params()[0].detach().view({-1}).narrow(0, begins[0], 1);
+    slice.fill_(123.0);
+    ASSERT_TRUE(run.amp->step().stepped);
+    EXPECT_EQ(slice.item<double>(), fused ? 123.0 : bits(core::cast_raw(run.amp->master_params()[0], DType::bf16))[0])
+        << (fused ? "fused" : "three passes");
+  }
+}
+
 }  // namespace
 }  // namespace colossal::amp
