@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   if constexpr (Op::kNorms > 0) {
     // A misaligned chunk is visited in the vectors' order, element by element, so that each
     // thread's sums add the same elements in the same order whatever the alignment (Note [Sums
-    // of squares in one order]).
+    // of squares in one order] in clip_grad_kernels.cu).
     if (!aligned) {
       const int n_vec = n / kVec;
       for (int i = static_cast<int>(threadIdx.x); i < n_vec; i += kBlockThreads) {
