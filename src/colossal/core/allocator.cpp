@@ -37,6 +37,9 @@ class CpuAllocator final : public Allocator {
     ++num_allocations_;
     return ptr;
   }
+  /// The free memory the thresholds above keep in glibc's heaps (every arena, not only each heap's
+  /// top) back to the kernel.
+  void release_cached(Device) override { malloc_trim(0); }
   void deallocate(void* ptr, size_t nbytes, Stream) override {
     std::free(ptr);
     allocated_.fetch_sub(static_cast<int64_t>(nbytes));

@@ -45,7 +45,9 @@ inline constexpr size_t kCpuAlignment = 64;
 MemoryStats memory_stats(Device device);
 void reset_peak_memory(Device device);
 /// Returns the memory `device`'s allocator keeps cached for reuse to the system (CUDA: its cached
-/// blocks to the memory pool and the pool's unused memory to the driver; synchronises the device).
+/// blocks to the memory pool and the pool's unused memory to the driver; synchronises the device. CPU:
+/// the free memory glibc's heaps keep, which the CPU allocator's thresholds make the whole of a freed
+/// model built on the host).
 void empty_cache(Device device);
 
 }  // namespace colossal::core

@@ -19,6 +19,7 @@
 #include "colossal/comm/init.h"
 #include "colossal/comm/single_process_group.h"
 #include "colossal/comm/watchdog.h"  // stop_transports
+#include "colossal/core/allocator.h"  // empty_cache
 #include "colossal/core/error.h"
 #include "colossal/core/profiler.h"  // configure
 #include "colossal/data/sampler.h"
@@ -378,6 +379,11 @@ void TrainingRun::build_engine() {
     }
   }
   engine_ = std::make_unique<engine::Engine>(model_, optimizer, criterion, eo, scheduler);
+  // The model was built in f32 on the host, then moved to the device, converted (its f32 masters to
+  // the host again under ZeRO-3's offload) and sharded: what that freed stays in the host heap
+  // (core/allocator.cpp keeps freed blocks for reuse), and the optimizer's moments, made later on the
+  // offload's worker thread in another arena, cannot reuse it. A 10B model left 56 GB of it.
+  core::empty_cache(core::kCpu);
   if (pipeline_schedule_) {
     std::vector<Tensor> fresh;
     for (const std::string& name : tied_names) fresh.push_back(model_->parameter(name));
