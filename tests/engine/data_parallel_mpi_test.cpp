@@ -219,6 +219,55 @@ TEST(DataParallel, NaiveFp16SkipsAnOverflowOnEveryRank) {
   }
 }
 
+// Note [Update beside the last reductions] (engine/engine.cpp): stepping every bucket but the last
+// ones first and those after their reduction gives the one-part update's parameters, masters and
+// optimizer state bit for bit, with SGD's momentum, AdamW, and AdamW under bf16 mixed precision (its
+// fused step); with two or more buckets late, and with each parameter in a bucket of its own.
+TEST(DataParallel, AnUpdateInTwoPartsEqualsOneInOne) {
+  struct Case {
+    const char* name;
+    bool adamw;
+    bool bf16;
+  };
+  const int rank = world().rank();
+  for (const Case& c : {Case{"sgd", false, false}, Case{"adamw", true, false}, Case{"adamw bf16", true, true}}) {
+    std::vector<std::vector<float>> results;
+    std::vector<int64_t> late_counts;
+    for (const int late : {0, 1, 2, 3}) {
+      engine::EngineOptions options;
+      options.context = data_parallel_context();
+      options.data_parallel.bucket_bytes = 16;  // one bucket per parameter: four buckets
+      options.data_parallel.late_buckets = late;
+      if (c.bf16) options.amp = amp::AmpOptions::for_mode(amp::AmpMode::bf16);
+      auto model = make_mlp(7);
+      auto engine = make_engine(model, options, c.adamw);
+      ASSERT_EQ(engine->data_parallel()->num_buckets(), 4);
+      for (int64_t step = 0; step < 3; ++step) {
+        auto [x, y] = rows(step, 0, rank * kPerRank, (rank + 1) * kPerRank);
+        engine->step(x, y);
+        EXPECT_FALSE(engine->last_step_skipped());
+        for (const Tensor& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << c.name << ": a gradient left";
+      }
+      std::vector<float> flat;
+      auto append = [&](const Tensor& t) {
+        for (float v : t.to(DType::f32).to_vector<float>()) flat.push_back(v);
+      };
+      for (const Tensor& p : model->parameters()) append(p);
+      if (engine->amp() != nullptr) {
+        for (const Tensor& p : engine->amp()->master_params()) append(p);
+      }
+      for (const auto& [key, value] : engine->optimizer().state_dict()) {
+        if (key.find(".exp_avg") != std::string::npos || key.find("momentum_buffer") != std::string::npos) append(value);
+        if (key.ends_with(".step")) flat.push_back(static_cast<float>(value.item<double>()));
+      }
+      results.push_back(flat);
+    }
+    for (size_t k = 1; k < results.size(); ++k) {
+      EXPECT_EQ(results[k], results[0]) << c.name << ": " << k << " late bucket(s) differ from one part";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace colossal::parallel
 

@@ -184,6 +184,9 @@ class MixedPrecisionOptimizer {
   /// parameters from the restored masters. Throws naming the first key that is missing, unexpected or
   /// of the wrong shape, and changes nothing when it does.
   void load_state_dict(const optim::StateDict& state);
+  /// Whether a step with these clipping settings takes the fused path (Note [Fused mixed-precision
+  /// step]), asked before the gradients move: the Engine splits an update in two only where it does.
+  bool fuses_step(std::optional<double> max_norm, double norm_type) const { return can_fuse_step(max_norm, norm_type); }
 
  private:
   /// Multiplies every master gradient by inv_scale (skipped when it is 1) and returns the sum of

@@ -181,6 +181,12 @@ class Engine {
   std::shared_ptr<Schedule> schedule_;
 
   void update();
+  /// Whether this update may step in two parts around the last reductions (Note [Update beside
+  /// the last reductions]).
+  bool updates_in_two_parts() const;
+  /// The optimizer step (through mixed precision where there is one) of the parameters with a
+  /// gradient, without clipping: one part of a two-part update.
+  void step_parameters_with_gradients();
 };
 
 }  // namespace colossal::engine

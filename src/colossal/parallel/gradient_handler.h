@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 #include "colossal/comm/process_group.h"
 
@@ -21,6 +22,14 @@ class GradientHandler {
   virtual void set_sync(bool sync) = 0;
   /// Waits for the window's reduction and leaves the reduced gradients in the parameters' .grad.
   virtual void finish() = 0;
+  /// Waits for the reduction of every parameter but those it returns (the last reductions, still in
+  /// flight), for an update in two parts (Note [Update beside the last reductions] in
+  /// engine/engine.cpp): the Engine steps the others, then calls finish() for the rest. By default
+  /// it is finish() and returns none.
+  virtual std::vector<Tensor> finish_all_but_late() {
+    finish();
+    return {};
+  }
   /// Called by the Engine after the update (`stepped`: false when mixed precision skipped it for an
   /// overflow): ZeRO all-gathers the parameters each rank updated. Nothing for DataParallel.
   virtual void after_update(bool stepped) { (void)stepped; }

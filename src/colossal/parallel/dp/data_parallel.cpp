@@ -63,7 +63,15 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
                    "COLOSSAL_DP_BUCKET_MB must be a positive number of MiB, got '{}'", mb);
     options_.bucket_bytes = static_cast<int64_t>(value * (1 << 20));
   }
+  if (const char* late = std::getenv("COLOSSAL_DP_LATE_BUCKETS"); late != nullptr && *late != '\0') {
+    char* end = nullptr;
+    const long value = std::strtol(late, &end, 10);
+    COLOSSAL_CHECK(end != late && *end == '\0' && value >= 0 && value <= 1000,
+                   "COLOSSAL_DP_LATE_BUCKETS must be a whole number of buckets from 0 to 1000, got '{}'", late);
+    options_.late_buckets = static_cast<int>(value);
+  }
   COLOSSAL_CHECK(options_.bucket_bytes > 0, "DataParallel: bucket_bytes must be > 0, got {}", options_.bucket_bytes);
+  COLOSSAL_CHECK(options_.late_buckets >= 0, "DataParallel: late_buckets must be >= 0, got {}", options_.late_buckets);
   if (options_.broadcast_parameters) broadcast_parameters();
 
   // Reverse registration order; a new bucket whenever the size cap, the dtype or the device changes.
@@ -173,6 +181,26 @@ void DataParallel::launch(Bucket& bucket) {
   }
   bucket.work = group_->all_reduce_packed(bucket.flat, parts, bucket.offsets, comm::ReduceOp::avg, /*async=*/true);
   bucket.launched = true;
+}
+
+std::vector<Tensor> DataParallel::finish_all_but_late() {
+  const size_t late = std::min(buckets_.size(), static_cast<size_t>(options_.late_buckets));
+  if (!pending_ || late == 0) {
+    finish();
+    return {};
+  }
+  for (; next_launch_ < buckets_.size(); ++next_launch_) launch(*buckets_[next_launch_]);
+  autograd::NoGradGuard no_grad;
+  // Buckets launch in index order, so the last ones launched are the last `late` indices.
+  for (size_t b = 0; b + late < buckets_.size(); ++b) {
+    buckets_[b]->work.wait();
+    buckets_[b]->work = comm::Work();  // finish() finds it done
+  }
+  std::vector<Tensor> params;
+  for (size_t b = buckets_.size() - late; b < buckets_.size(); ++b) {
+    for (const Tensor& param : buckets_[b]->params) params.push_back(param);
+  }
+  return params;
 }
 
 void DataParallel::finish() {

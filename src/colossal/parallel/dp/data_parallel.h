@@ -27,6 +27,11 @@ struct DataParallelOptions {
   /// Broadcast parameters and buffers from the group's rank 0 at construction, so every replica
   /// starts equal whatever each rank initialised.
   bool broadcast_parameters = true;
+  /// Buckets (the last launched) whose parameters the update steps after the others, so that the
+  /// others' update runs while these are still being reduced (finish_all_but_late, Note [Update
+  /// beside the last reductions] in engine/engine.cpp); 0 steps everything after every reduction.
+  /// The environment variable COLOSSAL_DP_LATE_BUCKETS, when set, overrides it.
+  int late_buckets = 2;
 };
 
 class DataParallel final : public GradientHandler {
@@ -50,6 +55,10 @@ class DataParallel final : public GradientHandler {
   /// parameters) are reduced here with zeros for the missing gradients. Call it after the backward and
   /// before clipping or the optimizer step; it does nothing after a backward without sync.
   void finish() override;
+  /// Launches what finish() would, waits for every bucket but the last `late_buckets` and returns
+  /// their parameters (none after a backward without sync, or with late_buckets = 0); finish() then
+  /// waits for those.
+  std::vector<Tensor> finish_all_but_late() override;
 
   /// Broadcasts parameters and buffers from the group's rank 0 (done at construction by default).
   void broadcast_parameters();
