@@ -120,6 +120,20 @@ TEST(Gpt2TpConfig, TwoCpuRanksGiveTheSerialRunsLosses) {
     EXPECT_LE(std::abs(chunks.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": overlapped chunks";
   }
 
+  // And with each row-parallel GEMM in 3 blocks of rows, each all-reduced as it is made
+  // (parallel.tensor.row_blocks).
+  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common +
+                    " --set parallel.tensor.row_blocks=3 --set train.checkpoint_dir='\"" + (dir / "rows").string() +
+                    "\"' --metrics " + (dir / "rows.jsonl").string(),
+                dir / "rows.log"),
+            0)
+      << read(dir / "rows.log");
+  const std::map<int64_t, double> rows = step_losses(dir / "rows.jsonl");
+  ASSERT_EQ(rows.size(), serial.size()) << read(dir / "rows.log");
+  for (const auto& [step, loss] : serial) {
+    EXPECT_LE(std::abs(rows.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": row blocks";
+  }
+
   // The tensor-parallel checkpoint is the serial one: same names, the whole padded vocabulary.
   const colossal::nn::SafetensorsFile a = colossal::nn::load_safetensors(dir / "tp2" / "epoch0-step12.safetensors");
   const colossal::nn::SafetensorsFile b = colossal::nn::load_safetensors(dir / "serial" / "epoch0-step12.safetensors");

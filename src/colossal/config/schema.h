@@ -167,6 +167,7 @@ void visit_fields(Config& c, Visitor& v) {
   v("parallel.tensor.depth", c.parallel.tensor.depth, IntRange{1, kMaxRanks});
   v("parallel.tensor.sequence_parallel", c.parallel.tensor.sequence_parallel);
   v("parallel.tensor.overlap_chunks", c.parallel.tensor.overlap_chunks, IntRange{1, 64});
+  v("parallel.tensor.row_blocks", c.parallel.tensor.row_blocks, IntRange{1, 64});
   v("parallel.tensor.specs", c.parallel.tensor.specs);
   // Up to a week (comm::kMaxCollectiveTimeoutSeconds): anything longer is a typo, not a wait.
   v("parallel.timeout_s", c.parallel.timeout_s, FloatRange{0, 7 * 24 * 3600, /*min_open=*/true});

@@ -106,6 +106,11 @@ struct TensorParallelConfig {
   /// run under another's GEMMs (Note [Overlapped tensor-parallel blocks] in parallel/tp/gpt2_1d.cpp);
   /// it must divide the batch (per microbatch). 1: the blocks run whole.
   int overlap_chunks = 1;
+  /// Without sequence parallelism (mode "1d", size > 1): each row-parallel layer runs its GEMM over
+  /// this many blocks of rows and all-reduces each block while the next one's GEMM runs, so that only
+  /// the last block's all-reduce waits in forward (Note [Row blocks of a linear's output] in
+  /// ops/linalg.cpp). 1: one GEMM, then its all-reduce.
+  int row_blocks = 1;
   /// Per-parameter sharding specs (Colossal-AI's "parallelize your training like Megatron"
   /// tutorial): each parameter takes the spec of the first rule whose pattern matches its name;
   /// one no rule matches is replicated, but a bias follows its weight. Empty: the model's built-in

@@ -268,6 +268,7 @@ void TrainingRun::build_data_and_model() {
       model_ = std::make_shared<parallel::tp::ParallelGPT2>(*gpt2, tensor_group, options);
     }
     model_->to(device_);  // anything the split made anew sits where the serial model did
+    parallel::tp::set_row_blocks(*model_, c.parallel.tensor.row_blocks);
   }
   if (context_->layout().pipeline_size() > 1) {
     // This rank's stage: the whole model is cut into pieces and the stage keeps its chunks
@@ -284,6 +285,7 @@ void TrainingRun::build_data_and_model() {
     if (writer_ && options_.verbose) fmt::print("{}\n", stage.description);
     model_ = stage.module;
     model_->to(device_);  // the tensor-parallel blocks made anew sit where the serial model did
+    parallel::tp::set_row_blocks(*model_, c.parallel.tensor.row_blocks);
     pipeline_schedule_ = stage.schedule;
     serial_names_ = stage.serial_names;  // checkpoints hold the serial model's tensors
   }

@@ -20,6 +20,14 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 using InputGradHook = std::function<std::function<void()>(const Tensor& grad_x)>;
 /// x [..., in] times weight [out, in] transposed, plus bias [out] when defined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), InputGradHook hook = {});
+/// linear(x, weight) without a bias, its GEMM run as `blocks` GEMMs over consecutive blocks of the
+/// rows of x flattened to [rows, in] (as equal as the rows allow); `on_block` gets each block of the
+/// output, a contiguous [block rows, out] view of the flattened result, as soon as its GEMM is
+/// enqueued (on the current stream) and may start asynchronous work on it in place: tensor
+/// parallelism's row layer all-reduces each block while the next one's GEMM runs (Note [Row blocks
+/// of a linear's output] in ops/linalg.cpp). Recorded as one linear: the same backward.
+Tensor linear_in_row_blocks(const Tensor& x, const Tensor& weight, int64_t blocks,
+                            const std::function<void(const Tensor& block)>& on_block);
 /// gelu(linear(x, weight, bias)) with the tanh approximation (GPT-2's MLP). On the GPU one cuBLASLt
 /// GEMM whose epilogue adds the bias, applies GELU and keeps the pre-activation for backward.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), InputGradHook hook = {});

@@ -69,7 +69,7 @@ std::shared_ptr<Layer> serial_layer(int64_t in, int64_t out, uint64_t seed) {
 }
 
 template <class Layer>
-void expect_mlp_equals_serial(int out_dim_of_weight) {
+void expect_mlp_equals_serial(int out_dim_of_weight, int64_t row_blocks = 1) {
   auto fc = serial_layer<Layer>(kIn, kHidden, 11);
   auto proj = serial_layer<Layer>(kHidden, kOut, 12);
   Tensor xs = input(kIn);
@@ -78,6 +78,7 @@ void expect_mlp_equals_serial(int out_dim_of_weight) {
 
   auto col = ColumnParallelLinear::from(*fc, tp_group());
   auto row = RowParallelLinear::from(*proj, tp_group());
+  row->set_row_blocks(row_blocks);
   Tensor xp = input(kIn);
   Tensor yp = row->forward(ops::gelu(col->forward(xp)));
   autograd::backward(weighted_sum(yp));
@@ -100,6 +101,20 @@ TEST(Linear1d, ColumnThenRowEqualsTheSerialMlp) {
 
 TEST(Linear1d, ColumnThenRowEqualsTheSerialMlpInConv1dLayout) {
   expect_mlp_equals_serial<nn::Conv1D>(/*out_dim_of_weight=*/1);
+}
+
+// parallel.tensor.row_blocks (Note [Row blocks of a linear's output]): the row layer's GEMM over
+// blocks of the 6 rows, each all-reduced as it is made, gives the serial MLP's output and gradients;
+// 7 blocks of 6 rows are 6.
+TEST(Linear1d, RowBlocksEqualTheSerialMlp) {
+  for (int64_t blocks : {2, 4, 6, 7}) {
+    SCOPED_TRACE(blocks);
+    expect_mlp_equals_serial<nn::Linear>(/*out_dim_of_weight=*/0, blocks);
+    expect_mlp_equals_serial<nn::Conv1D>(/*out_dim_of_weight=*/1, blocks);
+  }
+  auto proj = serial_layer<nn::Linear>(kHidden, kOut, 12);
+  auto row = RowParallelLinear::from(*proj, tp_group());
+  EXPECT_ERROR_CONTAINS(row->set_row_blocks(0), "parallel.tensor.row_blocks must be from 1 to 64");
 }
 
 TEST(Linear1d, ColumnGatheringItsOutputEqualsTheSerialLayer) {

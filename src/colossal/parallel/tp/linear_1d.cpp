@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <utility>
+#include <vector>
 
 #include "colossal/core/error.h"
 #include "colossal/ops/elementwise.h"  // add
@@ -184,6 +185,7 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
                  "shard takes {} of the layer's {}{}",
                  local.shape().back(), local.shape(), in_features_per_rank(), in_features_,
                  input_is_parallel_ ? " (input_is_parallel: pass the column layer's split output)" : "");
+  if (row_blocks_ > 1 && !sequence_parallel_ && group_->size() > 1) return forward_in_row_blocks(local);
   // The partial products sum over the group; the bias is added once, after the sum.
   const Tensor partial = affine(local, *weight_, Tensor(), layout_);
   if (sequence_parallel_) {
@@ -195,10 +197,37 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
   return bias_->defined() ? ops::add(y, *bias_) : y;
 }
 
+void RowParallelLinear::set_row_blocks(int64_t blocks) {
+  COLOSSAL_CHECK(blocks >= 1 && blocks <= 64,
+                 "RowParallelLinear: parallel.tensor.row_blocks must be from 1 to 64 (1: one GEMM, then its "
+                 "all-reduce), got {}",
+                 blocks);
+  row_blocks_ = blocks;
+}
+
+Tensor RowParallelLinear::forward_in_row_blocks(const Tensor& local) {
+  // Note [Row blocks of a linear's output] in ops/linalg.cpp: each block's all-reduce runs under the
+  // next block's GEMM. The sum happens in the linear's output, which its backward does not read: the
+  // gradient flows through as through reduce_from_region's identity backward.
+  std::vector<comm::Work> pending;
+  const Tensor w = layout_ == WeightLayout::kOutIn ? *weight_ : weight_->t();
+  Tensor y = ops::linear_in_row_blocks(local, w, row_blocks_, [&](const Tensor& block) {
+    pending.push_back(group_->all_reduce(block, comm::ReduceOp::sum, /*async=*/true));
+  });
+  for (comm::Work& work : pending) work.wait();
+  return bias_->defined() ? ops::add(y, *bias_) : y;
+}
+
 std::string RowParallelLinear::extra_repr() const {
   return fmt::format("in_features={} ({} on each of {} ranks), out_features={}, layout {}, input_is_parallel={}{}",
                      in_features_, in_features_per_rank(), group_->size(), out_features_, layout_name(layout_),
                      input_is_parallel_, sequence_parallel_ ? ", sequence_parallel" : "");
+}
+
+void set_row_blocks(nn::Module& model, int64_t blocks) {
+  for (const auto& [name, module] : model.named_modules()) {
+    if (auto* row = dynamic_cast<RowParallelLinear*>(module)) row->set_row_blocks(blocks);
+  }
 }
 
 }  // namespace colossal::parallel::tp

@@ -109,6 +109,11 @@ class RowParallelLinear : public nn::Module, public Sharded {
   PendingSum start(const Tensor& x);
   Tensor finish(PendingSum pending);
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  /// parallel.tensor.row_blocks: without sequence parallelism, forward runs its GEMM over this many
+  /// blocks of rows and all-reduces each block while the next one's GEMM runs (ops::
+  /// linear_in_row_blocks, Note [Row blocks of a linear's output]); 1: one GEMM, then the all-reduce.
+  void set_row_blocks(int64_t blocks);
+  int64_t row_blocks() const { return row_blocks_; }
   bool sequence_parallel() const { return sequence_parallel_; }
   std::string extra_repr() const override;
   /// weight along its input dimension; the bias replicated.
@@ -121,13 +126,19 @@ class RowParallelLinear : public nn::Module, public Sharded {
   int64_t in_features_per_rank() const { return in_features_ / group_->size(); }
 
  private:
+  Tensor forward_in_row_blocks(const Tensor& local);
+
   std::shared_ptr<comm::ProcessGroup> group_;
   WeightLayout layout_;
   bool input_is_parallel_;
   bool sequence_parallel_ = false;
+  int64_t row_blocks_ = 1;
   int64_t in_features_, out_features_;
   Tensor* weight_;
   Tensor* bias_;
 };
+
+/// Sets parallel.tensor.row_blocks on every RowParallelLinear in `model` (at any depth).
+void set_row_blocks(nn::Module& model, int64_t blocks);
 
 }  // namespace colossal::parallel::tp
