@@ -6,6 +6,7 @@
 #
 #   tools/gpu-check --run bench/compare/tp_mfu.sh [1.3b] [350m] [serial] [serial350m] [1.3b-sp] [1.3b-tp4]
 #        [1.3b-chunks] [1.3b-tp4-chunks]   (parallel.tensor.overlap_chunks = 2)
+#        [1.3b-rowsN] [350m-rowsN]         (parallel.tensor.row_blocks = N)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -62,6 +63,8 @@ for part in "${parts[@]}"; do
     1.3b-tp4) run gpt1.3b_tp4 4 24 2048 16 ;;
     1.3b-chunks) run gpt1.3b_tp2_chunks2 2 24 2048 16 --set parallel.tensor.overlap_chunks=2 ;;
     1.3b-tp4-chunks) run gpt1.3b_tp4_chunks2 4 24 2048 16 --set parallel.tensor.overlap_chunks=2 ;;
-    *) echo "unknown part '$part' (1.3b, 350m, serial, serial350m, 1.3b-sp, 1.3b-tp4, 1.3b-chunks, 1.3b-tp4-chunks)"; exit 2 ;;
+    1.3b-rows*) run "gpt1.3b_tp2_rows${part#1.3b-rows}" 2 24 2048 16 --set parallel.tensor.row_blocks="${part#1.3b-rows}" ;;
+    350m-rows*) run "gpt350m_tp2_rows${part#350m-rows}" 2 24 1024 16 --set parallel.tensor.row_blocks="${part#350m-rows}" ;;
+    *) echo "unknown part '$part' (1.3b, 350m, serial, serial350m, 1.3b-sp, 1.3b-tp4, 1.3b-chunks, 1.3b-tp4-chunks, 1.3b-rowsN, 350m-rowsN)"; exit 2 ;;
   esac
 done
