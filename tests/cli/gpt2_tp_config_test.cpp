@@ -94,44 +94,24 @@ TEST(Gpt2TpConfig, TwoCpuRanksGiveTheSerialRunsLosses) {
   std::printf("configs/gpt2_tp.toml at tp2 against serial: %zu steps, largest relative difference %.2e\n",
               serial.size(), worst);
 
-  // The same with sequence parallelism switched on from the command line.
-  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common +
-                    " --set parallel.tensor.sequence_parallel=true --set train.checkpoint_dir='\"" +
-                    (dir / "sp").string() + "\"' --metrics " + (dir / "sp.jsonl").string(),
-                dir / "sp.log"),
-            0)
-      << read(dir / "sp.log");
-  const std::map<int64_t, double> sp = step_losses(dir / "sp.jsonl");
-  ASSERT_EQ(sp.size(), serial.size()) << read(dir / "sp.log");
-  for (const auto& [step, loss] : serial) {
-    EXPECT_LE(std::abs(sp.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": sequence parallel";
-  }
-
-  // And with the blocks' batch in 2 chunks whose all-reduces overlap (parallel.tensor.overlap_chunks).
-  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common +
-                    " --set parallel.tensor.overlap_chunks=2 --set train.checkpoint_dir='\"" +
-                    (dir / "chunks").string() + "\"' --metrics " + (dir / "chunks.jsonl").string(),
-                dir / "chunks.log"),
-            0)
-      << read(dir / "chunks.log");
-  const std::map<int64_t, double> chunks = step_losses(dir / "chunks.jsonl");
-  ASSERT_EQ(chunks.size(), serial.size()) << read(dir / "chunks.log");
-  for (const auto& [step, loss] : serial) {
-    EXPECT_LE(std::abs(chunks.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": overlapped chunks";
-  }
-
-  // And with each row-parallel GEMM in 3 blocks of rows, each all-reduced as it is made
-  // (parallel.tensor.row_blocks).
-  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common +
-                    " --set parallel.tensor.row_blocks=3 --set train.checkpoint_dir='\"" + (dir / "rows").string() +
-                    "\"' --metrics " + (dir / "rows.jsonl").string(),
-                dir / "rows.log"),
-            0)
-      << read(dir / "rows.log");
-  const std::map<int64_t, double> rows = step_losses(dir / "rows.jsonl");
-  ASSERT_EQ(rows.size(), serial.size()) << read(dir / "rows.log");
-  for (const auto& [step, loss] : serial) {
-    EXPECT_LE(std::abs(rows.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": row blocks";
+  // The same with, each switched on from the command line: sequence parallelism; the blocks' batch in 2
+  // chunks whose all-reduces overlap (parallel.tensor.overlap_chunks); each row-parallel GEMM in 3 blocks
+  // of rows, each all-reduced as it is made (parallel.tensor.row_blocks).
+  const std::pair<const char*, const char*> variants[] = {{"sp", "parallel.tensor.sequence_parallel=true"},
+                                                          {"chunks", "parallel.tensor.overlap_chunks=2"},
+                                                          {"rows", "parallel.tensor.row_blocks=3"}};
+  for (const auto& [name, setting] : variants) {
+    const fs::path log = dir / (std::string(name) + ".log"), metrics = dir / (std::string(name) + ".jsonl");
+    ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common + " --set " + setting +
+                      " --set train.checkpoint_dir='\"" + (dir / name).string() + "\"' --metrics " + metrics.string(),
+                  log),
+              0)
+        << read(log);
+    const std::map<int64_t, double> losses = step_losses(metrics);
+    ASSERT_EQ(losses.size(), serial.size()) << read(log);
+    for (const auto& [step, loss] : serial) {
+      EXPECT_LE(std::abs(losses.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": " << setting;
+    }
   }
 
   // The tensor-parallel checkpoint is the serial one: same names, the whole padded vocabulary.
