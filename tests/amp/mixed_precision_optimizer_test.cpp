@@ -16,12 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "amp_test_util.h"             // make_mlp, random_batch
 #include "colossal/autograd/engine.h"  // backward
 #include "colossal/core/error.h"
-#include "colossal/core/random.h"  // Generator, normal_
-#include "colossal/core/view.h"    // cast_raw
-#include "colossal/nn/activation.h"
-#include "colossal/nn/linear.h"
+#include "colossal/core/view.h"  // cast_raw
 #include "colossal/ops/elementwise.h"
 #include "colossal/ops/reduction.h"
 #include "colossal/optim/adam.h"
@@ -33,21 +31,11 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+using testing::random_batch;
+
 /// Linear(4, 16) - GELU - Linear(16, 3) in f32, initialised from Generator(seed).
 std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed) {
-  core::Generator generator(seed);
-  auto model = std::make_shared<nn::Sequential>();
-  model->push_back(std::make_shared<nn::Linear>(4, 16, true, &generator));
-  model->push_back(std::make_shared<nn::GELU>());
-  model->push_back(std::make_shared<nn::Linear>(16, 3, true, &generator));
-  return model;
-}
-
-Tensor random_batch(int64_t rows, int64_t cols, uint64_t seed) {
-  core::Generator generator(seed);
-  Tensor t = core::empty({rows, cols});
-  core::normal_(t, 0.0, 1.0, &generator);
-  return t;
+  return testing::make_mlp(seed, {.in = 4, .hidden = 16, .out = 3});
 }
 
 Tensor mse(const Tensor& output, const Tensor& target) {
