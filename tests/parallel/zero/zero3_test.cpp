@@ -1,8 +1,9 @@
 // ZeRO-3 in one process (a group of one rank): the chunk manager's states, copies and accounting
 // under each placement ("auto" made to evict by a small budget), parameters freed in place and
 // gathered back under the tensors autograd saved, training through the Engine equal to the plain
-// optimizer's, and misuse refused naming what is wrong. The multi-rank equivalence is
-// zero3_equivalence_mpi_test.cpp's.
+// optimizer's, with the optimizer offloaded the same bits under every placement through one host
+// buffer per chunk, and misuse refused naming what is wrong. The multi-rank equivalence is
+// zero3_equivalence_mpi_test.cpp's (and zero_offload_tp_mpi_test.cpp's with offload).
 #include "colossal/parallel/zero/zero3.h"
 
 #include <gtest/gtest.h>
@@ -140,6 +141,34 @@ TEST(ChunkManager, AutoKeepsTheMostRecentlyUsedWithinItsBudget) {
   }
 }
 
+TEST(ChunkManager, ADeviceShardHasOneHostBufferKeptAcrossMoves) {
+  Fixture f;
+  const int64_t total = 128 + 32 + 96 + 12;
+  auto chunks = f.manager(Placement::cuda);
+  EXPECT_FALSE(chunks->spare_host_buffer(2).defined()) << "made only when asked for";
+  const Tensor buffer = chunks->host_buffer(2);
+  EXPECT_EQ(buffer.numel(), chunks->shard_numel(2));
+  EXPECT_EQ(buffer.to_vector<float>(), std::vector<float>(24, 0.0f));
+  EXPECT_EQ(chunks->host_buffer(2).raw_data(), buffer.raw_data()) << "made once";
+  EXPECT_EQ(chunks->stats().spare_host_bytes, 96);
+
+  Fixture g;  // a manager frees its parameters: another model
+  auto cpu = g.manager(Placement::cpu);
+  EXPECT_EQ(cpu->stats().spare_host_bytes, 0) << "the host shards are the host buffers";
+  EXPECT_NE(message_of([&] { cpu->host_buffer(0); }).find("on the host"), std::string::npos);
+  const void* host_shard = cpu->shard(0).raw_data();
+  cpu->fetch_all();
+  EXPECT_EQ(cpu->spare_host_buffer(0).raw_data(), host_shard) << "the host shard's memory is kept as the spare";
+  EXPECT_EQ(cpu->host_buffer(0).raw_data(), host_shard);
+  EXPECT_EQ(cpu->stats().spare_host_bytes, total);
+  EXPECT_EQ(cpu->stats().host_shard_bytes, 0);
+  cpu->place_after_step();
+  EXPECT_EQ(cpu->shard(0).raw_data(), host_shard) << "an eviction copies the shard into its spare";
+  EXPECT_FALSE(cpu->spare_host_buffer(0).defined());
+  EXPECT_EQ(cpu->stats().spare_host_bytes, 0);
+  EXPECT_EQ(cpu->stats().host_shard_bytes, total);
+}
+
 TEST(ChunkManager, RefusesParametersThatShareMemory) {
   auto weight = core::zeros({4, 4});
   std::vector<Tensor> views = {weight.narrow(0, 0, 2), weight.narrow(0, 2, 2)};
@@ -192,6 +221,79 @@ TEST(Zero3, OneRankTrainsAsThePlainOptimizer) {
     }
     if (placement == Placement::auto_) {
       EXPECT_LE(handler.chunks().stats().device_shard_bytes, 64);
+    }
+  }
+}
+
+// Optimizer offload under each placement ("auto" made to keep some chunks on the device and evict
+// the rest by its budget): the host step writes a host shard's update into the shard and a device
+// shard's into the chunk manager's spare host buffer of it, then copied to the device, so every chunk
+// has one host buffer whatever its placement and the host memory counts each once; the offload makes
+// no staging buffer of its own. Training gives the same bits under every placement (the same host
+// step on the same gradients), with the step after the clipping norm and during backward (without
+// clipping the Engine has the worker thread step each chunk as its gradient arrives).
+TEST(Zero3, OffloadStagesDeviceShardsInTheirHostBuffers) {
+  const Tensor x = core::from_vector<float>({0.1f, -0.4f, 0.7f, 0.2f, -0.3f, 0.5f, 0.9f, -0.8f}, {2, 4});
+  const Tensor y = core::from_vector<int64_t>({2, 0}, {2});
+  engine::Criterion criterion = [](const Tensor& out, const Tensor& y) { return ops::cross_entropy(out, y); };
+  for (const bool clip : {true, false}) {
+    std::vector<float> reference_losses;
+    nn::StateDict reference;
+    int64_t reference_host_bytes = 0;
+    for (Placement placement : {Placement::cpu, Placement::cuda, Placement::auto_}) {
+      SCOPED_TRACE(::testing::Message() << "clip " << clip << ", placement " << static_cast<int>(placement));
+      auto model = mlp();
+      engine::EngineOptions options;
+      options.gradient_accumulation = 2;
+      if (clip) options.clip_grad_norm = 0.05;
+      options.zero = ZeroOptions{
+          .stage = 3, .offload_optimizer = true, .chunk_bytes = 64, .placement = placement, .device_budget_bytes = 64};
+      engine::Engine engine(model, std::make_shared<optim::AdamW>(model->parameters()), criterion, options);
+      const auto& handler = dynamic_cast<const Zero3&>(*engine.zero());
+      ASSERT_NE(handler.offload(), nullptr);
+      const ChunkManager& chunks = handler.chunks();
+      const int64_t total = 128 + 32 + 96 + 12;
+      bool saw_device = false, saw_host = false;
+      std::vector<float> losses;
+      for (int step = 0; step < 6; ++step) {
+        losses.push_back(engine.step(x, y).item<float>());
+        for (size_t c = 0; c < chunks.num_chunks(); ++c) {
+          const Tensor buffer = handler.offload()->output_buffer(c);
+          ASSERT_TRUE(buffer.defined());
+          if (chunks.place(c) == ShardPlace::device) {
+            saw_device = true;
+            EXPECT_TRUE(handler.offload()->output_copied_to_device(c));
+            EXPECT_EQ(buffer.raw_data(), chunks.spare_host_buffer(c).raw_data())
+                << "chunk " << c << ": the update is staged in the chunk manager's host buffer";
+          } else {
+            saw_host = true;
+            EXPECT_FALSE(handler.offload()->output_copied_to_device(c));
+            EXPECT_EQ(buffer.raw_data(), chunks.shard(c).raw_data()) << "chunk " << c;
+            EXPECT_FALSE(chunks.spare_host_buffer(c).defined());
+          }
+        }
+        EXPECT_EQ(chunks.stats().host_shard_bytes + chunks.stats().spare_host_bytes, total) << "step " << step;
+      }
+      EXPECT_TRUE(saw_device || placement == Placement::cpu);
+      EXPECT_TRUE(saw_host || placement == Placement::cuda);
+      // Masters and the host gradient (f32, 4 bytes each), AdamW's two moments, the chunks' buffers
+      // (f32): no staging of the offload's own. Pinned memory exists only on a GPU machine.
+      const int64_t n = model->num_parameters();
+      EXPECT_EQ(handler.offload()->host_bytes(), (4 + 4 + 8) * n);
+      EXPECT_EQ(handler.host_bytes(), (4 + 4 + 8) * n + total);
+      EXPECT_EQ(handler.pinned_host_bytes(), 0);
+      const nn::StateDict whole = engine.zero()->gather_model_state(model->state_dict());
+      if (placement == Placement::cpu) {
+        reference_losses = losses;
+        reference = whole;
+        reference_host_bytes = handler.host_bytes();
+        continue;
+      }
+      EXPECT_EQ(losses, reference_losses);
+      EXPECT_EQ(handler.host_bytes(), reference_host_bytes);
+      for (const auto& [name, p] : reference) {
+        EXPECT_EQ(whole.at(name).to_vector<float>(), p.to_vector<float>()) << name;
+      }
     }
   }
 }

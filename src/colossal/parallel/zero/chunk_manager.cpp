@@ -31,21 +31,27 @@ namespace colossal::parallel::zero {
 // manager's copy stream (which waits for the compute stream, so an eviction's copy has landed), and
 // the all-gather runs on the communicator's stream after that copy's event: a prefetch's copy and
 // all-gather overlap the unit computing before it. The optimizer steps on the device, so every shard
-// is fetched there before the step and moved back after it (the host buffer is kept, pinned once).
+// is fetched there before the step and moved back after it. A shard's pinned host buffer is made
+// once: moved to the device, the shard leaves it behind as its spare, which the next eviction copies
+// the shard into, and which optimizer offload's host step stages the shard's update in meanwhile
+// (host_buffer(), made for a shard that never had one). Each chunk thus has one pinned host buffer,
+// its host shard or its spare, under every placement ("auto" pins no more host memory than "cpu"),
+// and ChunkStats counts both kinds.
 // "auto" starts as "cpu" for its first step (the warm-up) and then sets its budget to what the
-// device has left beside that step's peak (the allocator's peak, reset when the chunks are made) (less a tenth of the device for fragmentation and other
-// processes): after each step it keeps on the device the most recently used shards that fit the
-// budget and moves the rest to the host. Whatever it keeps sits in memory the "cpu" run's peak left
-// free, so "auto" cannot run out of memory where "cpu" runs (Colossal-AI's #2246 and #6272 report
-// its auto placement doing so) and gathers fewer chunks from the host. Without a device to measure
-// (the CPU build) and no budget given, "auto" keeps everything where it is, as "cuda".
+// device has left beside that step's peak (the allocator's peak, reset when the chunks are made),
+// less a tenth of the device for fragmentation and other processes: after each step it keeps on
+// the device the most recently used shards that fit the budget and moves the rest to the host.
+// Whatever it keeps sits in memory the "cpu" run's peak left free, so "auto" cannot run out of
+// device memory where "cpu" runs (Colossal-AI's #2246 and #6272 report its auto placement doing
+// so), nor of host memory, and gathers fewer chunks from the host. Without a device to measure (the
+// CPU build) and no budget given, "auto" keeps everything where it is, as "cuda".
 
 struct ChunkManager::Chunk {
   std::vector<size_t> params;
   int64_t shard_numel = 0;
   DType dtype = DType::f32;
   Tensor shard;       // this rank's shard, wherever it lives
-  Tensor spare_host;  // the pinned host buffer while the shard is on the device
+  Tensor spare_host;  // while the shard is on the device: its pinned host buffer (host_buffer())
   ShardPlace place = ShardPlace::device;
   ChunkState state = ChunkState::freed;
   int users = 0;
@@ -201,6 +207,22 @@ Tensor ChunkManager::shard(size_t c) const {
   return chunks_.at(c).shard;
 }
 
+Tensor ChunkManager::host_buffer(size_t c) {
+  Chunk& chunk = chunks_.at(c);
+  COLOSSAL_CHECK(chunk.place == ShardPlace::device,
+                 "ZeRO-3: chunk {}'s shard is on the host: its host memory is the shard itself (shard())", c);
+  if (!chunk.spare_host.defined()) {
+    chunk.spare_host = host_empty(chunk.shard_numel, chunk.dtype, group_->device());
+    chunk.spare_host.fill_(0.0);
+    stats_.spare_host_bytes += chunk.bytes();
+  }
+  return chunk.spare_host;
+}
+
+Tensor ChunkManager::spare_host_buffer(size_t c) const {
+  return chunks_.at(c).spare_host;
+}
+
 Tensor ChunkManager::piece(size_t p) const {
   const Piece& own = pieces_.at(p);
   return chunks_[chunk_of_[p]].shard.narrow(0, own.numel == 0 ? 0 : own.offset, own.numel);
@@ -302,7 +324,13 @@ void ChunkManager::move_shard(Chunk& chunk, ShardPlace to) {
   autograd::NoGradGuard no_grad;
   const Device device = group_->device();
   if (to == ShardPlace::host) {
-    if (!chunk.spare_host.defined()) chunk.spare_host = host_empty(chunk.shard_numel, chunk.dtype, device);
+    if (chunk.spare_host.defined()) {
+      stats_.spare_host_bytes -= chunk.bytes();  // it becomes the shard
+    } else {
+      chunk.spare_host = host_empty(chunk.shard_numel, chunk.dtype, device);
+    }
+    // Synchronous (the host reads it next), after whatever the compute stream did to the shard: an
+    // offloaded update's copy out of this very buffer included, so the copy writes back what it holds.
     chunk.spare_host.copy_(chunk.shard);
     chunk.shard.storage().swap_allocation(chunk.spare_host.storage());
     chunk.spare_host = Tensor();  // it held the device memory now, freed in stream order after the copy
@@ -314,7 +342,10 @@ void ChunkManager::move_shard(Chunk& chunk, ShardPlace to) {
     Tensor on_device = core::empty({chunk.shard_numel}, TensorOptions(chunk.dtype, device));
     on_device.copy_(chunk.shard);
     chunk.shard.storage().swap_allocation(on_device.storage());
+    // The copy is asynchronous on the compute stream (from pinned memory); whoever writes the old
+    // host buffer, now the spare, next must wait for that stream (HostOffload::set_output does).
     chunk.spare_host = on_device;  // now the pinned host buffer, kept for the next eviction
+    stats_.spare_host_bytes += chunk.bytes();
     stats_.host_to_device_bytes += chunk.bytes();
     stats_.host_shard_bytes -= chunk.bytes();
     stats_.device_shard_bytes += chunk.bytes();

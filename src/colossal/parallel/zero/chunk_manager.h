@@ -35,6 +35,7 @@ enum class ShardPlace { host, device };
 struct ChunkStats {
   int64_t device_shard_bytes = 0;       ///< shards resident on the device now
   int64_t host_shard_bytes = 0;         ///< shards in pinned host memory now
+  int64_t spare_host_bytes = 0;         ///< pinned host buffers kept for device shards (host_buffer)
   int64_t peak_device_shard_bytes = 0;  ///< the most device_shard_bytes reached
   int64_t gathered_bytes = 0;           ///< whole chunks on the device now (gathering or gathered)
   int64_t peak_gathered_bytes = 0;
@@ -84,8 +85,15 @@ class ChunkManager {
   /// the optimizer steps these, the mixed-precision masters write back into them.
   Tensor piece(size_t p) const;
   /// Chunk c's shard (this rank's, 1-D in the model's dtype), wherever it lives now: optimizer
-  /// offload writes the updated parameters into it.
+  /// offload writes the updated parameters into it where that is the host.
   Tensor shard(size_t chunk) const;
+  /// While chunk c's shard is on the device: its pinned host buffer (the shard's size and dtype), the
+  /// one the shard's next eviction copies it into, kept from its last move to the device or made now
+  /// (zeros) where it never had one ("cuda" placement). Optimizer offload's host step writes a device
+  /// shard's update there before it is copied to the device (Note [ZeRO-3 offload] in zero3.cpp).
+  Tensor host_buffer(size_t chunk);
+  /// That buffer where it exists; undefined where it was never made or the shard is on the host.
+  Tensor spare_host_buffer(size_t chunk) const;
   /// This rank's piece of parameter p: [begin, begin + numel) of the flattened parameter, at
   /// `offset` in the shard.
   Piece piece_range(size_t p) const;

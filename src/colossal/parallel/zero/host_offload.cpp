@@ -39,11 +39,26 @@ namespace colossal::parallel::zero {
 // update's (the LR scheduler steps after the update); code that changes them between backward and
 // the update (a before_update hook) must turn clipping on or step without offload.
 // Stage 3 uses the same object with its chunks as the buckets and no all-gather: the update goes into
-// the chunk's shard, directly where that lives on the host (Bucket::out); Note [ZeRO-3 offload] in
-// zero3.cpp.
+// the chunk's shard, directly where that lives on the host (Output::direct), else into a staging
+// buffer the chunk manager lends (Output::staging with a buffer: the pinned buffer it keeps for the
+// device shard's next eviction), so a chunk holds one pinned host buffer whichever way its update
+// goes; Note [ZeRO-3 offload] in zero3.cpp. Only this object's own staging buffers count in
+// pinned_bytes(); the lender counts what it lends.
+// A buffer the step writes may still be read or written by the device: the asynchronous copy of the
+// last update out of a staging buffer (copy_updated_chunk), and for a lent buffer whatever its owner
+// copied into or out of it before handing it over (set_output; stage 3's shard moves). Both run on
+// the compute stream before the next window's backward, and the step writes a bucket only after its
+// gradient copy of that window landed (step 1: the copy stream waited for the compute stream first)
+// or, without step-during-backward, after every gradient copy landed: that already orders the
+// writes after those copies. But it is an argument about how the handlers call this object (a step
+// without a backward in between would break it), so each bucket's output also carries an event
+// recorded on the compute stream after its last such use, which the step waits for before writing
+// (Copy::output_free: long passed in the common case, so it costs nothing). A buffer of this
+// object's own is released only once the stream passed it too.
 
 struct HostOffload::Copy {
-  core::cuda::Event done;
+  core::cuda::Event done;         // the gradient's copy to the host
+  core::cuda::Event output_free;  // the compute stream passed the output buffer's last use
 };
 
 HostOffload::HostOffload(optim::Optimizer& optimizer, Device device, int64_t shard_numel, std::vector<Bucket> buckets,
@@ -94,13 +109,19 @@ Tensor HostOffload::host_empty(int64_t numel, DType dtype) const {
 
 void HostOffload::bind_items(size_t b) {
   const Bucket& bucket = buckets_[b];
-  Tensor out = bucket.out;
+  Tensor out = bucket.output.buffer;
   if (out.defined()) {
     COLOSSAL_CHECK(
         !out.device().is_cuda() && out.is_contiguous() && out.numel() == bucket.chunk && out.dtype() == bucket.dtype,
         "ZeRO offload: bucket {}'s output is {} {} elements on {}, expected {} contiguous {} on the host", b,
         out.numel(), out.dtype(), out.device(), bucket.chunk, bucket.dtype);
+    if (staging_[b].defined()) {  // a buffer of its own is no longer written: released once no copy reads it
+      wait_output_free(b);
+      staging_[b] = Tensor();
+    }
   } else {
+    COLOSSAL_CHECK(bucket.output.copied_to_device, "ZeRO offload: bucket {} is written directly but given no buffer",
+                   b);
     if (!staging_[b].defined()) staging_[b] = host_empty(bucket.chunk, bucket.dtype);
     out = staging_[b];
   }
@@ -113,10 +134,24 @@ void HostOffload::bind_items(size_t b) {
   items_[b] = std::move(items);
 }
 
-void HostOffload::set_output(size_t b, const Tensor& out) {
+void HostOffload::set_output(size_t b, Output output) {
   wait_idle();
-  buckets_.at(b).out = out;
+  buckets_.at(b).output = std::move(output);
   bind_items(b);
+  mark_output_used(b);  // after the owner's copies into or out of the buffer
+}
+
+Tensor HostOffload::output_buffer(size_t b) const {
+  const Output& output = buckets_.at(b).output;
+  return output.buffer.defined() ? output.buffer : staging_[b];
+}
+
+void HostOffload::mark_output_used(size_t b) {
+  if (device_.is_cuda()) copies_[b]->output_free.record(core::cuda::current_stream(device_));
+}
+
+void HostOffload::wait_output_free(size_t b) {
+  if (device_.is_cuda()) copies_[b]->output_free.synchronize();  // returns at once for an event never recorded
 }
 
 Tensor HostOffload::master(int64_t offset, int64_t numel) const {
@@ -160,6 +195,7 @@ void HostOffload::wait_for_gradients() {
 
 void HostOffload::step_bucket(size_t b, double grad_scale) {
   wait_copy(b);
+  wait_output_free(b);
   optim::host_step(optimizer_, items_[b], grad_scale);
 }
 
@@ -198,6 +234,7 @@ void HostOffload::wait_idle() {
 void HostOffload::step(double grad_scale) {
   if (!step_during_backward_) {
     wait_for_gradients();
+    for (size_t b = 0; b < buckets_.size(); ++b) wait_output_free(b);
     std::vector<optim::HostStepItem> all;
     for (const auto& items : items_) all.insert(all.end(), items.begin(), items.end());
     optim::host_step(optimizer_, all, grad_scale);  // one pass over every bucket: all threads busy
@@ -230,23 +267,26 @@ void HostOffload::step_with_optimizer_scale() {
   step(scale.defined() ? scale.to(core::kCpu).item<double>() : 1.0);
 }
 
-Tensor HostOffload::updated_chunk(size_t b) const {
+Tensor HostOffload::updated_chunk(size_t b) {
   if (!device_.is_cuda()) {
-    COLOSSAL_CHECK(!buckets_[b].out.defined(), "ZeRO offload: bucket {} writes its update into its own output", b);
-    return staging_[b];
+    COLOSSAL_CHECK(buckets_[b].output.copied_to_device,
+                   "ZeRO offload: bucket {} writes its update into the parameters' own memory", b);
+    return output_buffer(b);
   }
   Tensor chunk = core::empty({buckets_[b].chunk}, {buckets_[b].dtype, device_});
   copy_updated_chunk(b, chunk);
   return chunk;
 }
 
-void HostOffload::copy_updated_chunk(size_t b, const Tensor& dst) const {
-  COLOSSAL_CHECK(!buckets_[b].out.defined() && staging_[b].defined(),
-                 "ZeRO offload: bucket {} writes its update into its own output, not a staging buffer", b);
+void HostOffload::copy_updated_chunk(size_t b, const Tensor& dst) {
+  const Tensor staging = output_buffer(b);
+  COLOSSAL_CHECK(buckets_[b].output.copied_to_device && staging.defined(),
+                 "ZeRO offload: bucket {} writes its update into the parameters' own memory, not a staging buffer", b);
   if (dst.device().is_cuda()) {
-    core::cuda::copy_async(dst, staging_[b], core::cuda::current_stream(dst.device()));
+    core::cuda::copy_async(dst, staging, core::cuda::current_stream(dst.device()));
+    mark_output_used(b);  // the next step writes the buffer only after this copy read it
   } else {
-    dst.copy_(staging_[b]);
+    dst.copy_(staging);
   }
 }
 

@@ -1,8 +1,10 @@
 // HostOffload: the host side of ZeRO's optimizer offload (zero.offload_optimizer) for LowLevelZero
 // (stages 1 and 2, buckets) and Zero3 (stage 3, chunks): this rank's fp32 master shard and the
 // gradient shard in pinned host memory, the optimizer's moments in host memory, the host optimizer
-// step (optim/host_optimizer.h) per bucket, and where the updated parameters in the model's dtype go:
-// staging buffers copied to the device, or a host tensor of the caller's (stage 3's host shards).
+// step (optim/host_optimizer.h) per bucket, and where the updated parameters in the model's dtype go
+// (Output): a staging buffer copied to the device after the step (its own, or one the caller lends:
+// stage 3's pinned spare buffer of a device shard), or the parameters' own host memory (stage 3's
+// host shards).
 // Gradients come over per bucket as soon as their reduce-scatter is done, on a copy stream; where no
 // statistic of all gradients must come first the buckets are stepped by a worker thread while backward
 // goes on. See Note [Optimizer offload] in host_offload.cpp.
@@ -33,14 +35,27 @@ class HostOffload {
     size_t group = 0, index = 0;
     int64_t shard_offset = 0, chunk_offset = 0, numel = 0;
   };
-  /// A bucket: where its chunk starts in the shard, its size, the model's dtype and its pieces.
+  /// Where the host step writes a bucket's updated parameters (the chunk's layout, the model's dtype,
+  /// contiguous on the host), and whether they are copied to the device after the step.
+  struct Output {
+    /// A staging buffer, copied into the device's parameters after the step (copy_updated_chunk,
+    /// updated_chunk): the caller's `buffer` (stage 3: the chunk manager's pinned spare buffer of a
+    /// device shard), or, undefined, one of this object's own, made when first needed and counted in
+    /// pinned_bytes().
+    static Output staging(Tensor buffer = Tensor()) { return Output{std::move(buffer), true}; }
+    /// The parameters' own memory on the host (stage 3: a host shard): written in place, nothing is
+    /// copied after.
+    static Output direct(Tensor buffer) { return Output{std::move(buffer), false}; }
+    Tensor buffer;
+    bool copied_to_device = true;
+  };
+  /// A bucket: where its chunk starts in the shard, its size, the model's dtype, its pieces and where
+  /// its update goes (by default a staging buffer of this object's).
   struct Bucket {
     int64_t shard_offset = 0, chunk = 0;
     DType dtype = DType::f32;
     std::vector<Piece> pieces;
-    /// Where the host step writes the bucket's updated parameters (the chunk's layout, the model's
-    /// dtype, contiguous on the host): undefined for a staging buffer of its own (updated_chunk).
-    Tensor out;
+    Output output = Output::staging();
   };
 
   /// Host buffers for a shard of `shard_numel` f32 elements cut into `buckets`, for `optimizer`
@@ -74,31 +89,40 @@ class HostOffload {
   void step_with_optimizer_scale();
   /// Bucket b's updated parameters in the model's dtype, on the device, laid out as its chunk: the
   /// staging buffer copied over (on the current stream), or the buffer itself on the CPU.
-  Tensor updated_chunk(size_t b) const;
+  Tensor updated_chunk(size_t b);
   /// Copies bucket b's updated parameters (its staging buffer) into `dst` (the chunk's numel and
-  /// dtype, on the device or the host), on the current stream.
-  void copy_updated_chunk(size_t b, const Tensor& dst) const;
-  /// Points bucket b's updated parameters at `out` (as Bucket::out; undefined: its staging buffer,
-  /// made when first needed). Between windows only: waits for the worker.
-  void set_output(size_t b, const Tensor& out);
+  /// dtype, on the device or the host), on the current stream; the next step writes the staging
+  /// buffer only once that stream passed the copy.
+  void copy_updated_chunk(size_t b, const Tensor& dst);
+  /// Where bucket b's updates go from the next step on (a buffer of its own is released once no
+  /// longer used). Between windows only: waits for the worker. The step writes the new buffer only
+  /// once the device's current stream passed this call, so copies the caller issued on it into or out
+  /// of the buffer before (stage 3's shard moves) land first. See Note [Optimizer offload].
+  void set_output(size_t b, Output output);
+  /// The buffer the host step writes bucket b's update into (this object's own staging buffer:
+  /// undefined until made), and whether that is copied to the device after the step.
+  Tensor output_buffer(size_t b) const;
+  bool output_copied_to_device(size_t b) const { return buckets_.at(b).output.copied_to_device; }
   /// Forgets which buckets the window stepped (after the all-gather, or when the window is dropped,
   /// once the worker is idle).
   void end_window();
   /// Whether buckets are stepped during backward.
   bool steps_during_backward() const { return step_during_backward_; }
-  /// Bytes of pinned host memory (masters, gradient shard and staging buffers; 0 off the GPU, where
-  /// they are plain host memory).
+  /// Bytes of pinned host memory this object owns (masters, gradient shard and its own staging
+  /// buffers, not the buffers an Output lends it; 0 off the GPU, where they are plain host memory).
   int64_t pinned_bytes() const;
-  /// Bytes of host memory the masters, gradient shard, staging buffers and the optimizer's moments
-  /// take, pinned or not.
+  /// Bytes of host memory the masters, gradient shard, own staging buffers and the optimizer's
+  /// moments take, pinned or not.
   int64_t host_bytes() const;
 
  private:
   Tensor host_empty(int64_t numel, DType dtype) const;
   void bind_items(size_t b);
-  int64_t buffer_bytes() const;  // masters, gradient shard and staging buffers
+  int64_t buffer_bytes() const;  // masters, gradient shard and own staging buffers
   void step_bucket(size_t b, double grad_scale);
   void wait_copy(size_t b);
+  void wait_output_free(size_t b);
+  void mark_output_used(size_t b);
   void work();
   void wait_idle();
 
@@ -107,10 +131,11 @@ class HostOffload {
   std::vector<Bucket> buckets_;
   bool step_during_backward_;
   Tensor master_, gradient_;     // f32, shard_numel: pinned on a GPU machine
-  std::vector<Tensor> staging_;  // per bucket: the updated chunk in the model's dtype (undefined until needed)
+  std::vector<Tensor> staging_;  // per bucket: its own staging buffer (undefined until needed or when lent one)
   std::vector<std::vector<optim::HostStepItem>> items_;  // per bucket
 
-  // The device-to-host copies (GPU only): their stream and one event per bucket, recorded after it.
+  // GPU only: the device-to-host copies' stream, and per bucket an event recorded after its gradient's
+  // copy and one recorded on the compute stream after the last use of its output (Copy).
   core::Stream copy_stream_{};
   struct Copy;
   std::vector<std::unique_ptr<Copy>> copies_;

@@ -72,12 +72,32 @@ struct Zero3::Unit {
 //    get the host gradient, so unscaling, the overflow check and the clipping norm over the data
 //    group run on it as for any ZeRO shard; step_on_host() steps what is left with clipping's factor.
 //  - the host step writes each updated parameter in the model's dtype straight into the chunk's
-//    shard where that is on the host ("cpu", and what "auto" evicted: no copy at all), else into a
-//    pinned staging buffer that after_update copies into the device shard ("cuda", what "auto"
-//    kept). Where each chunk's update goes is set again after every placement (offload_output).
+//    shard where that is on the host ("cpu", and what "auto" evicted: no copy at all), else into the
+//    pinned host buffer the chunk manager keeps for the device shard's next eviction (its spare,
+//    ChunkManager::host_buffer, made for a chunk that never had one: "cuda"), which after_update
+//    copies into the device shard ("cuda", what "auto" kept). Where each chunk's update goes is set
+//    again after every placement (offload_output). So every chunk has one pinned host buffer, its
+//    host shard or its spare, under any placement: "auto" pins what "cpu" pins (with a staging
+//    buffer of the offload's own beside the spare it pinned a second copy of every device shard:
+//    19 GiB on a 10B-parameter GPT), and host_bytes()/pinned_host_bytes() count each buffer once.
 //    The host shard is written only after its unit's backward has read it: the worker waits for the
 //    gradient's copy, which follows the unit's backward on the compute stream, which follows the
 //    gather's copy of the host shard.
+//    Sharing the spare is safe because everything else that touches it runs on the compute stream
+//    and the step writes it only after that stream passed them:
+//     * after_update's copy of the update out of it into the device shard (asynchronous, on the
+//       compute stream) vs the next window's step writing it: the worker steps a chunk after the
+//       chunk's gradient copy of the next window landed, which waited for the compute stream at a
+//       point after that copy (without step-during-backward the step runs after finish() waited for
+//       every gradient copy); and HostOffload records an event after the copy that each step waits
+//       for, so a chunk stepped without a gradient this window is covered too.
+//     * an eviction (place_after_step moving the shard to the host) copies the device shard into the
+//       spare, which becomes the host shard: the copy is synchronous and on the compute stream
+//       after after_update's copy, so the shard already holds the update and writes back the very
+//       bytes the buffer holds; from then on the update goes into it directly.
+//     * a move to the device ("auto" keeping a host shard) copies the host shard asynchronously into
+//       the device shard and keeps the host buffer as the spare: set_output, called after the
+//       placement, records the event the next step waits for before writing it.
 
 struct Zero3::InFlight {
   size_t chunk = 0;
@@ -259,7 +279,9 @@ void Zero3::make_offload() {
   }
   COLOSSAL_CHECK(slots.size() == params_.size(), "ZeRO-3 offload: the {} optimizer has {} parameters, ZeRO {}",
                  optimizer_.name(), slots.size(), params_.size());
-  std::vector<HostOffload::Bucket> buckets;  // one per chunk
+  // One bucket per chunk, its update going into the chunk manager's buffers (offload_output): the
+  // offload never makes a staging buffer of its own.
+  std::vector<HostOffload::Bucket> buckets;
   for (size_t c = 0; c < chunks_->num_chunks(); ++c) {
     HostOffload::Bucket bucket{grad_offset_[c], chunks_->shard_numel(c), chunks_->dtype(c), {}, offload_output(c)};
     for (size_t k : chunks_->chunk_params(c)) {
@@ -273,9 +295,11 @@ void Zero3::make_offload() {
                                            options_.step_during_backward);
 }
 
-Tensor Zero3::offload_output(size_t c) const {
-  // A host shard takes the update directly; a device shard through a staging buffer.
-  return chunks_->place(c) == ShardPlace::host ? chunks_->shard(c) : Tensor();
+HostOffload::Output Zero3::offload_output(size_t c) {
+  // A host shard takes the update directly; a device shard through its spare host buffer (Note
+  // [ZeRO-3 offload]).
+  if (chunks_->place(c) == ShardPlace::host) return HostOffload::Output::direct(chunks_->shard(c));
+  return HostOffload::Output::staging(chunks_->host_buffer(c));
 }
 
 std::string_view Zero3::name() const {
@@ -450,7 +474,7 @@ void Zero3::after_update(bool stepped) {
     autograd::NoGradGuard no_grad;
     if (stepped) {
       for (size_t c = 0; c < chunks_->num_chunks(); ++c) {
-        if (!offload_output(c).defined()) offload_->copy_updated_chunk(c, chunks_->shard(c));
+        if (offload_->output_copied_to_device(c)) offload_->copy_updated_chunk(c, chunks_->shard(c));
       }
     }
     offload_->end_window();
@@ -473,24 +497,20 @@ void Zero3::load_masters_from_model() {
   for (size_t k = 0; k < params_.size(); ++k) shards_[k].copy_(chunks_->piece(k));
 }
 
-int64_t Zero3::host_shard_bytes() const {
-  int64_t bytes = 0;
-  for (size_t c = 0; c < chunks_->num_chunks(); ++c) {
-    if (chunks_->place(c) == ShardPlace::host) {
-      bytes += chunks_->shard_numel(c) * static_cast<int64_t>(core::element_size(chunks_->dtype(c)));
-    }
-  }
-  return bytes;
+int64_t Zero3::chunk_host_bytes() const {
+  // Each chunk's host shard or the spare buffer of its device shard (which offload stages updates in).
+  const ChunkStats stats = chunks_->stats();
+  return stats.host_shard_bytes + stats.spare_host_bytes;
 }
 
 int64_t Zero3::host_bytes() const {
-  return offload_ ? offload_->host_bytes() + host_shard_bytes() : 0;
+  return (offload_ ? offload_->host_bytes() : 0) + chunk_host_bytes();
 }
 
 int64_t Zero3::pinned_host_bytes() const {
-  // The chunk manager's host shards are pinned on a GPU machine, as the offload's buffers.
-  if (!offload_) return 0;
-  return offload_->pinned_bytes() + (group_->device().is_cuda() ? host_shard_bytes() : 0);
+  // The chunk manager's host buffers are pinned on a GPU machine, as the offload's own buffers.
+  if (!group_->device().is_cuda()) return 0;
+  return (offload_ ? offload_->pinned_bytes() : 0) + chunk_host_bytes();
 }
 
 Tensor Zero3::gather_whole(const Tensor& local, size_t k) const {
@@ -614,7 +634,7 @@ ModelStateBytes Zero3::model_state_bytes() const {
   bytes.gradients = shard_grad_numel_ * shard_grad_element_size_ + largest_chunk;
   // Offload: the shards on the host stay there through the step; masters and moments are host_bytes().
   if (offload_) {
-    bytes.parameters -= host_shard_bytes();
+    bytes.parameters -= chunks_->stats().host_shard_bytes;
     return bytes;
   }
   if (master_shard_.defined()) bytes.master_weights = static_cast<int64_t>(master_shard_.nbytes());

@@ -79,11 +79,16 @@ class Zero3 final : public ZeroHandler {
   bool offloads_optimizer() const override { return offload_ != nullptr; }
   void step_on_host() override;
   void load_masters_from_model() override;
-  /// With offload: the offload's host memory plus the parameter shards on the host now.
+  /// The chunk manager's host buffers (the shards on the host, the spare buffers of those on the
+  /// device: pinned on a GPU machine), plus with offload the offload's host memory (masters, gradient
+  /// shard, moments). Each buffer counts once: a device shard's offloaded update is staged in its
+  /// spare buffer, which is the chunk manager's.
   int64_t host_bytes() const override;
   int64_t pinned_host_bytes() const override;
 
   const ChunkManager& chunks() const { return *chunks_; }
+  /// The optimizer offload (null without zero.offload_optimizer).
+  const HostOffload* offload() const { return offload_.get(); }
   /// The hooked units' module names ("" for the model, "h.0", ...), in registration order.
   const std::vector<std::string>& unit_names() const { return unit_names_; }
 
@@ -103,8 +108,8 @@ class Zero3 final : public ZeroHandler {
   Tensor gather_whole(const Tensor& local, size_t param) const;
   Tensor own_piece(const Tensor& whole, size_t param, const std::string& key) const;
   void make_offload();
-  Tensor offload_output(size_t chunk) const;
-  int64_t host_shard_bytes() const;
+  HostOffload::Output offload_output(size_t chunk);
+  int64_t chunk_host_bytes() const;
 
   nn::Module& model_;
   optim::Optimizer& optimizer_;

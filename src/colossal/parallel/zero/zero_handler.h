@@ -79,8 +79,9 @@ class ZeroHandler : public GradientHandler {
   /// Nothing otherwise: the wrapper's masters are their own state.
   virtual void load_masters_from_model() {}
   /// Bytes of host memory this rank's model states take (with offload: masters, moments, gradient
-  /// shard and staging buffers; stage 3 adds the parameter shards kept on the host), and of those the
-  /// pinned (page-locked) ones.
+  /// shard and staging buffers; stage 3 adds its chunks' host buffers, the shards kept on the host and
+  /// the spare buffers of those on the device, with or without offload), and of those the pinned
+  /// (page-locked) ones. Each buffer counts once.
   virtual int64_t host_bytes() const { return 0; }
   virtual int64_t pinned_host_bytes() const { return 0; }
 };
