@@ -127,7 +127,9 @@ TEST(ScheduleOrder, APipelineRunsWithoutDeadlockAndItsBubbleIsTheSchedules) {
         // of the ideal 2 m v, for 1F1B exactly, and for the interleaved order at most that.
         const int64_t ideal = 2 * m * v;
         EXPECT_LE(makespan, ideal + 2 * (p - 1)) << "p" << p << " m" << m << " v" << v;
-        if (v == 1) EXPECT_EQ(makespan, ideal + 2 * (p - 1)) << "p" << p << " m" << m;
+        if (v == 1) {
+          EXPECT_EQ(makespan, ideal + 2 * (p - 1)) << "p" << p << " m" << m;
+        }
       }
     }
   }
