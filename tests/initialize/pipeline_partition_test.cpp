@@ -4,6 +4,7 @@
 // (explicit pieces per part, in part order), and the errors that name the keys.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -133,6 +134,26 @@ TEST(PipelinePartition, MeasuredBalancesTheTimesOfThePieces) {
   ASSERT_EQ(seconds.size(), pieces.size());
   for (double t : seconds) EXPECT_GT(t, 0.0);
   for (const auto& [name, param] : model->named_parameters()) EXPECT_FALSE(param.grad().defined()) << name;
+
+  // In the run's 16-bit dtype (autocast over the f32 model): times for every piece, the parameters
+  // still the same f32 tensors, no gradient left.
+  std::map<std::string, const core::TensorImpl*> before;
+  for (const auto& [name, param] : model->named_parameters()) before.emplace(name, param.impl());
+  c.bf16 = true;
+  ASSERT_EQ(pipeline_compute_dtype(c), DType::bf16);
+  const std::vector<double> bf16 = measure_pipeline_pieces(pieces, sample, 1, pipeline_compute_dtype(c));
+  ASSERT_EQ(bf16.size(), pieces.size());
+  for (double t : bf16) EXPECT_GT(t, 0.0);
+  for (const auto& [name, param] : model->named_parameters()) {
+    EXPECT_EQ(param.dtype(), DType::f32) << name;
+    EXPECT_EQ(param.impl(), before.at(name)) << name;
+    EXPECT_FALSE(param.grad().defined()) << name;
+  }
+  c.bf16 = false;
+  c.fp16.mode = config::AmpMode::kNaive;
+  EXPECT_EQ(pipeline_compute_dtype(c), DType::f16);
+  c.fp16.mode = config::AmpMode::kOff;
+  EXPECT_EQ(pipeline_compute_dtype(c), std::nullopt);
 }
 
 TEST(PipelinePartition, ErrorsNameTheKeysAndTheNumbers) {

@@ -21,6 +21,7 @@
 #include "colossal/nn/models/resnet.h"
 #include "colossal/nn/models/vit.h"
 #include "colossal/nn/transformer_block.h"
+#include "colossal/ops/autocast.h"  // AutocastGuard
 #include "colossal/parallel/pp/partition.h"
 #include "colossal/parallel/tp/gpt2_1d.h"  // ParallelGPT2Block
 #include "colossal/parallel/tp/vit_1d.h"   // ParallelViTBlock
@@ -143,8 +144,14 @@ Tensor pipeline_sample_microbatch(nn::Module& model, const config::TrainConfig& 
   return core::zeros({m, 3, size, size}, TensorOptions(DType::f32, device));
 }
 
+std::optional<DType> pipeline_compute_dtype(const config::TrainConfig& c) {
+  if (c.bf16) return DType::bf16;
+  if (c.fp16.mode != config::AmpMode::kOff) return DType::f16;
+  return std::nullopt;
+}
+
 std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn::Module>>& pieces,
-                                            const Tensor& microbatch, int repeats) {
+                                            const Tensor& microbatch, int repeats, std::optional<DType> compute_dtype) {
   COLOSSAL_CHECK(repeats >= 1, "measure_pipeline_pieces: repeats must be >= 1, got {}", repeats);
   const Device device = microbatch.device();
   // The stream the pieces run on, waited for around each run (not the whole device: a communicator's
@@ -161,7 +168,10 @@ std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn
     for (int r = 0; r <= repeats; ++r) {  // run 0 warms up (cuBLAS and cuDNN plans, the allocator)
       wait();
       const auto start = std::chrono::steady_clock::now();
-      output = (*piece)(input);
+      {
+        const ops::AutocastGuard autocast(compute_dtype);
+        output = (*piece)(input);
+      }
       autograd::backward(output, core::ones_like(output));
       wait();
       if (r > 0) runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -259,7 +269,7 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     for (core::Generator* g : {dropout.data, dropout.tensor}) {
       if (g != nullptr) saved.emplace_back(g, g->state());
     }
-    measured = agree_on_times(measure_pipeline_pieces(pieces, sample), context);
+    measured = agree_on_times(measure_pipeline_pieces(pieces, sample, 3, pipeline_compute_dtype(c)), context);
     for (auto& [g, state] : saved) g->set_state(state);
   }
   const parallel::pp::StageParts parts = plan_pipeline(pieces, c.parallel, measured);
