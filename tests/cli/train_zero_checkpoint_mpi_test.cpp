@@ -5,8 +5,8 @@
 // resumes at dp = 2 without ZeRO and under ZeRO-1, each continuing with the uninterrupted run's losses.
 // The same with the optimizer on the host (zero.offload_optimizer: its masters and moments are host
 // shards, gathered the same way), and under ZeRO over the data group of a dp2 x tp2 layout (tensor
-// shards and ZeRO shards both gathered into the serial tensors); the serial file resumes at dp = 1
-// with offload.
+// shards and ZeRO shards both gathered into the serial tensors; stages 2 and 3); the serial file resumes
+// at dp = 1 with offload, and ZeRO-2's file of dp2 x tp2 under ZeRO-3 there.
 // Tolerance 1e-5 relative (the layout harness's f32 bound: the same sums in another order).
 #include <gtest/gtest.h>
 
@@ -196,6 +196,29 @@ TEST(ZeroCheckpoint, OffloadAndTensorParallelSaveTheSerialFile) {
           train(dir, pair, "dp2_tp2_to_dp2", {resume_from(dir / "dp2_tp2_zero2" / step3), "zero.stage=0"});
       if (rank == 0) expect_same_losses(back, serial, 3, "zero2 dp2 x tp2 -> dp2");
     }
+    world().barrier();
+    // ZeRO-3 over the data group of dp2 x tp2 (chunks of each tensor rank's shards, in host memory):
+    // the serial file again, which resumes at dp2 without either; and ZeRO-2's file of the layout resumes
+    // under it.
+    const std::vector<std::string> zero3 = {"zero.stage=3", "zero.chunk_size_mb=1", "zero.placement_policy=\"cpu\""};
+    std::vector<std::string> overrides = {checkpoint_dir(dir, "dp2_tp2_zero3"), every3};
+    overrides.insert(overrides.end(), zero3.begin(), zero3.end());
+    const auto tp3 = train(dir, all, "dp2_tp2_zero3", overrides, /*tensor=*/2);
+    if (rank == 0) {
+      expect_same_losses(tp3, serial, 6, "zero3 dp2 x tp2");
+      expect_same_tensors(dir / "dp2_tp2_zero3" / step3, dir / "serial" / step3);
+    }
+    world().barrier();
+    if (pair) {
+      const auto back =
+          train(dir, pair, "dp2_tp2_zero3_to_dp2", {resume_from(dir / "dp2_tp2_zero3" / step3), "zero.stage=0"});
+      if (rank == 0) expect_same_losses(back, serial, 3, "zero3 dp2 x tp2 -> dp2");
+    }
+    world().barrier();
+    overrides = {resume_from(dir / "dp2_tp2_zero2" / step3)};
+    overrides.insert(overrides.end(), zero3.begin(), zero3.end());
+    const auto into = train(dir, all, "dp2_tp2_zero2_to_zero3", overrides, /*tensor=*/2);
+    if (rank == 0) expect_same_losses(into, serial, 3, "zero2 dp2 x tp2 -> zero3 dp2 x tp2");
   }
   world().barrier();
   if (rank == 0) fs::remove_all(dir);

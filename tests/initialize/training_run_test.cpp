@@ -144,6 +144,14 @@ TEST(TrainingRun, ZeroStageReachesTheEngine) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("use zero.stage = 1 or 2"), std::string::npos) << e.what();
   }
+  try {
+    TrainingRun refused(make_config({"zero.stage=3", "parallel.tensor.size=2", "parallel.tensor.overlap_chunks=2"}),
+                        RunOptions{.verbose = false});
+    ADD_FAILURE() << "built a ZeRO-3 run with chunked tensor-parallel blocks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("zero.stage = 3 with parallel.tensor.overlap_chunks = 2"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TrainingRun, LayoutRulesRunAtConfigLoadWithOneWording) {

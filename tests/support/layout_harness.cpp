@@ -142,9 +142,10 @@ Trace run(const HarnessCase& c, std::shared_ptr<const parallel::ParallelContext>
     trace.skipped.push_back(engine.last_step_skipped());
     Values params;
     if (parallel::zero::ZeroHandler* z = engine.zero(); z != nullptr && z->stage() == 3) {
-      // ZeRO-3's parameters are shards between uses: gathered whole by name.
+      // ZeRO-3's parameters are shards between uses: gathered whole by name (over the data group),
+      // then over the tensor group as any tensor-parallel parameter.
       const nn::StateDict state = z->gather_model_state(engine.model().state_dict());
-      for (const auto& [name, p] : engine.model().named_parameters()) params[name] = host_f64(state.at(name));
+      for (const auto& [name, p] : engine.model().named_parameters()) params[name] = host_f64(whole(name, state.at(name)));
     } else {
       for (const auto& [name, p] : engine.model().named_parameters()) params[name] = host_f64(whole(name, p));
     }

@@ -267,13 +267,14 @@ Tensor CheckpointSharding::shard(const std::string& key, const Tensor& serial, c
 }
 
 nn::StateDict CheckpointSharding::gather_model(const nn::StateDict& model) const {
+  // ZeRO-3's parameters are shards over the data group: whole on each tensor rank first, then each
+  // tensor rank's tensor gathered over the tensor group, as the optimizer's state below.
+  const nn::StateDict tensor_rank = zero_ != nullptr ? zero_->gather_model_state(model) : model;
   nn::StateDict whole;
   if (active()) {
-    for (const auto& [name, tensor] : model) whole.insert(name, gather(tensor, model_spec(name)));
-  } else if (zero_ != nullptr) {
-    whole = zero_->gather_model_state(model);  // ZeRO-3's parameters are shards; ZeRO has no tensor group
+    for (const auto& [name, tensor] : tensor_rank) whole.insert(name, gather(tensor, model_spec(name)));
   } else {
-    whole = model;
+    whole = tensor_rank;
   }
   if (!pipelined() || !pipeline_gathers_) return whole;
   std::vector<std::pair<std::string, Tensor>> local;

@@ -53,14 +53,11 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
   // After the mixed-precision conversion: the gradient hooks sit on the tensors backward fills.
   if (options_.zero) {
     COLOSSAL_CHECK(!options_.gradient_handler, "Engine: options.zero and options.gradient_handler are exclusive");
-    // Stages 1 and 2 shard each tensor rank's own parameters over its data group (dp x tp).
-    COLOSSAL_CHECK(
-        context_->layout().pipeline_size() == 1 && (options_.zero->stage < 3 || context_->layout().tensor_size() == 1),
-        "zero.stage = {} with parallel.tensor.size = {} and parallel.pipeline = {}: ZeRO shards over the "
-        "data-parallel group of a layout without a pipeline (stages 1 and 2 also with tensor "
-        "parallelism); set parallel.pipeline = 1{}",
-        options_.zero->stage, context_->layout().tensor_size(), context_->layout().pipeline_size(),
-        options_.zero->stage == 3 ? " and parallel.tensor.size = 1" : "");
+    // Every stage shards each tensor rank's own parameters over its data group (dp x tp).
+    COLOSSAL_CHECK(context_->layout().pipeline_size() == 1,
+                   "zero.stage = {} with parallel.pipeline = {}: ZeRO shards over the data-parallel group of a "
+                   "layout without a pipeline; set parallel.pipeline = 1",
+                   options_.zero->stage, context_->layout().pipeline_size());
     parallel::zero::ZeroOptions zero_options = *options_.zero;
     // Offload steps buckets (chunks) during backward only where no statistic of all gradients
     // (clipping's norm, fp16's overflow check) must come first (Note [Optimizer offload]).

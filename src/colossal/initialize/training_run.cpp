@@ -90,15 +90,20 @@ void reject_unsupported(const TrainConfig& c) {
     }
   }
   if (c.zero.stage > 0) {
-    // ZeRO stages 1 and 2: parallel/zero/low_level_zero.h, over the data group (of each tensor rank's
-    // parameters under tensor parallelism); stage 3: parallel/zero/zero3.h, of a data-only layout.
-    if (c.parallel.pipeline > 1 || (c.zero.stage == 3 && c.parallel.tensor.size > 1)) {
-      unsupported(
-          fmt::format("zero.stage = {} with parallel.pipeline = {} and parallel.tensor.size = {}: ZeRO shards "
-                      "over a layout without a pipeline (stages 1 and 2 also with tensor parallelism) so far; set "
-                      "parallel.pipeline = 1{} or zero.stage = 0",
-                      c.zero.stage, c.parallel.pipeline, c.parallel.tensor.size,
-                      c.zero.stage == 3 ? " and parallel.tensor.size = 1" : ""));
+    // ZeRO stages 1 and 2 (parallel/zero/low_level_zero.h) and 3 (parallel/zero/zero3.h), over the
+    // data group, of each tensor rank's parameters under tensor parallelism.
+    if (c.parallel.pipeline > 1) {
+      unsupported(fmt::format("zero.stage = {} with parallel.pipeline = {}: ZeRO shards over a layout without a "
+                              "pipeline so far; set parallel.pipeline = 1 or zero.stage = 0",
+                              c.zero.stage, c.parallel.pipeline));
+    }
+    // ZeRO-3 gathers a block's chunks in the block's forward hooks; the chunked blocks
+    // (Note [Overlapped tensor-parallel blocks]) run the blocks' halves directly, past those hooks.
+    if (c.zero.stage == 3 && c.parallel.tensor.size > 1 && c.parallel.tensor.overlap_chunks > 1) {
+      unsupported(fmt::format("zero.stage = 3 with parallel.tensor.overlap_chunks = {}: ZeRO-3 gathers each "
+                              "block's parameters as the block runs whole; set parallel.tensor.overlap_chunks = 1 "
+                              "or zero.stage = 1 or 2",
+                              c.parallel.tensor.overlap_chunks));
     }
   }
 }

@@ -281,7 +281,7 @@ Tensor ParallelGPT2::forward(const Tensor& ids) {
   if (chunked) {
     hidden = blocks_in_chunks(hidden);
   } else {
-    for (const auto& block : *h_) hidden = block->forward(hidden);
+    for (const auto& block : *h_) hidden = (*block)(hidden);  // operator(): its hooks run (ZeRO-3's)
   }
   const Tensor normed = ln_f_->forward(hidden);
   if (auto vocab = std::dynamic_pointer_cast<VocabParallelEmbedding>(wte_)) {

@@ -129,7 +129,7 @@ Tensor ParallelViT::forward(const Tensor& images) {
   const Tensor patches = patch_embed_->forward(images);  // [B, N, C]
   const Tensor cls = cls_token_->expand({patches.size(0), 1, cls_token_->size(2)});
   Tensor tokens = pos_drop_->forward(ops::add(ops::cat({cls, patches}, 1), *pos_embed_));
-  for (const auto& block : *blocks_) tokens = block->forward(tokens);
+  for (const auto& block : *blocks_) tokens = (*block)(tokens);  // operator(): its hooks run (ZeRO-3's)
   return head_->forward(head_drop_->forward(norm_->forward(tokens).select(1, 0)));
 }
 
