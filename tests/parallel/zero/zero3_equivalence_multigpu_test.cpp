@@ -25,10 +25,11 @@ std::shared_ptr<comm::ProcessGroup> world() {
   return std::shared_ptr<comm::ProcessGroup>(&comm::testing::world(), [](comm::ProcessGroup*) {});
 }
 
-void run_case(const HarnessCase& c, Placement placement, ops::Float32MatmulPrecision precision) {
+/// `tensor` > 1: ZeRO-3 over the data group of a dp x tp layout (world / tensor data ranks).
+void run_case(const HarnessCase& c, Placement placement, ops::Float32MatmulPrecision precision, int tensor = 1) {
   const ops::Float32MatmulPrecision before = ops::float32_matmul_precision();
   ops::set_float32_matmul_precision(precision);
-  Layout layout{.data = world()->size(), .zero = 3};
+  Layout layout{.data = world()->size() / tensor, .tensor = tensor, .zero = 3};
   layout.zero_placement = placement;
   if (placement == Placement::auto_) layout.zero_device_budget_bytes = 512;
   const HarnessReport report = expect_layout_matches_serial(c, layout, world());
@@ -54,6 +55,19 @@ TEST(Zero3EquivalenceNccl, F32WithoutTf32EveryPlacement) {
       c.clip = 0.1;
       run_case(c, placement, ops::Float32MatmulPrecision::highest);
     }
+  }
+}
+
+// Each tensor rank's shards of GPT-2 (heads, MLP, vocabulary) in ZeRO-3's chunks over its data group
+// (a group of one at 2 GPUs, tp2; dp2 x tp2 at 4): the tensor group's all-reduces and ZeRO-3's gathers
+// and reduce-scatters on their own communicators.
+TEST(Zero3EquivalenceNccl, TensorParallelF32WithoutTf32) {
+  if (world()->size() % 2 != 0) GTEST_SKIP() << "needs an even number of GPUs";
+  for (Placement placement : {Placement::cuda, Placement::cpu}) {
+    HarnessCase c = gpt2_tp_case();
+    c.accumulation = 2;
+    c.clip = 0.1;
+    run_case(c, placement, ops::Float32MatmulPrecision::highest, /*tensor=*/2);
   }
 }
 
