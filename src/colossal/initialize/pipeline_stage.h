@@ -56,7 +56,8 @@ Tensor pipeline_sample_microbatch(nn::Module& model, const config::TrainConfig& 
 
 /// Note [Measured pipeline partition]
 /// Each piece's forward and backward time on this rank's device (seconds, the median of `repeats`
-/// runs after one warm-up), the pieces run in order on `microbatch` (each on the previous one's
+/// runs after one warm-up; on a GPU the device's time between CUDA events around the run, on the CPU
+/// the host's), the pieces run in order on `microbatch` (each on the previous one's
 /// output, its gradient all ones), in training mode, under autocast to `compute_dtype` when given.
 /// The pieces' parameter gradients are dropped afterwards. The caller restores the random generators
 /// the pieces' dropout drew from.
