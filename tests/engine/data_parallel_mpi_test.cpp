@@ -257,7 +257,8 @@ TEST(DataParallel, AnUpdateInTwoPartsEqualsOneInOne) {
         for (const Tensor& p : engine->amp()->master_params()) append(p);
       }
       for (const auto& [key, value] : engine->optimizer().state_dict()) {
-        if (key.find(".exp_avg") != std::string::npos || key.find("momentum_buffer") != std::string::npos) append(value);
+        if (key.find(".exp_avg") != std::string::npos || key.find("momentum_buffer") != std::string::npos)
+          append(value);
         if (key.ends_with(".step")) flat.push_back(static_cast<float>(value.item<double>()));
       }
       results.push_back(flat);

@@ -145,7 +145,8 @@ Trace run(const HarnessCase& c, std::shared_ptr<const parallel::ParallelContext>
       // ZeRO-3's parameters are shards between uses: gathered whole by name (over the data group),
       // then over the tensor group as any tensor-parallel parameter.
       const nn::StateDict state = z->gather_model_state(engine.model().state_dict());
-      for (const auto& [name, p] : engine.model().named_parameters()) params[name] = host_f64(whole(name, state.at(name)));
+      for (const auto& [name, p] : engine.model().named_parameters())
+        params[name] = host_f64(whole(name, state.at(name)));
     } else {
       for (const auto& [name, p] : engine.model().named_parameters()) params[name] = host_f64(whole(name, p));
     }

@@ -205,7 +205,8 @@ bool MixedPrecisionOptimizer::can_fuse_step(std::optional<double> max_norm, doub
     const bool power_of_two = std::frexp(inv_scale, &exponent) == 0.5 && exponent > -100 && exponent < 100;
     if (!power_of_two || !(norm_type == 1.0 || norm_type == 2.0 || std::isinf(norm_type))) return false;
   }
-  const std::vector<Tensor> targets = sharded_ ? model_slices() : model_params_;
+  const std::vector<Tensor> slices = sharded_ ? model_slices() : std::vector<Tensor>();
+  const std::vector<Tensor>& targets = sharded_ ? slices : model_params_;
   for (size_t k = 0; k < master_params_.size(); ++k) {
     if (targets[k].device() != master_params_[k].device()) return false;
     if (sharded_) continue;

@@ -163,7 +163,9 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
 // three-pass step would copy every master into the model twice).
 bool Engine::updates_in_two_parts() const {
   if (!gradient_handler_ || dynamic_cast<const parallel::zero::ZeroHandler*>(gradient_handler_.get()) != nullptr ||
-      options_.clip_grad_norm || options_.before_update) return false;
+      options_.clip_grad_norm || options_.before_update) {
+    return false;
+  }
   if (amp_) return amp_->scaler() == nullptr && amp_->fuses_step(std::nullopt, options_.clip_norm_type);
   return true;
 }
@@ -177,53 +179,59 @@ void Engine::step_parameters_with_gradients() {
   }
 }
 
-void Engine::update() {
-  core::profiler::Scope update_scope("update", device_);
-  if (updates_in_two_parts()) {
-    std::vector<Tensor> late;
-    {
-      core::profiler::Scope scope("update: gradient handler finish", device_);
-      late = gradient_handler_->finish_all_but_late();
+void Engine::step_in_two_parts(const std::vector<Tensor>& late) {
+  // Note [Update beside the last reductions]
+  std::unordered_set<const core::TensorImpl*> is_late;
+  std::vector<std::pair<Tensor, Tensor>> aside;  // (parameter, its gradient) left out of a part
+  auto set_aside = [&](Tensor param) {
+    if (Tensor grad = param.grad(); grad.defined()) {
+      aside.emplace_back(param, grad);
+      param.set_grad(Tensor());
     }
-    if (!late.empty()) {
-      // Note [Update beside the last reductions]
-      std::unordered_set<const core::TensorImpl*> is_late;
-      std::vector<std::pair<Tensor, Tensor>> aside;  // (parameter, its gradient) left out of a part
-      auto set_aside = [&](const Tensor& param) {
-        if (Tensor grad = param.grad(); grad.defined()) {
-          aside.emplace_back(param, grad);
-          Tensor(param).set_grad(Tensor());
-        }
-      };
-      auto restore = [&] {
-        for (auto& [param, grad] : aside) param.set_grad(grad);
-        aside.clear();
-      };
-      for (const Tensor& param : late) {
-        is_late.insert(param.impl());
-        set_aside(param);
-      }
-      step_parameters_with_gradients();
-      restore();
-      {
-        core::profiler::Scope scope("update: gradient handler finish", device_);
-        gradient_handler_->finish();
-      }
-      for (const Tensor& param : model_->parameters()) {
-        if (!is_late.contains(param.impl())) set_aside(param);
-      }
-      step_parameters_with_gradients();
-      restore();
-      gradient_handler_->after_update(!last_step_skipped_);
-      zero_grad();
-      if (lr_scheduler_) lr_scheduler_->step();
-      ++num_updates_;
-      return;
-    }
-  } else if (gradient_handler_) {
+  };
+  auto step_without_aside = [&] {
+    step_parameters_with_gradients();
+    for (auto& [param, grad] : aside) param.set_grad(grad);
+    aside.clear();
+  };
+  for (const Tensor& param : late) {
+    is_late.insert(param.impl());
+    set_aside(param);
+  }
+  step_without_aside();
+  {
     core::profiler::Scope scope("update: gradient handler finish", device_);
     gradient_handler_->finish();
   }
+  for (const Tensor& param : model_->parameters()) {
+    if (!is_late.contains(param.impl())) set_aside(param);
+  }
+  step_without_aside();
+}
+
+void Engine::update() {
+  core::profiler::Scope update_scope("update", device_);
+  std::vector<Tensor> late;  // parameters whose reduction is still running (two-part update)
+  if (gradient_handler_) {
+    core::profiler::Scope scope("update: gradient handler finish", device_);
+    if (updates_in_two_parts()) {
+      late = gradient_handler_->finish_all_but_late();
+    } else {
+      gradient_handler_->finish();
+    }
+  }
+  if (!late.empty()) {
+    step_in_two_parts(late);
+  } else {
+    step_whole();
+  }
+  if (gradient_handler_) gradient_handler_->after_update(!last_step_skipped_);
+  zero_grad();
+  if (lr_scheduler_) lr_scheduler_->step();
+  ++num_updates_;
+}
+
+void Engine::step_whole() {
   if (options_.before_update) options_.before_update(*this);
   if (amp_) {
     // Clipping sees the unscaled fp32 gradients; a skipped step still advances the schedule, as
@@ -253,10 +261,6 @@ void Engine::update() {
       optimizer_->step();
     }
   }
-  if (gradient_handler_) gradient_handler_->after_update(!last_step_skipped_);
-  zero_grad();
-  if (lr_scheduler_) lr_scheduler_->step();
-  ++num_updates_;
 }
 
 Tensor NonPipelineSchedule::forward_backward(Engine& engine, const Tensor& input, const Tensor& target) {

@@ -187,6 +187,10 @@ class Engine {
   /// The optimizer step (through mixed precision where there is one) of the parameters with a
   /// gradient, without clipping: one part of a two-part update.
   void step_parameters_with_gradients();
+  /// Steps every parameter but `late`, waits for the handler's last reductions, then steps `late`.
+  void step_in_two_parts(const std::vector<Tensor>& late);
+  /// The update's step after every reduction: before_update, clipping, mixed precision, the optimizer.
+  void step_whole();
 };
 
 }  // namespace colossal::engine

@@ -18,7 +18,7 @@
 #include "colossal/comm/bootstrap.h"
 #include "colossal/comm/init.h"
 #include "colossal/comm/single_process_group.h"
-#include "colossal/comm/watchdog.h"  // stop_transports
+#include "colossal/comm/watchdog.h"   // stop_transports
 #include "colossal/core/allocator.h"  // empty_cache
 #include "colossal/core/error.h"
 #include "colossal/core/profiler.h"  // configure
@@ -93,17 +93,19 @@ void reject_unsupported(const TrainConfig& c) {
     // ZeRO stages 1 and 2 (parallel/zero/low_level_zero.h) and 3 (parallel/zero/zero3.h), over the
     // data group, of each tensor rank's parameters under tensor parallelism.
     if (c.parallel.pipeline > 1) {
-      unsupported(fmt::format("zero.stage = {} with parallel.pipeline = {}: ZeRO shards over a layout without a "
-                              "pipeline so far; set parallel.pipeline = 1 or zero.stage = 0",
-                              c.zero.stage, c.parallel.pipeline));
+      unsupported(
+          fmt::format("zero.stage = {} with parallel.pipeline = {}: ZeRO shards over a layout without a "
+                      "pipeline so far; set parallel.pipeline = 1 or zero.stage = 0",
+                      c.zero.stage, c.parallel.pipeline));
     }
     // ZeRO-3 gathers a block's chunks in the block's forward hooks; the chunked blocks
     // (Note [Overlapped tensor-parallel blocks]) run the blocks' halves directly, past those hooks.
     if (c.zero.stage == 3 && c.parallel.tensor.size > 1 && c.parallel.tensor.overlap_chunks > 1) {
-      unsupported(fmt::format("zero.stage = 3 with parallel.tensor.overlap_chunks = {}: ZeRO-3 gathers each "
-                              "block's parameters as the block runs whole; set parallel.tensor.overlap_chunks = 1 "
-                              "or zero.stage = 1 or 2",
-                              c.parallel.tensor.overlap_chunks));
+      unsupported(
+          fmt::format("zero.stage = 3 with parallel.tensor.overlap_chunks = {}: ZeRO-3 gathers each "
+                      "block's parameters as the block runs whole; set parallel.tensor.overlap_chunks = 1 "
+                      "or zero.stage = 1 or 2",
+                      c.parallel.tensor.overlap_chunks));
     }
   }
 }
@@ -273,7 +275,6 @@ void TrainingRun::build_data_and_model() {
       model_ = std::make_shared<parallel::tp::ParallelGPT2>(*gpt2, tensor_group, options);
     }
     model_->to(device_);  // anything the split made anew sits where the serial model did
-    parallel::tp::set_row_blocks(*model_, c.parallel.tensor.row_blocks);
   }
   if (context_->layout().pipeline_size() > 1) {
     // This rank's stage: the whole model is cut into pieces and the stage keeps its chunks
@@ -290,10 +291,11 @@ void TrainingRun::build_data_and_model() {
     if (writer_ && options_.verbose) fmt::print("{}\n", stage.description);
     model_ = stage.module;
     model_->to(device_);  // the tensor-parallel blocks made anew sit where the serial model did
-    parallel::tp::set_row_blocks(*model_, c.parallel.tensor.row_blocks);
     pipeline_schedule_ = stage.schedule;
     serial_names_ = stage.serial_names;  // checkpoints hold the serial model's tensors
   }
+  // The row-parallel layers of either split (parallel.tensor.row_blocks; none without one).
+  parallel::tp::set_row_blocks(*model_, c.parallel.tensor.row_blocks);
 
   // The global batch of iteration k is the serial run's batch k (data.batch_size x dp samples of
   // one shared order), split among the data-parallel ranks: each takes every dp-th sample.

@@ -252,6 +252,23 @@ std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, con
 
 }  // namespace
 
+namespace {
+
+/// Records `out` (x [..., in] times weight [out, in] transposed, plus bias) as linear's node; x_mat is
+/// x flattened to [rows, in].
+Tensor record_linear(Tensor out, const Tensor& x, const Tensor& x_mat, const Tensor& weight, const Tensor& bias,
+                     InputGradHook hook) {
+  autograd::record("linear", {x, weight, bias}, {out},
+                   [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows = x_mat.size(0),
+                    hook = std::move(hook)](const std::vector<Tensor>& grads, const Node& node) {
+                     const Tensor grad = reshape_raw(grads[0], {rows, weight.size(0)});
+                     return linear_backward(grad, x_mat, weight, x_shape, linear_needs(node, 0), hook);
+                   });
+  return out;
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, InputGradHook hook) {
   if (const auto dtype = autocast_dtype()) {
     const AutocastGuard off(std::nullopt);
@@ -260,15 +277,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, InputGr
   }
   check_linear("linear", x, weight, bias);
   const Tensor x_mat = flatten_to_matrix(x);
-  const int64_t rows = x_mat.size(0);
-  Tensor out = linear_output(linear_forward(x_mat, weight, bias), x);
-  autograd::record("linear", {x, weight, bias}, {out},
-                   [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows,
-                    hook = std::move(hook)](const std::vector<Tensor>& grads, const Node& node) {
-                     const Tensor grad = reshape_raw(grads[0], {rows, weight.size(0)});
-                     return linear_backward(grad, x_mat, weight, x_shape, linear_needs(node, 0), hook);
-                   });
-  return out;
+  return record_linear(linear_output(linear_forward(x_mat, weight, bias), x), x, x_mat, weight, bias, std::move(hook));
 }
 
 // Note [Row blocks of a linear's output]
@@ -302,14 +311,7 @@ Tensor linear_in_row_blocks(const Tensor& x, const Tensor& weight, int64_t block
     }
     begin = end;
   }
-  Tensor out = linear_output(out_mat, x);
-  autograd::record("linear", {x, weight, Tensor()}, {out},
-                   [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(),
-                    rows](const std::vector<Tensor>& grads, const Node& node) {
-                     const Tensor grad = reshape_raw(grads[0], {rows, weight.size(0)});
-                     return linear_backward(grad, x_mat, weight, x_shape, linear_needs(node, 0), {});
-                   });
-  return out;
+  return record_linear(linear_output(out_mat, x), x, x_mat, weight, Tensor(), {});
 }
 
 namespace {

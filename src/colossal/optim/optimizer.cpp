@@ -144,34 +144,41 @@ void Optimizer::unscale_gradients_in_next_step(double factor) {
 }
 
 void Optimizer::write_through_in_next_step(const std::vector<Tensor>& params, const std::vector<Tensor>& copies) {
-  const std::string context = fmt::format("{}: write_through_in_next_step: ", name_);
+  // Called by mixed precision every step: the messages are formatted only when a check fails.
   COLOSSAL_CHECK(supports_mixed_precision_step(),
-                 "{}this optimizer does not write its parameters through; copy them after step() "
-                 "(optim::multi_tensor_copy)",
-                 context);
-  COLOSSAL_CHECK(params.size() == copies.size(), "{}{} copies for {} parameters", context, copies.size(),
-                 params.size());
+                 "{}: write_through_in_next_step: this optimizer does not write its parameters through; copy them "
+                 "after step() (optim::multi_tensor_copy)",
+                 name_);
+  COLOSSAL_CHECK(params.size() == copies.size(), "{}: write_through_in_next_step: {} copies for {} parameters", name_,
+                 copies.size(), params.size());
   std::unordered_map<const core::TensorImpl*, std::pair<size_t, size_t>> where;  // parameter -> (group, index)
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (size_t i = 0; i < groups_[g].params.size(); ++i) where.emplace(groups_[g].params[i].impl(), std::pair{g, i});
   }
   std::unordered_map<const core::TensorImpl*, Tensor> mapping;
   for (size_t k = 0; k < params.size(); ++k) {
-    COLOSSAL_CHECK(params[k].defined(), "{}parameter {} of the list is undefined", context, k);
+    COLOSSAL_CHECK(params[k].defined(), "{}: write_through_in_next_step: parameter {} of the list is undefined", name_,
+                   k);
     const auto it = where.find(params[k].impl());
-    COLOSSAL_CHECK(it != where.end(), "{}tensor {} of the list (shape {}) is not a parameter of this optimizer",
-                   context, k, params[k].shape());
+    COLOSSAL_CHECK(it != where.end(),
+                   "{}: write_through_in_next_step: tensor {} of the list (shape {}) is not a parameter of this "
+                   "optimizer",
+                   name_, k, params[k].shape());
     const auto [g, i] = it->second;
     const Tensor& p = groups_[g].params[i];
     const Tensor& copy = copies[k];
-    const std::string label = fmt::format("{}param group {}: parameter {}", context, g, groups_[g].param_label(i));
-    COLOSSAL_CHECK(copy.defined(), "{}: its copy is undefined", label);
-    COLOSSAL_CHECK(copy.shape() == p.shape(), "{} has shape {} but its copy has shape {}", label, p.shape(),
+    const auto label = [&] {
+      return fmt::format("{}: write_through_in_next_step: param group {}: parameter {}", name_, g,
+                         groups_[g].param_label(i));
+    };
+    COLOSSAL_CHECK(copy.defined(), "{}: its copy is undefined", label());
+    COLOSSAL_CHECK(copy.shape() == p.shape(), "{} has shape {} but its copy has shape {}", label(), p.shape(),
                    copy.shape());
-    COLOSSAL_CHECK(copy.device() == p.device(), "{} is on {} but its copy is on {}", label, p.device(), copy.device());
+    COLOSSAL_CHECK(copy.device() == p.device(), "{} is on {} but its copy is on {}", label(), p.device(),
+                   copy.device());
     COLOSSAL_CHECK(copy.dtype() == DType::f32 || core::is_reduced_float(copy.dtype()),
-                   "{}: its copy is {}; a copy must be f32, bf16 or f16", label, copy.dtype());
-    COLOSSAL_CHECK(!copy.is_same(p), "{}: its copy is the parameter itself", label);
+                   "{}: its copy is {}; a copy must be f32, bf16 or f16", label(), copy.dtype());
+    COLOSSAL_CHECK(!copy.is_same(p), "{}: its copy is the parameter itself", label());
     mapping.insert_or_assign(params[k].impl(), copy);
   }
   write_through_ = std::move(mapping);

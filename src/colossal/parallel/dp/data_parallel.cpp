@@ -183,13 +183,18 @@ void DataParallel::launch(Bucket& bucket) {
   bucket.launched = true;
 }
 
+void DataParallel::launch_the_rest() {
+  // Buckets with parameters that got no gradient never filled: send them now, in order.
+  for (; next_launch_ < buckets_.size(); ++next_launch_) launch(*buckets_[next_launch_]);
+}
+
 std::vector<Tensor> DataParallel::finish_all_but_late() {
   const size_t late = std::min(buckets_.size(), static_cast<size_t>(options_.late_buckets));
   if (!pending_ || late == 0) {
     finish();
     return {};
   }
-  for (; next_launch_ < buckets_.size(); ++next_launch_) launch(*buckets_[next_launch_]);
+  launch_the_rest();
   autograd::NoGradGuard no_grad;
   // Buckets launch in index order, so the last ones launched are the last `late` indices.
   for (size_t b = 0; b + late < buckets_.size(); ++b) {
@@ -205,8 +210,7 @@ std::vector<Tensor> DataParallel::finish_all_but_late() {
 
 void DataParallel::finish() {
   if (!pending_) return;
-  // Buckets with parameters that got no gradient never filled: send them now, in order.
-  for (; next_launch_ < buckets_.size(); ++next_launch_) launch(*buckets_[next_launch_]);
+  launch_the_rest();
   autograd::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
     // The gradients are views of the bucket (Note [Gradients as bucket views]): once the caller's

@@ -76,6 +76,8 @@ class DataParallel final : public GradientHandler {
   void mark_ready(size_t bucket, size_t slot);
   void launch(Bucket& bucket);
   void launch_ready_in_order();
+  /// Launches every bucket not launched yet (those with parameters that got no gradient), in order.
+  void launch_the_rest();
 
   nn::Module& model_;
   std::shared_ptr<comm::ProcessGroup> group_;
