@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# GPT-2 350M (24 layers, 1024 wide, 16 heads) at pipeline parallelism 2 through `colossal train`
-# (configs/gpt2_tokens.toml's run, bf16 with fp32 masters, AdamW, B16 T1024 split into 8 microbatches of
-# 2, dropout 0, random tokens) on 2 GPUs, non-interleaved (v = 1) and interleaved (v = 2), beside the
-# same model on one GPU: tokens/s (the metrics' wall_s slope over logged steps 10-40), and the pipeline's
-# bubble report (parallel.pipeline_report: each stage's busy and idle ms of a micro-step, the measured
-# bubble idle / busy against (p - 1) / (v m) = 0.125 and 0.0625), averaged over the reported steps.
+# GPT-2 350M (24 layers, 1024 wide, 16 heads) through `colossal train` (configs/gpt2_tokens.toml's run,
+# bf16 with fp32 masters, AdamW, B16 T1024 per data-parallel replica, dropout 0, random tokens) in
+# pipeline and hybrid layouts, beside the same model on one GPU: ms/step and tokens/s (the metrics'
+# wall_s slope over logged steps 10-40), MFU per GPU (6N + 12 L C T FLOPs per token, N without wpe,
+# against 989.4 TFLOP/s), and for pipelines the bubble report (parallel.pipeline_report: each stage's
+# busy and idle ms of a micro-step, the measured bubble idle / busy against (p - 1) / (v m)), averaged
+# over the reported steps.
 #
-#   tools/gpu-check --run bench/compare/pipeline_bubble.sh [serial] [v1] [v2] [v1-uniform] [v2-uniform] [v1-measured] [v2-measured]
+#   tools/gpu-check --run bench/compare/pipeline_bubble.sh [PART ...]   (default: serial v1 v2)
+#
+# 2 GPUs: v1, v2 (pp=2, 8 microbatches of 2, v = 1 and 2 chunks), the same cut by piece count
+# (v1-uniform, v2-uniform) or by measured piece times (v1-measured, v2-measured).
+# 4 GPUs (issue 23): pp4-m8-v1, pp4-m8-v2, pp4-m16-v1, pp4-m16-v2 (pp=4, 8 or 16 microbatches, $PARTITION
+# if set: "uniform", "balanced" or "measured"), and the hybrids dp4, dp2xtp2, dp2xpp2, pp2xtp2
+# (8 microbatches where pipelined; B16 per data-parallel replica).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -17,31 +24,36 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0
 python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
 
-report() {  # name, metrics file, log
+report() {  # name, metrics file, log, gpus, data-parallel size
   python3 - "$@" <<'PY'
 import json, re, sys
-name, path, log = sys.argv[1], sys.argv[2], sys.argv[3]
+name, path, log, gpus, dp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 pts = [(j["step"], j["wall_s"]) for j in map(json.loads, open(path)) if j.get("event") == "step" and "wall_s" in j]
 pts = [p for p in pts if 10 <= p[0] <= 40]
 if len(pts) < 2:
     print(f"{name}: too few steps"); sys.exit()
 ms = 1e3 * (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
-line = f"{name}: {ms:.1f} ms/step, {16 * 1024 / ms * 1e3:.0f} tokens/s"
+L, C, V, T, tokens = 24, 1024, 50304, 1024, 16 * 1024 * dp
+n = L * (12 * C * C + 13 * C) + V * C + 2 * C  # without wpe
+mfu = (6 * n + 12 * L * C * T) * tokens / (ms * 1e-3) / gpus / 989.4e12
+line = f"{name}: {ms:.1f} ms/step, {tokens / ms * 1e3:.0f} tokens/s, MFU per GPU {mfu:.1%}"
+text = open(log).read()
 bubbles = [(float(m.group(1)), float(m.group(2))) for m in
-           re.finditer(r"bubble \(idle / busy\) ([0-9.]+), schedule \(p - 1\) / \(v m\) ([0-9.]+)", open(log).read())]
+           re.finditer(r"bubble \(idle / busy\) ([0-9.]+), schedule \(p - 1\) / \(v m\) ([0-9.]+)", text)]
 if bubbles:
     measured = sum(b[0] for b in bubbles) / len(bubbles)
     line += f"; bubble {measured:.3f} (mean of {len(bubbles)} reports) against (p - 1) / (v m) = {bubbles[0][1]:.4f}"
-    stages = re.findall(r"stage (\d) busy ([0-9.]+) ms idle ([0-9.]+) ms", open(log).read())
-    if stages:
-        line += "; last report: " + ", ".join(f"stage {s} busy {b} ms idle {i} ms" for s, b, i in stages[-2:])
+    stages = {}
+    for s, b, i in re.findall(r"stage (\d+) busy ([0-9.]+) ms idle ([0-9.]+) ms", text):
+        stages[int(s)] = (b, i)  # the last report's
+    line += "; last report: " + ", ".join(f"stage {s} busy {b} ms idle {i} ms" for s, (b, i) in sorted(stages.items()))
 print(line)
 PY
 }
 
-run() {  # name, gpus, [extra --set ...]
-  local name=$1 gpus=$2
-  shift 2
+run() {  # name, gpus, data-parallel size, [extra --set ...]
+  local name=$1 gpus=$2 dp=$3
+  shift 3
   local args=(train --config configs/gpt2_tokens.toml --set "data.path=\"$out/tokens.bin\"" --set 'data.test_path=""'
     --set gradient_accumulation=1 --set bf16=true --set data.batch_size=16 --set data.seq_len=1024
     --set lr_scheduler.warmup_steps=5 --set model.preset='"gpt2-medium"'
@@ -56,26 +68,44 @@ run() {  # name, gpus, [extra --set ...]
   if [[ $? != 0 ]]; then
     echo "$name: FAILED"; tail -8 "$out/$name.log"; return
   fi
-  report "$name" "$out/$name.jsonl" "$out/$name.log"
+  report "$name" "$out/$name.jsonl" "$out/$name.log" "$gpus" "$dp"
+}
+
+pp4() {  # name, microbatches, chunks
+  local partition=()
+  [[ -n ${PARTITION:-} ]] && partition=(--set "parallel.partition=\"$PARTITION\"")
+  run "$1" 4 1 --set parallel.pipeline=4 --set parallel.num_microbatches="$2" --set parallel.num_chunks="$3" \
+    --set parallel.pipeline_report=5 "${partition[@]}"
 }
 
 for part in "${parts[@]}"; do
   case $part in
-    serial) run gpt350m_1gpu 1 ;;
-    v1) run gpt350m_pp2_m8_v1 2 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
+    serial) run gpt350m_1gpu 1 1 ;;
+    v1) run gpt350m_pp2_m8_v1 2 1 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
           --set parallel.pipeline_report=5 ;;
-    v2) run gpt350m_pp2_m8_v2 2 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
+    v2) run gpt350m_pp2_m8_v2 2 1 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
           --set parallel.num_chunks=2 --set parallel.pipeline_report=5 ;;
     # The same cut by piece count (12 blocks and the embedding | 12 blocks and the head) instead of by
     # parameters: at microbatches of 2 x 1024 tokens a stage's time follows its blocks more than its FLOPs.
-    v1-uniform) run gpt350m_pp2_m8_v1_uniform 2 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
+    v1-uniform) run gpt350m_pp2_m8_v1_uniform 2 1 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
           --set 'parallel.partition="uniform"' --set parallel.pipeline_report=5 ;;
-    v2-uniform) run gpt350m_pp2_m8_v2_uniform 2 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
+    v2-uniform) run gpt350m_pp2_m8_v2_uniform 2 1 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
           --set parallel.num_chunks=2 --set 'parallel.partition="uniform"' --set parallel.pipeline_report=5 ;;
-    v1-measured) run gpt350m_pp2_m8_v1_measured 2 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
+    v1-measured) run gpt350m_pp2_m8_v1_measured 2 1 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
           --set 'parallel.partition="measured"' --set parallel.pipeline_report=5 ;;
-    v2-measured) run gpt350m_pp2_m8_v2_measured 2 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
+    v2-measured) run gpt350m_pp2_m8_v2_measured 2 1 --set parallel.pipeline=2 --set parallel.num_microbatches=8 \
           --set parallel.num_chunks=2 --set 'parallel.partition="measured"' --set parallel.pipeline_report=5 ;;
-    *) echo "unknown part '$part' (serial, v1, v2, v1-uniform, v2-uniform, v1-measured, v2-measured)"; exit 2 ;;
+    pp4-m8-v1) pp4 gpt350m_pp4_m8_v1 8 1 ;;
+    pp4-m8-v2) pp4 gpt350m_pp4_m8_v2 8 2 ;;
+    pp4-m16-v1) pp4 gpt350m_pp4_m16_v1 16 1 ;;
+    pp4-m16-v2) pp4 gpt350m_pp4_m16_v2 16 2 ;;
+    dp4) run gpt350m_dp4 4 4 --set parallel.data=4 ;;
+    dp2xtp2) run gpt350m_dp2_tp2 4 2 --set parallel.data=2 --set 'parallel.tensor={ mode = "1d", size = 2 }' ;;
+    dp2xpp2) run gpt350m_dp2_pp2 4 2 --set parallel.data=2 --set parallel.pipeline=2 \
+          --set parallel.num_microbatches=8 --set parallel.pipeline_report=5 ;;
+    pp2xtp2) run gpt350m_pp2_tp2 4 1 --set parallel.pipeline=2 --set 'parallel.tensor={ mode = "1d", size = 2 }' \
+          --set parallel.num_microbatches=8 --set parallel.pipeline_report=5 ;;
+    *) echo "unknown part '$part' (serial, v1, v2, v1-uniform, v2-uniform, v1-measured, v2-measured," \
+         "pp4-m8-v1, pp4-m8-v2, pp4-m16-v1, pp4-m16-v2, dp4, dp2xtp2, dp2xpp2, pp2xtp2)"; exit 2 ;;
   esac
 done

@@ -15,7 +15,8 @@
 #   tools/gpu-check --run bench/compare/zero_memory.sh [gpt2] [gpt2-medium] [gpt2-large] [gpt2-xl]
 # (default: gpt2-medium gpt2-xl; "none": no 2-GPU runs). COLOSSAL=path/to/colossal, OUT=folder for logs and metrics.
 # STAGES="0 1 2" picks the ZeRO-1/2 stages run (empty: none); ZERO3_CPU=0 skips the cpu placement run;
-# BATCH=8 runs 8 sequences per GPU instead of 4 (every run, FSDP2's too).
+# BATCH=8 runs 8 sequences per GPU instead of 4 (every run, FSDP2's too); NPROC=4 runs the sizes' runs
+# (ours and FSDP2's) on 4 GPUs instead of 2 (Nd = 4 in the formulas).
 #
 # Then the optimizer offload on ONE GPU (zero.offload_optimizer, Note [Optimizer offload] in
 # parallel/zero/host_offload.cpp), GPT-2 medium at dp = 1: ZeRO-2 without offload, with it and clipping
@@ -36,6 +37,7 @@ sizes=("$@")
 colossal=${COLOSSAL:-build-gpu/src/colossal/cli/colossal}
 out=${OUT:-/tmp/zero-memory}
 batch=${BATCH:-4}  # sequences of 1024 tokens per GPU (FSDP2 gets the same)
+nproc=${NPROC:-2}  # GPUs of the sizes' runs
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0
 python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
@@ -96,13 +98,13 @@ for size in "${sizes[@]}"; do
     gpt2-xl) shape=(48 1600 25) ;;
     *) echo "unknown size '$size' (gpt2, gpt2-medium, gpt2-large, gpt2-xl)"; exit 2 ;;
   esac
-  for stage in ${STAGES-0 1 2}; do run "${size}_dp2_zero$stage" "${shape[@]}" "$stage"; done
+  for stage in ${STAGES-0 1 2}; do run "${size}_dp${nproc}_zero$stage" "${shape[@]}" "$stage" "$nproc"; done
   # ZeRO-3 (parallel/zero/zero3.h), paper (2 + 2 + K) Psi / Nd; ours counts the shard gradients
   # (bf16 here: no accumulation) and the largest chunk's reduction in flight. Then its "cpu" placement, and PyTorch
   # FSDP2 on the same shapes (bench/compare/fsdp2_step.py, one fully_shard per block and the root).
-  run "${size}_dp2_zero3" "${shape[@]}" 3
-  [[ ${ZERO3_CPU:-1} == 1 ]] && run "${size}_dp2_zero3_cpu" "${shape[@]}" 3 2 'zero.placement_policy="cpu"'
-  torchrun --nproc_per_node 2 bench/compare/fsdp2_step.py --layers "${shape[0]}" --width "${shape[1]}" \
+  run "${size}_dp${nproc}_zero3" "${shape[@]}" 3 "$nproc"
+  [[ ${ZERO3_CPU:-1} == 1 ]] && run "${size}_dp${nproc}_zero3_cpu" "${shape[@]}" 3 "$nproc" 'zero.placement_policy="cpu"'
+  torchrun --nproc_per_node "$nproc" bench/compare/fsdp2_step.py --layers "${shape[0]}" --width "${shape[1]}" \
     --heads "${shape[2]}" --batch "$batch" 2>&1 | grep FSDP2 || echo "${size} FSDP2: FAILED"
 done
 

@@ -63,6 +63,28 @@ TEST(CudaRuntime, EventsOrderWorkAcrossStreams) {
   core::cuda::destroy_stream(side);
 }
 
+TEST(CudaRuntime, HoldKeepsTheStreamBusyWhileTheHostQueues) {
+  COLOSSAL_REQUIRE_GPU();
+  const Device gpu = cuda_device(0);
+  const core::Stream stream = core::cuda::current_stream(gpu);
+  Tensor x = core::full({1 << 20}, 2.0, TensorOptions(DType::f32, gpu));
+  core::cuda::synchronize(stream);
+  core::cuda::Event before(/*enable_timing=*/true), held(/*enable_timing=*/true), done(/*enable_timing=*/true);
+  before.record(stream);
+  core::cuda::hold(stream, 20.0);
+  held.record(stream);
+  Tensor y = x;
+  for (int i = 0; i < 50; ++i) y = y + 1.0;  // queued behind the hold
+  done.record(stream);
+  EXPECT_FALSE(done.query());  // the host got here well inside the 20 ms
+  EXPECT_EQ(ops::sum(y.to(DType::f64)).to(core::kCpu).item<double>(), 52.0 * (1 << 20));
+  EXPECT_GE(before.elapsed_ms(held), 19.5f);
+  EXPECT_LT(before.elapsed_ms(held), 40.0f);
+  // Queued while the stream was held, the 50 additions ran back to back.
+  EXPECT_LT(held.elapsed_ms(done), 5.0f);
+  EXPECT_THROW(core::cuda::hold(stream, -1.0), Error);
+}
+
 TEST(CudaRuntime, PeakStatisticsAndTheirReset) {
   COLOSSAL_REQUIRE_GPU();
   const Device gpu = cuda_device(0);

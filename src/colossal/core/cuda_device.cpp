@@ -430,6 +430,9 @@ bool is_pinned(const Tensor&) {
 void copy_async(const Tensor&, const Tensor&, Stream) {
   no_cuda("copy_async");
 }
+void hold(Stream, double) {
+  no_cuda("hold");
+}
 DeviceProperties properties(int) {
   no_cuda("properties");
 }

@@ -78,6 +78,12 @@ void defer_check(Stream stream, const void* slot, uint64_t ok, std::shared_ptr<c
 /// already complete, in the order they were deferred. Throws the first failure.
 void resolve_deferred_checks(bool wait);
 
+/// Queues on `stream` one kernel that keeps it busy for `milliseconds` of the device's clock. Timing
+/// a short piece of work between two events after such a hold measures the device's time alone: the
+/// host queues the work's kernels while the hold runs, as it runs ahead in training, instead of the
+/// device starting each kernel as the host launches it.
+void hold(Stream stream, double milliseconds);
+
 /// Waits for all work on the device, then resolves the deferred checks (which may throw).
 void synchronize(Device device);
 /// Waits for the work queued on stream.

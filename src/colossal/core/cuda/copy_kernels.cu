@@ -1,5 +1,6 @@
 // CUDA kernels core needs itself: strided copy with dtype conversion, fill, gradient
-// accumulation, host<->device copies and the Philox random fill (the same numbers as the CPU).
+// accumulation, host<->device copies, the Philox random fill (the same numbers as the CPU) and the
+// stream hold of cuda::hold.
 #include <cuda_runtime.h>
 
 #include "colossal/core/cuda/launch.cuh"
@@ -142,5 +143,25 @@ COLOSSAL_REGISTER_KERNEL(accumulate_stub, DeviceType::cuda, accumulate_cuda);
 COLOSSAL_REGISTER_KERNEL(cross_device_copy_stub, DeviceType::cuda, cross_device_copy_cuda);
 COLOSSAL_REGISTER_KERNEL(random_fill_stub, DeviceType::cuda, random_fill_cuda);
 
+// One thread reads the device's nanosecond clock until `nanoseconds` have passed, sleeping between
+// reads so that it takes no issue slots from kernels beside it.
+__global__ void hold_kernel(uint64_t nanoseconds) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
 }  // namespace
+
+void cuda::hold(Stream stream, double milliseconds) {
+  COLOSSAL_CHECK(stream.device.is_cuda() && milliseconds >= 0 && milliseconds <= 60e3,
+                 "cuda::hold: needs a GPU stream and 0 to 60000 ms, got {} ms on {}", milliseconds, stream.device);
+  cuda::DeviceGuard guard(stream.device);
+  hold_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream.handle)>>>(static_cast<uint64_t>(milliseconds * 1e6));
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace colossal::core
