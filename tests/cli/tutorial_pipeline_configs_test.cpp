@@ -5,7 +5,11 @@
 // layers, 16 x 16 images), the batch 16, 4 epochs of a small CIFAR-10 in the binary format whose
 // images' brightness gives their class, the warmup one epoch. Each run's mean loss over its last
 // epoch is below its first epoch's, and it prints its pipeline's bubble report. The hybrid config
-// (vit_b16_hybrid_cifar10.toml, 2 stages of 2 tensor ranks) runs on 4 ranks.
+// (vit_b16_hybrid_cifar10.toml, 2 stages of 2 tensor ranks) runs on 4 ranks. And every config of
+// configs/ at its own size and layout passes `colossal describe`, which builds its model and checks
+// it against the layout (heads that split over the tensor ranks, the pipeline's cut): the shrunk runs
+// set their own heads, and vit_cifar10_hybrid.toml's 3 heads over 2 tensor ranks went unseen until a
+// 4-GPU run.
 #include <gtest/gtest.h>
 
 #include <unistd.h>  // getpid
@@ -100,6 +104,35 @@ class TutorialPipelineConfigs : public ::testing::Test {
 
   fs::path dir_;
 };
+
+TEST_F(TutorialPipelineConfigs, EveryConfigDescribesAtItsOwnSizeAndLayout) {
+  const std::string bin = COLOSSAL_BINARY;
+  int described = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(kConfigs)) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    const fs::path log = dir_ / (entry.path().filename().string() + ".describe.log");
+    // data.path set for the configs that do not read $DATA (the CIFAR-10 ones; the token and
+    // Fashion-MNIST ones are described without reading their data, or from Debian's package).
+    const std::string text = read(entry.path());
+    const bool cifar = text.find("\"cifar10\"") != std::string::npos;
+    const std::string data = cifar ? " --set data.path='\"" + (dir_ / "cifar").string() + "\"'" : "";
+    EXPECT_EQ(run(bin + " describe --config " + entry.path().string() + data, log), 0) << read(log);
+    EXPECT_NE(read(log).find("# model \""), std::string::npos) << read(log);
+    ++described;
+  }
+  EXPECT_GE(described, 14);
+
+  // The mistake that test would have caught: heads that do not split, named with the key to change.
+  const fs::path log = dir_ / "heads.describe.log";
+  EXPECT_NE(run(bin + " describe --config " + (kConfigs / "vit_cifar10_hybrid.toml").string() +
+                    " --set data.path='\"" + (dir_ / "cifar").string() + "\"' --set model.options.num_heads=3",
+                log),
+            0);
+  EXPECT_NE(read(log).find("model.options.num_heads: the ViT's 3 heads do not split over parallel.tensor.size = 2"),
+            std::string::npos)
+      << read(log);
+}
 
 // ViT: 2 blocks 32 wide, 4 x 4 patches of 16 x 16 images.
 const std::string kSmallVit =

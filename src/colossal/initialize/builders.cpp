@@ -174,6 +174,15 @@ std::shared_ptr<nn::Module> make_vit(const TrainConfig& c, const Datasets& d, co
   } catch (const Error& e) {
     throw Error(fmt::format("model.options: {}", e.what()));
   }
+  // Checked here, where the config is read, so that `colossal describe` says it too and no rank builds
+  // anything first; the tensor-parallel attention checks it again (parallel/tp/heads.h).
+  const int tp = c.parallel.tensor.size;
+  COLOSSAL_CHECK(tp <= 1 || v.num_heads % tp == 0,
+                 "model.options.num_heads: the ViT's {} heads{} do not split over parallel.tensor.size = {} ranks "
+                 "(each rank holds whole heads); set model.options.num_heads to a multiple of {} that divides "
+                 "embed_dim = {}, or a tensor size that divides {}",
+                 v.num_heads, o.contains("num_heads") ? "" : fmt::format(" (model.preset = \"{}\")", p), tp, tp,
+                 v.embed_dim, v.num_heads);
   fmt::print("model: ViT img {} patch {} embed {} depth {} heads {} mlp_ratio {} classes {} ({} parameters)\n",
              v.img_size, v.patch_size, v.embed_dim, v.depth, v.num_heads, v.mlp_ratio, v.num_classes,
              v.num_parameters());
