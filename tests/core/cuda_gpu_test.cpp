@@ -68,6 +68,9 @@ TEST(CudaRuntime, HoldKeepsTheStreamBusyWhileTheHostQueues) {
   const Device gpu = cuda_device(0);
   const core::Stream stream = core::cuda::current_stream(gpu);
   Tensor x = core::full({1 << 20}, 2.0, TensorOptions(DType::f32, gpu));
+  // The addition's kernel loaded first: a kernel's first launch loads its module (CUDA's lazy
+  // loading), which waits for the device, the hold included.
+  Tensor warm = x + 1.0;
   core::cuda::synchronize(stream);
   core::cuda::Event before(/*enable_timing=*/true), held(/*enable_timing=*/true), done(/*enable_timing=*/true);
   before.record(stream);

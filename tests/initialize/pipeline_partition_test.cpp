@@ -135,8 +135,8 @@ TEST(PipelinePartition, MeasuredBalancesTheTimesOfThePieces) {
   for (double t : seconds) EXPECT_GT(t, 0.0);
   for (const auto& [name, param] : model->named_parameters()) EXPECT_FALSE(param.grad().defined()) << name;
 
-  // In the run's 16-bit dtype (autocast over the f32 model): times for every piece, the parameters
-  // still the same f32 tensors, no gradient left.
+  // In the run's 16-bit dtype (each piece converted, as mixed precision converts its stage, and put
+  // back): times for every piece, the parameters still the same f32 tensors, no gradient left.
   std::map<std::string, const core::TensorImpl*> before;
   for (const auto& [name, param] : model->named_parameters()) before.emplace(name, param.impl());
   c.bf16 = true;

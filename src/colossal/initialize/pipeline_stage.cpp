@@ -22,7 +22,6 @@
 #include "colossal/nn/models/resnet.h"
 #include "colossal/nn/models/vit.h"
 #include "colossal/nn/transformer_block.h"
-#include "colossal/ops/autocast.h"  // AutocastGuard
 #include "colossal/parallel/pp/partition.h"
 #include "colossal/parallel/tp/gpt2_1d.h"  // ParallelGPT2Block
 #include "colossal/parallel/tp/vit_1d.h"   // ParallelViTBlock
@@ -151,6 +150,33 @@ std::optional<DType> pipeline_compute_dtype(const config::TrainConfig& c) {
   return std::nullopt;
 }
 
+namespace {
+
+/// A piece's parameters and buffers converted to the run's compute dtype for as long as it lives, as
+/// mixed precision converts the stage for training (Module::to puts converted tensors into the slots);
+/// then the f32 tensors put back into their slots, untouched.
+class InComputeDtype {
+ public:
+  InComputeDtype(nn::Module& piece, std::optional<DType> dtype) : piece_(piece) {
+    if (!dtype) return;
+    parameters_ = piece.named_parameters();
+    buffers_ = piece.named_buffers();
+    piece.to(*dtype);
+  }
+  ~InComputeDtype() {
+    for (const auto& [name, t] : parameters_) piece_.parameter(name) = t;
+    for (const auto& [name, t] : buffers_) piece_.buffer(name) = t;
+  }
+  InComputeDtype(const InComputeDtype&) = delete;
+  InComputeDtype& operator=(const InComputeDtype&) = delete;
+
+ private:
+  nn::Module& piece_;
+  std::vector<std::pair<std::string, Tensor>> parameters_, buffers_;
+};
+
+}  // namespace
+
 std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn::Module>>& pieces,
                                             const Tensor& microbatch, int repeats, std::optional<DType> compute_dtype) {
   COLOSSAL_CHECK(repeats >= 1, "measure_pipeline_pieces: repeats must be >= 1, got {}", repeats);
@@ -161,8 +187,11 @@ std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn
     if (device.is_cuda()) core::cuda::synchronize(core::cuda::current_stream(device));
   };
   std::vector<double> seconds;
-  Tensor x = microbatch;
+  // A floating input enters the stages in the compute dtype, as MixedPrecisionOptimizer::cast_input
+  // hands it to the model.
+  Tensor x = compute_dtype && core::is_floating(microbatch.dtype()) ? microbatch.to(*compute_dtype) : microbatch;
   for (const std::shared_ptr<nn::Module>& piece : pieces) {
+    const InComputeDtype converted(*piece, compute_dtype);
     const Tensor input = core::is_floating(x.dtype()) ? x.detach().set_requires_grad(true) : x;
     std::vector<double> runs;
     Tensor output;
@@ -184,10 +213,7 @@ std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn
         begin->record(core::cuda::current_stream(device));
       }
       const auto start = std::chrono::steady_clock::now();
-      {
-        const ops::AutocastGuard autocast(compute_dtype);
-        output = (*piece)(input);
-      }
+      output = (*piece)(input);
       autograd::backward(output, core::ones_like(output));
       if (end) end->record(core::cuda::current_stream(device));
       launch_ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -56,17 +56,19 @@ Tensor pipeline_sample_microbatch(nn::Module& model, const config::TrainConfig& 
 
 /// Note [Measured pipeline partition]
 /// Each piece's forward and backward time on this rank's device (seconds, the median of `repeats`
-/// runs after one warm-up; on a GPU the device's time between CUDA events around the run, on the CPU
-/// the host's), the pieces run in order on `microbatch` (each on the previous one's
-/// output, its gradient all ones), in training mode, under autocast to `compute_dtype` when given.
-/// The pieces' parameter gradients are dropped afterwards. The caller restores the random generators
-/// the pieces' dropout drew from.
+/// runs after one warm-up; on a GPU the device's time between CUDA events around the run, the stream
+/// held while the host queues it; on the CPU the host's), the pieces run in order on `microbatch`
+/// (each on the previous one's output, its gradient all ones), in training mode, each converted to
+/// `compute_dtype` when given and put back after. The pieces' parameter gradients are dropped
+/// afterwards. The caller restores the random generators the pieces' dropout drew from.
 ///
 /// The model is still f32 when its stage is cut (mixed precision converts the stage afterwards), and
-/// f32 times are not the run's: on an H100 a GPT-2 350M block took 6.9 ms in f32 and ~0.63 ms in
-/// bf16, while the LM head and the loss, bound by memory more than by the GEMM, took 2.3 ms against
-/// ~0.9, so an f32 cut gave the head's stage 9% more work than the other. Under autocast the matrix
-/// products run in the run's 16-bit dtype on the tensor cores, as they will in training.
+/// its times are not the run's. In f32, on an H100, a GPT-2 350M block took 6.9 ms and the LM head
+/// with the loss 2.3 ms; under autocast to bf16 (f32 weights cast for each product, f32 activations
+/// between them) 0.93 and 1.33 ms; in training, converted to bf16, a block takes ~0.59 ms of a stage's
+/// busy time. The head's large GEMMs take about the same either way while the blocks' many
+/// memory-bound kernels halve their bytes in bf16, so times under autocast gave the head's stage a
+/// block too many. Converted, each piece runs as it will in training.
 std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn::Module>>& pieces,
                                             const Tensor& microbatch, int repeats = 3,
                                             std::optional<DType> compute_dtype = std::nullopt);
