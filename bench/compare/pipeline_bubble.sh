@@ -11,9 +11,9 @@
 #
 # 2 GPUs: v1, v2 (pp=2, 8 microbatches of 2, v = 1 and 2 chunks), the same cut by piece count
 # (v1-uniform, v2-uniform) or by measured piece times (v1-measured, v2-measured).
-# 4 GPUs (issue 23): pp4-m8-v1, pp4-m8-v2, pp4-m16-v1, pp4-m16-v2 (pp=4, 8 or 16 microbatches, $PARTITION
-# if set: "uniform", "balanced" or "measured"), and the hybrids dp4, dp2xtp2, dp2xpp2, pp2xtp2
-# (8 microbatches where pipelined; B16 per data-parallel replica).
+# 4 GPUs (issue 23): pp4-m8-v1, pp4-m8-v2, pp4-m16-v1, pp4-m16-v2 (pp=4, 8 or 16 microbatches), and the
+# hybrids dp4, dp2xtp2, dp2xpp2, pp2xtp2 (8 microbatches where pipelined; B16 per data-parallel replica).
+# PARTITION="uniform", "balanced" or "measured" cuts every pipelined part that names no cut itself.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -60,6 +60,10 @@ run() {  # name, gpus, data-parallel size, [extra --set ...]
     --set "model.options={ vocab_multiple = 64, dropout = 0.0 }"
     --set train.max_steps=40 --set train.log_interval=5 --set train.progress=false --set 'train.checkpoint_dir=""'
     --metrics "$out/$name.jsonl" "$@")
+  # $PARTITION cuts every pipelined part that names none itself.
+  if [[ -n ${PARTITION:-} && " $* " == *parallel.pipeline=* && " $* " != *parallel.partition=* ]]; then
+    args+=(--set "parallel.partition=\"$PARTITION\"")
+  fi
   if [[ $gpus == 1 ]]; then
     "$colossal" "${args[@]}" > "$out/$name.log" 2>&1
   else
@@ -72,10 +76,8 @@ run() {  # name, gpus, data-parallel size, [extra --set ...]
 }
 
 pp4() {  # name, microbatches, chunks
-  local partition=()
-  [[ -n ${PARTITION:-} ]] && partition=(--set "parallel.partition=\"$PARTITION\"")
   run "$1" 4 1 --set parallel.pipeline=4 --set parallel.num_microbatches="$2" --set parallel.num_chunks="$3" \
-    --set parallel.pipeline_report=5 "${partition[@]}"
+    --set parallel.pipeline_report=5
 }
 
 for part in "${parts[@]}"; do
