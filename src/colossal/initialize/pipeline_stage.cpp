@@ -22,6 +22,7 @@
 #include "colossal/nn/models/resnet.h"
 #include "colossal/nn/models/vit.h"
 #include "colossal/nn/transformer_block.h"
+#include "colossal/ops/nn_functional.h"  // cross_entropy
 #include "colossal/parallel/pp/partition.h"
 #include "colossal/parallel/tp/gpt2_1d.h"  // ParallelGPT2Block
 #include "colossal/parallel/tp/vit_1d.h"   // ParallelViTBlock
@@ -178,7 +179,8 @@ class InComputeDtype {
 }  // namespace
 
 std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn::Module>>& pieces,
-                                            const Tensor& microbatch, int repeats, std::optional<DType> compute_dtype) {
+                                            const Tensor& microbatch, int repeats, std::optional<DType> compute_dtype,
+                                            bool with_loss) {
   COLOSSAL_CHECK(repeats >= 1, "measure_pipeline_pieces: repeats must be >= 1, got {}", repeats);
   const Device device = microbatch.device();
   // The stream the pieces run on, waited for around each run (not the whole device: a communicator's
@@ -199,12 +201,8 @@ std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn
     for (int r = 0; r <= repeats; ++r) {  // run 0 warms up (cuBLAS and cuDNN plans, the allocator)
       wait();
       // On a GPU the device's time between two events, with the stream held (cuda::hold) while the host
-      // queues the piece's kernels: in training the host runs ahead of the device and the pieces run back
-      // to back, kernel after kernel. Timed from an idle stream instead, each kernel started as the host
-      // launched it, and the many small kernels of a block took ~0.95 ms per microbatch of GPT-2 350M
-      // alone against ~0.59 in training, while the head's large GEMMs took about the same either way: the
-      // cut then gave the head's stage a block too many. Counted on the host around a synchronisation,
-      // every piece looked alike.
+      // queues the piece's kernels, as the host runs ahead of the device in training; on the CPU the
+      // host's. (Counted on the host around a synchronisation, every piece looked alike.)
       std::optional<core::cuda::Event> begin, end;
       if (device.is_cuda()) {
         begin.emplace(/*enable_timing=*/true);
@@ -214,7 +212,14 @@ std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn
       }
       const auto start = std::chrono::steady_clock::now();
       output = (*piece)(input);
-      autograd::backward(output, core::ones_like(output));
+      if (with_loss && &piece == &pieces.back() && core::is_floating(output.dtype()) && output.dim() >= 2) {
+        // The last stage also computes the loss: the cross-entropy of the logits (in f32 from 16-bit
+        // logits, as the run's criterion) over every row, against class 0.
+        const Tensor rows = output.reshape({-1, output.size(-1)});
+        autograd::backward(ops::cross_entropy(rows, core::zeros({rows.size(0)}, TensorOptions(DType::i64, device))));
+      } else {
+        autograd::backward(output, core::ones_like(output));
+      }
       if (end) end->record(core::cuda::current_stream(device));
       launch_ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       wait();
