@@ -120,6 +120,14 @@ TEST_F(TrainPipelineTensor, Gpt2AtPp2Tp2GivesTheSerialLosses) {
                        "--set parallel.pipeline=2 --set parallel.tensor.size=2 --set parallel.num_microbatches=2 "
                        "--set parallel.num_chunks=2",
                        "gpt2_pp2v2_tp2");
+  // Cut by the measured times of the stages' tensor-parallel blocks (each tensor rank times its part,
+  // its all-reduces included): another cut, the same losses.
+  expect_serial_losses(config, 4,
+                       "--set parallel.pipeline=2 --set parallel.tensor.size=2 --set parallel.num_microbatches=2 "
+                       "--set 'parallel.partition=\"measured\"'",
+                       "gpt2_pp2_tp2_measured");
+  EXPECT_NE(read(dir_ / "gpt2_pp2_tp2_measured.log").find("balanced by measured times"), std::string::npos)
+      << read(dir_ / "gpt2_pp2_tp2_measured.log");
 }
 
 TEST_F(TrainPipelineTensor, VitAtPp2Tp2GivesTheSerialLosses) {
