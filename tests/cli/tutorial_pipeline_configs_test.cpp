@@ -129,7 +129,7 @@ TEST_F(TutorialPipelineConfigs, EveryConfigDescribesAtItsOwnSizeAndLayout) {
                     " --set data.path='\"" + (dir_ / "cifar").string() + "\"' --set model.options.num_heads=3",
                 log),
             0);
-  EXPECT_NE(read(log).find("model.options.num_heads: the ViT's 3 heads do not split over parallel.tensor.size = 2"),
+  EXPECT_NE(read(log).find("model.options.num_heads = 3: a ViT's heads do not split over parallel.tensor.size = 2"),
             std::string::npos)
       << read(log);
 }

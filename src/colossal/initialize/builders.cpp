@@ -178,7 +178,7 @@ std::shared_ptr<nn::Module> make_vit(const TrainConfig& c, const Datasets& d, co
   // anything first; the tensor-parallel attention checks it again (parallel/tp/heads.h).
   const int tp = c.parallel.tensor.size;
   COLOSSAL_CHECK(tp <= 1 || v.num_heads % tp == 0,
-                 "model.options.num_heads: the ViT's {} heads{} do not split over parallel.tensor.size = {} ranks "
+                 "model.options.num_heads = {}{}: a ViT's heads do not split over parallel.tensor.size = {} ranks "
                  "(each rank holds whole heads); set model.options.num_heads to a multiple of {} that divides "
                  "embed_dim = {}, or a tensor size that divides {}",
                  v.num_heads, o.contains("num_heads") ? "" : fmt::format(" (model.preset = \"{}\")", p), tp, tp,
