@@ -7,6 +7,7 @@
 #   tools/gpu-check --run bench/compare/tp_mfu.sh [1.3b] [350m] [serial] [serial350m] [1.3b-sp] [1.3b-tp4]
 #        [1.3b-chunks] [1.3b-tp4-chunks]   (parallel.tensor.overlap_chunks = 2)
 #        [1.3b-rowsN] [350m-rowsN]         (parallel.tensor.row_blocks = N)
+#        [torch-1.3b-tpN]                   (PyTorch's DTensor plans on N GPUs, bench/compare/torch_tp.py)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -65,6 +66,10 @@ for part in "${parts[@]}"; do
     1.3b-tp4-chunks) run gpt1.3b_tp4_chunks2 4 24 2048 16 --set parallel.tensor.overlap_chunks=2 ;;
     1.3b-rows*) run "gpt1.3b_tp2_rows${part#1.3b-rows}" 2 24 2048 16 --set parallel.tensor.row_blocks="${part#1.3b-rows}" ;;
     350m-rows*) run "gpt350m_tp2_rows${part#350m-rows}" 2 24 1024 16 --set parallel.tensor.row_blocks="${part#350m-rows}" ;;
-    *) echo "unknown part '$part' (1.3b, 350m, serial, serial350m, 1.3b-sp, 1.3b-tp4, 1.3b-chunks, 1.3b-tp4-chunks, 1.3b-rowsN, 350m-rowsN)"; exit 2 ;;
+    # PyTorch's DTensor tensor parallelism on the same shapes (bench/compare/torch_tp.py).
+    torch-1.3b-tp*) torchrun --standalone --nproc_per_node "${part#torch-1.3b-tp}" bench/compare/torch_tp.py \
+          --layers 24 --width 2048 --heads 16 --batch 8 2>&1 | grep -E "torch DTensor|fused AdamW|Error" ;;
+    *) echo "unknown part '$part' (1.3b, 350m, serial, serial350m, 1.3b-sp, 1.3b-tp4, 1.3b-chunks, 1.3b-tp4-chunks," \
+         "1.3b-rowsN, 350m-rowsN, torch-1.3b-tpN)"; exit 2 ;;
   esac
 done

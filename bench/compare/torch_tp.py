@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""PyTorch's own 1D tensor parallelism (DTensor's ColwiseParallel / RowwiseParallel plans) on a GPT, the
+counterpart of `bench/compare/tp_mfu.sh` (issues 19 and 23): the same shapes, run in the same device call.
+
+    torchrun --nproc_per_node N bench/compare/torch_tp.py [--layers 24] [--width 2048] [--heads 16]
+             [--batch 8] [--seq 1024] [--steps 30] [--warmup 10] [--compile]
+
+The model is train_step.py's nanoGPT-style GPT with q, k and v as three linears (a column split of the
+fused c_attn would not hold whole heads per rank). Per block, as Megatron and the torchtitan recipe:
+q, k, v and mlp.c_fc column-parallel, attn.c_proj and mlp.c_proj row-parallel; the embeddings, layer
+norms and the tied head are replicated (the logits whole on every rank). A step is forward and loss under
+torch.autocast(bf16) with fp32 parameters, backward, fused AdamW over the DTensor parameters, zero_grad;
+random tokens, the same on every rank (one data-parallel replica). Timed with CUDA events over --steps
+after --warmup; rank 0 prints ms per step, tokens/s and MFU per GPU counting each GPU's share of
+(6N + 12 L C T) FLOPs per token (N without wpe) against 989.4 TFLOP/s, as tp_mfu.sh does."""
+import argparse
+import os
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block")
+    args = parser.parse_args()
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
+    mesh = init_device_mesh("cuda", (world,))
+    L, C, H, T, V = args.layers, args.width, args.heads, args.seq, 50304
+    assert H % world == 0, f"{H} heads do not split over {world} ranks"
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = nn.Linear(C, C), nn.Linear(C, C), nn.Linear(C, C)
+            self.c_proj = nn.Linear(C, C)
+
+        def forward(self, x):
+            B, T_, _ = x.shape
+            # -1 heads: this rank's share after the column split.
+            q, k, v = (p(x).view(B, T_, -1, C // H).transpose(1, 2) for p in (self.q, self.k, self.v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).reshape(B, T_, -1))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+            self.attn = Attention()
+            self.c_fc, self.c_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+            self.h = nn.ModuleList(Block() for _ in range(L))
+            self.ln_f = nn.LayerNorm(C)
+
+        def forward(self, idx, targets):
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+            for block in self.h:
+                x = block(x)
+            logits = F.linear(self.ln_f(x), self.wte.weight)
+            return F.cross_entropy(logits.float().view(-1, V), targets.view(-1))
+
+    torch.manual_seed(1234)  # the same replicated weights on every rank
+    model = GPT().to(device)
+    for block in model.h:
+        parallelize_module(block, mesh, {
+            "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.c_proj": RowwiseParallel(), "c_fc": ColwiseParallel(), "c_proj": RowwiseParallel()})
+    if args.compile:
+        for i, block in enumerate(model.h):
+            model.h[i] = torch.compile(block)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    g = torch.Generator(device=device).manual_seed(42)
+    idx = torch.randint(0, 50257, (args.batch, T), device=device, generator=g)
+    targets = torch.randint(0, 50257, (args.batch, T), device=device, generator=g)
+
+    def step():
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = model(idx, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    try:
+        step()
+    except RuntimeError as e:  # fused AdamW over DTensor and plain parameters together, where unsupported
+        if rank == 0:
+            print(f"fused AdamW failed ({str(e).splitlines()[0]}); the default (foreach) AdamW instead", flush=True)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        optimizer.zero_grad(set_to_none=True)
+    for _ in range(args.warmup):
+        step()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(args.steps):
+        loss = step()
+    stop.record()
+    stop.synchronize()
+    t = torch.tensor([start.elapsed_time(stop) / args.steps], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    ms = t.item()
+    n = L * (12 * C * C + 13 * C) + V * C + 2 * C  # without wpe
+    flops = (6 * n + 12 * L * C * T) * args.batch * T
+    if rank == 0:
+        print(f"torch DTensor tp={world} GPT L{L} C{C} H{H} B{args.batch} T{T}{' compiled' if args.compile else ''}: "
+              f"{ms:.2f} ms/step, {args.batch * T / ms * 1e3:.0f} tokens/s, "
+              f"MFU per GPU {flops / world / (ms * 1e-3) / 989.4e12:.1%}, loss {loss.item():.3f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
