@@ -15,7 +15,7 @@ parts=("$@")
 colossal=${COLOSSAL:-build-gpu/src/colossal/cli/colossal}
 out=${OUT:-/tmp/tp-mfu}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast off (shared machines)
 python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
 
 report() {  # name, metrics file, layers, width, gpus

@@ -39,7 +39,7 @@ out=${OUT:-/tmp/zero-memory}
 batch=${BATCH:-4}  # sequences of 1024 tokens per GPU (FSDP2 gets the same)
 nproc=${NPROC:-2}  # GPUs of the sizes' runs
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast off (shared machines)
 python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
 
 report() {  # name, metrics file, log file, layers, width, stage, [data-parallel GPUs]
