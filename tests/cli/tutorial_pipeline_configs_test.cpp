@@ -125,8 +125,8 @@ TEST_F(TutorialPipelineConfigs, EveryConfigDescribesAtItsOwnSizeAndLayout) {
 
   // The mistake that test would have caught: heads that do not split, named with the key to change.
   const fs::path log = dir_ / "heads.describe.log";
-  EXPECT_NE(run(bin + " describe --config " + (kConfigs / "vit_cifar10_hybrid.toml").string() +
-                    " --set data.path='\"" + (dir_ / "cifar").string() + "\"' --set model.options.num_heads=3",
+  EXPECT_NE(run(bin + " describe --config " + (kConfigs / "vit_cifar10_hybrid.toml").string() + " --set data.path='\"" +
+                    (dir_ / "cifar").string() + "\"' --set model.options.num_heads=3",
                 log),
             0);
   EXPECT_NE(read(log).find("model.options.num_heads = 3: a ViT's heads do not split over parallel.tensor.size = 2"),

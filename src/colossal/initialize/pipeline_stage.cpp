@@ -197,7 +197,7 @@ std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn
     const Tensor input = core::is_floating(x.dtype()) ? x.detach().set_requires_grad(true) : x;
     std::vector<double> runs;
     Tensor output;
-    double launch_ms = 0;                // the host's time to queue the piece's kernels, from the last run
+    double launch_ms = 0;                 // the host's time to queue the piece's kernels, from the last run
     for (int r = 0; r <= repeats; ++r) {  // run 0 warms up (cuBLAS and cuDNN plans, the allocator)
       wait();
       // On a GPU the device's time between two events, with the stream held (cuda::hold) while the host
@@ -327,7 +327,8 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     const std::shared_ptr<comm::ProcessGroup> tensor_group =
         context.has_group(parallel::GroupKind::kTensor) ? context.group(parallel::GroupKind::kTensor) : nullptr;
     if (tensor_group != nullptr && tensor_group->size() > 1) {
-      for (size_t i = 0; i < timed.size(); ++i) timed[i] = tensor_parallel_piece(model, pieces[i], i, tensor_group, dropout);
+      for (size_t i = 0; i < timed.size(); ++i)
+        timed[i] = tensor_parallel_piece(model, pieces[i], i, tensor_group, dropout);
     }
     measured = agree_on_times(measure_pipeline_pieces(timed, sample, 3, pipeline_compute_dtype(c)), context);
     for (auto& [g, state] : saved) g->set_state(state);
