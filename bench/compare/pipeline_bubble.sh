@@ -14,6 +14,7 @@
 # 4 GPUs (issue 23): pp4-m8-v1, pp4-m8-v2, pp4-m16-v1, pp4-m16-v2 (pp=4, 8 or 16 microbatches), and the
 # hybrids dp4, dp2xtp2, dp2xpp2, pp2xtp2 (8 microbatches where pipelined; B16 per data-parallel replica).
 # PARTITION="uniform", "balanced" or "measured" cuts every pipelined part that names no cut itself.
+# torch-ppP-mM-vV: PyTorch's pipelining on P GPUs, M microbatches, V chunks per rank (torch_pp.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -21,7 +22,7 @@ parts=("$@")
 colossal=${COLOSSAL:-build-gpu/src/colossal/cli/colossal}
 out=${OUT:-/tmp/pipeline-bubble}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast off (shared machines)
 python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
 
 report() {  # name, metrics file, log, gpus, data-parallel size
@@ -107,7 +108,12 @@ for part in "${parts[@]}"; do
           --set parallel.num_microbatches=8 --set parallel.pipeline_report=5 ;;
     pp2xtp2) run gpt350m_pp2_tp2 4 1 --set parallel.pipeline=2 --set 'parallel.tensor={ mode = "1d", size = 2 }' \
           --set parallel.num_microbatches=8 --set parallel.pipeline_report=5 ;;
+    # PyTorch's pipelining on the same model and batch (bench/compare/torch_pp.py): torch-ppP-mM-vV.
+    torch-pp*-m*-v*)
+      read -r p m v <<< "$(sed -E 's/^torch-pp([0-9]+)-m([0-9]+)-v([0-9]+)$/\1 \2 \3/' <<< "$part")"
+      torchrun --standalone --nproc_per_node "$p" bench/compare/torch_pp.py --microbatches "$m" --chunks "$v" 2>&1 |
+        grep -E "torch pipelining|Error" ;;
     *) echo "unknown part '$part' (serial, v1, v2, v1-uniform, v2-uniform, v1-measured, v2-measured," \
-         "pp4-m8-v1, pp4-m8-v2, pp4-m16-v1, pp4-m16-v2, dp4, dp2xtp2, dp2xpp2, pp2xtp2)"; exit 2 ;;
+         "pp4-m8-v1, pp4-m8-v2, pp4-m16-v1, pp4-m16-v2, dp4, dp2xtp2, dp2xpp2, pp2xtp2, torch-ppP-mM-vV)"; exit 2 ;;
   esac
 done
