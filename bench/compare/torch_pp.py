@@ -90,6 +90,9 @@ def main():
     mine = [s for s in range(stages) if s % world == rank]
     torch.manual_seed(1234 + rank)
     modules = [Stage(bounds[s], bounds[s + 1]).to(device=device, dtype=torch.bfloat16) for s in mine]
+    for module in (sub for mod in modules for sub in mod.modules()):  # GPT-2's N(0, 0.02) (nanoGPT's init)
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, 0.0, 0.02)
     m = args.batch // args.microbatches
     example = lambda s: (torch.zeros(m, T, dtype=torch.long, device=device) if s == 0 else
                          torch.zeros(m, T, C, dtype=torch.bfloat16, device=device))

@@ -9,7 +9,8 @@ The model is train_step.py's nanoGPT-style GPT with q, k and v as three linears 
 fused c_attn would not hold whole heads per rank). Per block, as Megatron and the torchtitan recipe:
 q, k, v and mlp.c_fc column-parallel, attn.c_proj and mlp.c_proj row-parallel; the embeddings, layer
 norms and the tied head are replicated (the logits whole on every rank). A step is forward and loss under
-torch.autocast(bf16) with fp32 parameters, backward, fused AdamW over the DTensor parameters, zero_grad;
+torch.autocast(bf16) with fp32 parameters, backward, fused AdamW (one over the sharded DTensor
+parameters, one over the replicated ones), zero_grad;
 random tokens, the same on every rank (one data-parallel replica). Timed with CUDA events over --steps
 after --warmup; rank 0 prints ms per step, tokens/s and MFU per GPU counting each GPU's share of
 (6N + 12 L C T) FLOPs per token (N without wpe) against 989.4 TFLOP/s, as tp_mfu.sh does."""
@@ -85,6 +86,9 @@ def main():
 
     torch.manual_seed(1234)  # the same replicated weights on every rank
     model = GPT().to(device)
+    for module in model.modules():  # GPT-2's N(0, 0.02) for every matrix and embedding (nanoGPT's init)
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, 0.0, 0.02)
     for block in model.h:
         parallelize_module(block, mesh, {
             "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
@@ -92,7 +96,12 @@ def main():
     if args.compile:
         for i, block in enumerate(model.h):
             model.h[i] = torch.compile(block)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    # Fused AdamW takes DTensor and plain parameters only apart (a mixed list is an error): one each.
+    from torch.distributed.tensor import DTensor
+    sharded = [p for p in model.parameters() if isinstance(p, DTensor)]
+    replicated = [p for p in model.parameters() if not isinstance(p, DTensor)]
+    optimizers = [torch.optim.AdamW(ps, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+                  for ps in (sharded, replicated)]
     g = torch.Generator(device=device).manual_seed(42)
     idx = torch.randint(0, 50257, (args.batch, T), device=device, generator=g)
     targets = torch.randint(0, 50257, (args.batch, T), device=device, generator=g)
@@ -101,17 +110,11 @@ def main():
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
             loss = model(idx, targets)
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         return loss
 
-    try:
-        step()
-    except RuntimeError as e:  # fused AdamW over DTensor and plain parameters together, where unsupported
-        if rank == 0:
-            print(f"fused AdamW failed ({str(e).splitlines()[0]}); the default (foreach) AdamW instead", flush=True)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
-        optimizer.zero_grad(set_to_none=True)
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
