@@ -116,6 +116,10 @@ TEST_F(TrainPipelineTensor, Gpt2AtPp2Tp2GivesTheSerialLosses) {
   expect_serial_losses(config, 4,
                        "--set parallel.pipeline=2 --set parallel.tensor.size=2 --set parallel.num_microbatches=2",
                        "gpt2_pp2_tp2");
+  // Each rank built its own stage's pieces only (Note [Stage pieces built alone]), and the losses
+  // above are the serial run's: the pieces built drew the serial weights.
+  EXPECT_NE(read(dir_ / "gpt2_pp2_tp2.log").find("stage 0 built alone: its "), std::string::npos)
+      << read(dir_ / "gpt2_pp2_tp2.log");
   expect_serial_losses(config, 4,
                        "--set parallel.pipeline=2 --set parallel.tensor.size=2 --set parallel.num_microbatches=2 "
                        "--set parallel.num_chunks=2",

@@ -156,6 +156,61 @@ TEST(PipelinePartition, MeasuredBalancesTheTimesOfThePieces) {
   EXPECT_EQ(pipeline_compute_dtype(c), std::nullopt);
 }
 
+TEST(PipelinePartition, CutBeforeBuildingEqualsTheCutOfTheWholeModel) {
+  // Note [Stage pieces built alone]: the probe's cut is the whole model's, for GPT-2 and ViT, by
+  // parameters (with the tied wte), uniformly and as listed; none where the whole model is built.
+  config::TrainConfig c;
+  c.parallel.pipeline = 2;
+  c.model.name = config::ModelName::kGpt2;
+  c.model.options.set("n_layer", config::OptionValue{int64_t{5}});
+  c.model.options.set("n_embd", config::OptionValue{int64_t{32}});
+  c.model.options.set("n_head", config::OptionValue{int64_t{2}});
+  Datasets tokens;
+  tokens.seq_len = 8;
+  tokens.vocab_size = 50257;
+  Datasets images;
+  images.channels = 3;
+  images.image_size = 16;
+  images.num_classes = 10;
+  config::TrainConfig vit;
+  vit.parallel = c.parallel;
+  vit.model.name = config::ModelName::kVit;
+  vit.model.preset = "vit_tiny_patch4_32";
+  vit.model.options.set("img_size", config::OptionValue{int64_t{16}});
+  vit.model.options.set("depth", config::OptionValue{int64_t{5}});
+  for (const auto& [cfg, data] : {std::pair{c, tokens}, std::pair{vit, images}}) {
+    for (int chunks : {1, 2}) {
+      for (auto partition : {config::PipelinePartition::kBalanced, config::PipelinePartition::kUniform}) {
+        config::TrainConfig t = cfg;
+        t.parallel.num_chunks = chunks;
+        t.parallel.partition = partition;
+        if (partition == config::PipelinePartition::kUniform && 7 % chunks != 0) continue;
+        core::Generator init(1), dropout(2);
+        const std::shared_ptr<nn::Module> whole = make_model(t, data, init, dropout, ModelBuild{.quiet = true});
+        const std::optional<StageParts> planned = plan_before_building(t, data);
+        ASSERT_TRUE(planned.has_value());
+        EXPECT_EQ(*planned, plan_pipeline(pipeline_pieces(*whole), t.parallel))
+            << parallel::pp::describe(*planned) << " chunks " << chunks;
+        const nn::models::PieceFilter mine = stage_pieces(*planned, 1);
+        for (const parallel::pp::PieceRange& r : (*planned)[1]) EXPECT_TRUE(mine(static_cast<size_t>(r.begin)));
+        for (const parallel::pp::PieceRange& r : (*planned)[0]) EXPECT_FALSE(mine(static_cast<size_t>(r.begin)));
+      }
+    }
+    config::TrainConfig listed = cfg;
+    listed.parallel.partition_sizes = {2, 5};
+    EXPECT_EQ(*plan_before_building(listed, data), (StageParts{{PieceRange{0, 2}}, {PieceRange{2, 7}}}));
+  }
+  config::TrainConfig measured = c;
+  measured.parallel.partition = config::PipelinePartition::kMeasured;
+  EXPECT_FALSE(plan_before_building(measured, tokens).has_value());
+  config::TrainConfig serial = c;
+  serial.parallel.pipeline = 1;
+  EXPECT_FALSE(plan_before_building(serial, tokens).has_value());
+  config::TrainConfig imported = c;
+  imported.model.weights = "gpt2.safetensors";
+  EXPECT_FALSE(plan_before_building(imported, tokens).has_value());
+}
+
 TEST(PipelinePartition, ErrorsNameTheKeysAndTheNumbers) {
   std::shared_ptr<nn::models::GPT2> model;
   const auto pieces = gpt2_pieces(model);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "colossal/nn/models/gpt2.h"
 #include "colossal/ops.h"
@@ -152,6 +153,22 @@ TEST(GPT2, PipelineLayersComposeToTheModel) {
   EXPECT_EQ(testing::parameter_names(*layers[3]), (std::vector<std::string>{"ln_f.weight", "ln_f.bias", "wte.weight"}));
   EXPECT_TRUE(layers[3]->parameter("wte.weight").is_same(model.parameter("wte.weight")));
   testing::expect_pieces_cover_the_model(model, layers, {"wte.weight"});
+}
+
+TEST(GPT2, PiecesLeftOutAreStandInsAndTheOthersTheSerialWeights) {
+  // Note [Pieces built]: a stage of blocks 1-2 of 4, then the embedding with the head (the tied wte),
+  // then the head alone: the pieces built are the full model's bit for bit.
+  GPT2Config config = small_config();
+  config.n_layer = 4;
+  core::Generator full_gen(11), dropout(12);
+  GPT2 full(config, &full_gen, &dropout);
+  for (const std::set<size_t>& kept : {std::set<size_t>{2, 3}, std::set<size_t>{0, 5}, std::set<size_t>{5}}) {
+    core::Generator gen(11);
+    const auto built = [&kept](size_t piece) { return kept.contains(piece); };
+    GPT2 partial(config, &gen, &dropout, built);
+    EXPECT_EQ(gen.state().offset, full_gen.state().offset) << "the stand-ins drew as many times";
+    testing::expect_built_pieces_equal_the_full_model(full, partial, full.layers(), partial.layers(), built);
+  }
 }
 
 TEST(GPT2, ConfigFromHuggingFaceJson) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -73,6 +75,39 @@ inline void expect_pieces_cover_the_model(const nn::Module& model,
   }
   for (const auto& [name, tensor] : whole) {
     EXPECT_EQ(seen[name], tied.contains(name) ? 2 : 1) << name;
+  }
+}
+
+/// EXPECTs the pieces `built` says of `partial` (a model built with that PieceFilter, Note [Pieces
+/// built]) to hold the same names and bits as `full`'s (built from the same generator state), the
+/// model's names to be the same, and the pieces left out to be stand-ins far smaller than the full ones.
+inline void expect_built_pieces_equal_the_full_model(nn::Module& full, nn::Module& partial,
+                                                     const std::vector<std::shared_ptr<nn::Module>>& full_pieces,
+                                                     const std::vector<std::shared_ptr<nn::Module>>& partial_pieces,
+                                                     const std::function<bool(size_t)>& built) {
+  EXPECT_EQ(parameter_names(partial), parameter_names(full));
+  ASSERT_EQ(partial_pieces.size(), full_pieces.size());
+  std::set<std::string> in_built;  // a tied weight is built whole when a piece built holds it
+  for (size_t i = 0; i < full_pieces.size(); ++i) {
+    if (!built(i)) continue;
+    for (const auto& [name, tensor] : full_pieces[i]->state_dict()) in_built.insert(name);
+  }
+  for (size_t i = 0; i < full_pieces.size(); ++i) {
+    const nn::StateDict want = full_pieces[i]->state_dict(), got = partial_pieces[i]->state_dict();
+    int64_t want_numel = 0, got_numel = 0;
+    for (const auto& [name, tensor] : want) {
+      const Tensor* mine = got.find(name);
+      ASSERT_NE(mine, nullptr) << "piece " << i << " lacks " << name;
+      if (!in_built.contains(name)) {
+        want_numel += tensor.numel();
+        got_numel += mine->numel();
+      }
+      if (!built(i)) continue;
+      ASSERT_EQ(mine->shape(), tensor.shape()) << name;
+      EXPECT_EQ(std::memcmp(mine->raw_data(), tensor.raw_data(), static_cast<size_t>(tensor.nbytes())), 0)
+          << "piece " << i << ": " << name << " differs from the full model's";
+    }
+    if (!built(i)) EXPECT_LT(got_numel * 10, want_numel) << "piece " << i << " left out is no stand-in";
   }
 }
 

@@ -4,6 +4,8 @@
 // vit_golden_test.cpp.)
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "colossal/nn/models/vit.h"
 #include "colossal/ops.h"
 #include "gradcheck.h"
@@ -129,6 +131,21 @@ TEST(ViT, PipelineLayersComposeToTheModel) {
             (std::vector<std::string>{"cls_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias"}));
   EXPECT_EQ(testing::parameter_names(*layers[2]).back(), "blocks.1.mlp.fc2.bias");
   testing::expect_pieces_cover_the_model(model, layers);
+}
+
+TEST(ViT, PiecesLeftOutAreStandInsAndTheOthersTheSerialWeights) {
+  // Note [Pieces built]: the embedding with a block, the middle blocks, the head alone.
+  ViTConfig config = small_config();
+  config.depth = 4;
+  core::Generator full_gen(21), dropout(22);
+  VisionTransformer full(config, &full_gen, &dropout);
+  for (const std::set<size_t>& kept : {std::set<size_t>{0, 1}, std::set<size_t>{2, 3}, std::set<size_t>{5}}) {
+    core::Generator gen(21);
+    const auto built = [&kept](size_t piece) { return kept.contains(piece); };
+    VisionTransformer partial(config, &gen, &dropout, built);
+    EXPECT_EQ(gen.state().offset, full_gen.state().offset) << "the stand-ins drew as many times";
+    testing::expect_built_pieces_equal_the_full_model(full, partial, full.layers(), partial.layers(), built);
+  }
 }
 
 TEST(ViT, ConfigFromJson) {

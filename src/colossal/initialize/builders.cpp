@@ -122,8 +122,9 @@ int64_t count_parameters(nn::Module& model) {
   return n;
 }
 
-std::shared_ptr<nn::Module> make_vit(const TrainConfig& c, const Datasets& d, core::Generator& init,
-                                     core::Generator& dropout) {
+}  // namespace
+
+nn::models::ViTConfig vit_config(const TrainConfig& c, const Datasets& d) {
   const config::OptionTable& o = c.model.options;
   nn::models::ViTConfig v;
   const std::string& p = c.model.preset;
@@ -183,11 +184,21 @@ std::shared_ptr<nn::Module> make_vit(const TrainConfig& c, const Datasets& d, co
                  "embed_dim = {}, or a tensor size that divides {}",
                  v.num_heads, o.contains("num_heads") ? "" : fmt::format(" (model.preset = \"{}\")", p), tp, tp,
                  v.embed_dim, v.num_heads);
-  fmt::print("model: ViT img {} patch {} embed {} depth {} heads {} mlp_ratio {} classes {} ({} parameters)\n",
-             v.img_size, v.patch_size, v.embed_dim, v.depth, v.num_heads, v.mlp_ratio, v.num_classes,
-             v.num_parameters());
-  print_checkpointing(v.checkpoint_activations, v.depth, "transformer blocks");
-  return std::make_shared<nn::models::VisionTransformer>(v, &init, &dropout);
+  return v;
+}
+
+namespace {
+
+std::shared_ptr<nn::Module> make_vit(const TrainConfig& c, const Datasets& d, core::Generator& init,
+                                     core::Generator& dropout, const ModelBuild& build) {
+  const nn::models::ViTConfig v = vit_config(c, d);
+  if (!build.quiet) {
+    fmt::print("model: ViT img {} patch {} embed {} depth {} heads {} mlp_ratio {} classes {} ({} parameters)\n",
+               v.img_size, v.patch_size, v.embed_dim, v.depth, v.num_heads, v.mlp_ratio, v.num_classes,
+               v.num_parameters());
+    print_checkpointing(v.checkpoint_activations, v.depth, "transformer blocks");
+  }
+  return std::make_shared<nn::models::VisionTransformer>(v, &init, &dropout, build.pieces);
 }
 
 std::shared_ptr<nn::Module> make_resnet(const TrainConfig& c, const Datasets& d, core::Generator& init) {
@@ -296,11 +307,12 @@ nn::models::GPT2Config gpt2_config(const TrainConfig& c) {
 }
 
 std::shared_ptr<nn::Module> make_model(const TrainConfig& c, const Datasets& d, core::Generator& init,
-                                       core::Generator& dropout) {
+                                       core::Generator& dropout, const ModelBuild& build) {
   switch (c.model.name) {
     case config::ModelName::kVit:
-      return make_vit(c, d, init, dropout);
+      return make_vit(c, d, init, dropout, build);
     case config::ModelName::kResnet:
+      COLOSSAL_CHECK(!build.pieces, "make_model: a ResNet is built whole (its stages differ; no stand-ins)");
       return make_resnet(c, d, init);
     case config::ModelName::kGpt2: {
       const nn::models::GPT2Config g = gpt2_config(c);
@@ -310,13 +322,15 @@ std::shared_ptr<nn::Module> make_model(const TrainConfig& c, const Datasets& d, 
                         "\"{}\"",
                         config::to_string(c.data.dataset)));
       }
-      fmt::print(
-          "model: GPT-2 {} layers, {} wide, {} heads, context {}, vocab {} (padded {}), dropout {} ({} "
-          "parameters)\n",
-          g.n_layer, g.n_embd, g.n_head, g.n_positions, g.vocab_size, g.padded_vocab_size(), g.dropout,
-          g.num_parameters());
-      print_checkpointing(g.checkpoint_activations, g.n_layer, "transformer blocks");
-      return std::make_shared<nn::models::GPT2>(g, &init, &dropout);
+      if (!build.quiet) {
+        fmt::print(
+            "model: GPT-2 {} layers, {} wide, {} heads, context {}, vocab {} (padded {}), dropout {} ({} "
+            "parameters)\n",
+            g.n_layer, g.n_embd, g.n_head, g.n_positions, g.vocab_size, g.padded_vocab_size(), g.dropout,
+            g.num_parameters());
+        print_checkpointing(g.checkpoint_activations, g.n_layer, "transformer blocks");
+      }
+      return std::make_shared<nn::models::GPT2>(g, &init, &dropout, build.pieces);
     }
     case config::ModelName::kMlp:
       unsupported("model.name = \"mlp\" is the built-in job: run `colossal train` without --config");

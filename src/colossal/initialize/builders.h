@@ -20,6 +20,7 @@
 #include "colossal/data/transform.h"  // Transform
 #include "colossal/engine/engine.h"   // Criterion
 #include "colossal/nn/models/gpt2.h"  // GPT2Config
+#include "colossal/nn/models/vit.h"   // ViTConfig
 #include "colossal/nn/module.h"
 #include "colossal/optim/lr_scheduler.h"
 #include "colossal/optim/optimizer.h"
@@ -76,10 +77,22 @@ Datasets make_datasets(const config::TrainConfig& c);
 /// Throws naming the key when model.name is not "gpt2" or an option is unknown or out of range.
 nn::models::GPT2Config gpt2_config(const config::TrainConfig& c);
 
+/// The ViT that model.preset and model.options describe for `d`'s images and classes, validated
+/// (heads against parallel.tensor.size too); make_model builds it.
+nn::models::ViTConfig vit_config(const config::TrainConfig& c, const Datasets& d);
+
+/// How make_model builds: the pieces of the model's layers() built at full size (GPT-2 and ViT;
+/// empty: all), the others stand-ins (Note [Pieces built] in nn/models/layer_view.h); quiet: no
+/// "model: ..." line.
+struct ModelBuild {
+  nn::models::PieceFilter pieces;
+  bool quiet = false;
+};
+
 /// model.name with model.preset and model.options, sized for `d`; `init` draws the initial
 /// weights, `dropout` the dropout masks (and must outlive the model).
 std::shared_ptr<nn::Module> make_model(const config::TrainConfig& c, const Datasets& d, core::Generator& init,
-                                       core::Generator& dropout);
+                                       core::Generator& dropout, const ModelBuild& build = {});
 
 /// The training loss for the model's output against the batch's target: for token data the
 /// language-model cross-entropy of logits [B, T, V] against targets [B, T]; for images

@@ -38,8 +38,7 @@ std::vector<std::shared_ptr<nn::Module>> pipeline_pieces(nn::Module& model) {
 
 namespace {
 
-parallel::pp::StageParts balanced_by_parameters(const std::vector<std::shared_ptr<nn::Module>>& pieces, int num_stages,
-                                                int num_chunks) {
+std::vector<double> parameter_weights(const std::vector<std::shared_ptr<nn::Module>>& pieces) {
   // The pieces are weighed by their parameters, a stand-in for their compute (a GEMM's FLOPs per token
   // are twice its weight's size). A weight two pieces share (GPT-2's tied wte, in the embedding and
   // the head) counts once, in the last piece that holds it: there it is the head's GEMM over the
@@ -61,7 +60,7 @@ parallel::pp::StageParts balanced_by_parameters(const std::vector<std::shared_pt
     }
     weights.push_back(n);
   }
-  return parallel::pp::partition_balanced(weights, num_stages, num_chunks);
+  return weights;
 }
 
 }  // namespace
@@ -82,7 +81,8 @@ std::string describe_partition(const config::ParallelConfig& parallel) {
 }
 
 parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces,
-                                       const config::ParallelConfig& parallel, const std::vector<double>& measured) {
+                                       const config::ParallelConfig& parallel, const std::vector<double>& measured,
+                                       const std::vector<double>& parameters) {
   const int num_stages = parallel.pipeline, num_chunks = parallel.num_chunks;
   COLOSSAL_CHECK(static_cast<int64_t>(pieces.size()) >= int64_t{num_stages} * num_chunks,
                  "parallel.pipeline = {} with parallel.num_chunks = {}: the model has {} pieces, fewer than the {} "
@@ -113,7 +113,40 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
                    pieces.size());
     return parallel::pp::partition_balanced(measured, num_stages, num_chunks);
   }
-  return balanced_by_parameters(pieces, num_stages, num_chunks);
+  if (!parameters.empty()) {
+    COLOSSAL_CHECK(parameters.size() == pieces.size(), "plan_pipeline: {} parameter weights for {} pieces",
+                   parameters.size(), pieces.size());
+    return parallel::pp::partition_balanced(parameters, num_stages, num_chunks);
+  }
+  return parallel::pp::partition_balanced(parameter_weights(pieces), num_stages, num_chunks);
+}
+
+std::optional<parallel::pp::StageParts> plan_before_building(const config::TrainConfig& c, const Datasets& d) {
+  if (c.parallel.pipeline <= 1 || measures_pipeline_partition(c.parallel) || !c.model.weights.empty() ||
+      (c.model.name != config::ModelName::kGpt2 && c.model.name != config::ModelName::kVit)) {
+    return std::nullopt;
+  }
+  const auto blocks =
+      static_cast<size_t>(c.model.name == config::ModelName::kGpt2 ? gpt2_config(c).n_layer : vit_config(c, d).depth);
+  // The probe: the embedding, block 0 and the head whole, the other blocks stand-ins.
+  core::Generator init(0), dropout(0);
+  const std::shared_ptr<nn::Module> probe = make_model(
+      c, d, init, dropout,
+      ModelBuild{.pieces = [blocks](size_t piece) { return piece <= 1 || piece == blocks + 1; }, .quiet = true});
+  const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(*probe);
+  std::vector<double> weights = parameter_weights(pieces);
+  const size_t head = pieces.size() - 1;
+  for (size_t i = 2; i < head; ++i) weights[i] = weights[1];  // every block as block 0
+  return plan_pipeline(pieces, c.parallel, {}, weights);
+}
+
+nn::models::PieceFilter stage_pieces(const parallel::pp::StageParts& parts, int stage) {
+  return [chunks = parts.at(static_cast<size_t>(stage))](size_t piece) {
+    for (const parallel::pp::PieceRange& r : chunks) {
+      if (static_cast<int64_t>(piece) >= r.begin && static_cast<int64_t>(piece) < r.end) return true;
+    }
+    return false;
+  };
 }
 
 bool measures_pipeline_partition(const config::ParallelConfig& parallel) {
@@ -304,12 +337,12 @@ std::shared_ptr<nn::Module> tensor_parallel_piece(nn::Module& model, const std::
 
 PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelContext& context,
                                   const config::TrainConfig& c, const parallel::tp::DropoutGenerators& dropout,
-                                  const Tensor& sample) {
+                                  const Tensor& sample, const std::optional<parallel::pp::StageParts>& planned) {
   const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kPipeline);
   const int p = group->size(), stage = group->rank(), v = c.parallel.num_chunks;
   const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(model);
   std::vector<double> measured;
-  if (measures_pipeline_partition(c.parallel)) {
+  if (!planned && measures_pipeline_partition(c.parallel)) {
     COLOSSAL_CHECK(sample.defined(),
                    "parallel.partition = \"measured\": make_pipeline_stage needs a sample microbatch");
     // Measuring runs the pieces' dropout: their generators are put back, so that the training run
@@ -333,7 +366,7 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     measured = agree_on_times(measure_pipeline_pieces(timed, sample, 3, pipeline_compute_dtype(c)), context);
     for (auto& [g, state] : saved) g->set_state(state);
   }
-  const parallel::pp::StageParts parts = plan_pipeline(pieces, c.parallel, measured);
+  const parallel::pp::StageParts parts = planned ? *planned : plan_pipeline(pieces, c.parallel, measured);
 
   // Which stages hold each parameter: one held by several is tied between them.
   std::map<const core::TensorImpl*, std::set<int>> holders;
@@ -419,6 +452,18 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     for (double t : measured) ms.push_back(fmt::format("{:.2f}", 1e3 * t));
     description +=
         fmt::format("; measured ms per piece (forward and backward of one microbatch): [{}]", fmt::join(ms, ", "));
+  }
+  if (planned) {
+    // Note [Stage pieces built alone]: what this rank built, against the whole model's parameters.
+    const auto count = [](const nn::Module& m) {
+      int64_t n = 0;
+      for (const Tensor& t : m.parameters()) n += t.numel();
+      return n;
+    };
+    const int64_t mine = count(*module);
+    description +=
+        fmt::format("; stage {} built alone: its {} parameters, stand-ins of {} for the other stages' pieces", stage,
+                    mine, count(model) - mine);
   }
   return {module, schedule, std::move(description), std::move(serial_names)};
 }

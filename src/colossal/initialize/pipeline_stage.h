@@ -13,6 +13,8 @@
 #include "colossal/config/train_config.h"
 #include "colossal/engine/engine.h"  // SerialNames
 #include "colossal/engine/pipeline_schedule.h"
+#include "colossal/initialize/builders.h"   // Datasets
+#include "colossal/nn/models/layer_view.h"  // PieceFilter
 #include "colossal/nn/module.h"
 #include "colossal/parallel/parallel_context.h"
 #include "colossal/parallel/pp/partition.h"
@@ -40,9 +42,21 @@ std::vector<std::shared_ptr<nn::Module>> pipeline_pieces(nn::Module& model);
 /// measure_pipeline_pieces) or parallel.partition_sizes lists. Throws naming the keys and numbers
 /// when there are fewer pieces than parts or the sizes do not fit, and when "measured" comes without
 /// one time per piece.
+/// `parameters`, when given, are the pieces' parameter weights in place of their own (a model of
+/// stand-ins: plan_before_building).
 parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces,
-                                       const config::ParallelConfig& parallel,
-                                       const std::vector<double>& measured = {});
+                                       const config::ParallelConfig& parallel, const std::vector<double>& measured = {},
+                                       const std::vector<double>& parameters = {});
+
+/// Note [Stage pieces built alone]
+/// The cut of a GPT-2 or ViT made before the model is built, so that each rank builds its own
+/// stage's pieces only and the others as stand-ins (Note [Pieces built]): from a probe built with the
+/// embedding, the first block and the head at full size (every block of these models weighs the
+/// same), on a generator of its own. None (build the whole model, cut afterwards) for a ResNet (its
+/// stages differ), a measured cut (every rank times every piece) and model.weights (imported into the
+/// whole model). `stage_pieces` is the filter that builds stage `stage`'s pieces.
+std::optional<parallel::pp::StageParts> plan_before_building(const config::TrainConfig& c, const Datasets& d);
+nn::models::PieceFilter stage_pieces(const parallel::pp::StageParts& parts, int stage);
 
 /// True when the cut is measured (parallel.partition = "measured" and no parallel.partition_sizes).
 bool measures_pipeline_partition(const config::ParallelConfig& parallel);
@@ -84,7 +98,7 @@ std::optional<DType> pipeline_compute_dtype(const config::TrainConfig& c);
 /// "balanced by parameters", "uniform by pieces" or "cut as parallel.partition_sizes = [...]": for logs.
 std::string describe_partition(const config::ParallelConfig& parallel);
 
-/// Cuts `model` (whole on this rank, serial; a GPT-2, ViT or ResNet) for this rank's pipeline stage.
+/// Cuts `model` (serial; a GPT-2, ViT or ResNet) for this rank's pipeline stage.
 /// Every rank of the pipeline group must call it (it splits the group for tied weights). Throws naming
 /// model.name when the model has no pieces, or the numbers when they do not fill the stages.
 ///
@@ -100,8 +114,11 @@ std::string describe_partition(const config::ParallelConfig& parallel);
 /// With parallel.partition = "measured", `sample` is a microbatch for measure_pipeline_pieces
 /// (pipeline_sample_microbatch); every rank measures, the pipeline averages, and data rank 0's and then
 /// tensor rank 0's average goes to every rank, so that all cut alike. Collective over every group.
+/// With `planned` (plan_before_building), the model holds this stage's pieces whole and the others
+/// as stand-ins, and the stage is cut as planned.
 PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelContext& context,
                                   const config::TrainConfig& c, const parallel::tp::DropoutGenerators& dropout = {},
-                                  const Tensor& sample = Tensor());
+                                  const Tensor& sample = Tensor(),
+                                  const std::optional<parallel::pp::StageParts>& planned = std::nullopt);
 
 }  // namespace colossal::initialize

@@ -236,7 +236,12 @@ void TrainingRun::build_data_and_model() {
   dropout_generator_ = std::make_unique<core::Generator>(seed + 7);
   // Megatron's RNG tracker: inside the tensor-parallel region each tensor rank draws its own masks.
   tensor_generator_ = std::make_unique<core::Generator>(parallel::tp::tensor_parallel_seed(seed + 7, *context_));
-  model_ = make_model(c, datasets_, *init_generator_, *dropout_generator_);
+  // Under a pipeline a GPT-2 or ViT is cut before it is built, and this rank builds its own stage's
+  // pieces only, the others as stand-ins (Note [Stage pieces built alone] in pipeline_stage.h).
+  if (context_->layout().pipeline_size() > 1) planned_cut_ = plan_before_building(c, datasets_);
+  ModelBuild build;
+  if (planned_cut_) build.pieces = stage_pieces(*planned_cut_, context_->group(parallel::GroupKind::kPipeline)->rank());
+  model_ = make_model(c, datasets_, *init_generator_, *dropout_generator_, build);
   if (!c.model.weights.empty()) {
     const nn::HubImportReport report = nn::import_hub_weights(*model_, c.model.weights);
     if (writer_) {
@@ -278,7 +283,8 @@ void TrainingRun::build_data_and_model() {
   }
   if (context_->layout().pipeline_size() > 1) {
     // This rank's stage: the whole model is cut into pieces and the stage keeps its chunks
-    // (initialize/pipeline_stage.h; every rank builds the whole model first, for now).
+    // (initialize/pipeline_stage.h; a GPT-2 or ViT cut as planned before it was built holds only this
+    // stage's pieces whole, a ResNet, a measured cut or imported weights the whole model).
     // With tensor parallelism its blocks become tensor-parallel (Note [Pipeline of tensor-parallel
     // stages]), their dropout drawing as ParallelGPT2's and ParallelViT's do.
     const parallel::tp::DropoutGenerators dropout{.data = dropout_generator_.get(), .tensor = tensor_generator_.get()};
@@ -287,7 +293,7 @@ void TrainingRun::build_data_and_model() {
       const Tensor first = datasets_.train->size() > 0 ? datasets_.train->get(0).input : Tensor();
       sample = pipeline_sample_microbatch(*model_, c, first, device_);
     }
-    PipelineStage stage = make_pipeline_stage(*model_, *context_, c, dropout, sample);
+    PipelineStage stage = make_pipeline_stage(*model_, *context_, c, dropout, sample, planned_cut_);
     if (writer_ && options_.verbose) fmt::print("{}\n", stage.description);
     model_ = stage.module;
     model_->to(device_);  // the tensor-parallel blocks made anew sit where the serial model did

@@ -28,6 +28,7 @@
 #include "colossal/initialize/builders.h"
 #include "colossal/initialize/run_plan.h"
 #include "colossal/parallel/parallel_context.h"
+#include "colossal/parallel/pp/partition.h"  // StageParts
 
 namespace colossal::initialize {
 
@@ -107,6 +108,8 @@ class TrainingRun {
   /// tensor_generator_ those of activations split over the tensor group (parallel/tp/random.h).
   std::unique_ptr<core::Generator> init_generator_, dropout_generator_, tensor_generator_;
   std::shared_ptr<nn::Module> model_;
+  /// Under a pipeline, the cut made before the model was built (plan_before_building), when it was.
+  std::optional<parallel::pp::StageParts> planned_cut_;
   /// Under parallel.pipeline > 1: the schedule of this rank's stage (model_ holds its chunks).
   std::shared_ptr<engine::PipelineSchedule> pipeline_schedule_;
   /// Under a pipeline, the serial names of the stage's tensors (EngineOptions::serial_names).

@@ -209,17 +209,24 @@ Tensor head(LayerNorm& ln_f, const Embedding& wte, const Tensor& hidden) {
 
 }  // namespace
 
-GPT2::GPT2(const GPT2Config& config, core::Generator* generator, core::Generator* dropout_generator)
+GPT2::GPT2(const GPT2Config& config, core::Generator* generator, core::Generator* dropout_generator,
+           const PieceFilter& build)
     : Module("GPT2"), config_(config) {
   config.validate();
-  wte_ = register_module(
-      "wte", std::make_shared<Embedding>(config.padded_vocab_size(), config.n_embd, std::nullopt, generator));
-  wpe_ =
-      register_module("wpe", std::make_shared<Embedding>(config.n_positions, config.n_embd, std::nullopt, generator));
+  // Note [Pieces built]: a piece left out is a stand-in one head wide (one row per embedding).
+  const auto built = [&build](int64_t piece) { return !build || build(static_cast<size_t>(piece)); };
+  GPT2Config stand_in = config;
+  stand_in.n_embd = config.n_head;
+  const bool embed = built(0), head = built(config.n_layer + 1);
+  wte_ =
+      register_module("wte", std::make_shared<Embedding>(embed || head ? config.padded_vocab_size() : 1,
+                                                         embed || head ? config.n_embd : 1, std::nullopt, generator));
+  wpe_ = register_module("wpe", std::make_shared<Embedding>(embed ? config.n_positions : 1, embed ? config.n_embd : 1,
+                                                            std::nullopt, generator));
   drop_ = register_module("drop", std::make_shared<Dropout>(config.dropout, dropout_generator));
   h_ = register_module("h", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < config.n_layer; ++i)
-    h_->push_back(std::make_shared<GPT2Block>(config, generator, dropout_generator));
+    h_->push_back(std::make_shared<GPT2Block>(built(i + 1) ? config : stand_in, generator, dropout_generator));
   ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, config.layer_norm_epsilon));
 
   // HF's _init_weights: the matrices N(0, initializer_range), the residual-stream writers scaled

@@ -136,8 +136,10 @@ class GPT2 : public Module {
  public:
   /// generator draws the initial weights; dropout_generator (nullptr = core::default_generator())
   /// drives every dropout and must outlive the model.
+  /// build: the pieces of layers() built at full size, the others as stand-ins (Note [Pieces
+  /// built]); wte is built when the embedding or the head is.
   explicit GPT2(const GPT2Config& config, core::Generator* generator = nullptr,
-                core::Generator* dropout_generator = nullptr);
+                core::Generator* dropout_generator = nullptr, const PieceFilter& build = {});
 
   /// ids [B, T] (i32/i64, T <= n_positions) -> logits [B, T, padded_vocab_size()].
   Tensor forward(const Tensor& ids) override;

@@ -24,6 +24,16 @@
 
 namespace colossal::nn::models {
 
+/// Note [Pieces built]
+/// Which pieces of a model's layers() to build at full size (piece indices as layers() orders them;
+/// empty: all). A piece left out is built as a stand-in: the same modules, parameter names and
+/// dimensions' count, every width 1 (or the least its module takes). It draws from the initial
+/// weights' generator exactly as the full piece would, since every initialiser reserves one Philox
+/// offset per call whatever the tensor's size (core/random.h), so the pieces built get the serial
+/// model's weights bit for bit. A pipeline stage builds its own pieces only (initialize/
+/// pipeline_stage.h), instead of the whole model on every rank first.
+using PieceFilter = std::function<bool(size_t piece)>;
+
 class LayerView : public Module {
  public:
   /// fn computes the piece; it gets the view (to read the parameters registered in it) and the

@@ -143,21 +143,27 @@ Tensor classify(LayerNorm& norm, Dropout& head_drop, Linear& head, const Tensor&
 }  // namespace
 
 VisionTransformer::VisionTransformer(const ViTConfig& config, core::Generator* generator,
-                                     core::Generator* dropout_generator)
+                                     core::Generator* dropout_generator, const PieceFilter& build)
     : Module("VisionTransformer"), config_(config) {
   config.validate();
-  const int64_t c = config.embed_dim;
-  cls_token_ = &register_parameter("cls_token", core::zeros({1, 1, c}));
-  pos_embed_ = &register_parameter("pos_embed", core::zeros({1, 1 + config.num_patches(), c}));
-  patch_embed_ = register_module("patch_embed", std::make_shared<PatchEmbedding>(config.img_size, config.patch_size,
-                                                                                 config.in_chans, c, true, generator));
+  // Note [Pieces built]: a piece left out is a stand-in one head wide (one patch of one pixel, one class).
+  const auto built = [&build](int64_t piece) { return !build || build(static_cast<size_t>(piece)); };
+  const bool embed = built(0), head = built(config.depth + 1);
+  const int64_t c = config.embed_dim, e = embed ? c : 1;
+  cls_token_ = &register_parameter("cls_token", core::zeros({1, 1, e}));
+  pos_embed_ = &register_parameter("pos_embed", core::zeros({1, embed ? 1 + config.num_patches() : 1, e}));
+  patch_embed_ = register_module(
+      "patch_embed",
+      embed ? std::make_shared<PatchEmbedding>(config.img_size, config.patch_size, config.in_chans, c, true, generator)
+            : std::make_shared<PatchEmbedding>(1, 1, 1, 1, true, generator));
   pos_drop_ = register_module("pos_drop", std::make_shared<Dropout>(config.pos_drop_rate, dropout_generator));
   blocks_ = register_module("blocks", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < config.depth; ++i) {
     const double drop_path =
         config.depth > 1 ? config.drop_path_rate * static_cast<double>(i) / static_cast<double>(config.depth - 1) : 0.0;
+    const int64_t width = built(i + 1) ? c : config.num_heads;
     blocks_->push_back(std::make_shared<TransformerBlock>(
-        c, config.num_heads,
+        width, config.num_heads,
         TransformerBlockOptions{.mlp_ratio = config.mlp_ratio,
                                 .qkv_bias = config.qkv_bias,
                                 .proj_dropout = config.proj_drop_rate,
@@ -168,9 +174,10 @@ VisionTransformer::VisionTransformer(const ViTConfig& config, core::Generator* g
                                 .checkpoint_activations = config.checkpoint_activations},
         generator));
   }
-  norm_ = register_module("norm", std::make_shared<LayerNorm>(c, config.norm_eps));
+  norm_ = register_module("norm", std::make_shared<LayerNorm>(head ? c : 1, config.norm_eps));
   head_drop_ = register_module("head_drop", std::make_shared<Dropout>(config.drop_rate, dropout_generator));
-  head_ = register_module("head", std::make_shared<Linear>(c, config.num_classes, true, generator));
+  head_ =
+      register_module("head", std::make_shared<Linear>(head ? c : 1, head ? config.num_classes : 1, true, generator));
 
   // timm's init_weights(''): the position embedding, the class token, then every Linear.
   init::trunc_normal_(*pos_embed_, 0.0, 0.02, -2.0, 2.0, generator);

@@ -73,8 +73,10 @@ class VisionTransformer : public Module {
   /// init_weights(''): pos_embed trunc_normal(std 0.02), cls_token normal(std 1e-6), every Linear
   /// trunc_normal(std 0.02) with zero bias (the head zero with zero_head_init), the patch
   /// projection PyTorch's Conv2d default, LayerNorms one and zero.
+  /// build: the pieces of layers() built at full size, the others as stand-ins (Note [Pieces
+  /// built]).
   explicit VisionTransformer(const ViTConfig& config, core::Generator* generator = nullptr,
-                             core::Generator* dropout_generator = nullptr);
+                             core::Generator* dropout_generator = nullptr, const PieceFilter& build = {});
 
   /// images [B, in_chans, img_size, img_size] -> logits [B, num_classes].
   Tensor forward(const Tensor& images) override;
