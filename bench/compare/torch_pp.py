@@ -17,19 +17,17 @@ MFU per GPU (6N + 12 L C T FLOPs per token, N without wpe, against 989.4 TFLOP/s
 pipeline_bubble.sh does."""
 import argparse
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_gpt_bench import PADDED_VOCAB, add_shape_args, random_tokens, rank_device, speed, time_step_ms  # noqa: E402
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--seq", type=int, default=1024)
+    add_shape_args(parser, layers=24, width=1024, heads=16, batch=16)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--chunks", type=int, default=1, help="model chunks per rank (2: interleaved 1F1B)")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=10)
     args = parser.parse_args()
 
     import torch
@@ -38,13 +36,9 @@ def main():
     import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    device = torch.device("cuda", local)
+    world, rank, device = rank_device()
     dist.init_process_group("nccl", device_id=device)
-    L, C, H, T, V = args.layers, args.width, args.heads, args.seq, 50304
+    L, C, H, T, V = args.layers, args.width, args.heads, args.seq, PADDED_VOCAB
     stages = world * args.chunks
 
     class Block(nn.Module):
@@ -107,9 +101,7 @@ def main():
         schedule = ScheduleInterleaved1F1B(pipeline_stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
     params = [p for mod in modules for p in mod.parameters()]
     optimizer = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
-    g = torch.Generator(device=device).manual_seed(42)
-    idx = torch.randint(0, 50257, (args.batch, T), device=device, generator=g)
-    targets = torch.randint(0, 50257, (args.batch, T), device=device, generator=g)
+    idx, targets = random_tokens(args, device)
 
     def step():
         if rank == 0 and rank == (stages - 1) % world:
@@ -123,26 +115,11 @@ def main():
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(args.warmup):
-        step()
-    torch.cuda.synchronize()
-    dist.barrier()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(args.steps):
-        step()
-    stop.record()
-    stop.synchronize()
-    t = torch.tensor([start.elapsed_time(stop) / args.steps], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest stage sets the pace
-    ms = t.item()
-    n = L * (12 * C * C + 13 * C) + V * C + 2 * C  # without wpe
-    flops = (6 * n + 12 * L * C * T) * args.batch * T
+    ms, _ = time_step_ms(step, args, device)
     if rank == 0:
         kind = "1F1B" if args.chunks == 1 else f"interleaved 1F1B, {args.chunks} chunks"
         print(f"torch pipelining pp={world} ({kind}) GPT L{L} C{C} B{args.batch} T{T}, {args.microbatches} "
-              f"microbatches: {ms:.1f} ms/step, {args.batch * T / ms * 1e3:.0f} tokens/s, "
-              f"MFU per GPU {flops / world / (ms * 1e-3) / 989.4e12:.1%}", flush=True)
+              f"microbatches: {speed(args, ms, world)}", flush=True)
     dist.destroy_process_group()
 
 

@@ -16,17 +16,15 @@ after --warmup; rank 0 prints ms per step, tokens/s and MFU per GPU counting eac
 (6N + 12 L C T) FLOPs per token (N without wpe) against 989.4 TFLOP/s, as tp_mfu.sh does."""
 import argparse
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_gpt_bench import PADDED_VOCAB, add_shape_args, random_tokens, rank_device, speed, time_step_ms  # noqa: E402
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=10)
+    add_shape_args(parser, layers=24, width=2048, heads=16, batch=8)
     parser.add_argument("--compile", action="store_true", help="torch.compile each block")
     args = parser.parse_args()
 
@@ -37,13 +35,9 @@ def main():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    device = torch.device("cuda", local)
+    world, rank, device = rank_device()
     mesh = init_device_mesh("cuda", (world,))
-    L, C, H, T, V = args.layers, args.width, args.heads, args.seq, 50304
+    L, C, H, T, V = args.layers, args.width, args.heads, args.seq, PADDED_VOCAB
     assert H % world == 0, f"{H} heads do not split over {world} ranks"
 
     class Attention(nn.Module):
@@ -102,9 +96,7 @@ def main():
     replicated = [p for p in model.parameters() if not isinstance(p, DTensor)]
     optimizers = [torch.optim.AdamW(ps, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
                   for ps in (sharded, replicated)]
-    g = torch.Generator(device=device).manual_seed(42)
-    idx = torch.randint(0, 50257, (args.batch, T), device=device, generator=g)
-    targets = torch.randint(0, 50257, (args.batch, T), device=device, generator=g)
+    idx, targets = random_tokens(args, device)
 
     def step():
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
@@ -115,24 +107,10 @@ def main():
             optimizer.zero_grad(set_to_none=True)
         return loss
 
-    for _ in range(args.warmup):
-        step()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(args.steps):
-        loss = step()
-    stop.record()
-    stop.synchronize()
-    t = torch.tensor([start.elapsed_time(stop) / args.steps], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-    ms = t.item()
-    n = L * (12 * C * C + 13 * C) + V * C + 2 * C  # without wpe
-    flops = (6 * n + 12 * L * C * T) * args.batch * T
+    ms, loss = time_step_ms(step, args, device)
     if rank == 0:
         print(f"torch DTensor tp={world} GPT L{L} C{C} H{H} B{args.batch} T{T}{' compiled' if args.compile else ''}: "
-              f"{ms:.2f} ms/step, {args.batch * T / ms * 1e3:.0f} tokens/s, "
-              f"MFU per GPU {flops / world / (ms * 1e-3) / 989.4e12:.1%}, loss {loss.item():.3f}", flush=True)
+              f"{speed(args, ms, world)}, loss {loss.item():.3f}", flush=True)
     dist.destroy_process_group()
 
 

@@ -160,15 +160,7 @@ TEST(GPT2, PiecesLeftOutAreStandInsAndTheOthersTheSerialWeights) {
   // then the head alone: the pieces built are the full model's bit for bit.
   GPT2Config config = small_config();
   config.n_layer = 4;
-  core::Generator full_gen(11), dropout(12);
-  GPT2 full(config, &full_gen, &dropout);
-  for (const std::set<size_t>& kept : {std::set<size_t>{2, 3}, std::set<size_t>{0, 5}, std::set<size_t>{5}}) {
-    core::Generator gen(11);
-    const auto built = [&kept](size_t piece) { return kept.contains(piece); };
-    GPT2 partial(config, &gen, &dropout, built);
-    EXPECT_EQ(gen.state().offset, full_gen.state().offset) << "the stand-ins drew as many times";
-    testing::expect_built_pieces_equal_the_full_model(full, partial, full.layers(), partial.layers(), built);
-  }
+  testing::expect_pieces_built_alone_equal_the_whole<GPT2>(config, {{2, 3}, {0, 5}, {5}});
 }
 
 TEST(GPT2, ConfigFromHuggingFaceJson) {

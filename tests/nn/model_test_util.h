@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "colossal/core/random.h"
 #include "colossal/nn/module.h"
 
 namespace colossal::testing {
@@ -108,6 +109,22 @@ inline void expect_built_pieces_equal_the_full_model(nn::Module& full, nn::Modul
           << "piece " << i << ": " << name << " differs from the full model's";
     }
     if (!built(i)) EXPECT_LT(got_numel * 10, want_numel) << "piece " << i << " left out is no stand-in";
+  }
+}
+
+/// Builds `Model` (GPT2, VisionTransformer) from `config` whole, then with each set of `kept` pieces
+/// built and the others stand-ins, from the same seed, and EXPECTs the pieces built to equal the whole
+/// model's and the generator to end at the same offset (Note [Pieces built]).
+template <class Model, class Config>
+void expect_pieces_built_alone_equal_the_whole(const Config& config, const std::vector<std::set<size_t>>& kept) {
+  core::Generator whole_gen(11), dropout(12);
+  Model whole(config, &whole_gen, &dropout);
+  for (const std::set<size_t>& pieces : kept) {
+    core::Generator gen(11);
+    const auto built = [&pieces](size_t piece) { return pieces.contains(piece); };
+    Model partial(config, &gen, &dropout, built);
+    EXPECT_EQ(gen.state().offset, whole_gen.state().offset) << "the stand-ins drew as many times";
+    expect_built_pieces_equal_the_full_model(whole, partial, whole.layers(), partial.layers(), built);
   }
 }
 

@@ -137,15 +137,7 @@ TEST(ViT, PiecesLeftOutAreStandInsAndTheOthersTheSerialWeights) {
   // Note [Pieces built]: the embedding with a block, the middle blocks, the head alone.
   ViTConfig config = small_config();
   config.depth = 4;
-  core::Generator full_gen(21), dropout(22);
-  VisionTransformer full(config, &full_gen, &dropout);
-  for (const std::set<size_t>& kept : {std::set<size_t>{0, 1}, std::set<size_t>{2, 3}, std::set<size_t>{5}}) {
-    core::Generator gen(21);
-    const auto built = [&kept](size_t piece) { return kept.contains(piece); };
-    VisionTransformer partial(config, &gen, &dropout, built);
-    EXPECT_EQ(gen.state().offset, full_gen.state().offset) << "the stand-ins drew as many times";
-    testing::expect_built_pieces_equal_the_full_model(full, partial, full.layers(), partial.layers(), built);
-  }
+  testing::expect_pieces_built_alone_equal_the_whole<VisionTransformer>(config, {{0, 1}, {2, 3}, {5}});
 }
 
 TEST(ViT, ConfigFromJson) {
