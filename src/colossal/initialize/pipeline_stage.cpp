@@ -212,8 +212,7 @@ class InComputeDtype {
 }  // namespace
 
 std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn::Module>>& pieces,
-                                            const Tensor& microbatch, int repeats, std::optional<DType> compute_dtype,
-                                            bool with_loss) {
+                                            const Tensor& microbatch, int repeats, std::optional<DType> compute_dtype) {
   COLOSSAL_CHECK(repeats >= 1, "measure_pipeline_pieces: repeats must be >= 1, got {}", repeats);
   const Device device = microbatch.device();
   // The stream the pieces run on, waited for around each run (not the whole device: a communicator's
@@ -245,7 +244,7 @@ std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn
       }
       const auto start = std::chrono::steady_clock::now();
       output = (*piece)(input);
-      if (with_loss && &piece == &pieces.back() && core::is_floating(output.dtype()) && output.dim() >= 2) {
+      if (&piece == &pieces.back() && core::is_floating(output.dtype()) && output.dim() >= 2) {
         // The last stage also computes the loss: the cross-entropy of the logits (in f32 from 16-bit
         // logits, as the run's criterion) over every row, against class 0.
         const Tensor rows = output.reshape({-1, output.size(-1)});
@@ -341,6 +340,8 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
   const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kPipeline);
   const int p = group->size(), stage = group->rank(), v = c.parallel.num_chunks;
   const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(model);
+  const std::shared_ptr<comm::ProcessGroup> tensor_group = context.group(parallel::GroupKind::kTensor);
+  const bool tensor_parallel = tensor_group != nullptr && tensor_group->size() > 1;
   std::vector<double> measured;
   if (!planned && measures_pipeline_partition(c.parallel)) {
     COLOSSAL_CHECK(sample.defined(),
@@ -357,9 +358,7 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     // Timed as serial blocks, a pp2 x tp2 GPT-2 350M cut gave the head's stage, whose head stays whole
     // on both tensor ranks, 26 ms per step more busy time than the other's.
     std::vector<std::shared_ptr<nn::Module>> timed = pieces;
-    const std::shared_ptr<comm::ProcessGroup> tensor_group =
-        context.has_group(parallel::GroupKind::kTensor) ? context.group(parallel::GroupKind::kTensor) : nullptr;
-    if (tensor_group != nullptr && tensor_group->size() > 1) {
+    if (tensor_parallel) {
       for (size_t i = 0; i < timed.size(); ++i)
         timed[i] = tensor_parallel_piece(model, pieces[i], i, tensor_group, dropout);
     }
@@ -409,8 +408,6 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
 
   auto module = std::make_shared<nn::ModuleList>();
   std::vector<std::shared_ptr<nn::Module>> chunks;
-  const std::shared_ptr<comm::ProcessGroup> tensor_group = context.group(parallel::GroupKind::kTensor);
-  const bool tensor_parallel = tensor_group != nullptr && tensor_group->size() > 1;
   for (const parallel::pp::PieceRange& r : parts[static_cast<size_t>(stage)]) {
     auto chunk = std::make_shared<nn::Sequential>();
     for (int64_t i = r.begin; i < r.end; ++i) {
@@ -454,16 +451,11 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
         fmt::format("; measured ms per piece (forward and backward of one microbatch): [{}]", fmt::join(ms, ", "));
   }
   if (planned) {
-    // Note [Stage pieces built alone]: what this rank built, against the whole model's parameters.
-    const auto count = [](const nn::Module& m) {
-      int64_t n = 0;
-      for (const Tensor& t : m.parameters()) n += t.numel();
-      return n;
-    };
-    const int64_t mine = count(*module);
+    // Note [Stage pieces built alone]: what this rank built, beside the stand-ins.
+    const int64_t mine = module->num_parameters();
     description +=
         fmt::format("; stage {} built alone: its {} parameters, stand-ins of {} for the other stages' pieces", stage,
-                    mine, count(model) - mine);
+                    mine, model.num_parameters() - mine);
   }
   return {module, schedule, std::move(description), std::move(serial_names)};
 }

@@ -72,8 +72,8 @@ Tensor pipeline_sample_microbatch(nn::Module& model, const config::TrainConfig& 
 /// Each piece's forward and backward time on this rank's device (seconds, the median of `repeats`
 /// runs after one warm-up; on a GPU the device's time between CUDA events around the run, the stream
 /// held while the host queues it; on the CPU the host's), the pieces run in order on `microbatch`
-/// (each on the previous one's output, its gradient all ones; with `with_loss`, the last one's output,
-/// the logits, through a cross-entropy as the last stage computes the loss), in training mode, each
+/// (each on the previous one's output, its gradient all ones; the last one's output, the logits,
+/// through a cross-entropy as the last stage computes the loss), in training mode, each
 /// converted to `compute_dtype` when given and put back after. The pieces' parameter gradients are dropped
 /// afterwards. The caller restores the random generators the pieces' dropout drew from.
 ///
@@ -89,7 +89,7 @@ Tensor pipeline_sample_microbatch(nn::Module& model, const config::TrainConfig& 
 /// with it.
 std::vector<double> measure_pipeline_pieces(const std::vector<std::shared_ptr<nn::Module>>& pieces,
                                             const Tensor& microbatch, int repeats = 3,
-                                            std::optional<DType> compute_dtype = std::nullopt, bool with_loss = true);
+                                            std::optional<DType> compute_dtype = std::nullopt);
 
 /// The dtype mixed precision runs the model's matrix products in under `c` (bf16 = true: bf16;
 /// fp16.mode "naive" or "torch": f16), or none for an f32 run.

@@ -213,7 +213,7 @@ GPT2::GPT2(const GPT2Config& config, core::Generator* generator, core::Generator
            const PieceFilter& build)
     : Module("GPT2"), config_(config) {
   config.validate();
-  // Note [Pieces built]: a piece left out is a stand-in one head wide (one row per embedding).
+  // Note [Pieces built]: a piece left out is a stand-in: blocks one feature per head, embeddings 1 x 1.
   const auto built = [&build](int64_t piece) { return !build || build(static_cast<size_t>(piece)); };
   GPT2Config stand_in = config;
   stand_in.n_embd = config.n_head;

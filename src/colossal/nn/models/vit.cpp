@@ -146,7 +146,8 @@ VisionTransformer::VisionTransformer(const ViTConfig& config, core::Generator* g
                                      core::Generator* dropout_generator, const PieceFilter& build)
     : Module("VisionTransformer"), config_(config) {
   config.validate();
-  // Note [Pieces built]: a piece left out is a stand-in one head wide (one patch of one pixel, one class).
+  // Note [Pieces built]: a piece left out is a stand-in: blocks one feature per head, the embedding one
+  // one-pixel patch of width 1, the head one class.
   const auto built = [&build](int64_t piece) { return !build || build(static_cast<size_t>(piece)); };
   const bool embed = built(0), head = built(config.depth + 1);
   const int64_t c = config.embed_dim, e = embed ? c : 1;
