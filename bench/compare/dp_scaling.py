@@ -4,6 +4,7 @@ one machine (issue 17's table; docs/benchmarks.md).
 
     bench/compare/dp_scaling.py --colossal build-gpu/src/colossal/cli/colossal [--gpus 1,2]
                                 [--steps 300] [--warmup 100] [--no-torch] [--out DIR]
+                                [--rounds R] [--each-gpu]
 
 Ours: `colossal train --config configs/gpt2_tokens.toml` (one GPU) and `colossal run --nproc_per_node
 N -- colossal train ...` with bf16 (fp32 masters), data.batch_size 16 x T 1024 per GPU,
@@ -12,7 +13,13 @@ train.max_steps. Time per step: the metrics file's step lines carry wall_s (seco
 began, read when the line is written, which waits for the step); ms/step is the slope between the
 first logged step at or after --warmup and the last. Torch: bench/compare/ddp_step.py under torchrun,
 the same shapes (its own timing over --steps after --warmup). Scaling = t(1 GPU) / t(N GPUs): the
-fraction of N x one GPU's throughput that N GPUs keep (per-GPU batch fixed)."""
+fraction of N x one GPU's throughput that N GPUs keep (per-GPU batch fixed).
+
+--rounds R runs the whole list R times, alternating the sizes (1, 2, 1, 2, ...), and reports each
+size's median, so that a drift of the machine over the call falls on every size alike. --each-gpu runs
+the one-GPU baseline on each GPU the largest run uses (CUDA_VISIBLE_DEVICES), since GPUs of one machine
+differ by ~1% in speed and a synchronous job runs at its slowest one's pace: the baseline is then their
+mean throughput (N GPUs ideally give the sum of what each gives alone), and each GPU's is printed."""
 import argparse
 import json
 import os
@@ -31,8 +38,9 @@ def make_tokens(path, count=4_000_000, vocab=50257):
     rng.integers(0, vocab, size=count, dtype=np.uint16).tofile(path)
 
 
-def ours(colossal, gpus, steps, warmup, out):
-    metrics = os.path.join(out, f"ours_{gpus}.jsonl")
+def ours(colossal, gpus, steps, warmup, out, device=None):
+    tag = f"{gpus}" if device is None else f"1_gpu{device}"
+    metrics = os.path.join(out, f"ours_{tag}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
     train = [colossal, "train", "--config", os.path.join(ROOT, "configs", "gpt2_tokens.toml"),
@@ -42,9 +50,9 @@ def ours(colossal, gpus, steps, warmup, out):
              "--set", f"train.max_steps={steps}", "--set", "train.log_interval=10", "--set", "train.progress=false",
              "--set", "lr_scheduler.warmup_steps=10", "--metrics", metrics]
     command = train if gpus == 1 else [colossal, "run", "--nproc_per_node", str(gpus), "--"] + train
-    log = os.path.join(out, f"ours_{gpus}.log")
+    log = os.path.join(out, f"ours_{tag}.log")
     with open(log, "w") as f:
-        rc = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, NCCL_NVLS_ENABLE="0")).returncode
+        rc = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=run_env(device)).returncode
     if rc != 0:
         print(open(log).read()[-4000:])
         raise SystemExit(f"colossal train on {gpus} GPU(s) failed (rc {rc}); log {log}")
@@ -58,21 +66,28 @@ def ours(colossal, gpus, steps, warmup, out):
         raise SystemExit(f"too few step lines after warm-up in {metrics}")
     (s0, t0), (s1, t1) = points[0], points[-1]
     ms = 1e3 * (t1 - t0) / (s1 - s0)
-    return dict(impl="colossal", gpus=gpus, ms_per_step=ms, tokens_per_s=gpus * 16 * 1024 / (ms * 1e-3),
-                steps_timed=s1 - s0)
+    return dict(impl="colossal", gpus=gpus, device=device, ms_per_step=ms,
+                tokens_per_s=gpus * 16 * 1024 / (ms * 1e-3), steps_timed=s1 - s0)
 
 
-def torch_ddp(gpus, steps, warmup, out):
+def run_env(device):
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(device)
+    return env
+
+
+def torch_ddp(gpus, steps, warmup, out, device=None):
     torchrun = shutil.which("torchrun") or None
     command = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
         "--standalone", f"--nproc_per_node={gpus}", os.path.join(HERE, "ddp_step.py"), "--steps", str(steps - warmup),
         "--warmup", str(warmup)]
-    result = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
+    result = subprocess.run(command, capture_output=True, text=True, env=run_env(device))
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:])
         raise SystemExit(f"torch DDP on {gpus} GPU(s) failed")
     rows = [json.loads(l) for l in result.stdout.splitlines() if l.startswith("{")]
-    return rows[-1]
+    return dict(rows[-1], device=device)
 
 
 def main():
@@ -83,26 +98,47 @@ def main():
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/dp-scaling"))
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--each-gpu", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     make_tokens(os.path.join(args.out, "tokens.bin"))
     gpus = [int(g) for g in args.gpus.split(",")]
+    # One GPU: on each GPU the largest run uses (--each-gpu), or where CUDA_VISIBLE_DEVICES points.
+    singles = list(range(max(gpus))) if args.each_gpu else [None]
     rows = []
-    for n in gpus:
-        rows.append(ours(args.colossal, n, args.steps, args.warmup, args.out))
-        print(json.dumps(rows[-1]), flush=True)
-        if not args.no_torch:
-            rows.append(torch_ddp(n, args.steps, args.warmup, args.out))
-            print(json.dumps(rows[-1]), flush=True)
+    for _ in range(args.rounds):
+        for n in gpus:
+            for device in (singles if n == 1 else [None]):
+                runs = [lambda: ours(args.colossal, n, args.steps, args.warmup, args.out, device)]
+                if not args.no_torch:
+                    runs.append(lambda: torch_ddp(n, args.steps, args.warmup, args.out, device))
+                for run in runs:
+                    rows.append(run())
+                    print(json.dumps(rows[-1]), flush=True)
     with open(os.path.join(args.out, "dp-scaling.jsonl"), "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
-    print(f"\n{'impl':10} {'GPUs':>4} {'ms/step':>9} {'tokens/s':>11} {'scaling':>8}")
+
+    def median(values):
+        values = sorted(values)
+        return values[len(values) // 2] if len(values) % 2 else 0.5 * (values[len(values) // 2 - 1] + values[len(values) // 2])
+
+    print(f"\n{'impl':10} {'GPUs':>4} {'on':>4} {'ms/step':>9} {'tokens/s':>11} {'scaling':>8}   (median of {args.rounds})")
     for impl in ("colossal", "torch-ddp"):
-        base = next((r for r in rows if r["impl"] == impl and r["gpus"] == 1), None)
-        for r in (r for r in rows if r["impl"] == impl):
-            scaling = base["ms_per_step"] / r["ms_per_step"] if base else float("nan")
-            print(f"{impl:10} {r['gpus']:>4} {r['ms_per_step']:>9.2f} {r['tokens_per_s']:>11.0f} {scaling:>8.3f}")
+        mine = [r for r in rows if r["impl"] == impl]
+        if not mine:
+            continue
+        keys = sorted({(r["gpus"], r.get("device")) for r in mine}, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+        ms = {k: median([r["ms_per_step"] for r in mine if (r["gpus"], r.get("device")) == k]) for k in keys}
+        ones = [v for (n, _), v in ms.items() if n == 1]
+        # The baseline: the one-GPU runs' mean throughput (their harmonic mean of ms/step).
+        base = len(ones) / sum(1 / v for v in ones) if ones else float("nan")
+        for (n, device), v in ms.items():
+            where = "all" if device is None else f"gpu{device}"
+            print(f"{impl:10} {n:>4} {where:>4} {v:>9.2f} {n * 16 * 1024 / (v * 1e-3):>11.0f} {base / v:>8.3f}")
+        if len(ones) > 1:
+            print(f"{impl:10} {1:>4} {'mean':>4} {base:>9.2f} {16 * 1024 / (base * 1e-3):>11.0f} {1:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@
 # hybrids dp4, dp2xtp2, dp2xpp2, pp2xtp2 (8 microbatches where pipelined; B16 per data-parallel replica).
 # PARTITION="uniform", "balanced" or "measured" cuts every pipelined part that names no cut itself.
 # torch-ppP-mM-vV: PyTorch's pipelining on P GPUs, M microbatches, V chunks per rank (torch_pp.py).
+# PROFILE=1 also traces steps 30-32 of every run of ours (colossal train --profile: each rank's kernels
+# per stream, $out/NAME.rankR.json, and its summary in the log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -65,6 +67,7 @@ run() {  # name, gpus, data-parallel size, [extra --set ...]
   if [[ -n ${PARTITION:-} && " $* " == *parallel.pipeline=* && " $* " != *parallel.partition=* ]]; then
     args+=(--set "parallel.partition=\"$PARTITION\"")
   fi
+  [[ -n ${PROFILE:-} ]] && args+=(--profile "$out/$name.json" --profile-steps 30:3)
   if [[ $gpus == 1 ]]; then
     "$colossal" "${args[@]}" > "$out/$name.log" 2>&1
   else

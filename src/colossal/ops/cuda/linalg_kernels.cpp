@@ -61,8 +61,15 @@ namespace {
 // behind torch.matmul). So the first time a problem (AlgoKey) is seen, and it is big enough for
 // the difference to matter (2 M N K >= kAutotuneMinFlops per strided batch; below that launch
 // overhead dominates), up to kAutotuneCandidates of the heuristic's answers are run on the call's
-// own operands on the current stream, 1 warm-up and kAutotuneRuns timed runs each between CUDA
-// events, and the one with the smallest median time is cached. The output is scratch while timing
+// own operands on the current stream: one warm-up each, then kAutotuneRounds rounds that run every
+// candidate once between CUDA events, and the one with the smallest median time is cached. The
+// rounds interleave the candidates rather than timing each candidate's runs together: the first
+// problems are tuned while the GPU's clocks are still rising from idle, and under data parallelism
+// while another rank's all-reduce runs beside backward, so times taken one candidate after another
+// favoured the later candidates by chance. Measured on 2 H100s (GPT-2 124M, session 14): two ranks of
+// one run picked different kernels for 5 of GPT-2's GEMMs, and the one-GPU step moved by 0.4 ms
+// between runs, the whole margin of a scaling measurement; interleaved, every candidate sees the same
+// clocks and the same neighbours. The output is scratch while timing
 // (with beta = 0: every algorithm overwrites it, and the epilogues' bias gradient and the forward's
 // pre-activation too; DGELU only reads its pre-activation); a call that accumulates (beta != 0) is
 // timed into a temporary output. The epilogue is part of the key, so DGELU_BGRAD is tuned apart
@@ -84,7 +91,7 @@ constexpr size_t kMaxCachedAlgos = 4096;
 /// See Note [GEMM autotuning].
 constexpr double kAutotuneMinFlops = 1e9;
 constexpr int kAutotuneCandidates = 8;
-constexpr int kAutotuneRuns = 3;
+constexpr int kAutotuneRounds = 5;
 
 // ---- library state
 
@@ -422,33 +429,35 @@ cublasLtMatmulAlgo_t fastest_algo(const MatmulLaunch& launch, const void* zero, 
                                   const std::vector<cublasLtMatmulHeuristicResult_t>& candidates) {
   const core::Stream stream{device, launch.stream};
   const RelaxedCaptureMode relaxed;
-  // events[i] has kAutotuneRuns + 1 entries around candidate i's timed runs, or none when it failed.
-  std::vector<std::vector<core::cuda::Event>> events(candidates.size());
+  // Warm-ups: a candidate that cannot run is left out of the rounds.
+  std::vector<size_t> runnable;
   for (size_t i = 0; i < candidates.size(); ++i) {
-    const cublasLtMatmulAlgo_t& algo = candidates[i].algo;
-    if (launch(algo, zero, d) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; skip what cannot run
-    std::vector<core::cuda::Event> marks;
-    marks.reserve(kAutotuneRuns + 1);
-    marks.emplace_back(true).record(stream);
-    bool ok = true;
-    for (int run = 0; run < kAutotuneRuns && ok; ++run) {
-      ok = launch(algo, zero, d) == CUBLAS_STATUS_SUCCESS;
-      marks.emplace_back(true).record(stream);
+    if (launch(candidates[i].algo, zero, d) == CUBLAS_STATUS_SUCCESS) runnable.push_back(i);
+  }
+  // marks[r][j], marks[r][j + 1]: round r's events around runnable[j]'s run (a failed run marks
+  // its candidate out).
+  std::vector<bool> failed(runnable.size(), false);
+  std::vector<std::vector<core::cuda::Event>> marks(kAutotuneRounds);
+  for (auto& round : marks) {
+    round.reserve(runnable.size() + 1);
+    round.emplace_back(true).record(stream);
+    for (size_t j = 0; j < runnable.size(); ++j) {
+      if (launch(candidates[runnable[j]].algo, zero, d) != CUBLAS_STATUS_SUCCESS) failed[j] = true;
+      round.emplace_back(true).record(stream);
     }
-    if (ok) events[i] = std::move(marks);
   }
   size_t best = 0;
   float best_ms = 0;
   bool any = false;
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    if (events[i].empty()) continue;
-    events[i].back().synchronize();
-    std::array<float, kAutotuneRuns> times{};
-    for (int run = 0; run < kAutotuneRuns; ++run) times[run] = events[i][run].elapsed_ms(events[i][run + 1]);
+  if (!runnable.empty()) marks.back().back().synchronize();
+  for (size_t j = 0; j < runnable.size(); ++j) {
+    if (failed[j]) continue;
+    std::array<float, kAutotuneRounds> times{};
+    for (int r = 0; r < kAutotuneRounds; ++r) times[r] = marks[r][j].elapsed_ms(marks[r][j + 1]);
     std::sort(times.begin(), times.end());
-    const float median = times[kAutotuneRuns / 2];
+    const float median = times[kAutotuneRounds / 2];
     if (!any || median < best_ms) {  // ties keep the heuristic's order
-      best = i;
+      best = runnable[j];
       best_ms = median;
       any = true;
     }
