@@ -4,7 +4,7 @@ one machine (issue 17's table; docs/benchmarks.md).
 
     bench/compare/dp_scaling.py --colossal build-gpu/src/colossal/cli/colossal [--gpus 1,2]
                                 [--steps 300] [--warmup 100] [--no-torch] [--out DIR]
-                                [--rounds R] [--each-gpu]
+                                [--rounds R] [--each-gpu] [--no-ours]
 
 Ours: `colossal train --config configs/gpt2_tokens.toml` (one GPU) and `colossal run --nproc_per_node
 N -- colossal train ...` with bf16 (fp32 masters), data.batch_size 16 x T 1024 per GPU,
@@ -97,6 +97,7 @@ def main():
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--no-ours", action="store_true", help="only torch DDP's runs")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/dp-scaling"))
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--each-gpu", action="store_true")
@@ -110,7 +111,7 @@ def main():
     for _ in range(args.rounds):
         for n in gpus:
             for device in (singles if n == 1 else [None]):
-                runs = [lambda: ours(args.colossal, n, args.steps, args.warmup, args.out, device)]
+                runs = [] if args.no_ours else [lambda: ours(args.colossal, n, args.steps, args.warmup, args.out, device)]
                 if not args.no_torch:
                     runs.append(lambda: torch_ddp(n, args.steps, args.warmup, args.out, device))
                 for run in runs:
