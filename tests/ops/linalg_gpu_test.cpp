@@ -30,11 +30,16 @@
 //   millions of elements, so 4 ulps of the rms (2^-5 bf16, 2^-7 f16).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
+
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include "colossal/core/view.h"           // to_device_raw
 #include "colossal/ops/linalg_kernels.h"  // batched_gemm_stub, fused_gemm_stub (direct epilogue checks)
@@ -559,6 +564,8 @@ TEST(LinalgGpu, AutotuningIsCorrectAndCached) {
   const Tensor expected = ops::matmul(a, b);
   const Tensor ag = a.to(gpu), bg = b.to(gpu);
 
+  // The problems of this test are tuned here, not read from an earlier process's tuning file.
+  const EnvGuard no_file("COLOSSAL_GEMM_CACHE", "off");
   Tensor heuristic;  // the heuristic's first pick, as with autotuning off
   {
     EnvGuard off("COLOSSAL_GEMM_AUTOTUNE", "0");
@@ -588,6 +595,57 @@ TEST(LinalgGpu, AutotuningIsCorrectAndCached) {
   ops::batched_gemm_stub(gpu, accumulated, ag, b2.to(gpu), 1.0);
   EXPECT_EQ(ops::gemm_autotune_count(), before + 2) << "the accumulating call was not tuned";
   expect_gemm_close(accumulated, accumulated_cpu, tol, "autotuned accumulation (beta = 1)");
+}
+
+TEST(LinalgGpu, TunedChoicesComeBackFromTheTuningFile) {
+  COLOSSAL_REQUIRE_GPU();
+  // See Note [GEMM tuning file] in ops/gemm_tuning_file.cpp. A shape no other test uses.
+  const Device gpu = core::cuda_device(0);
+  const int64_t m = 1536, k = 1280, n = 896;
+  const GemmTolerance tol = tolerance_for(kPrecisions[2], false);  // bf16
+  const Tensor a = random_input({m, k}, 60, DType::bf16, -1, 1, false);
+  const Tensor b = random_input({k, n}, 61, DType::bf16, -weight_scale(k), weight_scale(k), false);
+  const Tensor expected = ops::matmul(a, b);
+  const Tensor ag = a.to(gpu), bg = b.to(gpu);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("linalg_gpu_tuning_file_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const EnvGuard autotune("COLOSSAL_GEMM_AUTOTUNE", "1");
+  const EnvGuard cache("COLOSSAL_GEMM_CACHE", dir.c_str());
+  ops::forget_gemm_algos();
+
+  const int64_t tuned_before = ops::gemm_autotune_count(), filed_before = ops::gemm_tuning_file_count();
+  const Tensor tuned = ops::matmul(ag, bg);
+  EXPECT_EQ(ops::gemm_autotune_count(), tuned_before + 1) << "the first call did not tune";
+  EXPECT_EQ(ops::gemm_tuning_file_count(), filed_before);
+  size_t files = 0, lines = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    ++files;
+    std::ifstream in(entry.path());
+    for (std::string line; std::getline(in, line);) ++lines;
+  }
+  EXPECT_EQ(files, 1u);
+  EXPECT_EQ(lines, 1u) << "one line for the one problem tuned";
+
+  // As a new process would: nothing in memory, the file read.
+  ops::forget_gemm_algos();
+  const Tensor filed = ops::matmul(ag, bg);
+  EXPECT_EQ(ops::gemm_autotune_count(), tuned_before + 1) << "tuned again although the file holds the problem";
+  EXPECT_EQ(ops::gemm_tuning_file_count(), filed_before + 1) << "the file's choice was not used";
+  expect_gemm_close(filed, expected, tol, "the file's choice");
+  // The same algorithm (one kernel, no atomics: see SameBitsTwice) gives the same bits.
+  testing::expect_close(filed.to(core::kCpu), tuned.to(core::kCpu), 0, 0, "tuned, then read from the file");
+
+  // With the file off, a forgotten problem is tuned again.
+  {
+    const EnvGuard off("COLOSSAL_GEMM_CACHE", "off");
+    ops::forget_gemm_algos();
+    const Tensor again = ops::matmul(ag, bg);
+    EXPECT_EQ(ops::gemm_autotune_count(), tuned_before + 2);
+    expect_gemm_close(again, expected, tol, "tuned again with the file off");
+  }
+  ops::forget_gemm_algos();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(LinalgGpu, Float32PrecisionSetting) {

@@ -60,6 +60,21 @@ inline int64_t gemm_autotune_count() {
   return gemm_autotune_counter.load(std::memory_order_relaxed);
 }
 
+/// GEMM problems whose algorithm came from the tuning file (Note [GEMM tuning file] in
+/// ops/gemm_tuning_file.cpp) instead of a tuning in this process: a test hook, as above.
+inline std::atomic<int64_t> gemm_tuning_file_counter{0};
+inline int64_t gemm_tuning_file_count() {
+  return gemm_tuning_file_counter.load(std::memory_order_relaxed);
+}
+
+/// Makes the CUDA backend forget the algorithms it chose for GEMM problems in this process, so
+/// that each is asked of the tuning file, or tuned, again at its next call (a test hook; the choices
+/// in the tuning file stay).
+inline std::atomic<int64_t> gemm_algo_generation{0};
+inline void forget_gemm_algos() {
+  gemm_algo_generation.fetch_add(1, std::memory_order_relaxed);
+}
+
 /// Backward passes of gelu_mlp (ops/linalg.h) in this process whose GELU gradient ran inside the
 /// GEMM, through gelu_grad_pre_activation: a test hook showing that the fused path is taken where
 /// expected. Stays 0 without a backend that fuses it.

@@ -6,14 +6,19 @@
 // and Note [GEMM autotuning].
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -22,6 +27,7 @@
 #include "colossal/core/cuda/cuda_check.h"  // COLOSSAL_CUDA_CHECK
 #include "colossal/core/cuda_device.h"      // DeviceGuard, current_stream
 #include "colossal/core/view.h"             // contiguous_raw, narrow_raw
+#include "colossal/ops/gemm_tuning_file.h"  // GemmTuningFile
 #include "colossal/ops/linalg.h"            // float32_matmul_precision
 #include "colossal/ops/linalg_kernels.h"
 
@@ -63,18 +69,19 @@ namespace {
 // overhead dominates), up to kAutotuneCandidates of the heuristic's answers are run on the call's
 // own operands on the current stream: one warm-up each, then kAutotuneRounds rounds that run every
 // candidate once between CUDA events, and the one with the smallest median time is cached. The
-// rounds interleave the candidates rather than timing each candidate's runs together: the first
-// problems are tuned while the GPU's clocks are still rising from idle, and under data parallelism
-// while another rank's all-reduce runs beside backward, so times taken one candidate after another
-// favoured the later candidates by chance. Measured on 2 H100s (GPT-2 124M, session 14): two ranks of
-// one run picked different kernels for 5 of GPT-2's GEMMs, and the one-GPU step moved by 0.4 ms
-// between runs, the whole margin of a scaling measurement; interleaved, every candidate sees the same
-// clocks and the same neighbours. The output is scratch while timing
+// rounds interleave the candidates rather than timing each candidate's runs together, so that a
+// drift while they are timed (the first problems are tuned while the GPU's clocks rise from idle,
+// and under data parallelism beside another rank's all-reduce) falls on every candidate alike. The
+// best few candidates are often within 2-5% of each other, and which one wins still differs from
+// process to process (Note [GEMM tuning file]). The output is scratch while timing
 // (with beta = 0: every algorithm overwrites it, and the epilogues' bias gradient and the forward's
 // pre-activation too; DGELU only reads its pre-activation); a call that accumulates (beta != 0) is
 // timed into a temporary output. The epilogue is part of the key, so DGELU_BGRAD is tuned apart
 // from the plain GEMM of the same shape.
-// Costs: one host synchronization and a few milliseconds per new problem, once per process.
+// The choices are kept in the tuning file (Note [GEMM tuning file] in ops/gemm_tuning_file.cpp), so
+// a problem is tuned once per kind of GPU and library version, not once per process: every later
+// process and every rank runs the same kernels.
+// Costs: one host synchronization and a few milliseconds per new problem, once per tuning file.
 // - COLOSSAL_GEMM_AUTOTUNE=0 in the environment turns it off: the heuristic's first pick, no sync.
 // - A stream being captured into a CUDA graph cannot be synchronized: captured calls take the
 //   heuristic's pick, cached as unsettled, and the first call outside a capture tunes the problem.
@@ -159,6 +166,10 @@ class CublasLtState {
   /// The cached answer for a problem. Returns false when the problem was never asked about.
   bool find_algo(const AlgoKey& key, CachedAlgo* algo) {
     std::lock_guard lock(mutex_);
+    if (const int64_t generation = gemm_algo_generation.load(std::memory_order_relaxed); generation != generation_) {
+      algos_.clear();  // forget_gemm_algos
+      generation_ = generation;
+    }
     const auto it = algos_.find(key);
     if (it == algos_.end()) return false;
     *algo = it->second;
@@ -174,6 +185,36 @@ class CublasLtState {
     algos_[key] = algo;
   }
 
+  /// The algorithm the device's tuning file holds for a problem (Note [GEMM tuning file]), if any.
+  std::optional<cublasLtMatmulAlgo_t> find_tuned(int device, const AlgoKey& key) {
+    std::lock_guard lock(mutex_);
+    const GemmTuningFile* file = tuning_file(device);
+    if (file == nullptr) return std::nullopt;
+    const std::optional<GemmTuningAlgo> words = file->find(key);
+    if (!words) return std::nullopt;
+    cublasLtMatmulAlgo_t algo;
+    static_assert(sizeof(algo) == sizeof(GemmTuningAlgo), "cublasLtMatmulAlgo_t is not 8 words");
+    std::memcpy(&algo, words->data(), sizeof(algo));
+    return algo;
+  }
+
+  /// Adds a tuned problem to the device's tuning file; a file that cannot be written is said once.
+  void record_tuned(int device, const AlgoKey& key, const cublasLtMatmulAlgo_t& algo) {
+    std::lock_guard lock(mutex_);
+    GemmTuningFile* file = tuning_file(device);
+    if (file == nullptr) return;
+    GemmTuningAlgo words;
+    std::memcpy(words.data(), &algo, sizeof(algo));
+    const std::string error = file->append(key, words);
+    if (!error.empty() && !tuning_file_warned_) {
+      tuning_file_warned_ = true;
+      std::fprintf(stderr,
+                   "colossal: the GEMM tuning file is not written (%s); tuned choices stay in this process. "
+                   "COLOSSAL_GEMM_CACHE=<folder> puts it elsewhere, COLOSSAL_GEMM_CACHE=off turns it off.\n",
+                   error.c_str());
+    }
+  }
+
  private:
   struct StreamKey {
     int device;
@@ -186,7 +227,32 @@ class CublasLtState {
     }
   };
 
+  /// The device's tuning file, read on first use and read again when COLOSSAL_GEMM_CACHE names
+  /// another folder (tests switch it); null when off. Called with mutex_ held.
+  GemmTuningFile* tuning_file(int device) {
+    const std::optional<std::string> dir = gemm_tuning_dir();
+    if (!dir) return nullptr;
+    auto [it, inserted] = tuning_files_.try_emplace(device);
+    if (inserted || it->second.dir != *dir) {
+      cudaDeviceProp prop{};
+      COLOSSAL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+      const std::string signature =
+          fmt::format("{} sm{}{} cublasLt {}", prop.name, prop.major, prop.minor, cublasLtGetVersion());
+      it->second.dir = *dir;
+      it->second.file = std::make_unique<GemmTuningFile>(gemm_tuning_path(*dir, signature));
+    }
+    return it->second.file.get();
+  }
+
+  struct TuningFileSlot {
+    std::string dir;
+    std::unique_ptr<GemmTuningFile> file;
+  };
+
   std::mutex mutex_;
+  std::unordered_map<int, TuningFileSlot> tuning_files_;
+  bool tuning_file_warned_ = false;
+  int64_t generation_ = 0;
   std::unordered_map<int, cublasLtHandle_t> handles_;
   std::unordered_map<StreamKey, void*, StreamKeyHash> workspaces_;
   std::unordered_map<AlgoKey, CachedAlgo, AlgoKeyHash> algos_;
@@ -423,6 +489,15 @@ struct MatmulLaunch {
   }
 };
 
+/// Whether cuBLASLt runs `algo` on the launch's problem within our workspace (an algorithm read
+/// from the tuning file, Note [GEMM tuning file]).
+bool algo_fits(const MatmulLaunch& launch, const cublasLtMatmulAlgo_t& algo) {
+  cublasLtMatmulHeuristicResult_t result{};
+  return cublasLtMatmulAlgoCheck(launch.handle, launch.desc, launch.a_layout, launch.b_layout, launch.d_layout,
+                                 launch.d_layout, &algo, &result) == CUBLAS_STATUS_SUCCESS &&
+         result.workspaceSize <= kWorkspaceBytes;
+}
+
 /// The fastest of the candidates (at least one) on the launch's operands, writing into `d` with
 /// beta = `zero` (the scale type's 0); see Note [GEMM autotuning]. Waits for the stream.
 cublasLtMatmulAlgo_t fastest_algo(const MatmulLaunch& launch, const void* zero, void* d, Device device,
@@ -520,7 +595,16 @@ bool run_gemm(Device device, const GemmProblem& p) {
                          static_cast<double>(p.batch_count);
     const bool worth_tuning = flops >= kAutotuneMinFlops;
     const bool tune_now = worth_tuning && autotune_enabled() && !is_capturing(stream);
-    if (!known || tune_now) {
+    // A problem another process tuned: its choice from the tuning file (Note [GEMM tuning file]),
+    // where the library still takes it for this problem.
+    std::optional<cublasLtMatmulAlgo_t> filed;
+    if (worth_tuning && autotune_enabled()) filed = state.find_tuned(device.index, key);
+    if (filed && !algo_fits(launch, *filed)) filed.reset();
+    if (filed) {
+      gemm_tuning_file_counter.fetch_add(1, std::memory_order_relaxed);
+      cached = {filed, true};
+      state.remember_algo(key, cached);
+    } else if (!known || tune_now) {
       const std::vector<cublasLtMatmulHeuristicResult_t> candidates =
           heuristic_algos(handle, desc, a_layout, b_layout, d_layout, p, worth_tuning ? kAutotuneCandidates : 1);
       cached.algo = candidates.empty() ? std::nullopt : std::optional(candidates.front().algo);
@@ -536,6 +620,7 @@ bool run_gemm(Device device, const GemmProblem& p) {
         }
         cached.settled = true;
         gemm_autotune_counter.fetch_add(1, std::memory_order_relaxed);
+        state.record_tuned(device.index, key, *cached.algo);
       }
       state.remember_algo(key, cached);
     }
