@@ -13,31 +13,12 @@
 #include <sstream>
 #include <string>
 
+#include "env_guard.h"
+
 namespace colossal::ops {
 namespace {
 
-/// Sets (or, with nullptr, unsets) an environment variable for a scope.
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) previous_ = old;
-    set(value);
-  }
-  ~EnvGuard() { set(previous_ ? previous_->c_str() : nullptr); }
-  EnvGuard(const EnvGuard&) = delete;
-  EnvGuard& operator=(const EnvGuard&) = delete;
-
- private:
-  void set(const char* value) {
-    if (value != nullptr) {
-      setenv(name_, value, 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  const char* name_;
-  std::optional<std::string> previous_;
-};
+using testing::EnvGuard;
 
 /// A fresh folder under the test's temporary directory, removed afterwards.
 class TempDir {

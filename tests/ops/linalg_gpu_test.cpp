@@ -43,6 +43,7 @@
 
 #include "colossal/core/view.h"           // to_device_raw
 #include "colossal/ops/linalg_kernels.h"  // batched_gemm_stub, fused_gemm_stub (direct epilogue checks)
+#include "env_guard.h"
 #include "gpu_compare.h"
 
 namespace colossal {
@@ -528,28 +529,7 @@ TEST(LinalgGpu, FusedGeluGradientDeclinesOtherLayouts) {
 
 // ---- modes, streams and bad input
 
-/// Sets (or, with nullptr, unsets) an environment variable for a scope and restores it afterwards.
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) previous_ = old;
-    set(value);
-  }
-  ~EnvGuard() { set(previous_ ? previous_->c_str() : nullptr); }
-  EnvGuard(const EnvGuard&) = delete;
-  EnvGuard& operator=(const EnvGuard&) = delete;
-
- private:
-  void set(const char* value) {
-    if (value != nullptr) {
-      setenv(name_, value, 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  const char* name_;
-  std::optional<std::string> previous_;
-};
+using testing::EnvGuard;
 
 TEST(LinalgGpu, AutotuningIsCorrectAndCached) {
   COLOSSAL_REQUIRE_GPU();
