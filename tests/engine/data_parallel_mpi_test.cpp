@@ -1,9 +1,9 @@
 // DataParallel under MPI (2 and 4 ranks), what the layout harness does not cover: every replica
 // starts equal whatever it initialised (the broadcast), buckets follow reverse registration order and
-// small buckets give the same result, a rank can report its own loss, and naive fp16 skips an
-// overflowing step on every rank. The equivalence with serial training (losses, gradients and
-// parameters at every step, with accumulation and clipping, MLP, ViT and GPT-2) is
-// tests/parallel/layout_equivalence_mpi_test.cpp, through tests/support/layout_harness.h.
+// then the order gradients arrive in, small buckets give the same result, a rank can report its own loss, and naive
+// fp16 skips an overflowing step on every rank. The equivalence with serial training (losses, gradients and parameters
+// at every step, with accumulation and clipping, MLP, ViT and GPT-2) is tests/parallel/layout_equivalence_mpi_test.cpp,
+// through tests/support/layout_harness.h.
 //
 // Tolerance: 1e-5 relative on losses and parameters in f32, as the harness (layout_harness.cpp).
 #include <gtest/gtest.h>
@@ -183,6 +183,91 @@ TEST(DataParallel, BucketsFollowReverseRegistrationOrder) {
   EXPECT_EQ(names[0], (std::vector<std::string>{"2.bias", "2.weight"}));
   EXPECT_EQ(names[1], (std::vector<std::string>{"0.bias"}));
   EXPECT_EQ(names[2], (std::vector<std::string>{"0.weight"}));
+}
+
+/// An MLP that registers its output layer first ("first") and its input layer after ("second"): its
+/// gradients arrive in registration order, against the reverse registration order buckets start in.
+class RegisteredBackwards : public nn::Module {
+ public:
+  explicit RegisteredBackwards(uint64_t seed) : nn::Module("RegisteredBackwards") {
+    core::Generator init(seed);
+    first_ = register_module("first", std::make_shared<nn::Linear>(kHidden, kClasses, true, &init));
+    second_ = register_module("second", std::make_shared<nn::Linear>(kIn, kHidden, true, &init));
+  }
+  Tensor forward(const Tensor& x) override { return (*first_)(ops::gelu((*second_)(x))); }
+
+ private:
+  std::shared_ptr<nn::Linear> first_, second_;
+};
+
+TEST(DataParallel, BucketsFollowTheOrderGradientsArrive) {
+  // Note [Buckets in the order gradients arrive]: after the first synchronised backward the buckets
+  // hold the output layer's parameters (whose gradients come first) before the input layer's, on
+  // every rank; the run equals one that keeps the first layout, and every gradient is a view of the
+  // bucket it is listed in from then on.
+  const int rank = world().rank();
+  std::vector<std::vector<float>> results;
+  for (const bool rebuild : {false, true}) {
+    engine::EngineOptions options;
+    options.context = data_parallel_context();
+    options.data_parallel.bucket_bytes = kHidden * kClasses * 4 + kClasses * 4;  // first.weight and first.bias
+    options.data_parallel.rebuild_buckets = rebuild;
+    auto model = std::make_shared<RegisteredBackwards>(7);
+    auto engine = make_engine(model, options, /*adamw=*/true);
+    const auto before = engine->data_parallel()->bucket_names();
+    ASSERT_FALSE(before.empty());
+    EXPECT_EQ(before.front().front().rfind("second.", 0), 0u) << "the first layout is reverse registration order";
+    int64_t views_checked = 0;
+    for (int64_t step = 0; step < 3; ++step) {
+      auto [x, y] = rows(step, 0, rank * kPerRank, (rank + 1) * kPerRank);
+      engine->step(x, y);
+      EXPECT_EQ(engine->data_parallel()->rebuilt(), rebuild);
+    }
+    const auto after = engine->data_parallel()->bucket_names();
+    if (rebuild) {
+      for (const std::string& name : after.front()) EXPECT_EQ(name.rfind("first.", 0), 0u) << name;
+      for (const std::string& name : after.back()) EXPECT_EQ(name.rfind("second.", 0), 0u) << name;
+      // The same layout on every rank: rank 0's.
+      std::vector<int64_t> sizes;
+      for (const auto& bucket : after) sizes.push_back(static_cast<int64_t>(bucket.size()));
+      Tensor mine = core::from_vector<int64_t>(sizes, {static_cast<int64_t>(sizes.size())});
+      Tensor low = mine.clone(), high = mine.clone();
+      world().all_reduce(low, comm::ReduceOp::min);
+      world().all_reduce(high, comm::ReduceOp::max);
+      EXPECT_EQ(low.to_vector<int64_t>(), high.to_vector<int64_t>());
+    } else {
+      EXPECT_EQ(after, before);
+    }
+    // One more backward without the update: each gradient sits in its listed bucket, in order.
+    {
+      auto [x, y] = rows(3, 0, rank * kPerRank, (rank + 1) * kPerRank);
+      engine->zero_grad();
+      autograd::backward(ce((*model)(x), y));
+      engine->data_parallel()->finish();
+      std::map<std::string, Tensor> params;
+      for (const auto& [name, p] : model->named_parameters()) params[name] = p;
+      for (const auto& bucket : after) {
+        for (size_t i = 0; i + 1 < bucket.size(); ++i) {
+          const Tensor& a = params.at(bucket[i]).grad();
+          const Tensor& b = params.at(bucket[i + 1]).grad();
+          EXPECT_EQ(static_cast<const char*>(a.raw_data()) + a.nbytes(), static_cast<const char*>(b.raw_data()))
+              << bucket[i] << " and " << bucket[i + 1];
+          ++views_checked;
+        }
+      }
+    }
+    EXPECT_GT(views_checked, 0);
+    std::vector<float> flat;
+    for (const auto& [name, p] : model->named_parameters()) {
+      for (float v : p.to_vector<float>()) flat.push_back(v);
+    }
+    results.push_back(flat);
+  }
+  ASSERT_EQ(results.size(), 2u);
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    EXPECT_NEAR(results[1][i], results[0][i], kTolerance * (1 + std::abs(results[0][i]))) << "parameter value " << i;
+  }
 }
 
 // Naive fp16 with hysteresis 1: an overflow on one rank's data skips the step on every rank, leaves

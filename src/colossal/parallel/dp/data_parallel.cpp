@@ -42,6 +42,18 @@ namespace colossal::parallel {
 // the step's last and largest) has nothing to pack: its gradient, which the autograd engine keeps
 // exclusive (AccumulateGrad), is all-reduced in place, with no copy and no bucket buffer.
 
+// Note [Buckets in the order gradients arrive]
+// Reverse registration order (Note [Bucket order]) is a guess at the order backward produces the
+// gradients, and where it is wrong a bucket waits, full but for one parameter, for a gradient that
+// comes late, and holds back every bucket after it. GPT-2's is wrong at its end: the tied wte is
+// registered first, so it is the last bucket, yet its gradient is complete before wpe's, which shares
+// a bucket with h.0: on 2 H100s wte's 77 MB all-reduce started 0.6 ms after backward's last kernel,
+// behind h.0's bucket, and the update's late part waited for it (session 14's traces). So, as torch
+// DDP does, the first synchronised backward records the order in which the gradients are marked ready,
+// and finish() then lays the buckets out again in that order (parameters that got no gradient last):
+// rank 0's order, broadcast, so that every rank launches the same buckets in the same order. That
+// step's averaged gradients are copied into the new buckets once, and the old buffers freed.
+
 struct DataParallel::Bucket {
   std::vector<std::string> names;
   std::vector<Tensor> params;
@@ -75,15 +87,30 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
   if (options_.broadcast_parameters) broadcast_parameters();
 
   // Reverse registration order; a new bucket whenever the size cap, the dtype or the device changes.
-  auto params = model_.named_parameters();
-  std::reverse(params.begin(), params.end());
-  Bucket* current = nullptr;
-  int64_t current_bytes = 0;
-  for (auto& [name, param] : params) {
+  auto named = model_.named_parameters();
+  std::reverse(named.begin(), named.end());
+  for (auto& [name, param] : named) {
     if (!param.requires_grad()) continue;
     COLOSSAL_CHECK(param.device() == group_->device(),
                    "DataParallel: parameter '{}' is on {} but the {} group's tensors live on {}", name, param.device(),
                    group_->backend_name(), group_->device());
+    params_.emplace_back(name, param);
+  }
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  build_buckets(order);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    autograd::register_grad_ready_hook(params_[i].second, [this, i](Tensor&) { mark_ready(i); });
+  }
+}
+
+void DataParallel::build_buckets(const std::vector<size_t>& order) {
+  buckets_.clear();
+  locate_.assign(params_.size(), {0, 0});
+  Bucket* current = nullptr;
+  int64_t current_bytes = 0;
+  for (const size_t i : order) {
+    const auto& [name, param] = params_[i];
     const int64_t bytes = param.nbytes();
     const bool fits = current != nullptr && current_bytes + bytes <= options_.bucket_bytes &&
                       current->params.front().dtype() == param.dtype();
@@ -92,20 +119,55 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
       current = buckets_.back().get();
       current_bytes = 0;
     }
+    locate_[i] = {buckets_.size() - 1, current->params.size()};
     current->names.push_back(name);
     current->offsets.push_back(current_bytes / static_cast<int64_t>(core::element_size(param.dtype())));
     current->params.push_back(param);
     current_bytes += bytes;
   }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = *buckets_[b];
-    const int64_t numel = bucket.offsets.back() + bucket.params.back().numel();
-    if (bucket.params.size() > 1) {
-      bucket.flat = core::empty({numel}, TensorOptions(bucket.params.front().dtype(), group_->device()));
+  for (auto& bucket : buckets_) {
+    const int64_t numel = bucket->offsets.back() + bucket->params.back().numel();
+    if (bucket->params.size() > 1) {
+      bucket->flat = core::empty({numel}, TensorOptions(bucket->params.front().dtype(), group_->device()));
     }
-    bucket.ready.assign(bucket.params.size(), false);
-    for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
-      autograd::register_grad_ready_hook(bucket.params[slot], [this, b, slot](Tensor&) { mark_ready(b, slot); });
+    bucket->ready.assign(bucket->params.size(), false);
+  }
+}
+
+void DataParallel::rebuild_in_arrival_order() {
+  // Note [Buckets in the order gradients arrive]
+  rebuilt_ = true;
+  std::vector<bool> seen(params_.size(), false);
+  std::vector<int64_t> order;
+  order.reserve(params_.size());
+  for (const size_t i : arrival_) {
+    if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+    seen[i] = true;
+  }
+  std::vector<size_t> rest;  // what got no gradient, in its old order
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!seen[i]) rest.push_back(i);
+  }
+  std::sort(rest.begin(), rest.end(), [this](size_t a, size_t b) { return locate_[a] < locate_[b]; });
+  for (const size_t i : rest) order.push_back(static_cast<int64_t>(i));
+  arrival_.clear();
+  Tensor agreed = core::from_vector<int64_t>(order, {static_cast<int64_t>(order.size())}).to(group_->device());
+  group_->broadcast(agreed, 0);
+  std::vector<size_t> chosen;
+  for (const int64_t i : agreed.to(Device{}).to_vector<int64_t>()) chosen.push_back(static_cast<size_t>(i));
+  build_buckets(chosen);
+  // This step's averaged gradients move into the new buckets, so that from here on every gradient
+  // is a view of the bucket bucket_names() places it in (and the old buffers are freed now).
+  autograd::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    if (!bucket->flat.defined()) continue;
+    for (size_t slot = 0; slot < bucket->params.size(); ++slot) {
+      Tensor& param = bucket->params[slot];
+      const Tensor grad = param.grad();
+      if (!grad.defined()) continue;
+      Tensor view = bucket->flat.narrow(0, bucket->offsets[slot], param.numel()).view(param.shape());
+      view.copy_(grad);
+      param.set_grad(view);
     }
   }
 }
@@ -120,8 +182,10 @@ void DataParallel::broadcast_parameters() {
   }
 }
 
-void DataParallel::mark_ready(size_t b, size_t slot) {
+void DataParallel::mark_ready(size_t param) {
   if (!sync_) return;
+  if (options_.rebuild_buckets && !rebuilt_) arrival_.push_back(param);
+  const auto [b, slot] = locate_[param];
   Bucket& bucket = *buckets_[b];
   COLOSSAL_CHECK(!bucket.launched,
                  "DataParallel: parameter '{}' got a second gradient in one synchronised backward after its bucket "
@@ -223,6 +287,7 @@ void DataParallel::finish() {
   }
   next_launch_ = 0;
   pending_ = false;
+  if (options_.rebuild_buckets && !rebuilt_) rebuild_in_arrival_order();
 }
 
 std::vector<std::vector<std::string>> DataParallel::bucket_names() const {

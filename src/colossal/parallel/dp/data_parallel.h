@@ -32,6 +32,11 @@ struct DataParallelOptions {
   /// beside the last reductions] in engine/engine.cpp); 0 steps everything after every reduction.
   /// The environment variable COLOSSAL_DP_LATE_BUCKETS, when set, overrides it.
   int late_buckets = 2;
+  /// After the first synchronised backward, lay the buckets out again in the order the gradients
+  /// became ready in it (rank 0's order, on every rank), as torch DDP rebuilds its buckets (Note
+  /// [Buckets in the order gradients arrive] in data_parallel.cpp). False keeps the reverse
+  /// registration order.
+  bool rebuild_buckets = true;
 };
 
 class DataParallel final : public GradientHandler {
@@ -70,10 +75,17 @@ class DataParallel final : public GradientHandler {
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
   /// The parameter names of each bucket, in launch order (for tests and logs).
   std::vector<std::vector<std::string>> bucket_names() const;
+  /// Whether the buckets have been laid out in the order gradients arrive (rebuild_buckets).
+  bool rebuilt() const { return rebuilt_; }
 
  private:
   struct Bucket;
-  void mark_ready(size_t bucket, size_t slot);
+  /// Fills buckets_ with the parameters params_[order[0]], params_[order[1]], ... (the size cap, a
+  /// change of dtype and a parameter over the cap start a new bucket) and points locate_ at them.
+  void build_buckets(const std::vector<size_t>& order);
+  /// After the first synchronised backward: the buckets again, in the order its gradients arrived.
+  void rebuild_in_arrival_order();
+  void mark_ready(size_t param);
   void launch(Bucket& bucket);
   void launch_ready_in_order();
   /// Launches every bucket not launched yet (those with parameters that got no gradient), in order.
@@ -82,7 +94,12 @@ class DataParallel final : public GradientHandler {
   nn::Module& model_;
   std::shared_ptr<comm::ProcessGroup> group_;
   DataParallelOptions options_;
+  /// The trainable parameters, in reverse registration order, and where each lies now.
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<size_t, size_t>> locate_;  // params_[i] -> (bucket, slot)
   std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<size_t> arrival_;  // params_ indices in the order the first synchronised backward marked them
+  bool rebuilt_ = false;
   size_t next_launch_ = 0;  // buckets launch in index order on every rank
   bool sync_ = true;
   bool pending_ = false;  // a synchronised backward marked at least one parameter
