@@ -4,9 +4,9 @@
 // gives, step by step, the serial run's losses for a tiny GPT-2 (the tied wte summed between the first
 // and last stage per tensor rank, accumulation and clipping on; 1F1B and interleaved) and a tiny ViT;
 // and dp2 x pp2 on 4 ranks and dp2 x pp2 x tp2 on 8 (GPT-2, each replica half of every batch) give them
-// too. fp32; 1e-5 relative,
-// the layout harness's f32 tolerance (the same sums in another order: microbatches, split GEMMs, the
-// tensor group's all-reduces). Each loss is of the model after the previous steps' updates, so equal
+// too; so does a ResNet over 2 stages, each rank having built its own stage's pieces only. fp32; 1e-5
+// relative, the layout harness's f32 tolerance (the same sums in another order: microbatches, split
+// GEMMs, the tensor group's all-reduces). Each loss is of the model after the previous steps' updates, so equal
 // losses over 6 updates mean equal parameters.
 #include <gtest/gtest.h>
 
@@ -79,6 +79,19 @@ class TrainPipelineTensor : public ::testing::Test {
     return dir_ / "vit.toml";
   }
 
+  /// ResNet of basic blocks [1, 2, 1, 1] 4 wide (CIFAR stem, zero_init_residual) on 8 x 8 synthetic
+  /// images, batch 8, 12 steps: 7 pieces whose parameters differ block to block.
+  fs::path resnet_config() {
+    std::ofstream(dir_ / "resnet.toml")
+        << "[model]\nname = \"resnet\"\npreset = \"resnet18\"\n"
+           "options = { cifar_stem = true, width = 4, layers = [1, 2, 1, 1], zero_init_residual = true }\n"
+           "[data]\ndataset = \"synthetic\"\nbatch_size = 8\n"
+           "options = { size = 96, test_size = 16, image_size = 8, channels = 1, num_classes = 4 }\n"
+           "[optimizer]\nname = \"adamw\"\nlr = 2e-3\n"
+           "[train]\nepochs = 1\ndevice = \"cpu\"\nprogress = false\nlog_interval = 1\ntest_interval = 0\n";
+    return dir_ / "resnet.toml";
+  }
+
   /// Trains `config` serially and on `ranks` ranks with `sets`, expecting every step's loss within 1e-5.
   void expect_serial_losses(const fs::path& config, int ranks, const std::string& sets, const std::string& name) {
     SCOPED_TRACE(name);
@@ -138,6 +151,24 @@ TEST_F(TrainPipelineTensor, VitAtPp2Tp2GivesTheSerialLosses) {
   expect_serial_losses(vit_config(), 4,
                        "--set parallel.pipeline=2 --set parallel.tensor.size=2 --set parallel.num_microbatches=4",
                        "vit_pp2_tp2");
+}
+
+TEST_F(TrainPipelineTensor, ResnetAtPp2BuiltAloneGivesTheSerialLosses) {
+  // A ResNet's stages are cut before it is built too, from the pieces' computed parameter counts, and
+  // each rank builds its own stage's pieces only (Note [Stage pieces built alone]). One microbatch,
+  // since BatchNorm normalises each microbatch by its own statistics: the serial run's batch.
+  const fs::path config = resnet_config();
+  expect_serial_losses(config, 2, "--set parallel.pipeline=2 --set parallel.num_microbatches=1", "resnet_pp2");
+  const std::string log = read(dir_ / "resnet_pp2.log");
+  EXPECT_NE(log.find("7 pieces balanced by parameters"), std::string::npos) << log;
+  EXPECT_NE(log.find("stage 0 built alone: its "), std::string::npos) << log;
+  // Another cut, listed: stage 0 holds the stem alone, stage 1 the blocks and the head.
+  expect_serial_losses(config, 2,
+                       "--set parallel.pipeline=2 --set parallel.num_microbatches=1 "
+                       "--set 'parallel.partition_sizes=[1, 6]'",
+                       "resnet_pp2_listed");
+  const std::string listed = read(dir_ / "resnet_pp2_listed.log");
+  EXPECT_NE(listed.find("stage 0: [0, 1); stage 1: [1, 7); stage 0 built alone: its "), std::string::npos) << listed;
 }
 
 TEST_F(TrainPipelineTensor, Gpt2AtDp2Pp2AndDp2Pp2Tp2GivesTheSerialLosses) {

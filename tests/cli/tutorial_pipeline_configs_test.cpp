@@ -151,12 +151,17 @@ TEST_F(TutorialPipelineConfigs, VitL16PipelineLossFalls) {
 const std::string kSmallResnet =
     " --set model.options.layers='[1, 1, 1, 1]' --set model.options.width=8 --set lr_scheduler.warmup_epochs=1";
 
+// Each rank built its own stage's pieces only (Note [Stage pieces built alone]).
 TEST_F(TutorialPipelineConfigs, Resnet50PipelineLossFalls) {
   expect_loss_falls("resnet50_pipeline_cifar10.toml", kSmallResnet);
+  const std::string log = read(dir_ / "resnet50_pipeline_cifar10.toml.log");
+  EXPECT_NE(log.find("stage 0 built alone: its "), std::string::npos) << log;
 }
 
 TEST_F(TutorialPipelineConfigs, Resnet50InterleavedLossFalls) {
   expect_loss_falls("resnet50_interleaved_cifar10.toml", kSmallResnet);
+  const std::string log = read(dir_ / "resnet50_interleaved_cifar10.toml.log");
+  EXPECT_NE(log.find("stage 0 built alone: its "), std::string::npos) << log;
 }
 
 // The hybrid config at its own layout, 2 stages of 2 tensor ranks: 4 CPU ranks.

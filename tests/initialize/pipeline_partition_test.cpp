@@ -157,8 +157,9 @@ TEST(PipelinePartition, MeasuredBalancesTheTimesOfThePieces) {
 }
 
 TEST(PipelinePartition, CutBeforeBuildingEqualsTheCutOfTheWholeModel) {
-  // Note [Stage pieces built alone]: the probe's cut is the whole model's, for GPT-2 and ViT, by
-  // parameters (with the tied wte), uniformly and as listed; none where the whole model is built.
+  // Note [Stage pieces built alone]: the cut made before building is the whole model's, for GPT-2 and
+  // ViT (from a probe) and ResNet (from its computed counts), by parameters (with GPT-2's tied wte),
+  // uniformly and as listed; none where the whole model is built.
   config::TrainConfig c;
   c.parallel.pipeline = 2;
   c.model.name = config::ModelName::kGpt2;
@@ -178,7 +179,20 @@ TEST(PipelinePartition, CutBeforeBuildingEqualsTheCutOfTheWholeModel) {
   vit.model.preset = "vit_tiny_patch4_32";
   vit.model.options.set("img_size", config::OptionValue{int64_t{16}});
   vit.model.options.set("depth", config::OptionValue{int64_t{5}});
-  for (const auto& [cfg, data] : {std::pair{c, tokens}, std::pair{vit, images}}) {
+  // ResNets of 7 pieces (the stem, 5 blocks, the head), whose blocks differ (Note [Stage pieces built
+  // alone]: their counts are computed): basic blocks with the CIFAR stem, bottlenecks with ImageNet's.
+  const auto resnet = [&c](const std::string& preset, const std::string& options) {
+    config::TrainConfig r = config::parse_config("[model]\nname = \"resnet\"\npreset = \"" + preset +
+                                                     "\"\noptions = { " + options + " }\n[train]\ndevice = \"cpu\"\n",
+                                                 {}, "test.toml");
+    r.parallel = c.parallel;
+    return r;
+  };
+  const config::TrainConfig basic = resnet("resnet18", "cifar_stem = true, width = 8, layers = [1, 1, 2, 1]");
+  const config::TrainConfig bottleneck = resnet("resnet50", "width = 4, layers = [2, 1, 1, 1]");
+  for (const auto& [cfg, data] :
+       {std::pair{c, tokens}, std::pair{vit, images}, std::pair{basic, images}, std::pair{bottleneck, images}}) {
+    SCOPED_TRACE(std::string(config::to_string(cfg.model.name)) + " " + cfg.model.preset);
     for (int chunks : {1, 2}) {
       for (auto partition : {config::PipelinePartition::kBalanced, config::PipelinePartition::kUniform}) {
         config::TrainConfig t = cfg;
@@ -200,15 +214,53 @@ TEST(PipelinePartition, CutBeforeBuildingEqualsTheCutOfTheWholeModel) {
     listed.parallel.partition_sizes = {2, 5};
     EXPECT_EQ(*plan_before_building(listed, data), (StageParts{{PieceRange{0, 2}}, {PieceRange{2, 7}}}));
   }
+  // ResNet-50 itself (18 pieces) over 4 stages: its blocks weigh from 70k (layer1) to 4.5M (layer4.0)
+  // parameters, so the balanced cut is no uniform one.
+  config::TrainConfig resnet50 = resnet("resnet50", "cifar_stem = true");
+  resnet50.parallel.pipeline = 4;
+  for (int chunks : {1, 2}) {
+    for (auto partition : {config::PipelinePartition::kBalanced, config::PipelinePartition::kUniform}) {
+      config::TrainConfig t = resnet50;
+      t.parallel.num_chunks = chunks;
+      t.parallel.partition = partition;
+      core::Generator init(1), dropout(2);
+      const std::shared_ptr<nn::Module> whole = make_model(t, images, init, dropout, ModelBuild{.quiet = true});
+      const std::optional<StageParts> planned = plan_before_building(t, images);
+      ASSERT_TRUE(planned.has_value());
+      const StageParts cut = plan_pipeline(pipeline_pieces(*whole), t.parallel);
+      EXPECT_EQ(*planned, cut) << parallel::pp::describe(*planned) << " chunks " << chunks;
+      if (partition == config::PipelinePartition::kBalanced) {
+        EXPECT_NE(cut, parallel::pp::partition_uniform(18, 4, chunks)) << parallel::pp::describe(cut);
+      }
+    }
+  }
+  config::TrainConfig listed50 = resnet50;
+  listed50.parallel.partition_sizes = {1, 3, 4, 10};
+  EXPECT_EQ(*plan_before_building(listed50, images),
+            (StageParts{{PieceRange{0, 1}}, {PieceRange{1, 4}}, {PieceRange{4, 8}}, {PieceRange{8, 18}}}));
+  // The model's options are checked before anything is cut, naming the key.
+  std::string error;
+  try {
+    (void)plan_before_building(resnet("resnet18", "block = \"wide\""), images);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("model.options.block = \"wide\""), std::string::npos) << error;
   config::TrainConfig measured = c;
   measured.parallel.partition = config::PipelinePartition::kMeasured;
   EXPECT_FALSE(plan_before_building(measured, tokens).has_value());
+  config::TrainConfig measured_resnet = basic;
+  measured_resnet.parallel.partition = config::PipelinePartition::kMeasured;
+  EXPECT_FALSE(plan_before_building(measured_resnet, images).has_value());
   config::TrainConfig serial = c;
   serial.parallel.pipeline = 1;
   EXPECT_FALSE(plan_before_building(serial, tokens).has_value());
   config::TrainConfig imported = c;
   imported.model.weights = "gpt2.safetensors";
   EXPECT_FALSE(plan_before_building(imported, tokens).has_value());
+  config::TrainConfig imported_resnet = basic;
+  imported_resnet.model.weights = "resnet18.safetensors";
+  EXPECT_FALSE(plan_before_building(imported_resnet, images).has_value());
 }
 
 TEST(PipelinePartition, ErrorsNameTheKeysAndTheNumbers) {

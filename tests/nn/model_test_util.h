@@ -108,7 +108,9 @@ inline void expect_built_pieces_equal_the_full_model(nn::Module& full, nn::Modul
       EXPECT_EQ(std::memcmp(mine->raw_data(), tensor.raw_data(), static_cast<size_t>(tensor.nbytes())), 0)
           << "piece " << i << ": " << name << " differs from the full model's";
     }
-    if (!built(i)) EXPECT_LT(got_numel * 10, want_numel) << "piece " << i << " left out is no stand-in";
+    if (!built(i)) {
+      EXPECT_LT(got_numel * 10, want_numel) << "piece " << i << " left out is no stand-in";
+    }
   }
 }
 

@@ -1,9 +1,15 @@
 // ResNet's structure: torchvision's parameter and buffer names, the parameter counts of
-// ResNet-18/34/50, the CIFAR stem, zero_init_residual, torchvision's initialisation, a CPU forward
-// and backward reaching every parameter, the pipeline pieces composing to the model, and bad input.
+// ResNet-18/34/50 (built, and computed piece by piece from the config), the CIFAR stem,
+// zero_init_residual, torchvision's initialisation, a CPU forward and backward reaching every
+// parameter, the pipeline pieces composing to the model, the pieces left out of a build as stand-ins
+// (Note [Pieces built]), and bad input.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "colossal/nn/models/resnet.h"
 #include "colossal/ops.h"
@@ -42,6 +48,84 @@ TEST(ResNet, ParameterCountsMatchTorchvision) {
   EXPECT_EQ(ResNet(ResNetConfig::resnet18()).num_parameters(), 11'689'512);
   EXPECT_EQ(ResNet(ResNetConfig::resnet34()).num_parameters(), 21'797'672);
   EXPECT_EQ(ResNet(ResNetConfig::resnet50()).num_parameters(), 25'557'032);
+  // Computed from the config alone, as a pipeline weighs the pieces before building any.
+  EXPECT_EQ(ResNetConfig::resnet18().num_parameters(), 11'689'512);
+  EXPECT_EQ(ResNetConfig::resnet34().num_parameters(), 21'797'672);
+  EXPECT_EQ(ResNetConfig::resnet50().num_parameters(), 25'557'032);
+}
+
+TEST(ResNet, PiecesParametersComputedAreThoseOfThePiecesBuilt) {
+  // ResNetConfig::piece_parameters, piece by piece against the layers() of the model built: the
+  // presets (ImageNet stem, 1000 classes), and narrow ones with a CIFAR stem, other channels and
+  // classes, a downsample in layer1 (the bottleneck's first block widens) or none (the basic block's).
+  std::vector<std::pair<std::string, ResNetConfig>> configs{{"resnet18", ResNetConfig::resnet18()},
+                                                            {"resnet34", ResNetConfig::resnet34()},
+                                                            {"resnet50", ResNetConfig::resnet50()}};
+  // A preset with a CIFAR stem and other input channels, width and blocks per layer.
+  const auto narrow = [](ResNetConfig config, int64_t in_chans, int64_t width, std::array<int64_t, 4> layers) {
+    config.cifar_stem = true;
+    config.in_chans = in_chans;
+    config.width = width;
+    config.layers = layers;
+    return config;
+  };
+  configs.emplace_back("narrow basic", narrow(ResNetConfig::resnet18(7), 1, 6, {1, 3, 1, 2}));
+  configs.emplace_back("narrow bottleneck", narrow(ResNetConfig::resnet50(3), 2, 5, {2, 1, 3, 1}));
+  for (const auto& [name, config] : configs) {
+    ResNet model(config);
+    const auto pieces = model.layers();
+    const std::vector<int64_t> counts = config.piece_parameters();
+    ASSERT_EQ(counts.size(), pieces.size()) << name;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      EXPECT_EQ(counts[i], pieces[i]->num_parameters())
+          << name << " piece " << i << " (" << pieces[i]->type_name() << ")";
+    }
+    EXPECT_EQ(config.num_parameters(), model.num_parameters()) << name;
+  }
+}
+
+/// Builds `config` whole, then with each set of `kept` pieces built and the others stand-ins, from the
+/// same seed, and EXPECTs the pieces built to be the whole model's bit for bit and the generator to end
+/// at the same offset (Note [Pieces built]).
+void expect_pieces_built_alone_equal_the_whole(const ResNetConfig& config, const std::vector<std::set<size_t>>& kept) {
+  core::Generator whole_gen(11);
+  ResNet whole(config, &whole_gen);
+  for (const std::set<size_t>& pieces : kept) {
+    SCOPED_TRACE(::testing::Message() << pieces.size() << " pieces built, the first "
+                                      << (pieces.empty() ? -1 : static_cast<int64_t>(*pieces.begin())));
+    core::Generator gen(11);
+    const auto built = [&pieces](size_t piece) { return pieces.contains(piece); };
+    ResNet partial(config, &gen, built);
+    EXPECT_EQ(gen.state().offset, whole_gen.state().offset) << "the stand-ins drew as many times";
+    testing::expect_built_pieces_equal_the_full_model(whole, partial, whole.layers(), partial.layers(), built);
+    EXPECT_LT(partial.num_parameters(), whole.num_parameters());
+  }
+}
+
+TEST(ResNet, PiecesLeftOutAreStandInsAndTheOthersTheSerialWeights) {
+  // Note [Pieces built]: basic blocks with the CIFAR stem and zero_init_residual (10 pieces: the stem,
+  // 8 blocks, the head): the stem with a block, the blocks around layer2.0's downsample, the head
+  // alone, two apart, none.
+  ResNetConfig basic = ResNetConfig::resnet18(10);
+  basic.cifar_stem = true;
+  basic.width = 8;
+  basic.zero_init_residual = true;
+  expect_pieces_built_alone_equal_the_whole(basic, {{0, 1}, {2, 3, 4}, {9}, {3, 8}, {}});
+  // Bottleneck blocks with the ImageNet stem, channels_last (7 pieces).
+  ResNetConfig bottleneck = ResNetConfig::resnet50(6);
+  bottleneck.in_chans = 1;
+  bottleneck.width = 8;
+  bottleneck.layers = {1, 1, 2, 1};
+  bottleneck.channels_last = true;
+  expect_pieces_built_alone_equal_the_whole(bottleneck, {{0}, {1, 2}, {3, 4, 5}, {6}});
+  // A stand-in block keeps the full block's modules: its downsample where the full block has one.
+  core::Generator gen(1);
+  ResNet partial(bottleneck, &gen, [](size_t piece) { return piece == 0; });
+  EXPECT_EQ(partial.parameter("layer1.0.downsample.0.weight").shape(), (Shape{1, 1, 1, 1}));
+  EXPECT_EQ(partial.parameter("layer3.0.downsample.1.weight").shape(), (Shape{1}));
+  EXPECT_ERROR_CONTAINS(partial.parameter("layer3.1.downsample.0.weight"), "no submodule 'layer3.1.downsample.0'");
+  EXPECT_EQ(partial.parameter("fc.weight").shape(), (Shape{1, 1}));
+  EXPECT_EQ(partial.parameter("conv1.weight").shape(), (Shape{8, 1, 7, 7}));
 }
 
 // width scales every stage: ResNet-18 at width 16 on 1-channel images with 10 classes has
@@ -55,6 +139,7 @@ TEST(ResNet, WidthScalesEveryStage) {
   config.width = 16;
   ResNet model(config);
   EXPECT_EQ(model.num_parameters(), 701'178);
+  EXPECT_EQ(config.num_parameters(), 701'178);
   EXPECT_EQ(model.parameter("layer4.1.conv2.weight").shape(), (Shape{128, 128, 3, 3}));
   EXPECT_EQ(model.parameter("fc.weight").shape(), (Shape{10, 128}));
   const Tensor images = testing::random_tensor({2, 1, 28, 28}, 3, -1.0, 1.0, DType::f32);

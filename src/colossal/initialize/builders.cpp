@@ -116,12 +116,6 @@ void print_checkpointing(bool on, int64_t blocks, std::string_view what) {
       blocks, what);
 }
 
-int64_t count_parameters(nn::Module& model) {
-  int64_t n = 0;
-  for (const Tensor& p : model.parameters()) n += p.numel();
-  return n;
-}
-
 }  // namespace
 
 nn::models::ViTConfig vit_config(const TrainConfig& c, const Datasets& d) {
@@ -201,7 +195,9 @@ std::shared_ptr<nn::Module> make_vit(const TrainConfig& c, const Datasets& d, co
   return std::make_shared<nn::models::VisionTransformer>(v, &init, &dropout, build.pieces);
 }
 
-std::shared_ptr<nn::Module> make_resnet(const TrainConfig& c, const Datasets& d, core::Generator& init) {
+}  // namespace
+
+nn::models::ResNetConfig resnet_config(const TrainConfig& c, const Datasets& d) {
   const config::OptionTable& o = c.model.options;
   using nn::models::ResNetConfig;
   const std::string& p = c.model.preset;
@@ -254,14 +250,25 @@ std::shared_ptr<nn::Module> make_resnet(const TrainConfig& c, const Datasets& d,
   } catch (const Error& e) {
     throw Error(fmt::format("model.options: {}", e.what()));
   }
-  auto model = std::make_shared<nn::models::ResNet>(r, &init);
-  fmt::print("model: ResNet {} blocks [{}, {}, {}, {}] width {} {} stem, {}, classes {} ({} parameters)\n",
-             r.block == nn::models::ResNetBlockKind::basic ? "basic" : "bottleneck", r.layers[0], r.layers[1],
-             r.layers[2], r.layers[3], r.width, r.cifar_stem ? "CIFAR 3x3" : "ImageNet 7x7",
-             r.channels_last ? "channels_last" : "NCHW", r.num_classes, count_parameters(*model));
-  print_checkpointing(r.checkpoint_activations, r.layers[0] + r.layers[1] + r.layers[2] + r.layers[3],
-                      "residual blocks");
-  return model;
+  return r;
+}
+
+namespace {
+
+std::shared_ptr<nn::Module> make_resnet(const TrainConfig& c, const Datasets& d, core::Generator& init,
+                                        const ModelBuild& build) {
+  const nn::models::ResNetConfig r = resnet_config(c, d);
+  if (!build.quiet) {
+    // The count computed, not the built model's: under a pipeline this rank builds its stage's pieces
+    // only, the others as stand-ins (Note [Pieces built]).
+    fmt::print("model: ResNet {} blocks [{}, {}, {}, {}] width {} {} stem, {}, classes {} ({} parameters)\n",
+               r.block == nn::models::ResNetBlockKind::basic ? "basic" : "bottleneck", r.layers[0], r.layers[1],
+               r.layers[2], r.layers[3], r.width, r.cifar_stem ? "CIFAR 3x3" : "ImageNet 7x7",
+               r.channels_last ? "channels_last" : "NCHW", r.num_classes, r.num_parameters());
+    print_checkpointing(r.checkpoint_activations, r.layers[0] + r.layers[1] + r.layers[2] + r.layers[3],
+                        "residual blocks");
+  }
+  return std::make_shared<nn::models::ResNet>(r, &init, build.pieces);
 }
 
 }  // namespace
@@ -312,8 +319,7 @@ std::shared_ptr<nn::Module> make_model(const TrainConfig& c, const Datasets& d, 
     case config::ModelName::kVit:
       return make_vit(c, d, init, dropout, build);
     case config::ModelName::kResnet:
-      COLOSSAL_CHECK(!build.pieces, "make_model: a ResNet is built whole (its stages differ; no stand-ins)");
-      return make_resnet(c, d, init);
+      return make_resnet(c, d, init, build);
     case config::ModelName::kGpt2: {
       const nn::models::GPT2Config g = gpt2_config(c);
       if (d.seq_len == 0) {

@@ -17,10 +17,11 @@
 #include "colossal/data/batch_stage.h"
 #include "colossal/data/dataset.h"
 #include "colossal/data/sampler.h"
-#include "colossal/data/transform.h"  // Transform
-#include "colossal/engine/engine.h"   // Criterion
-#include "colossal/nn/models/gpt2.h"  // GPT2Config
-#include "colossal/nn/models/vit.h"   // ViTConfig
+#include "colossal/data/transform.h"    // Transform
+#include "colossal/engine/engine.h"     // Criterion
+#include "colossal/nn/models/gpt2.h"    // GPT2Config
+#include "colossal/nn/models/resnet.h"  // ResNetConfig
+#include "colossal/nn/models/vit.h"     // ViTConfig
 #include "colossal/nn/module.h"
 #include "colossal/optim/lr_scheduler.h"
 #include "colossal/optim/optimizer.h"
@@ -81,8 +82,13 @@ nn::models::GPT2Config gpt2_config(const config::TrainConfig& c);
 /// (heads against parallel.tensor.size too); make_model builds it.
 nn::models::ViTConfig vit_config(const config::TrainConfig& c, const Datasets& d);
 
-/// How make_model builds: the pieces of the model's layers() built at full size (GPT-2 and ViT;
-/// empty: all), the others stand-ins (Note [Pieces built] in nn/models/layer_view.h); quiet: no
+/// The ResNet that model.preset (default "resnet50") and model.options describe for `d`'s images and
+/// classes, validated; make_model builds it. Throws naming the key when an option is unknown or out of
+/// range.
+nn::models::ResNetConfig resnet_config(const config::TrainConfig& c, const Datasets& d);
+
+/// How make_model builds: the pieces of the model's layers() built at full size (GPT-2, ViT and
+/// ResNet; empty: all), the others stand-ins (Note [Pieces built] in nn/models/layer_view.h); quiet: no
 /// "model: ..." line.
 struct ModelBuild {
   nn::models::PieceFilter pieces;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -80,15 +81,18 @@ std::string describe_partition(const config::ParallelConfig& parallel) {
   return "balanced by parameters";
 }
 
-parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces,
-                                       const config::ParallelConfig& parallel, const std::vector<double>& measured,
-                                       const std::vector<double>& parameters) {
+namespace {
+
+/// plan_pipeline's cut of `n` pieces; `parameters` gives the pieces' parameter weights when the cut is
+/// balanced by them (called only then).
+parallel::pp::StageParts plan_cut(int64_t n, const config::ParallelConfig& parallel,
+                                  const std::vector<double>& measured,
+                                  const std::function<std::vector<double>()>& parameters) {
   const int num_stages = parallel.pipeline, num_chunks = parallel.num_chunks;
-  COLOSSAL_CHECK(static_cast<int64_t>(pieces.size()) >= int64_t{num_stages} * num_chunks,
+  COLOSSAL_CHECK(n >= int64_t{num_stages} * num_chunks,
                  "parallel.pipeline = {} with parallel.num_chunks = {}: the model has {} pieces, fewer than the {} "
                  "parts the stages need",
-                 num_stages, num_chunks, pieces.size(), int64_t{num_stages} * num_chunks);
-  const auto n = static_cast<int64_t>(pieces.size());
+                 num_stages, num_chunks, n, int64_t{num_stages} * num_chunks);
   if (!parallel.partition_sizes.empty()) {
     const int64_t total = std::accumulate(parallel.partition_sizes.begin(), parallel.partition_sizes.end(), int64_t{0});
     COLOSSAL_CHECK(
@@ -108,24 +112,37 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
     return parallel::pp::partition_uniform(n, num_stages, num_chunks);
   }
   if (parallel.partition == config::PipelinePartition::kMeasured) {
-    COLOSSAL_CHECK(measured.size() == pieces.size(),
+    COLOSSAL_CHECK(static_cast<int64_t>(measured.size()) == n,
                    "parallel.partition = \"measured\": {} measured times for the model's {} pieces", measured.size(),
-                   pieces.size());
+                   n);
     return parallel::pp::partition_balanced(measured, num_stages, num_chunks);
   }
-  if (!parameters.empty()) {
-    COLOSSAL_CHECK(parameters.size() == pieces.size(), "plan_pipeline: {} parameter weights for {} pieces",
-                   parameters.size(), pieces.size());
-    return parallel::pp::partition_balanced(parameters, num_stages, num_chunks);
-  }
-  return parallel::pp::partition_balanced(parameter_weights(pieces), num_stages, num_chunks);
+  const std::vector<double> weights = parameters();
+  COLOSSAL_CHECK(static_cast<int64_t>(weights.size()) == n, "plan_pipeline: {} parameter weights for {} pieces",
+                 weights.size(), n);
+  return parallel::pp::partition_balanced(weights, num_stages, num_chunks);
+}
+
+}  // namespace
+
+parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Module>>& pieces,
+                                       const config::ParallelConfig& parallel, const std::vector<double>& measured,
+                                       const std::vector<double>& parameters) {
+  return plan_cut(static_cast<int64_t>(pieces.size()), parallel, measured,
+                  [&] { return parameters.empty() ? parameter_weights(pieces) : parameters; });
 }
 
 std::optional<parallel::pp::StageParts> plan_before_building(const config::TrainConfig& c, const Datasets& d) {
-  if (c.parallel.pipeline <= 1 || measures_pipeline_partition(c.parallel) || !c.model.weights.empty() ||
-      (c.model.name != config::ModelName::kGpt2 && c.model.name != config::ModelName::kVit)) {
+  if (c.parallel.pipeline <= 1 || measures_pipeline_partition(c.parallel) || !c.model.weights.empty()) {
     return std::nullopt;
   }
+  if (c.model.name == config::ModelName::kResnet) {
+    // Its blocks differ (Note [Stage pieces built alone]): every piece's count is computed, no probe.
+    const std::vector<int64_t> counts = resnet_config(c, d).piece_parameters();
+    return plan_cut(static_cast<int64_t>(counts.size()), c.parallel, {},
+                    [&counts] { return std::vector<double>(counts.begin(), counts.end()); });
+  }
+  if (c.model.name != config::ModelName::kGpt2 && c.model.name != config::ModelName::kVit) return std::nullopt;
   const auto blocks =
       static_cast<size_t>(c.model.name == config::ModelName::kGpt2 ? gpt2_config(c).n_layer : vit_config(c, d).depth);
   // The probe: the embedding, block 0 and the head whole, the other blocks stand-ins.

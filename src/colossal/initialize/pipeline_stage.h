@@ -49,12 +49,16 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
                                        const std::vector<double>& parameters = {});
 
 /// Note [Stage pieces built alone]
-/// The cut of a GPT-2 or ViT made before the model is built, so that each rank builds its own
-/// stage's pieces only and the others as stand-ins (Note [Pieces built]): from a probe built with the
-/// embedding, the first block and the head at full size (every block of these models weighs the
-/// same), on a generator of its own. None (build the whole model, cut afterwards) for a ResNet (its
-/// stages differ), a measured cut (every rank times every piece) and model.weights (imported into the
-/// whole model). `stage_pieces` is the filter that builds stage `stage`'s pieces.
+/// The cut of a GPT-2, ViT or ResNet made before the model is built, so that each rank builds its own
+/// stage's pieces only and the others as stand-ins (Note [Pieces built]). Balanced by parameters, it
+/// weighs the pieces without building the whole model: a GPT-2's or ViT's from a probe built with the
+/// embedding, the first block and the head at full size (every block of these models weighs the same),
+/// on a generator of its own; a ResNet's, whose blocks differ from stage to stage (the widths double,
+/// each stage's first block downsamples), counted from its config (ResNetConfig::piece_parameters).
+/// A uniform or listed (parallel.partition_sizes) cut needs only the number of pieces. The cut is the
+/// one plan_pipeline makes of the whole model's pieces. None (build the whole model, cut afterwards)
+/// for a measured cut (every rank times every piece) and model.weights (imported into the whole
+/// model). `stage_pieces` is the filter that builds stage `stage`'s pieces.
 std::optional<parallel::pp::StageParts> plan_before_building(const config::TrainConfig& c, const Datasets& d);
 nn::models::PieceFilter stage_pieces(const parallel::pp::StageParts& parts, int stage);
 

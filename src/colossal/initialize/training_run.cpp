@@ -236,8 +236,8 @@ void TrainingRun::build_data_and_model() {
   dropout_generator_ = std::make_unique<core::Generator>(seed + 7);
   // Megatron's RNG tracker: inside the tensor-parallel region each tensor rank draws its own masks.
   tensor_generator_ = std::make_unique<core::Generator>(parallel::tp::tensor_parallel_seed(seed + 7, *context_));
-  // Under a pipeline a GPT-2 or ViT is cut before it is built, and this rank builds its own stage's
-  // pieces only, the others as stand-ins (Note [Stage pieces built alone] in pipeline_stage.h).
+  // Under a pipeline a GPT-2, ViT or ResNet is cut before it is built, and this rank builds its own
+  // stage's pieces only, the others as stand-ins (Note [Stage pieces built alone] in pipeline_stage.h).
   if (context_->layout().pipeline_size() > 1) planned_cut_ = plan_before_building(c, datasets_);
   ModelBuild build;
   if (planned_cut_) build.pieces = stage_pieces(*planned_cut_, context_->group(parallel::GroupKind::kPipeline)->rank());
@@ -283,8 +283,8 @@ void TrainingRun::build_data_and_model() {
   }
   if (context_->layout().pipeline_size() > 1) {
     // This rank's stage: the whole model is cut into pieces and the stage keeps its chunks
-    // (initialize/pipeline_stage.h; a GPT-2 or ViT cut as planned before it was built holds only this
-    // stage's pieces whole, a ResNet, a measured cut or imported weights the whole model).
+    // (initialize/pipeline_stage.h; a model cut as planned before it was built holds only this
+    // stage's pieces whole, one under a measured cut or with imported weights the whole model).
     // With tensor parallelism its blocks become tensor-parallel (Note [Pipeline of tensor-parallel
     // stages]), their dropout drawing as ParallelGPT2's and ParallelViT's do.
     const parallel::tp::DropoutGenerators dropout{.data = dropout_generator_.get(), .tensor = tensor_generator_.get()};

@@ -30,6 +30,71 @@ ResNetConfig ResNetConfig::resnet50(int64_t num_classes) {
 
 namespace {
 
+int64_t expansion_of(const ResNetConfig& config) {
+  return config.block == ResNetBlockKind::bottleneck ? Bottleneck::kExpansion : BasicBlock::kExpansion;
+}
+
+/// Calls fn(stage, block, in_planes, planes, stride) for every residual block in layers()' order:
+/// torchvision's _make_layer, each stage twice as wide as the last, its first block striding by 2
+/// (but layer1's).
+template <class Fn>
+void for_each_block(const ResNetConfig& config, Fn&& fn) {
+  int64_t in_planes = config.width;
+  for (size_t s = 0; s < 4; ++s) {
+    const int64_t planes = config.width << s;
+    for (int64_t b = 0; b < config.layers[s]; ++b) {
+      fn(s, b, in_planes, planes, (s > 0 && b == 0) ? int64_t{2} : int64_t{1});
+      in_planes = planes * expansion_of(config);
+    }
+  }
+}
+
+/// torchvision adds a block's downsample when the stride or the width changes.
+bool has_downsample(int64_t in_planes, int64_t out_planes, int64_t stride) {
+  return stride != 1 || in_planes != out_planes;
+}
+
+/// A bias-free conv's weight.
+int64_t conv_parameters(int64_t in, int64_t out, int64_t kernel) {
+  return in * out * kernel * kernel;
+}
+
+/// gamma and beta (the running statistics are buffers, not parameters).
+int64_t batch_norm_parameters(int64_t features) {
+  return 2 * features;
+}
+
+}  // namespace
+
+std::vector<int64_t> ResNetConfig::piece_parameters() const {
+  validate();
+  const int64_t expansion = expansion_of(*this);
+  std::vector<int64_t> counts{conv_parameters(in_chans, width, cifar_stem ? 3 : 7) + batch_norm_parameters(width)};
+  for_each_block(*this, [&](size_t, int64_t, int64_t in_planes, int64_t planes, int64_t stride) {
+    const int64_t out = planes * expansion;
+    int64_t n = 0;
+    if (block == ResNetBlockKind::bottleneck) {
+      n = conv_parameters(in_planes, planes, 1) + batch_norm_parameters(planes) + conv_parameters(planes, planes, 3) +
+          batch_norm_parameters(planes) + conv_parameters(planes, out, 1) + batch_norm_parameters(out);
+    } else {
+      n = conv_parameters(in_planes, planes, 3) + batch_norm_parameters(planes) + conv_parameters(planes, planes, 3) +
+          batch_norm_parameters(planes);
+    }
+    if (has_downsample(in_planes, out, stride)) n += conv_parameters(in_planes, out, 1) + batch_norm_parameters(out);
+    counts.push_back(n);
+  });
+  counts.push_back((width << 3) * expansion * num_classes + num_classes);  // fc's weight and bias
+  return counts;
+}
+
+int64_t ResNetConfig::num_parameters() const {
+  int64_t n = 0;
+  for (int64_t count : piece_parameters()) n += count;
+  return n;
+}
+
+namespace {
+
 std::shared_ptr<Conv2d> conv3x3(int64_t in, int64_t out, int64_t stride, core::Generator* generator,
                                 ops::ImageLayout layout) {
   return std::make_shared<Conv2d>(
@@ -43,17 +108,26 @@ std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride, core::G
       in, out, 1, Conv2dOptions{.stride = {stride, stride}, .bias = false, .layout = layout}, generator);
 }
 
+/// A block's kernel x kernel conv, or in a stand-in (Note [Pieces built]) a 1x1 conv from one channel
+/// to one: the same module and weight's dimensions, one initialisation drawn as the full conv's.
+std::shared_ptr<Conv2d> block_conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, core::Generator* generator,
+                                   ops::ImageLayout layout, bool stand_in) {
+  if (stand_in) return conv1x1(1, 1, stride, generator, layout);
+  return kernel == 3 ? conv3x3(in, out, stride, generator, layout) : conv1x1(in, out, stride, generator, layout);
+}
+
 std::shared_ptr<BatchNorm2d> batch_norm(int64_t features, ops::ImageLayout layout) {
   return std::make_shared<BatchNorm2d>(features, 1e-5, 0.1, true, true, layout);
 }
 
 /// torchvision's downsample: a strided 1x1 conv and a BatchNorm matching the branch's output, or
-/// none when the shapes already agree.
+/// none when the shapes already agree. A stand-in block's is there when the full block's would be.
 std::shared_ptr<Sequential> make_downsample(int64_t in_planes, int64_t out_planes, int64_t stride,
-                                            core::Generator* generator, ops::ImageLayout layout) {
-  if (stride == 1 && in_planes == out_planes) return nullptr;
+                                            core::Generator* generator, ops::ImageLayout layout, bool stand_in) {
+  if (!has_downsample(in_planes, out_planes, stride)) return nullptr;
   return std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
-      conv1x1(in_planes, out_planes, stride, generator, layout), batch_norm(out_planes, layout)});
+      block_conv(in_planes, out_planes, 1, stride, generator, layout, stand_in),
+      batch_norm(stand_in ? 1 : out_planes, layout)});
 }
 
 /// A block's end: relu(bn(branch) + identity), identity the block's input or its downsampled
@@ -65,13 +139,14 @@ Tensor residual(BatchNorm2d& bn, const Tensor& branch, const std::shared_ptr<Seq
 }  // namespace
 
 BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator,
-                       ops::ImageLayout layout)
+                       ops::ImageLayout layout, bool stand_in)
     : Module("BasicBlock") {
-  conv1_ = register_module("conv1", conv3x3(in_planes, planes, stride, generator, layout));
-  bn1_ = register_module("bn1", batch_norm(planes, layout));
-  conv2_ = register_module("conv2", conv3x3(planes, planes, 1, generator, layout));
-  bn2_ = register_module("bn2", batch_norm(planes, layout));
-  downsample_ = make_downsample(in_planes, planes * kExpansion, stride, generator, layout);
+  const int64_t width = stand_in ? 1 : planes;
+  conv1_ = register_module("conv1", block_conv(in_planes, planes, 3, stride, generator, layout, stand_in));
+  bn1_ = register_module("bn1", batch_norm(width, layout));
+  conv2_ = register_module("conv2", block_conv(planes, planes, 3, 1, generator, layout, stand_in));
+  bn2_ = register_module("bn2", batch_norm(width, layout));
+  downsample_ = make_downsample(in_planes, planes * kExpansion, stride, generator, layout, stand_in);
   if (downsample_) register_module("downsample", downsample_);
 }
 
@@ -86,15 +161,16 @@ Tensor BasicBlock::forward_block(const Tensor& x) {
 }
 
 Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator,
-                       ops::ImageLayout layout)
+                       ops::ImageLayout layout, bool stand_in)
     : Module("Bottleneck") {
-  conv1_ = register_module("conv1", conv1x1(in_planes, planes, 1, generator, layout));
-  bn1_ = register_module("bn1", batch_norm(planes, layout));
-  conv2_ = register_module("conv2", conv3x3(planes, planes, stride, generator, layout));
-  bn2_ = register_module("bn2", batch_norm(planes, layout));
-  conv3_ = register_module("conv3", conv1x1(planes, planes * kExpansion, 1, generator, layout));
-  bn3_ = register_module("bn3", batch_norm(planes * kExpansion, layout));
-  downsample_ = make_downsample(in_planes, planes * kExpansion, stride, generator, layout);
+  const int64_t width = stand_in ? 1 : planes, out = stand_in ? 1 : planes * kExpansion;
+  conv1_ = register_module("conv1", block_conv(in_planes, planes, 1, 1, generator, layout, stand_in));
+  bn1_ = register_module("bn1", batch_norm(width, layout));
+  conv2_ = register_module("conv2", block_conv(planes, planes, 3, stride, generator, layout, stand_in));
+  bn2_ = register_module("bn2", batch_norm(width, layout));
+  conv3_ = register_module("conv3", block_conv(planes, planes * kExpansion, 1, 1, generator, layout, stand_in));
+  bn3_ = register_module("bn3", batch_norm(out, layout));
+  downsample_ = make_downsample(in_planes, planes * kExpansion, stride, generator, layout, stand_in);
   if (downsample_) register_module("downsample", downsample_);
 }
 
@@ -124,36 +200,43 @@ Tensor head(Linear& fc, ops::ImageLayout layout, const Tensor& features) {
 
 }  // namespace
 
-ResNet::ResNet(const ResNetConfig& config, core::Generator* generator) : Module("ResNet"), config_(config) {
+ResNet::ResNet(const ResNetConfig& config, core::Generator* generator, const PieceFilter& build)
+    : Module("ResNet"), config_(config) {
   config.validate();
   const bool bottleneck = config.block == ResNetBlockKind::bottleneck;
-  const int64_t expansion = bottleneck ? Bottleneck::kExpansion : BasicBlock::kExpansion;
+  const int64_t expansion = expansion_of(config);
   const ops::ImageLayout layout = config.layout();
-  conv1_ = register_module(
-      "conv1",
-      config.cifar_stem
-          ? conv3x3(config.in_chans, config.width, 1, generator, layout)
-          : std::make_shared<Conv2d>(
-                config.in_chans, config.width, 7,
-                Conv2dOptions{.stride = {2, 2}, .padding = {3, 3}, .bias = false, .layout = layout}, generator));
-  bn1_ = register_module("bn1", batch_norm(config.width, layout));
-  int64_t in_planes = config.width;
-  for (size_t s = 0; s < 4; ++s) {
-    const int64_t planes = config.width << s;
-    auto stage = std::make_shared<Sequential>();
-    for (int64_t b = 0; b < config.layers[s]; ++b) {
-      const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
-      if (bottleneck) {
-        stage->push_back(std::make_shared<Bottleneck>(in_planes, planes, stride, generator, layout));
-      } else {
-        stage->push_back(std::make_shared<BasicBlock>(in_planes, planes, stride, generator, layout));
-      }
-      in_planes = planes * expansion;
-    }
-    stages_[s] = register_module("layer" + std::to_string(s + 1), stage);
+  // Note [Pieces built]: a piece left out is a stand-in: the stem's conv 1x1 from one channel to one
+  // and its BatchNorm one wide, a block's as BasicBlock's and Bottleneck's stand_in say, the head one
+  // class from one feature. Every module is made in the full model's order and draws as it does.
+  const auto built = [&build](size_t piece) { return !build || build(piece); };
+  const bool stem = built(0);
+  if (!stem) {
+    conv1_ = register_module("conv1", conv1x1(1, 1, 1, generator, layout));
+  } else if (config.cifar_stem) {
+    conv1_ = register_module("conv1", conv3x3(config.in_chans, config.width, 1, generator, layout));
+  } else {
+    conv1_ = register_module(
+        "conv1", std::make_shared<Conv2d>(
+                     config.in_chans, config.width, 7,
+                     Conv2dOptions{.stride = {2, 2}, .padding = {3, 3}, .bias = false, .layout = layout}, generator));
   }
-  fc_ = register_module("fc",
-                        std::make_shared<Linear>((config.width << 3) * expansion, config.num_classes, true, generator));
+  bn1_ = register_module("bn1", batch_norm(stem ? config.width : 1, layout));
+  for (auto& stage : stages_) stage = std::make_shared<Sequential>();
+  size_t piece = 1;  // layers()' index of the next block
+  for_each_block(config, [&](size_t s, int64_t, int64_t in_planes, int64_t planes, int64_t stride) {
+    const bool stand_in = !built(piece++);
+    if (bottleneck) {
+      stages_[s]->push_back(std::make_shared<Bottleneck>(in_planes, planes, stride, generator, layout, stand_in));
+    } else {
+      stages_[s]->push_back(std::make_shared<BasicBlock>(in_planes, planes, stride, generator, layout, stand_in));
+    }
+  });
+  for (size_t s = 0; s < 4; ++s) register_module("layer" + std::to_string(s + 1), stages_[s]);
+  const bool head = built(piece);
+  fc_ = register_module(
+      "fc", head ? std::make_shared<Linear>((config.width << 3) * expansion, config.num_classes, true, generator)
+                 : std::make_shared<Linear>(1, 1, true, generator));
 
   set_checkpoint_activations(config.checkpoint_activations);
 

@@ -51,6 +51,14 @@ struct ResNetConfig {
 
   ops::ImageLayout layout() const { return channels_last ? ops::ImageLayout::nhwc : ops::ImageLayout::nchw; }
   void validate() const;
+  /// The parameter count of each piece of ResNet::layers() (the stem, every residual block in order,
+  /// the head), computed without building the model: a pipeline cut by parameters weighs the pieces
+  /// with these before any rank builds one (Note [Stage pieces built alone] in
+  /// initialize/pipeline_stage.h). Unlike GPT-2's and ViT's blocks, a ResNet's differ from stage to
+  /// stage (the widths double, the first block of each stage may downsample), so each is counted.
+  std::vector<int64_t> piece_parameters() const;
+  /// The model's parameter count (the sum of piece_parameters()).
+  int64_t num_parameters() const;
 
   static ResNetConfig resnet18(int64_t num_classes = 1000);
   static ResNetConfig resnet34(int64_t num_classes = 1000);
@@ -62,8 +70,11 @@ class BasicBlock : public Module {
  public:
   static constexpr int64_t kExpansion = 1;
   /// downsample (conv 1x1 with stride, then BatchNorm) is added when the stride or the width changes.
+  /// stand_in: the block's stand-in (Note [Pieces built]): every conv 1x1 from one channel to one,
+  /// every BatchNorm one wide, the downsample there when the full block's would be; it draws from
+  /// `generator` as the full block does, and is never run.
   BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator,
-             ops::ImageLayout layout = ops::ImageLayout::nchw);
+             ops::ImageLayout layout = ops::ImageLayout::nchw, bool stand_in = false);
   Tensor forward(const Tensor& x) override;
   /// The branch's last BatchNorm (zero_init_residual sets its gamma to 0).
   const std::shared_ptr<BatchNorm2d>& last_bn() const { return bn2_; }
@@ -86,8 +97,9 @@ class BasicBlock : public Module {
 class Bottleneck : public Module {
  public:
   static constexpr int64_t kExpansion = 4;
+  /// stand_in: as BasicBlock's (conv3 and bn3 one wide too).
   Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, core::Generator* generator,
-             ops::ImageLayout layout = ops::ImageLayout::nchw);
+             ops::ImageLayout layout = ops::ImageLayout::nchw, bool stand_in = false);
   Tensor forward(const Tensor& x) override;
   const std::shared_ptr<BatchNorm2d>& last_bn() const { return bn3_; }
   bool checkpoint_activations() const { return checkpoint_activations_; }
@@ -109,8 +121,10 @@ class Bottleneck : public Module {
 class ResNet : public Module {
  public:
   /// generator draws the initial weights, as torchvision's: every conv kaiming_normal(fan_out,
-  /// relu), BatchNorms one and zero, fc PyTorch's Linear default.
-  explicit ResNet(const ResNetConfig& config, core::Generator* generator = nullptr);
+  /// relu), BatchNorms one and zero, fc PyTorch's Linear default. build: the pieces of layers()
+  /// built at full size, the others as stand-ins (Note [Pieces built]; empty: all). A model with
+  /// stand-ins is for a pipeline stage's pieces, not for forward().
+  explicit ResNet(const ResNetConfig& config, core::Generator* generator = nullptr, const PieceFilter& build = {});
 
   /// images [B, in_chans, H, W] -> logits [B, num_classes].
   Tensor forward(const Tensor& images) override;
