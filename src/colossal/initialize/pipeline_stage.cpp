@@ -132,9 +132,26 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
                   [&] { return parameters.empty() ? parameter_weights(pieces) : parameters; });
 }
 
-std::optional<parallel::pp::StageParts> plan_before_building(const config::TrainConfig& c, const Datasets& d) {
-  if (c.parallel.pipeline <= 1 || measures_pipeline_partition(c.parallel) || !c.model.weights.empty()) {
-    return std::nullopt;
+namespace {
+std::vector<double> time_probe(const config::TrainConfig& c, const Datasets& d, const MeasuredCutSetup& setup,
+                               size_t blocks);
+}  // namespace
+
+std::optional<parallel::pp::StageParts> plan_before_building(const config::TrainConfig& c, const Datasets& d,
+                                                             const MeasuredCutSetup* measure,
+                                                             std::vector<double>* measured) {
+  if (c.parallel.pipeline <= 1 || !c.model.weights.empty()) return std::nullopt;
+  if (measures_pipeline_partition(c.parallel)) {
+    // A ResNet's blocks differ: its measured cut times every piece of the whole model (make_pipeline_stage).
+    if (measure == nullptr || (c.model.name != config::ModelName::kGpt2 && c.model.name != config::ModelName::kVit)) {
+      return std::nullopt;
+    }
+    const auto blocks =
+        static_cast<size_t>(c.model.name == config::ModelName::kGpt2 ? gpt2_config(c).n_layer : vit_config(c, d).depth);
+    std::vector<double> times = time_probe(c, d, *measure, blocks);
+    parallel::pp::StageParts parts = plan_cut(static_cast<int64_t>(times.size()), c.parallel, times, {});
+    if (measured != nullptr) *measured = std::move(times);
+    return parts;
   }
   if (c.model.name == config::ModelName::kResnet) {
     // Its blocks differ (Note [Stage pieces built alone]): every piece's count is computed, no probe.
@@ -351,9 +368,55 @@ std::shared_ptr<nn::Module> tensor_parallel_piece(nn::Module& model, const std::
 
 }  // namespace
 
+namespace {
+
+/// measure_pipeline_pieces over `timed`, the times agreed over the context's groups (agree_on_times),
+/// with the generators the pieces' dropout drew from put back, so that the training run draws the
+/// masks it would draw under any other cut.
+std::vector<double> measure_and_agree(const std::vector<std::shared_ptr<nn::Module>>& timed, const Tensor& sample,
+                                      const config::TrainConfig& c, const parallel::ParallelContext& context,
+                                      const parallel::tp::DropoutGenerators& dropout) {
+  std::vector<std::pair<core::Generator*, core::GeneratorState>> saved{
+      {&core::default_generator(), core::default_generator().state()}};
+  for (core::Generator* g : {dropout.data, dropout.tensor}) {
+    if (g != nullptr) saved.emplace_back(g, g->state());
+  }
+  std::vector<double> times =
+      agree_on_times(measure_pipeline_pieces(timed, sample, 3, pipeline_compute_dtype(c)), context);
+  for (auto& [g, state] : saved) g->set_state(state);
+  return times;
+}
+
+/// plan_before_building's measured cut (Note [Stage pieces built alone]): the probe's embedding, block
+/// 0 and head timed in a row, every block charged block 0's time.
+std::vector<double> time_probe(const config::TrainConfig& c, const Datasets& d, const MeasuredCutSetup& setup,
+                               size_t blocks) {
+  COLOSSAL_CHECK(setup.context != nullptr, "plan_before_building: a measured cut needs the run's ParallelContext");
+  core::Generator init(0), dropout(0);
+  const std::shared_ptr<nn::Module> probe = make_model(
+      c, d, init, dropout,
+      ModelBuild{.pieces = [blocks](size_t piece) { return piece <= 1 || piece == blocks + 1; }, .quiet = true});
+  probe->to(setup.device);
+  const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(*probe);
+  std::vector<std::shared_ptr<nn::Module>> timed{pieces.front(), pieces.at(1), pieces.back()};
+  const std::shared_ptr<comm::ProcessGroup> tensor_group = setup.context->group(parallel::GroupKind::kTensor);
+  if (tensor_group != nullptr && tensor_group->size() > 1) {
+    timed[1] = tensor_parallel_piece(*probe, pieces.at(1), 1, tensor_group, setup.dropout);
+  }
+  const Tensor sample = pipeline_sample_microbatch(*probe, c, setup.first_example, setup.device);
+  const std::vector<double> three = measure_and_agree(timed, sample, c, *setup.context, setup.dropout);
+  std::vector<double> times(pieces.size(), three[1]);
+  times.front() = three[0];
+  times.back() = three[2];
+  return times;
+}
+
+}  // namespace
+
 PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelContext& context,
                                   const config::TrainConfig& c, const parallel::tp::DropoutGenerators& dropout,
-                                  const Tensor& sample, const std::optional<parallel::pp::StageParts>& planned) {
+                                  const Tensor& sample, const std::optional<parallel::pp::StageParts>& planned,
+                                  const std::vector<double>& planned_times) {
   const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kPipeline);
   const int p = group->size(), stage = group->rank(), v = c.parallel.num_chunks;
   const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(model);
@@ -363,13 +426,6 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
   if (!planned && measures_pipeline_partition(c.parallel)) {
     COLOSSAL_CHECK(sample.defined(),
                    "parallel.partition = \"measured\": make_pipeline_stage needs a sample microbatch");
-    // Measuring runs the pieces' dropout: their generators are put back, so that the training run
-    // draws the masks it would draw under any other cut.
-    std::vector<std::pair<core::Generator*, core::GeneratorState>> saved{
-        {&core::default_generator(), core::default_generator().state()}};
-    for (core::Generator* g : {dropout.data, dropout.tensor}) {
-      if (g != nullptr) saved.emplace_back(g, g->state());
-    }
     // Under tensor parallelism the stages run the blocks' tensor-parallel forms: those are timed (each
     // tensor rank its part, its all-reduces included), made for the measurement and dropped after it.
     // Timed as serial blocks, a pp2 x tp2 GPT-2 350M cut gave the head's stage, whose head stays whole
@@ -379,9 +435,9 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
       for (size_t i = 0; i < timed.size(); ++i)
         timed[i] = tensor_parallel_piece(model, pieces[i], i, tensor_group, dropout);
     }
-    measured = agree_on_times(measure_pipeline_pieces(timed, sample, 3, pipeline_compute_dtype(c)), context);
-    for (auto& [g, state] : saved) g->set_state(state);
+    measured = measure_and_agree(timed, sample, c, context, dropout);
   }
+  if (planned) measured = planned_times;
   const parallel::pp::StageParts parts = planned ? *planned : plan_pipeline(pieces, c.parallel, measured);
 
   // Which stages hold each parameter: one held by several is tied between them.

@@ -57,9 +57,27 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
 /// each stage's first block downsamples), counted from its config (ResNetConfig::piece_parameters).
 /// A uniform or listed (parallel.partition_sizes) cut needs only the number of pieces. The cut is the
 /// one plan_pipeline makes of the whole model's pieces. None (build the whole model, cut afterwards)
-/// for a measured cut (every rank times every piece) and model.weights (imported into the whole
-/// model). `stage_pieces` is the filter that builds stage `stage`'s pieces.
-std::optional<parallel::pp::StageParts> plan_before_building(const config::TrainConfig& c, const Datasets& d);
+/// for model.weights (imported into the whole model) and for a measured cut of a ResNet (its blocks
+/// differ, so every rank times every piece of the whole model), or of any model when no `measure`
+/// is given. `stage_pieces` is the filter that builds stage `stage`'s pieces.
+///
+/// A measured cut of a GPT-2 or ViT is made before building too when `measure` is given: the probe
+/// (the embedding, block 0 and the head whole) is built on measure->device and its three pieces are
+/// timed as measure_pipeline_pieces times them (block 0 in its tensor-parallel form under tensor
+/// parallelism), every block charged block 0's time (the blocks are alike), the times agreed over the
+/// groups as make_pipeline_stage agrees them; `measured`, when given, receives them. Collective over
+/// every group then. Without `measure` a measured cut is left to make_pipeline_stage (None).
+struct MeasuredCutSetup {
+  const parallel::ParallelContext* context = nullptr;
+  Device device;
+  /// The generators the timed pieces' dropout draws from (a tensor-parallel block's too); put back.
+  parallel::tp::DropoutGenerators dropout;
+  /// The training set's first input (pipeline_sample_microbatch).
+  Tensor first_example;
+};
+std::optional<parallel::pp::StageParts> plan_before_building(const config::TrainConfig& c, const Datasets& d,
+                                                             const MeasuredCutSetup* measure = nullptr,
+                                                             std::vector<double>* measured = nullptr);
 nn::models::PieceFilter stage_pieces(const parallel::pp::StageParts& parts, int stage);
 
 /// True when the cut is measured (parallel.partition = "measured" and no parallel.partition_sizes).
@@ -119,10 +137,12 @@ std::string describe_partition(const config::ParallelConfig& parallel);
 /// (pipeline_sample_microbatch); every rank measures, the pipeline averages, and data rank 0's and then
 /// tensor rank 0's average goes to every rank, so that all cut alike. Collective over every group.
 /// With `planned` (plan_before_building), the model holds this stage's pieces whole and the others
-/// as stand-ins, and the stage is cut as planned.
+/// as stand-ins, and the stage is cut as planned; `planned_times`, the times a measured plan came
+/// from, for the description.
 PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelContext& context,
                                   const config::TrainConfig& c, const parallel::tp::DropoutGenerators& dropout = {},
                                   const Tensor& sample = Tensor(),
-                                  const std::optional<parallel::pp::StageParts>& planned = std::nullopt);
+                                  const std::optional<parallel::pp::StageParts>& planned = std::nullopt,
+                                  const std::vector<double>& planned_times = {});
 
 }  // namespace colossal::initialize

@@ -238,7 +238,16 @@ void TrainingRun::build_data_and_model() {
   tensor_generator_ = std::make_unique<core::Generator>(parallel::tp::tensor_parallel_seed(seed + 7, *context_));
   // Under a pipeline a GPT-2, ViT or ResNet is cut before it is built, and this rank builds its own
   // stage's pieces only, the others as stand-ins (Note [Stage pieces built alone] in pipeline_stage.h).
-  if (context_->layout().pipeline_size() > 1) planned_cut_ = plan_before_building(c, datasets_);
+  // A measured cut of a GPT-2 or ViT times a probe of it here (on this rank's device, the tensor-
+  // parallel block where the blocks split).
+  if (context_->layout().pipeline_size() > 1) {
+    const MeasuredCutSetup measure{
+        .context = context_.get(),
+        .device = device_,
+        .dropout = {.data = dropout_generator_.get(), .tensor = tensor_generator_.get()},
+        .first_example = datasets_.train->size() > 0 ? datasets_.train->get(0).input : Tensor()};
+    planned_cut_ = plan_before_building(c, datasets_, &measure, &planned_times_);
+  }
   ModelBuild build;
   if (planned_cut_) build.pieces = stage_pieces(*planned_cut_, context_->group(parallel::GroupKind::kPipeline)->rank());
   model_ = make_model(c, datasets_, *init_generator_, *dropout_generator_, build);
@@ -288,12 +297,12 @@ void TrainingRun::build_data_and_model() {
     // With tensor parallelism its blocks become tensor-parallel (Note [Pipeline of tensor-parallel
     // stages]), their dropout drawing as ParallelGPT2's and ParallelViT's do.
     const parallel::tp::DropoutGenerators dropout{.data = dropout_generator_.get(), .tensor = tensor_generator_.get()};
-    Tensor sample;  // parallel.partition = "measured": a microbatch to time the pieces on
-    if (measures_pipeline_partition(c.parallel)) {
+    Tensor sample;  // parallel.partition = "measured" not planned before building: a microbatch to time the pieces on
+    if (measures_pipeline_partition(c.parallel) && !planned_cut_) {
       const Tensor first = datasets_.train->size() > 0 ? datasets_.train->get(0).input : Tensor();
       sample = pipeline_sample_microbatch(*model_, c, first, device_);
     }
-    PipelineStage stage = make_pipeline_stage(*model_, *context_, c, dropout, sample, planned_cut_);
+    PipelineStage stage = make_pipeline_stage(*model_, *context_, c, dropout, sample, planned_cut_, planned_times_);
     if (writer_ && options_.verbose) fmt::print("{}\n", stage.description);
     model_ = stage.module;
     model_->to(device_);  // the tensor-parallel blocks made anew sit where the serial model did

@@ -110,6 +110,7 @@ class TrainingRun {
   std::shared_ptr<nn::Module> model_;
   /// Under a pipeline, the cut made before the model was built (plan_before_building), when it was.
   std::optional<parallel::pp::StageParts> planned_cut_;
+  std::vector<double> planned_times_;  // a measured planned cut's times per piece
   /// Under parallel.pipeline > 1: the schedule of this rank's stage (model_ holds its chunks).
   std::shared_ptr<engine::PipelineSchedule> pipeline_schedule_;
   /// Under a pipeline, the serial names of the stage's tensors (EngineOptions::serial_names).
