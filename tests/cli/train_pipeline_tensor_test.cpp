@@ -121,6 +121,13 @@ class TrainPipelineTensor : public ::testing::Test {
     std::printf("%s against serial: %zu steps, largest relative difference %.2e\n", name.c_str(), serial.size(), worst);
   }
 
+  /// Run `name` was cut by measured times, and each rank built its own stage's pieces only.
+  void expect_measured_before_building(const std::string& name) {
+    const std::string log = read(dir_ / (name + ".log"));
+    EXPECT_NE(log.find("balanced by measured times"), std::string::npos) << log;
+    EXPECT_NE(log.find("stage 0 built alone: its "), std::string::npos) << log;
+  }
+
   fs::path dir_;
 };
 
@@ -145,9 +152,7 @@ TEST_F(TrainPipelineTensor, Gpt2AtPp2Tp2GivesTheSerialLosses) {
                        "gpt2_pp2_tp2_measured");
   // Measured on a probe before the model was built (the embedding, block 0 in its tensor-parallel
   // form, the head), so each rank built its own stage's pieces only here too.
-  const std::string measured_log = read(dir_ / "gpt2_pp2_tp2_measured.log");
-  EXPECT_NE(measured_log.find("balanced by measured times"), std::string::npos) << measured_log;
-  EXPECT_NE(measured_log.find("stage 0 built alone: its "), std::string::npos) << measured_log;
+  expect_measured_before_building("gpt2_pp2_tp2_measured");
 }
 
 TEST_F(TrainPipelineTensor, VitAtPp2Tp2GivesTheSerialLosses) {
@@ -159,9 +164,7 @@ TEST_F(TrainPipelineTensor, VitAtPp2Tp2GivesTheSerialLosses) {
                        "--set parallel.pipeline=2 --set parallel.num_microbatches=4 "
                        "--set 'parallel.partition=\"measured\"'",
                        "vit_pp2_measured");
-  const std::string measured_log = read(dir_ / "vit_pp2_measured.log");
-  EXPECT_NE(measured_log.find("balanced by measured times"), std::string::npos) << measured_log;
-  EXPECT_NE(measured_log.find("stage 0 built alone: its "), std::string::npos) << measured_log;
+  expect_measured_before_building("vit_pp2_measured");
 }
 
 TEST_F(TrainPipelineTensor, ResnetAtPp2BuiltAloneGivesTheSerialLosses) {
