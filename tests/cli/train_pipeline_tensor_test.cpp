@@ -18,7 +18,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "metrics_jsonl.h"
 
@@ -80,11 +82,11 @@ class TrainPipelineTensor : public ::testing::Test {
   }
 
   /// ResNet of basic blocks [1, 2, 1, 1] 4 wide (CIFAR stem, zero_init_residual) on 8 x 8 synthetic
-  /// images, batch 8, 12 steps: 7 pieces whose parameters differ block to block.
+  /// images, batch 8, 12 steps: 8 pieces whose parameters differ block to block.
   fs::path resnet_config() {
     std::ofstream(dir_ / "resnet.toml")
         << "[model]\nname = \"resnet\"\npreset = \"resnet18\"\n"
-           "options = { cifar_stem = true, width = 4, layers = [1, 2, 1, 1], zero_init_residual = true }\n"
+           "options = { cifar_stem = true, width = 4, layers = [1, 3, 1, 1], zero_init_residual = true }\n"
            "[data]\ndataset = \"synthetic\"\nbatch_size = 8\n"
            "options = { size = 96, test_size = 16, image_size = 8, channels = 1, num_classes = 4 }\n"
            "[optimizer]\nname = \"adamw\"\nlr = 2e-3\n"
@@ -174,15 +176,32 @@ TEST_F(TrainPipelineTensor, ResnetAtPp2BuiltAloneGivesTheSerialLosses) {
   const fs::path config = resnet_config();
   expect_serial_losses(config, 2, "--set parallel.pipeline=2 --set parallel.num_microbatches=1", "resnet_pp2");
   const std::string log = read(dir_ / "resnet_pp2.log");
-  EXPECT_NE(log.find("7 pieces balanced by parameters"), std::string::npos) << log;
+  EXPECT_NE(log.find("8 pieces balanced by parameters"), std::string::npos) << log;
   EXPECT_NE(log.find("stage 0 built alone: its "), std::string::npos) << log;
   // Another cut, listed: stage 0 holds the stem alone, stage 1 the blocks and the head.
   expect_serial_losses(config, 2,
                        "--set parallel.pipeline=2 --set parallel.num_microbatches=1 "
-                       "--set 'parallel.partition_sizes=[1, 6]'",
+                       "--set 'parallel.partition_sizes=[1, 7]'",
                        "resnet_pp2_listed");
   const std::string listed = read(dir_ / "resnet_pp2_listed.log");
-  EXPECT_NE(listed.find("stage 0: [0, 1); stage 1: [1, 7); stage 0 built alone: its "), std::string::npos) << listed;
+  EXPECT_NE(listed.find("stage 0: [0, 1); stage 1: [1, 8); stage 0 built alone: its "), std::string::npos) << listed;
+  // Cut by measured times, from a probe of the stem, each stage's first two blocks and the head.
+  expect_serial_losses(config, 2,
+                       "--set parallel.pipeline=2 --set parallel.num_microbatches=1 "
+                       "--set 'parallel.partition=\"measured\"'",
+                       "resnet_pp2_measured");
+  expect_measured_before_building("resnet_pp2_measured");
+  // The probe timed stage 2's first two blocks (pieces 2 and 3); its third (piece 4) is charged the
+  // second's time.
+  const std::string measured = read(dir_ / "resnet_pp2_measured.log");
+  const std::string key = "measured ms per piece (forward and backward of one microbatch): [";
+  const size_t at = measured.find(key);
+  ASSERT_NE(at, std::string::npos) << measured;
+  std::vector<std::string> times;
+  std::stringstream list(measured.substr(at + key.size(), measured.find(']', at) - at - key.size()));
+  for (std::string t; std::getline(list, t, ',');) times.push_back(t);
+  ASSERT_EQ(times.size(), 8u) << measured;
+  EXPECT_EQ(times[4], times[3]) << measured;
 }
 
 TEST_F(TrainPipelineTensor, Gpt2AtDp2Pp2AndDp2Pp2Tp2GivesTheSerialLosses) {

@@ -135,6 +135,7 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
 namespace {
 std::vector<double> time_probe(const config::TrainConfig& c, const Datasets& d, const MeasuredCutSetup& setup,
                                size_t blocks);
+std::vector<double> time_resnet_probe(const config::TrainConfig& c, const Datasets& d, const MeasuredCutSetup& setup);
 }  // namespace
 
 std::optional<parallel::pp::StageParts> plan_before_building(const config::TrainConfig& c, const Datasets& d,
@@ -142,13 +143,17 @@ std::optional<parallel::pp::StageParts> plan_before_building(const config::Train
                                                              std::vector<double>* measured) {
   if (c.parallel.pipeline <= 1 || !c.model.weights.empty()) return std::nullopt;
   if (measures_pipeline_partition(c.parallel)) {
-    // A ResNet's blocks differ: its measured cut times every piece of the whole model (make_pipeline_stage).
-    if (measure == nullptr || (c.model.name != config::ModelName::kGpt2 && c.model.name != config::ModelName::kVit)) {
+    if (measure == nullptr) return std::nullopt;
+    std::vector<double> times;
+    if (c.model.name == config::ModelName::kResnet) {
+      times = time_resnet_probe(c, d, *measure);
+    } else if (c.model.name == config::ModelName::kGpt2 || c.model.name == config::ModelName::kVit) {
+      const auto blocks = static_cast<size_t>(c.model.name == config::ModelName::kGpt2 ? gpt2_config(c).n_layer
+                                                                                       : vit_config(c, d).depth);
+      times = time_probe(c, d, *measure, blocks);
+    } else {
       return std::nullopt;
     }
-    const auto blocks =
-        static_cast<size_t>(c.model.name == config::ModelName::kGpt2 ? gpt2_config(c).n_layer : vit_config(c, d).depth);
-    std::vector<double> times = time_probe(c, d, *measure, blocks);
     parallel::pp::StageParts parts = plan_cut(static_cast<int64_t>(times.size()), c.parallel, times, {});
     if (measured != nullptr) *measured = std::move(times);
     return parts;
@@ -198,7 +203,8 @@ Tensor pipeline_sample_microbatch(nn::Module& model, const config::TrainConfig& 
     const nn::models::ViTConfig& v = vit->config();
     return core::zeros({m, v.in_chans, v.img_size, v.img_size}, TensorOptions(DType::f32, device));
   }
-  COLOSSAL_CHECK(dynamic_cast<nn::models::ResNet*>(&model) != nullptr,
+  const auto* resnet = dynamic_cast<nn::models::ResNet*>(&model);
+  COLOSSAL_CHECK(resnet != nullptr,
                  "parallel.partition = \"measured\": the model built ({}) is none of GPT-2, ViT and ResNet",
                  model.type_name());
   const bool resizes =
@@ -209,7 +215,7 @@ Tensor pipeline_sample_microbatch(nn::Module& model, const config::TrainConfig& 
   } else if (first_example_input.defined() && first_example_input.dim() >= 2) {
     size = first_example_input.size(first_example_input.dim() - 2);
   }
-  return core::zeros({m, 3, size, size}, TensorOptions(DType::f32, device));
+  return core::zeros({m, resnet->config().in_chans, size, size}, TensorOptions(DType::f32, device));
 }
 
 std::optional<DType> pipeline_compute_dtype(const config::TrainConfig& c) {
@@ -408,6 +414,46 @@ std::vector<double> time_probe(const config::TrainConfig& c, const Datasets& d, 
   std::vector<double> times(pieces.size(), three[1]);
   times.front() = three[0];
   times.back() = three[2];
+  return times;
+}
+
+/// plan_before_building's measured cut of a ResNet (Note [Stage pieces built alone]): its stages'
+/// blocks differ, but within a stage every block after the first takes and gives the same shapes,
+/// with the same weights' shapes. The probe holds the stem, each stage's first two blocks and the
+/// head; they are timed in a row (a stage's second block's output is the next stage's first block's
+/// input), and every later block of a stage is charged its stage's second block's time.
+std::vector<double> time_resnet_probe(const config::TrainConfig& c, const Datasets& d, const MeasuredCutSetup& setup) {
+  COLOSSAL_CHECK(setup.context != nullptr, "plan_before_building: a measured cut needs the run's ParallelContext");
+  const nn::models::ResNetConfig config = resnet_config(c, d);
+  // Pieces: the stem (0), the stages' blocks in order, the head. `timed_pieces`: those the probe builds;
+  // `charged[i]`: the entry of timed_pieces whose time piece i is charged.
+  std::vector<size_t> timed_pieces{0};
+  std::vector<size_t> charged{0};
+  size_t piece = 1;
+  for (const int64_t blocks : config.layers) {
+    for (int64_t b = 0; b < blocks; ++b, ++piece) {
+      if (b < 2) timed_pieces.push_back(piece);
+      charged.push_back(timed_pieces.size() - 1);  // blocks 0 and 1 themselves, the later ones block 1
+    }
+  }
+  timed_pieces.push_back(piece);  // the head
+  charged.push_back(timed_pieces.size() - 1);
+  const auto in_probe = [&timed_pieces](size_t i) {
+    return std::find(timed_pieces.begin(), timed_pieces.end(), i) != timed_pieces.end();
+  };
+  core::Generator init(0), dropout(0);
+  const std::shared_ptr<nn::Module> probe =
+      make_model(c, d, init, dropout, ModelBuild{.pieces = in_probe, .quiet = true});
+  probe->to(setup.device);
+  const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(*probe);
+  COLOSSAL_CHECK(pieces.size() == charged.size(), "plan_before_building: the ResNet has {} pieces, its config says {}",
+                 pieces.size(), charged.size());
+  std::vector<std::shared_ptr<nn::Module>> timed;
+  for (const size_t i : timed_pieces) timed.push_back(pieces[i]);
+  const Tensor sample = pipeline_sample_microbatch(*probe, c, setup.first_example, setup.device);
+  const std::vector<double> measured = measure_and_agree(timed, sample, c, *setup.context, setup.dropout);
+  std::vector<double> times;
+  for (const size_t k : charged) times.push_back(measured[k]);
   return times;
 }
 

@@ -57,16 +57,17 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
 /// each stage's first block downsamples), counted from its config (ResNetConfig::piece_parameters).
 /// A uniform or listed (parallel.partition_sizes) cut needs only the number of pieces. The cut is the
 /// one plan_pipeline makes of the whole model's pieces. None (build the whole model, cut afterwards)
-/// for model.weights (imported into the whole model) and for a measured cut of a ResNet (its blocks
-/// differ, so every rank times every piece of the whole model), or of any model when no `measure`
-/// is given. `stage_pieces` is the filter that builds stage `stage`'s pieces.
+/// for model.weights (imported into the whole model), and for a measured cut when no `measure` is
+/// given. `stage_pieces` is the filter that builds stage `stage`'s pieces.
 ///
-/// A measured cut of a GPT-2 or ViT is made before building too when `measure` is given: the probe
-/// (the embedding, block 0 and the head whole) is built on measure->device and its three pieces are
-/// timed as measure_pipeline_pieces times them (block 0 in its tensor-parallel form under tensor
-/// parallelism), every block charged block 0's time (the blocks are alike), the times agreed over the
-/// groups as make_pipeline_stage agrees them; `measured`, when given, receives them. Collective over
-/// every group then. Without `measure` a measured cut is left to make_pipeline_stage (None).
+/// A measured cut is made before building too when `measure` is given: a probe is built on
+/// measure->device and its full pieces are timed in a row as measure_pipeline_pieces times them, the
+/// times agreed over the groups as make_pipeline_stage agrees them; `measured`, when given, receives
+/// them. A GPT-2's or ViT's probe holds the embedding, block 0 (timed in its tensor-parallel form
+/// under tensor parallelism) and the head, every block charged block 0's time (the blocks are alike);
+/// a ResNet's the stem, each stage's first two blocks and the head, every later block of a stage
+/// charged its second block's time. Collective over every group then. Without `measure` a measured
+/// cut is left to make_pipeline_stage (None).
 struct MeasuredCutSetup {
   const parallel::ParallelContext* context = nullptr;
   Device device;
@@ -85,7 +86,7 @@ bool measures_pipeline_partition(const config::ParallelConfig& parallel);
 
 /// A microbatch of zeros the model's first piece takes, for measure_pipeline_pieces: GPT-2's
 /// [m, T] token ids (T = data.seq_len, else the model's context), ViT's [m, in_chans, img_size,
-/// img_size] and ResNet's [m, 3, S, S] images (S = data.options.resize where the transforms resize,
+/// img_size] and ResNet's [m, in_chans, S, S] images (S = data.options.resize where the transforms resize,
 /// else the training set's first image's height), m = data.batch_size / parallel.num_microbatches.
 Tensor pipeline_sample_microbatch(nn::Module& model, const config::TrainConfig& c, const Tensor& first_example_input,
                                   Device device);

@@ -238,8 +238,8 @@ void TrainingRun::build_data_and_model() {
   tensor_generator_ = std::make_unique<core::Generator>(parallel::tp::tensor_parallel_seed(seed + 7, *context_));
   // Under a pipeline a GPT-2, ViT or ResNet is cut before it is built, and this rank builds its own
   // stage's pieces only, the others as stand-ins (Note [Stage pieces built alone] in pipeline_stage.h).
-  // A measured cut of a GPT-2 or ViT times a probe of it here (on this rank's device, the tensor-
-  // parallel block where the blocks split).
+  // A measured cut times a probe of the model here (on this rank's device; a GPT-2's or ViT's block in
+  // its tensor-parallel form where the blocks split).
   if (context_->layout().pipeline_size() > 1) {
     const MeasuredCutSetup measure{
         .context = context_.get(),
