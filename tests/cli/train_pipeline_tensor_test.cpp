@@ -157,6 +157,30 @@ TEST_F(TrainPipelineTensor, Gpt2AtPp2Tp2GivesTheSerialLosses) {
   expect_measured_before_building("gpt2_pp2_tp2_measured");
 }
 
+TEST_F(TrainPipelineTensor, Gpt2AtPp2FromModelWeightsReadsEachStagesOwnPieces) {
+  // Weights written by `colossal export` after two steps; a run from them at pp=2 builds each stage
+  // alone and reads only its own pieces' tensors (Note [Weights of the pieces held] in
+  // nn/hub_weights.h), with the serial run's losses from the same file.
+  const std::string bin = COLOSSAL_BINARY;
+  const fs::path config = gpt2_config(), checkpoints = dir_ / "weights_ckpt", weights = dir_ / "weights.safetensors";
+  ASSERT_EQ(run(bin + " train --config " + config.string() + " --set train.max_steps=2 --set 'train.checkpoint_dir=\"" +
+                    checkpoints.string() + "\"'",
+                dir_ / "weights_train.log"),
+            0)
+      << read(dir_ / "weights_train.log");
+  ASSERT_EQ(run(bin + " export " + checkpoints.string() + " -o " + weights.string(), dir_ / "export.log"), 0)
+      << read(dir_ / "export.log");
+  std::string text = read(config);
+  text.replace(text.find("[model]\n"), 8, "[model]\nweights = \"" + weights.string() + "\"\n");
+  const fs::path from_weights = dir_ / "gpt2_from_weights.toml";
+  std::ofstream(from_weights) << text;
+  expect_serial_losses(from_weights, 2, "--set parallel.pipeline=2 --set parallel.num_microbatches=2",
+                       "gpt2_pp2_weights");
+  const std::string log = read(dir_ / "gpt2_pp2_weights.log");
+  EXPECT_NE(log.find("model.weights: loaded"), std::string::npos) << log;
+  EXPECT_NE(log.find("stage 0 built alone: its "), std::string::npos) << log;
+}
+
 TEST_F(TrainPipelineTensor, VitAtPp2Tp2GivesTheSerialLosses) {
   expect_serial_losses(vit_config(), 4,
                        "--set parallel.pipeline=2 --set parallel.tensor.size=2 --set parallel.num_microbatches=4",

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -106,6 +107,70 @@ TEST_F(Gpt2HubWeights, ProblemsNameTheFileAndTheKeyAndLoadNothing) {
   for (const auto& [name, tensor] : model.state_dict()) {
     EXPECT_EQ(tensor.to(DType::f64).to_vector<double>(), snapshot.at(name)) << name << " changed by a failed load";
   }
+}
+
+// Note [Weights of the pieces held]: a pipeline stage built with stand-ins for the other stages'
+// pieces reads its own pieces' weights from a transformers-layout file and leaves the stand-ins as
+// they are; the file must still hold every tensor of the model (by name), and a held tensor of the
+// wrong shape is named.
+TEST_F(Gpt2HubWeights, AStageBuiltAloneReadsItsOwnPiecesOnly) {
+  ASSERT_GE(config_.n_layer, 2);
+  // The embedding and block 0 whole; the other blocks and the head (ln_f) stand-ins.
+  const auto built = [](size_t piece) { return piece <= 1; };
+  GPT2 model(config_, nullptr, nullptr, built);
+  std::set<std::string> held_names;
+  const auto pieces = model.layers();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (!built(i)) continue;
+    for (const auto& [name, tensor] : pieces[i]->state_dict()) held_names.insert(name);
+  }
+  ASSERT_TRUE(held_names.contains("wte.weight") && held_names.contains("h.0.attn.c_attn.weight"));
+  ASSERT_FALSE(held_names.contains("h.1.attn.c_attn.weight"));
+  const HeldTensors held = [&held_names](const std::string& name) { return held_names.contains(name); };
+  std::map<std::string, std::vector<double>> stand_ins;
+  for (const auto& [name, tensor] : model.state_dict()) {
+    if (!held_names.contains(name)) stand_ins[name] = tensor.to(DType::f64).to_vector<double>();
+  }
+
+  StateDict hub;
+  for (const auto& [name, tensor] : params_) hub.insert("transformer." + name, tensor);
+  hub.insert("lm_head.weight", params_.at("wte.weight"));
+  const fs::path path = temp_file("stage.safetensors");
+  save_safetensors(path, hub, {{"format", "pt"}});
+  const HubImportReport report = import_hub_weights(model, path, held);
+  EXPECT_TRUE(report.stripped_transformer_prefix);
+  EXPECT_NE(std::find(report.dropped.begin(), report.dropped.end(), "lm_head.weight (tied to wte.weight)"),
+            report.dropped.end());
+  for (const auto& [name, tensor] : model.state_dict()) {
+    if (held_names.contains(name)) {
+      EXPECT_EQ(tensor.to(DType::f64).to_vector<double>(), params_.at(name).to(DType::f64).to_vector<double>())
+          << name << " not read";
+    } else {
+      EXPECT_EQ(tensor.to(DType::f64).to_vector<double>(), stand_ins.at(name)) << name << " (a stand-in) changed";
+    }
+  }
+
+  // A tensor the stage does not hold is still required by name.
+  StateDict missing = hub;
+  missing.erase("transformer.h.1.mlp.c_fc.weight");
+  save_safetensors(path, missing);
+  std::string message = error_of([&] { import_hub_weights(model, path, held); });
+  EXPECT_NE(message.find("h.1.mlp.c_fc.weight"), std::string::npos) << message;
+  // One the model does not have is named too.
+  StateDict extra = hub;
+  extra.insert("transformer.h.9.mlp.c_fc.weight", core::ones({2, 2}));
+  save_safetensors(path, extra);
+  message = error_of([&] { import_hub_weights(model, path, held); });
+  EXPECT_NE(message.find("h.9.mlp.c_fc.weight"), std::string::npos) << message;
+  // A held tensor of another shape is named.
+  StateDict misshapen = hub;
+  misshapen.erase("transformer.h.0.mlp.c_fc.weight");
+  misshapen.insert("transformer.h.0.mlp.c_fc.weight", core::ones({3, 5}));
+  save_safetensors(path, misshapen);
+  message = error_of([&] { import_hub_weights(model, path, held); });
+  EXPECT_NE(message.find("h.0.mlp.c_fc.weight"), std::string::npos) << message;
+  EXPECT_NE(message.find(path.filename().string()), std::string::npos) << message;
+  fs::remove(path);
 }
 
 TEST(HubWeights, VitTimmNamesRoundTripThroughExport) {

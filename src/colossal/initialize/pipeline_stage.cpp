@@ -141,7 +141,7 @@ std::vector<double> time_resnet_probe(const config::TrainConfig& c, const Datase
 std::optional<parallel::pp::StageParts> plan_before_building(const config::TrainConfig& c, const Datasets& d,
                                                              const MeasuredCutSetup* measure,
                                                              std::vector<double>* measured) {
-  if (c.parallel.pipeline <= 1 || !c.model.weights.empty()) return std::nullopt;
+  if (c.parallel.pipeline <= 1) return std::nullopt;
   if (measures_pipeline_partition(c.parallel)) {
     if (measure == nullptr) return std::nullopt;
     std::vector<double> times;

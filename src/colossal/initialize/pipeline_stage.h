@@ -56,9 +56,10 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
 /// on a generator of its own; a ResNet's, whose blocks differ from stage to stage (the widths double,
 /// each stage's first block downsamples), counted from its config (ResNetConfig::piece_parameters).
 /// A uniform or listed (parallel.partition_sizes) cut needs only the number of pieces. The cut is the
-/// one plan_pipeline makes of the whole model's pieces. None (build the whole model, cut afterwards)
-/// for model.weights (imported into the whole model), and for a measured cut when no `measure` is
-/// given. `stage_pieces` is the filter that builds stage `stage`'s pieces.
+/// one plan_pipeline makes of the whole model's pieces; model.weights are then read for the stage's
+/// own pieces only (Note [Weights of the pieces held] in nn/hub_weights.h). None (build the whole
+/// model, cut afterwards) for a measured cut when no `measure` is given. `stage_pieces` is the filter
+/// that builds stage `stage`'s pieces.
 ///
 /// A measured cut is made before building too when `measure` is given: a probe is built on
 /// measure->device and its full pieces are timed in a row as measure_pipeline_pieces times them, the

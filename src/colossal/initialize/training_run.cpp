@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "colossal/amp/mixed_precision_optimizer.h"
@@ -252,7 +254,19 @@ void TrainingRun::build_data_and_model() {
   if (planned_cut_) build.pieces = stage_pieces(*planned_cut_, context_->group(parallel::GroupKind::kPipeline)->rank());
   model_ = make_model(c, datasets_, *init_generator_, *dropout_generator_, build);
   if (!c.model.weights.empty()) {
-    const nn::HubImportReport report = nn::import_hub_weights(*model_, c.model.weights);
+    // A stage built alone reads its own pieces' weights only (Note [Weights of the pieces held] in
+    // nn/hub_weights.h).
+    nn::HeldTensors held;
+    if (planned_cut_) {
+      std::set<std::string> names;
+      const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(*model_);
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        if (!build.pieces(i)) continue;
+        for (const auto& [name, tensor] : pieces[i]->state_dict()) names.insert(name);
+      }
+      held = [names = std::move(names)](const std::string& name) { return names.contains(name); };
+    }
+    const nn::HubImportReport report = nn::import_hub_weights(*model_, c.model.weights, held);
     if (writer_) {
       fmt::print("model.weights: loaded {}{}{}{}\n", c.model.weights,
                  report.stripped_transformer_prefix ? " (names without \"transformer.\")" : "",

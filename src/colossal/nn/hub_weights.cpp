@@ -4,7 +4,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // join
 
+#include <map>
+#include <optional>
 #include <regex>
+#include <string>
+#include <vector>
 
 #include "colossal/core/error.h"
 #include "colossal/nn/safetensors.h"
@@ -28,19 +32,40 @@ bool same_values(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-StateDict hub_to_model_names(const Module& model, const StateDict& hub, HubImportReport* report) {
-  const StateDict own = model.state_dict();
-  const bool strip = !any_key_starts_with(own, kTransformerPrefix) && any_key_starts_with(hub, kTransformerPrefix);
+namespace {
+
+/// Whether the file's names carry GPT2LMHeadModel's "transformer." prefix and the model's do not.
+template <typename Names>
+bool strips_prefix(const StateDict& own, const Names& hub_names) {
+  if (any_key_starts_with(own, kTransformerPrefix)) return false;
+  for (const std::string& name : hub_names) {
+    if (name.starts_with(kTransformerPrefix)) return true;
+  }
+  return false;
+}
+
+/// The model's name for a file's tensor, or none for a GPT-2 attention mask buffer the model does
+/// not have (said in the report).
+std::optional<std::string> model_name_of(const std::string& name, bool strip, const StateDict& own,
+                                         HubImportReport* report) {
   // GPT-2's causal mask, saved as buffers by older transformers releases.
   static const std::regex mask_buffer(R"((^|\.)h\.\d+\.attn\.(masked_)?bias$)");
+  std::string ours = strip && name.starts_with(kTransformerPrefix) ? name.substr(kTransformerPrefix.size()) : name;
+  if (!own.contains(ours) && std::regex_search(ours, mask_buffer)) {
+    if (report != nullptr) report->dropped.push_back(name + " (attention mask buffer)");
+    return std::nullopt;
+  }
+  return ours;
+}
+
+}  // namespace
+
+StateDict hub_to_model_names(const Module& model, const StateDict& hub, HubImportReport* report) {
+  const StateDict own = model.state_dict();
+  const bool strip = strips_prefix(own, hub.keys());
   StateDict renamed;
   for (const auto& [name, tensor] : hub) {
-    std::string ours = strip && name.starts_with(kTransformerPrefix) ? name.substr(kTransformerPrefix.size()) : name;
-    if (!own.contains(ours) && std::regex_search(ours, mask_buffer)) {
-      if (report != nullptr) report->dropped.push_back(name + " (attention mask buffer)");
-      continue;
-    }
-    renamed.insert(std::move(ours), tensor);
+    if (std::optional<std::string> ours = model_name_of(name, strip, own, report)) renamed.insert(*ours, tensor);
   }
   if (const Tensor* head = renamed.find("lm_head.weight"); head != nullptr && !own.contains("lm_head.weight")) {
     const Tensor* wte = renamed.find("wte.weight");
@@ -67,7 +92,53 @@ bool widens_exactly(DType stored, DType model) {
   }
 }
 
-HubImportReport import_hub_weights(Module& model, const std::filesystem::path& path) {
+namespace {
+
+/// import_hub_weights' state dict when only the `held` tensors are wanted (Note [Weights of the pieces
+/// held]): those read from the file and named as the model names them; every other tensor the file
+/// holds under one of the model's names maps to a copy of the model's own (loading it changes
+/// nothing, and its shape, a stand-in's, is not compared); a file name the model does not have stays in, so
+/// that the strict load names it, as one the file lacks is named.
+StateDict held_state(const Module& model, const std::filesystem::path& path, const SafetensorsHeader& header,
+                     const HeldTensors& held, HubImportReport* report) {
+  const StateDict own = model.state_dict();
+  std::vector<std::string> hub_names;
+  for (const SafetensorsEntry& entry : header.entries) hub_names.push_back(entry.name);
+  const bool strip = strips_prefix(own, hub_names);
+  const bool tied_head = !own.contains("lm_head.weight");
+  std::map<std::string, std::string> wanted;  // file name -> model name, read from the file
+  StateDict state;
+  for (const SafetensorsEntry& entry : header.entries) {
+    const std::optional<std::string> ours = model_name_of(entry.name, strip, own, report);
+    if (!ours) continue;
+    if (*ours == "lm_head.weight" && tied_head) {
+      // Compared with wte where this rank holds it (hub_to_model_names' check); dropped either way.
+      if (held("wte.weight")) {
+        wanted.emplace(entry.name, *ours);
+      } else if (report != nullptr) {
+        report->dropped.push_back("lm_head.weight (tied to wte.weight)");
+      }
+      continue;
+    }
+    if (held(*ours)) {
+      wanted.emplace(entry.name, *ours);
+    } else if (const Tensor* mine = own.find(*ours)) {
+      state.insert(*ours, mine->clone());  // a stand-in's: tiny
+    } else {
+      state.insert(*ours, Tensor());  // unexpected: the strict load names it
+    }
+  }
+  const SafetensorsFile file =
+      load_safetensors(path, [&wanted](const std::string& name) { return wanted.contains(name); });
+  StateDict read;
+  for (const auto& [name, tensor] : file.tensors) read.insert(name, tensor);
+  for (auto& [name, tensor] : hub_to_model_names(model, read, report)) state.insert(name, tensor);
+  return state;
+}
+
+}  // namespace
+
+HubImportReport import_hub_weights(Module& model, const std::filesystem::path& path, const HeldTensors& held) {
   // The header first: a training checkpoint is told apart before gigabytes of optimizer state are read.
   const SafetensorsHeader header = read_safetensors_header(path);
   if (auto format = header.metadata.find("format");
@@ -78,10 +149,14 @@ HubImportReport import_hub_weights(Module& model, const std::filesystem::path& p
         "or continue that run with --resume {}",
         path.string(), path.string(), path.string());
   }
-  SafetensorsFile file = load_safetensors(path);
   HubImportReport report;
   try {
-    StateDict state = hub_to_model_names(model, file.tensors, &report);
+    StateDict state;
+    if (!held) {
+      state = hub_to_model_names(model, load_safetensors(path).tensors, &report);
+    } else {
+      state = held_state(model, path, header, held, &report);
+    }
     // Dtypes before anything is loaded (load_state_dict would cast whatever it is given).
     const StateDict own = model.state_dict();
     std::vector<std::string> mistyped;

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,7 +47,15 @@ StateDict hub_to_model_names(const Module& model, const StateDict& hub, HubImpor
 /// f32/f64 or f32 -> f64, listed in the report's `cast`). Throws naming the file and every missing,
 /// unexpected, misshapen or mistyped key, leaving the model unchanged, and names a colossal
 /// training checkpoint as such (with `colossal export` to turn it into weights).
-HubImportReport import_hub_weights(Module& model, const std::filesystem::path& path);
+///
+/// Note [Weights of the pieces held]
+/// With `held`, only the tensors it names (the model's names) are read from the file and loaded: a
+/// pipeline stage built with stand-ins for the other stages' pieces (Note [Pieces built] in
+/// nn/models/layer_view.h) reads its own pieces' weights, not the whole model's. The file must still
+/// hold every tensor of the model and nothing else (names only for those not held: their shapes are
+/// the stage holding them to check); a tied lm_head is compared with wte where wte is held.
+using HeldTensors = std::function<bool(const std::string& name)>;
+HubImportReport import_hub_weights(Module& model, const std::filesystem::path& path, const HeldTensors& held = {});
 
 /// Whether import_hub_weights takes a tensor stored as `stored` into one of dtype `model`: the same
 /// dtype, or a floating one that converts exactly (every value of `stored` is one of `model`).

@@ -196,7 +196,8 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
   return header;
 }
 
-SafetensorsFile load_safetensors(const std::filesystem::path& path) {
+SafetensorsFile load_safetensors(const std::filesystem::path& path,
+                                 const std::function<bool(const std::string& name)>& wanted) {
   const std::string where = file_label(path);
   SafetensorsHeader header = read_safetensors_header(path);
   std::ifstream in(path, std::ios::binary);
@@ -205,6 +206,7 @@ SafetensorsFile load_safetensors(const std::filesystem::path& path) {
   SafetensorsFile file;
   file.metadata = std::move(header.metadata);
   for (const SafetensorsEntry& entry : header.entries) {
+    if (wanted && !wanted(entry.name)) continue;
     Tensor tensor = core::empty(entry.shape, entry.dtype);
     const uint64_t bytes = entry.end - entry.begin;
     if (bytes > 0) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -49,8 +50,10 @@ struct SafetensorsFile {
 /// at fault.
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path);
 
-/// Reads every tensor of the file into new CPU tensors.
-SafetensorsFile load_safetensors(const std::filesystem::path& path);
+/// Reads every tensor of the file into new CPU tensors; with `wanted`, only the tensors it names
+/// (the header is read and checked whole either way).
+SafetensorsFile load_safetensors(const std::filesystem::path& path,
+                                 const std::function<bool(const std::string& name)>& wanted = {});
 
 /// Writes `tensors` (any device, dtype and strides; none may be undefined) and `metadata` to path.
 /// The file is written under a temporary name beside path, synced to the disk and renamed over it
