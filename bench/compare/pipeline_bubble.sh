@@ -13,6 +13,7 @@
 # (v1-uniform, v2-uniform) or by measured piece times (v1-measured, v2-measured).
 # 4 GPUs (issue 23): pp4-m8-v1, pp4-m8-v2, pp4-m16-v1, pp4-m16-v2 (pp=4, 8 or 16 microbatches), and the
 # hybrids dp4, dp2xtp2, dp2xpp2, pp2xtp2 (8 microbatches where pipelined; B16 per data-parallel replica).
+# 8 GPUs (issue 23): dp2xpp2xtp2-1.3b, GPT 1.3B (L24 C2048 H16) in the three-way hybrid.
 # PARTITION="uniform", "balanced" or "measured" cuts every pipelined part that names no cut itself.
 # torch-ppP-mM-vV: PyTorch's pipelining on P GPUs, M microbatches, V chunks per rank (torch_pp.py).
 # PROFILE=1 also traces steps 30-32 of every run of ours (colossal train --profile: each rank's kernels
@@ -27,16 +28,17 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast off (shared machines)
 python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size=4_000_000, dtype=np.uint16).tofile('$out/tokens.bin')"
 
-report() {  # name, metrics file, log, gpus, data-parallel size
+report() {  # name, metrics file, log, gpus, data-parallel size, layers, width
   python3 - "$@" <<'PY'
 import json, re, sys
 name, path, log, gpus, dp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+L, C = int(sys.argv[6]), int(sys.argv[7])
 pts = [(j["step"], j["wall_s"]) for j in map(json.loads, open(path)) if j.get("event") == "step" and "wall_s" in j]
 pts = [p for p in pts if 10 <= p[0] <= 40]
 if len(pts) < 2:
     print(f"{name}: too few steps"); sys.exit()
 ms = 1e3 * (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
-L, C, V, T, tokens = 24, 1024, 50304, 1024, 16 * 1024 * dp
+V, T, tokens = 50304, 1024, 16 * 1024 * dp
 n = L * (12 * C * C + 13 * C) + V * C + 2 * C  # without wpe
 mfu = (6 * n + 12 * L * C * T) * tokens / (ms * 1e-3) / gpus / 989.4e12
 line = f"{name}: {ms:.1f} ms/step, {tokens / ms * 1e3:.0f} tokens/s, MFU per GPU {mfu:.1%}"
@@ -76,7 +78,7 @@ run() {  # name, gpus, data-parallel size, [extra --set ...]
   if [[ $? != 0 ]]; then
     echo "$name: FAILED"; tail -8 "$out/$name.log"; return
   fi
-  report "$name" "$out/$name.jsonl" "$out/$name.log" "$gpus" "$dp"
+  report "$name" "$out/$name.jsonl" "$out/$name.log" "$gpus" "$dp" "${LAYERS:-24}" "${WIDTH:-1024}"
 }
 
 pp4() {  # name, microbatches, chunks
@@ -111,12 +113,18 @@ for part in "${parts[@]}"; do
           --set parallel.num_microbatches=8 --set parallel.pipeline_report=5 ;;
     pp2xtp2) run gpt350m_pp2_tp2 4 1 --set parallel.pipeline=2 --set 'parallel.tensor={ mode = "1d", size = 2 }' \
           --set parallel.num_microbatches=8 --set parallel.pipeline_report=5 ;;
+    # 8 GPUs (issue 23): GPT 1.3B (L24 C2048 H16) at dp2 x pp2 x tp2, B16 per replica in 8 microbatches.
+    dp2xpp2xtp2-1.3b) LAYERS=24 WIDTH=2048 run gpt1.3b_dp2_pp2_tp2 8 2 \
+          --set 'model.options={ vocab_multiple = 64, dropout = 0.0, n_layer = 24, n_embd = 2048, n_head = 16 }' \
+          --set parallel.data=2 --set parallel.pipeline=2 --set 'parallel.tensor={ mode = "1d", size = 2 }' \
+          --set parallel.num_microbatches=8 --set parallel.pipeline_report=5 ;;
     # PyTorch's pipelining on the same model and batch (bench/compare/torch_pp.py): torch-ppP-mM-vV.
     torch-pp*-m*-v*)
       read -r p m v <<< "$(sed -E 's/^torch-pp([0-9]+)-m([0-9]+)-v([0-9]+)$/\1 \2 \3/' <<< "$part")"
       torchrun --standalone --nproc_per_node "$p" bench/compare/torch_pp.py --microbatches "$m" --chunks "$v" 2>&1 |
         grep -E "torch pipelining|Error" ;;
     *) echo "unknown part '$part' (serial, v1, v2, v1-uniform, v2-uniform, v1-measured, v2-measured," \
-         "pp4-m8-v1, pp4-m8-v2, pp4-m16-v1, pp4-m16-v2, dp4, dp2xtp2, dp2xpp2, pp2xtp2, torch-ppP-mM-vV)"; exit 2 ;;
+         "pp4-m8-v1, pp4-m8-v2, pp4-m16-v1, pp4-m16-v2, dp4, dp2xtp2, dp2xpp2, pp2xtp2, dp2xpp2xtp2-1.3b," \
+         "torch-ppP-mM-vV)"; exit 2 ;;
   esac
 done
