@@ -20,6 +20,7 @@
 #include "colossal/core/allocator.h"                 // memory_stats, reset_peak_memory
 #include "colossal/core/build_config.h"              // COLOSSAL_WITH_CUPTI
 #include "colossal/core/cuda_device.h"               // is_available, Event, current_stream, properties
+#include "colossal/core/host_profiler.h"             // HostProfiler
 #include "colossal/core/kernel_trace.h"              // KernelTrace, summarize
 #include "colossal/core/random.h"                    // Generator, randint, randn
 #include "colossal/engine/engine.h"                  // Engine, EngineOptions
@@ -28,7 +29,6 @@
 #include "colossal/nn/models/vit.h"                  // VisionTransformer
 #include "colossal/ops/nn_functional.h"              // cross_entropy
 #include "colossal/optim/adam.h"                     // AdamW
-#include "host_profile.h"                            // HostProfiler
 
 using namespace colossal;
 
@@ -292,8 +292,8 @@ void measure(Result& r, const Options& o, Device device) {
   const auto wall_start = std::chrono::steady_clock::now();
   start.record(stream);
   {
-    std::unique_ptr<bench::HostProfiler> profiler;
-    if (!o.host_profile.empty()) profiler = std::make_unique<bench::HostProfiler>();
+    std::unique_ptr<core::HostProfiler> profiler;
+    if (!o.host_profile.empty()) profiler = std::make_unique<core::HostProfiler>();
     for (int i = 0; i < o.steps; ++i) loss = engine->step(input, target);
     if (profiler) {
       profiler->stop();

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "../host_profile.h"             // HostProfiler (--host-profile)
-#include "colossal/core/build_config.h"  // COLOSSAL_WITH_CUPTI
-#include "colossal/core/kernel_trace.h"  // KernelTrace, summarize
+#include "colossal/core/build_config.h"   // COLOSSAL_WITH_CUPTI
+#include "colossal/core/host_profiler.h"  // HostProfiler (--host-profile)
+#include "colossal/core/kernel_trace.h"   // KernelTrace, summarize
 #include "colossal/ops.h"
 #include "colossal/ops/elementwise_kernels.h"  // unary_backward_stub (the GELU derivative row)
 #include "colossal/ops/linalg_kernels.h"       // batched_gemm_stub, fused_gemm_stub (epilogue rows)
@@ -152,8 +152,8 @@ std::vector<HostRow> host_rows(const std::string& profile_path) {
       {"host: layer_norm [8,1024] bf16", [&] { ops::layer_norm(x, {1024}, w, b); }},
       {"host: linear [8,1024]x[1024,1024] bf16", [&] { ops::linear(x, weight, b); }},
   };
-  std::unique_ptr<bench::HostProfiler> profiler;
-  if (!profile_path.empty()) profiler = std::make_unique<bench::HostProfiler>(50);
+  std::unique_ptr<core::HostProfiler> profiler;
+  if (!profile_path.empty()) profiler = std::make_unique<core::HostProfiler>(50);
   std::vector<HostRow> rows;
   for (const auto& [name, fn] : cases) rows.push_back({name, host_us(fn)});
   if (profiler) {

@@ -57,7 +57,7 @@ std::string usage_errors(const CLI::App& train, bool with_config) {
       }
     }
   } else {
-    for (const char* name : {"--set", "--metrics", "--resume", "--profile", "--profile-steps"}) {
+    for (const char* name : {"--set", "--metrics", "--resume", "--profile", "--profile-steps", "--profile-host"}) {
       if (train.get_option(name)->count() == 0) continue;
       errors += fmt::format(
           "{} needs --config: it applies to a config run; the built-in MLP demo takes only its own flags "
@@ -119,6 +119,11 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args) {
             args.profile.num_steps = count;
           },
           "The profiled steps as FIRST:COUNT (default 20:5; also COLOSSAL_PROFILE_STEPS)")
+      ->group(config_group);
+  train
+      ->add_flag("--profile-host", args.profile.host_samples,
+                 "With --profile: also sample the host's stacks over the window into <trace>.host.txt, for "
+                 "tools/host-profile-report (also COLOSSAL_PROFILE_HOST=1)")
       ->group(config_group);
 
   const std::string mlp_group(kMlpGroup);

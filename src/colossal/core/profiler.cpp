@@ -12,13 +12,16 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "colossal/core/cuda_device.h"  // Event, current_stream, synchronize
 #include "colossal/core/error.h"
-#include "colossal/core/kernel_trace.h"  // KernelTrace
+#include "colossal/core/host_profiler.h"  // HostProfiler
+#include "colossal/core/kernel_trace.h"   // KernelTrace
 
 namespace colossal::core::profiler {
 namespace {
@@ -60,6 +63,8 @@ struct State {
   std::unique_ptr<cuda::KernelTrace> kernels;
   uint64_t kernel_origin_ns = 0;
   double kernel_origin_us = 0;
+  /// The host's stack samples over the window (Options::host_samples).
+  std::unique_ptr<HostProfiler> host_sampler;
 };
 
 bool kernels_wanted() {
@@ -134,6 +139,20 @@ std::string json_string(std::string_view text) {
 /// Waits for the device, writes the trace (to a temporary name, then renamed) and the summary, and
 /// clears what was collected. Called with the mutex held and the window closed.
 void write_locked(State& s, int64_t steps) {
+  // The host's samples stop first: what follows (waiting for the device, writing) is not the window's.
+  std::string host_note;
+  if (s.host_sampler) {
+    s.host_sampler->stop();
+    const std::string file = s.options.path + ".host.txt";
+    try {
+      const int samples = s.host_sampler->write(file);
+      host_note =
+          fmt::format("  host samples: {} in {} (tools/host-profile-report {} symbolises them)\n", samples, file, file);
+    } catch (const std::exception& e) {
+      host_note = fmt::format("  host samples not written: {}\n", e.what());
+    }
+    s.host_sampler.reset();
+  }
   for (const Lane& lane : s.lanes) lane.base->synchronize();
   std::vector<cuda::KernelRecord> kernels;
   if (s.kernels) kernels = s.kernels->stop();  // synchronizes the device
@@ -263,6 +282,7 @@ void write_locked(State& s, int64_t steps) {
     }
     summary += cuda::summarize(kernels, 15);
   }
+  summary += host_note;
   std::fputs(summary.c_str(), stderr);
   s.host.clear();
   s.device.clear();
@@ -274,6 +294,12 @@ void write_locked(State& s, int64_t steps) {
 Options options_from_env() {
   Options options;
   if (const char* path = std::getenv("COLOSSAL_PROFILE"); path != nullptr) options.path = path;
+  if (const char* host = std::getenv("COLOSSAL_PROFILE_HOST"); host != nullptr) {
+    const std::string_view value(host);
+    COLOSSAL_CHECK(value == "0" || value == "1" || value.empty(), "COLOSSAL_PROFILE_HOST must be 0 or 1, got '{}'",
+                   value);
+    options.host_samples = value == "1";
+  }
   if (const char* steps = std::getenv("COLOSSAL_PROFILE_STEPS"); steps != nullptr && *steps != '\0') {
     long long first = -1, count = -1;
     char tail = 0;
@@ -289,10 +315,14 @@ void configure(const Options& options) {
   COLOSSAL_CHECK(options.path.empty() || (options.first_step >= 0 && options.num_steps > 0),
                  "profiler: the window must start at step >= 0 and hold >= 1 step, got first step {} and {} steps",
                  options.first_step, options.num_steps);
+  COLOSSAL_CHECK(!options.host_samples || !options.path.empty(),
+                 "profiler: host samples (--profile-host, COLOSSAL_PROFILE_HOST) need a trace path (--profile, "
+                 "COLOSSAL_PROFILE): they are written beside it");
   State& s = state();
   std::lock_guard lock(s.mutex);
   s.active = false;
   s.options = options;
+  s.host_sampler.reset();
   s.host.clear();
   s.device.clear();
   s.lanes.clear();
@@ -309,6 +339,7 @@ void step_begin(int64_t step) {
   if (step == s.options.first_step) {
     s.origin = Clock::now();
     s.active = true;
+    if (s.options.host_samples) s.host_sampler = std::make_unique<HostProfiler>();
   } else if (s.active && step == s.options.first_step + s.options.num_steps) {
     s.active = false;
     write_locked(s, s.options.num_steps);

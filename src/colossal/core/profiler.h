@@ -35,14 +35,19 @@ struct Options {
   /// The window: steps [first_step, first_step + num_steps) of the run, counted by step_begin.
   int64_t first_step = 20;
   int64_t num_steps = 5;
+  /// Also sample the host's stacks over the window (SIGPROF, core/host_profiler.h) into
+  /// <path>.host.txt, for `tools/host-profile-report`: where the host's time goes while it queues
+  /// the window's work (--profile-host; COLOSSAL_PROFILE_HOST=1).
+  bool host_samples = false;
 };
 
-/// Options from COLOSSAL_PROFILE (the path) and COLOSSAL_PROFILE_STEPS ("FIRST:COUNT"); the path
-/// empty when the first is unset. Throws naming the variable when COLOSSAL_PROFILE_STEPS is malformed.
+/// Options from COLOSSAL_PROFILE (the path), COLOSSAL_PROFILE_STEPS ("FIRST:COUNT") and
+/// COLOSSAL_PROFILE_HOST ("1": host_samples); the path empty when the first is unset. Throws naming the variable when
+/// COLOSSAL_PROFILE_STEPS is malformed.
 Options options_from_env();
 
 /// Arms the profiler (an empty path disarms it). Throws naming the option when the window is empty
-/// or starts before step 0.
+/// or starts before step 0, or when host samples are asked for without a path.
 void configure(const Options& options);
 
 /// Whether ranges are being recorded now (inside the window).

@@ -575,6 +575,7 @@ RunResult TrainingRun::fit() {
   }
   core::profiler::Options profile =
       options_.profile.path.empty() ? core::profiler::options_from_env() : options_.profile;
+  profile.host_samples = profile.host_samples || options_.profile.host_samples;  // --profile-host with the env's path
   if (!profile.path.empty() && context_->world().size() > 1) {
     std::filesystem::path path(profile.path);
     const std::string extension = path.extension().string();

@@ -1,6 +1,6 @@
 // SIGPROF sampling into a preallocated buffer (the handler only calls backtrace, after a first
 // call outside it has loaded the unwinder) and dladdr-based (module, offset) output.
-#include "host_profile.h"
+#include "colossal/core/host_profiler.h"
 
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -13,7 +13,7 @@
 #include <memory>
 #include <stdexcept>
 
-namespace colossal::bench {
+namespace colossal::core {
 namespace {
 
 constexpr int kMaxFrames = 48;
@@ -93,4 +93,4 @@ int HostProfiler::write(const std::string& path) const {
   return n;
 }
 
-}  // namespace colossal::bench
+}  // namespace colossal::core

@@ -2,12 +2,14 @@
 // process's CPU time, each sample the interrupted thread's return addresses as (module, offset)
 // pairs, written to a file for offline symbolisation (tools/host-profile-report resolves them
 // against unstripped libraries with addr2line). For finding where enqueueing a step spends its
-// time when the GPU waits on the host; no perf or gdb is needed on the GPU machine.
+// time when the GPU waits on the host; no perf or gdb is needed on the GPU machine. Used by the
+// benchmarks' --host-profile and by `colossal train --profile-host` (core/profiler.h: the samples
+// of the profiled window, beside its trace).
 #pragma once
 
 #include <string>
 
-namespace colossal::bench {
+namespace colossal::core {
 
 class HostProfiler {
  public:
@@ -27,4 +29,4 @@ class HostProfiler {
   bool running_ = false;
 };
 
-}  // namespace colossal::bench
+}  // namespace colossal::core
