@@ -17,7 +17,8 @@
 # PARTITION="uniform", "balanced" or "measured" cuts every pipelined part that names no cut itself.
 # torch-ppP-mM-vV: PyTorch's pipelining on P GPUs, M microbatches, V chunks per rank (torch_pp.py).
 # PROFILE=1 also traces steps 30-32 of every run of ours (colossal train --profile: each rank's kernels
-# per stream, $out/NAME.rankR.json, and its summary in the log).
+# per stream, $out/NAME.rankR.json, and its summary in the log); PROFILE_HOST=1 with it adds the host's
+# stack samples over those steps ($out/NAME.rankR.json.host.txt, for tools/host-profile-report).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -70,6 +71,7 @@ run() {  # name, gpus, data-parallel size, [extra --set ...]
     args+=(--set "parallel.partition=\"$PARTITION\"")
   fi
   [[ -n ${PROFILE:-} ]] && args+=(--profile "$out/$name.json" --profile-steps 30:3)
+  [[ -n ${PROFILE:-} && -n ${PROFILE_HOST:-} ]] && args+=(--profile-host)
   if [[ $gpus == 1 ]]; then
     "$colossal" "${args[@]}" > "$out/$name.log" 2>&1
   else
