@@ -133,50 +133,73 @@ parallel::pp::StageParts plan_pipeline(const std::vector<std::shared_ptr<nn::Mod
 }
 
 namespace {
+
+/// Note [Stage pieces built alone]: for each piece of the model, the piece that stands for it in a
+/// probe. A GPT-2's or ViT's blocks are alike: every block is block 0 (piece 1). A ResNet's differ from
+/// stage to stage, but within a stage every block after the first takes and gives the same shapes with
+/// the same weights' shapes: each stage's later blocks are its second. Empty for another model.
+std::vector<size_t> probe_representatives(const config::TrainConfig& c, const Datasets& d) {
+  if (c.model.name == config::ModelName::kGpt2 || c.model.name == config::ModelName::kVit) {
+    const auto blocks =
+        static_cast<size_t>(c.model.name == config::ModelName::kGpt2 ? gpt2_config(c).n_layer : vit_config(c, d).depth);
+    std::vector<size_t> reps(blocks + 2, 1);  // the embedding, the blocks, the head
+    reps.front() = 0;
+    reps.back() = blocks + 1;
+    return reps;
+  }
+  if (c.model.name != config::ModelName::kResnet) return {};
+  std::vector<size_t> reps{0};  // the stem, each stage's blocks in order, the head
+  for (const int64_t blocks : resnet_config(c, d).layers) {
+    const size_t first = reps.size();
+    for (int64_t b = 0; b < blocks; ++b) reps.push_back(b < 2 ? first + static_cast<size_t>(b) : first + 1);
+  }
+  reps.push_back(reps.size());
+  return reps;
+}
+
+/// The model with the representatives whole and the other pieces stand-ins (Note [Pieces built]), on
+/// generators of its own: a probe to weigh or time the pieces before the model is built.
+std::shared_ptr<nn::Module> build_probe(const config::TrainConfig& c, const Datasets& d,
+                                        const std::vector<size_t>& reps) {
+  core::Generator init(0), dropout(0);
+  return make_model(
+      c, d, init, dropout,
+      ModelBuild{.pieces = [&reps](size_t piece) { return std::find(reps.begin(), reps.end(), piece) != reps.end(); },
+                 .quiet = true});
+}
+
 std::vector<double> time_probe(const config::TrainConfig& c, const Datasets& d, const MeasuredCutSetup& setup,
-                               size_t blocks);
-std::vector<double> time_resnet_probe(const config::TrainConfig& c, const Datasets& d, const MeasuredCutSetup& setup);
+                               const std::vector<size_t>& reps);
+
 }  // namespace
 
 std::optional<parallel::pp::StageParts> plan_before_building(const config::TrainConfig& c, const Datasets& d,
                                                              const MeasuredCutSetup* measure,
                                                              std::vector<double>* measured) {
   if (c.parallel.pipeline <= 1) return std::nullopt;
-  if (measures_pipeline_partition(c.parallel)) {
-    if (measure == nullptr) return std::nullopt;
-    std::vector<double> times;
-    if (c.model.name == config::ModelName::kResnet) {
-      times = time_resnet_probe(c, d, *measure);
-    } else if (c.model.name == config::ModelName::kGpt2 || c.model.name == config::ModelName::kVit) {
-      const auto blocks = static_cast<size_t>(c.model.name == config::ModelName::kGpt2 ? gpt2_config(c).n_layer
-                                                                                       : vit_config(c, d).depth);
-      times = time_probe(c, d, *measure, blocks);
-    } else {
-      return std::nullopt;
-    }
-    parallel::pp::StageParts parts = plan_cut(static_cast<int64_t>(times.size()), c.parallel, times, {});
+  const bool measured_cut = measures_pipeline_partition(c.parallel);
+  if (measured_cut && measure == nullptr) return std::nullopt;
+  const std::vector<size_t> reps = probe_representatives(c, d);
+  if (reps.empty()) return std::nullopt;
+  const auto n = static_cast<int64_t>(reps.size());
+  if (measured_cut) {
+    std::vector<double> times = time_probe(c, d, *measure, reps);
+    parallel::pp::StageParts parts = plan_cut(n, c.parallel, times, {});
     if (measured != nullptr) *measured = std::move(times);
     return parts;
   }
-  if (c.model.name == config::ModelName::kResnet) {
-    // Its blocks differ (Note [Stage pieces built alone]): every piece's count is computed, no probe.
-    const std::vector<int64_t> counts = resnet_config(c, d).piece_parameters();
-    return plan_cut(static_cast<int64_t>(counts.size()), c.parallel, {},
-                    [&counts] { return std::vector<double>(counts.begin(), counts.end()); });
-  }
-  if (c.model.name != config::ModelName::kGpt2 && c.model.name != config::ModelName::kVit) return std::nullopt;
-  const auto blocks =
-      static_cast<size_t>(c.model.name == config::ModelName::kGpt2 ? gpt2_config(c).n_layer : vit_config(c, d).depth);
-  // The probe: the embedding, block 0 and the head whole, the other blocks stand-ins.
-  core::Generator init(0), dropout(0);
-  const std::shared_ptr<nn::Module> probe = make_model(
-      c, d, init, dropout,
-      ModelBuild{.pieces = [blocks](size_t piece) { return piece <= 1 || piece == blocks + 1; }, .quiet = true});
-  const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(*probe);
-  std::vector<double> weights = parameter_weights(pieces);
-  const size_t head = pieces.size() - 1;
-  for (size_t i = 2; i < head; ++i) weights[i] = weights[1];  // every block as block 0
-  return plan_pipeline(pieces, c.parallel, {}, weights);
+  // Balanced by parameters (only then are the pieces weighed): a ResNet's counted from its config, a
+  // GPT-2's or ViT's read off the probe.
+  return plan_cut(n, c.parallel, {}, [&]() -> std::vector<double> {
+    if (c.model.name == config::ModelName::kResnet) {
+      const std::vector<int64_t> counts = resnet_config(c, d).piece_parameters();
+      return {counts.begin(), counts.end()};
+    }
+    const std::vector<double> probe_weights = parameter_weights(pipeline_pieces(*build_probe(c, d, reps)));
+    std::vector<double> weights;
+    for (const size_t r : reps) weights.push_back(probe_weights.at(r));
+    return weights;
+  });
 }
 
 nn::models::PieceFilter stage_pieces(const parallel::pp::StageParts& parts, int stage) {
@@ -393,67 +416,33 @@ std::vector<double> measure_and_agree(const std::vector<std::shared_ptr<nn::Modu
   return times;
 }
 
-/// plan_before_building's measured cut (Note [Stage pieces built alone]): the probe's embedding, block
-/// 0 and head timed in a row, every block charged block 0's time.
+/// plan_before_building's measured cut (Note [Stage pieces built alone]): the probe's whole pieces
+/// timed in a row on the setup's device (under tensor parallelism in their tensor-parallel forms, as
+/// make_pipeline_stage times them), each piece charged its representative's time.
 std::vector<double> time_probe(const config::TrainConfig& c, const Datasets& d, const MeasuredCutSetup& setup,
-                               size_t blocks) {
+                               const std::vector<size_t>& reps) {
   COLOSSAL_CHECK(setup.context != nullptr, "plan_before_building: a measured cut needs the run's ParallelContext");
-  core::Generator init(0), dropout(0);
-  const std::shared_ptr<nn::Module> probe = make_model(
-      c, d, init, dropout,
-      ModelBuild{.pieces = [blocks](size_t piece) { return piece <= 1 || piece == blocks + 1; }, .quiet = true});
+  const std::shared_ptr<nn::Module> probe = build_probe(c, d, reps);
   probe->to(setup.device);
   const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(*probe);
-  std::vector<std::shared_ptr<nn::Module>> timed{pieces.front(), pieces.at(1), pieces.back()};
+  COLOSSAL_CHECK(pieces.size() == reps.size(), "plan_before_building: the model has {} pieces, its config says {}",
+                 pieces.size(), reps.size());
+  std::vector<size_t> whole = reps;  // the pieces timed, in order (a stage's second block feeds the next's first)
+  std::sort(whole.begin(), whole.end());
+  whole.erase(std::unique(whole.begin(), whole.end()), whole.end());
   const std::shared_ptr<comm::ProcessGroup> tensor_group = setup.context->group(parallel::GroupKind::kTensor);
-  if (tensor_group != nullptr && tensor_group->size() > 1) {
-    timed[1] = tensor_parallel_piece(*probe, pieces.at(1), 1, tensor_group, setup.dropout);
-  }
-  const Tensor sample = pipeline_sample_microbatch(*probe, c, setup.first_example, setup.device);
-  const std::vector<double> three = measure_and_agree(timed, sample, c, *setup.context, setup.dropout);
-  std::vector<double> times(pieces.size(), three[1]);
-  times.front() = three[0];
-  times.back() = three[2];
-  return times;
-}
-
-/// plan_before_building's measured cut of a ResNet (Note [Stage pieces built alone]): its stages'
-/// blocks differ, but within a stage every block after the first takes and gives the same shapes,
-/// with the same weights' shapes. The probe holds the stem, each stage's first two blocks and the
-/// head; they are timed in a row (a stage's second block's output is the next stage's first block's
-/// input), and every later block of a stage is charged its stage's second block's time.
-std::vector<double> time_resnet_probe(const config::TrainConfig& c, const Datasets& d, const MeasuredCutSetup& setup) {
-  COLOSSAL_CHECK(setup.context != nullptr, "plan_before_building: a measured cut needs the run's ParallelContext");
-  const nn::models::ResNetConfig config = resnet_config(c, d);
-  // Pieces: the stem (0), the stages' blocks in order, the head. `timed_pieces`: those the probe builds;
-  // `charged[i]`: the entry of timed_pieces whose time piece i is charged.
-  std::vector<size_t> timed_pieces{0};
-  std::vector<size_t> charged{0};
-  size_t piece = 1;
-  for (const int64_t blocks : config.layers) {
-    for (int64_t b = 0; b < blocks; ++b, ++piece) {
-      if (b < 2) timed_pieces.push_back(piece);
-      charged.push_back(timed_pieces.size() - 1);  // blocks 0 and 1 themselves, the later ones block 1
-    }
-  }
-  timed_pieces.push_back(piece);  // the head
-  charged.push_back(timed_pieces.size() - 1);
-  const auto in_probe = [&timed_pieces](size_t i) {
-    return std::find(timed_pieces.begin(), timed_pieces.end(), i) != timed_pieces.end();
-  };
-  core::Generator init(0), dropout(0);
-  const std::shared_ptr<nn::Module> probe =
-      make_model(c, d, init, dropout, ModelBuild{.pieces = in_probe, .quiet = true});
-  probe->to(setup.device);
-  const std::vector<std::shared_ptr<nn::Module>> pieces = pipeline_pieces(*probe);
-  COLOSSAL_CHECK(pieces.size() == charged.size(), "plan_before_building: the ResNet has {} pieces, its config says {}",
-                 pieces.size(), charged.size());
+  const bool tensor_parallel = tensor_group != nullptr && tensor_group->size() > 1;
   std::vector<std::shared_ptr<nn::Module>> timed;
-  for (const size_t i : timed_pieces) timed.push_back(pieces[i]);
+  for (const size_t i : whole) {
+    timed.push_back(tensor_parallel ? tensor_parallel_piece(*probe, pieces[i], i, tensor_group, setup.dropout)
+                                    : pieces[i]);
+  }
   const Tensor sample = pipeline_sample_microbatch(*probe, c, setup.first_example, setup.device);
   const std::vector<double> measured = measure_and_agree(timed, sample, c, *setup.context, setup.dropout);
   std::vector<double> times;
-  for (const size_t k : charged) times.push_back(measured[k]);
+  for (const size_t r : reps) {
+    times.push_back(measured[static_cast<size_t>(std::lower_bound(whole.begin(), whole.end(), r) - whole.begin())]);
+  }
   return times;
 }
 
