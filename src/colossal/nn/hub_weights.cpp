@@ -4,9 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // join
 
-#include <map>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -106,7 +106,7 @@ StateDict held_state(const Module& model, const std::filesystem::path& path, con
   for (const SafetensorsEntry& entry : header.entries) hub_names.push_back(entry.name);
   const bool strip = strips_prefix(own, hub_names);
   const bool tied_head = !own.contains("lm_head.weight");
-  std::map<std::string, std::string> wanted;  // file name -> model name, read from the file
+  std::set<std::string> wanted;  // the file's names of what is read
   StateDict state;
   for (const SafetensorsEntry& entry : header.entries) {
     const std::optional<std::string> ours = model_name_of(entry.name, strip, own, report);
@@ -114,14 +114,14 @@ StateDict held_state(const Module& model, const std::filesystem::path& path, con
     if (*ours == "lm_head.weight" && tied_head) {
       // Compared with wte where this rank holds it (hub_to_model_names' check); dropped either way.
       if (held("wte.weight")) {
-        wanted.emplace(entry.name, *ours);
+        wanted.insert(entry.name);
       } else if (report != nullptr) {
         report->dropped.push_back("lm_head.weight (tied to wte.weight)");
       }
       continue;
     }
     if (held(*ours)) {
-      wanted.emplace(entry.name, *ours);
+      wanted.insert(entry.name);
     } else if (const Tensor* mine = own.find(*ours)) {
       state.insert(*ours, mine->clone());  // a stand-in's: tiny
     } else {
@@ -130,9 +130,7 @@ StateDict held_state(const Module& model, const std::filesystem::path& path, con
   }
   const SafetensorsFile file =
       load_safetensors(path, [&wanted](const std::string& name) { return wanted.contains(name); });
-  StateDict read;
-  for (const auto& [name, tensor] : file.tensors) read.insert(name, tensor);
-  for (auto& [name, tensor] : hub_to_model_names(model, read, report)) state.insert(name, tensor);
+  for (auto& [name, tensor] : hub_to_model_names(model, file.tensors, report)) state.insert(name, tensor);
   return state;
 }
 
