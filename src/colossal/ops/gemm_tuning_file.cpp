@@ -123,7 +123,7 @@ std::optional<std::pair<GemmTuningKey, GemmTuningAlgo>> parse_gemm_tuning_line(s
   return std::pair(key, algo);
 }
 
-size_t GemmTuningFile::KeyHash::operator()(const GemmTuningKey& key) const {
+size_t GemmKeyHash::operator()(const GemmTuningKey& key) const {
   uint64_t h = 1469598103934665603ull;
   for (const int64_t v : key) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
   return static_cast<size_t>(h);

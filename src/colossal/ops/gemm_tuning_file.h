@@ -18,6 +18,12 @@ using GemmTuningKey = std::array<int64_t, 24>;
 /// An algorithm as the GEMM library describes it (cuBLASLt's cublasLtMatmulAlgo_t: 8 words).
 using GemmTuningAlgo = std::array<uint64_t, 8>;
 
+/// FNV-1a over a problem key's fields: the hash of the backend's per-process algorithm cache and of
+/// the tuning file's.
+struct GemmKeyHash {
+  size_t operator()(const GemmTuningKey& key) const;
+};
+
 /// The folder of tuning files: COLOSSAL_GEMM_CACHE when set ("off", "0" or empty: none), else
 /// $XDG_CACHE_HOME/colossal, else $HOME/.cache/colossal; nullopt when there is none.
 std::optional<std::string> gemm_tuning_dir();
@@ -46,11 +52,8 @@ class GemmTuningFile {
   std::string append(const GemmTuningKey& key, const GemmTuningAlgo& algo);
 
  private:
-  struct KeyHash {
-    size_t operator()(const GemmTuningKey& key) const;
-  };
   std::string path_;
-  std::unordered_map<GemmTuningKey, GemmTuningAlgo, KeyHash> algos_;
+  std::unordered_map<GemmTuningKey, GemmTuningAlgo, GemmKeyHash> algos_;
 };
 
 }  // namespace colossal::ops

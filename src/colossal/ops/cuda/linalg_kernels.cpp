@@ -102,7 +102,8 @@ constexpr int kAutotuneRounds = 5;
 
 // ---- library state
 
-using AlgoKey = std::array<int64_t, 24>;
+/// A GEMM problem (key_of): the tuning file keys it the same way.
+using AlgoKey = GemmTuningKey;
 
 /// What the cache holds per problem: the algorithm (nullopt when cuBLASLt has none), and whether
 /// it is final. An unsettled one is the heuristic's pick for a problem worth autotuning that could
@@ -110,14 +111,6 @@ using AlgoKey = std::array<int64_t, 24>;
 struct CachedAlgo {
   std::optional<cublasLtMatmulAlgo_t> algo;
   bool settled = false;
-};
-
-struct AlgoKeyHash {
-  size_t operator()(const AlgoKey& key) const {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t v : key) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
 };
 
 /// Handles, workspaces and the algorithm cache, shared by every thread. Created on first use and
@@ -255,7 +248,7 @@ class CublasLtState {
   int64_t generation_ = 0;
   std::unordered_map<int, cublasLtHandle_t> handles_;
   std::unordered_map<StreamKey, void*, StreamKeyHash> workspaces_;
-  std::unordered_map<AlgoKey, CachedAlgo, AlgoKeyHash> algos_;
+  std::unordered_map<AlgoKey, CachedAlgo, GemmKeyHash> algos_;
 };
 
 // ---- problem description
