@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <string_view>
 #include <utility>
 
 #include "colossal/autograd/function.h"   // register_grad_ready_hook
@@ -81,6 +82,11 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
     COLOSSAL_CHECK(end != late && *end == '\0' && value >= 0 && value <= 1000,
                    "COLOSSAL_DP_LATE_BUCKETS must be a whole number of buckets from 0 to 1000, got '{}'", late);
     options_.late_buckets = static_cast<int>(value);
+  }
+  if (const char* rebuild = std::getenv("COLOSSAL_DP_REBUILD_BUCKETS"); rebuild != nullptr && *rebuild != '\0') {
+    const std::string_view value(rebuild);
+    COLOSSAL_CHECK(value == "0" || value == "1", "COLOSSAL_DP_REBUILD_BUCKETS must be 0 or 1, got '{}'", value);
+    options_.rebuild_buckets = value == "1";
   }
   COLOSSAL_CHECK(options_.bucket_bytes > 0, "DataParallel: bucket_bytes must be > 0, got {}", options_.bucket_bytes);
   COLOSSAL_CHECK(options_.late_buckets >= 0, "DataParallel: late_buckets must be >= 0, got {}", options_.late_buckets);

@@ -35,7 +35,8 @@ struct DataParallelOptions {
   /// After the first synchronised backward, lay the buckets out again in the order the gradients
   /// became ready in it (rank 0's order, on every rank), as torch DDP rebuilds its buckets (Note
   /// [Buckets in the order gradients arrive] in data_parallel.cpp). False keeps the reverse
-  /// registration order.
+  /// registration order. The environment variable COLOSSAL_DP_REBUILD_BUCKETS (0 or 1), when set,
+  /// overrides it.
   bool rebuild_buckets = true;
 };
 
