@@ -14,9 +14,29 @@ struct BackwardOptions {
 
 /// Computes gradients of `roots` (weighted by `grad_roots`; a scalar root may omit its gradient,
 /// which is then 1) and accumulates them into the .grad of every leaf that requires grad.
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots = {}, BackwardOptions options = {});
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots = {},
+              BackwardOptions options = {});
 inline void backward(const Tensor& root, const Tensor& grad_root = Tensor(), BackwardOptions options = {}) {
-  backward(std::vector<Tensor>{root}, grad_root.defined() ? std::vector<Tensor>{grad_root} : std::vector<Tensor>{}, options);
+  backward(std::vector<Tensor>{root}, grad_root.defined() ? std::vector<Tensor>{grad_root} : std::vector<Tensor>{},
+           options);
 }
+
+class Node;
+
+/// Gradient accumulation in the op that computes a gradient (Note [Gradient accumulation in the op]
+/// in engine.cpp). Called by a running node's backward for its input `input` (a leaf, or a 2-D
+/// transpose of a leaf made by Tensor::t()): where the gradient for that input may be added straight
+/// into the tensor the engine would add it into — the leaf's .grad, or a sum already waiting at the
+/// leaf — that tensor, laid out as the input (the transpose of the leaf's where the input is one), of
+/// the input's shape and `dtype`; else an undefined tensor. Outside backward: undefined.
+Tensor accumulation_target(const Node& node, size_t input, DType dtype);
+/// Says the node added its gradient for `input` into accumulation_target(node, input, ...)'s tensor;
+/// it then returns an undefined gradient for that input, and the engine delivers nothing more.
+void mark_accumulated(const Node& node, size_t input);
+/// Whether ops may use accumulation_target (default on; COLOSSAL_FUSED_GRAD_ACCUMULATION=0 turns it
+/// off, for measuring what it saves).
+bool fused_gradient_accumulation_enabled();
+/// How many gradients ops have added into their targets in this process (a test hook).
+int64_t fused_gradient_accumulations();
 
 }  // namespace colossal::autograd

@@ -45,8 +45,8 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   if (!meta.grad.defined()) {
     // Keep the incoming buffer when nothing else can see it; otherwise copy, so a later in-place
     // accumulation cannot write into a tensor another leaf's .grad or the graph still uses.
-    const bool exclusive = incoming.use_count() == 1 && incoming.storage().use_count() == 1 && incoming.is_contiguous() &&
-                           incoming.storage().nbytes() == incoming.nbytes();
+    const bool exclusive = incoming.use_count() == 1 && incoming.storage().use_count() == 1 &&
+                           incoming.is_contiguous() && incoming.storage().nbytes() == incoming.nbytes();
     if (exclusive) {
       meta.grad = incoming.detach();
     } else {
@@ -56,8 +56,12 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   } else {
     core::accumulate_(meta.grad, incoming);
   }
-  for (const auto& hook : meta.grad_ready_hooks) hook(leaf_);
+  run_ready_hooks();
   return {};
+}
+
+void AccumulateGrad::run_ready_hooks() {
+  for (const auto& hook : leaf_.autograd_meta().grad_ready_hooks) hook(leaf_);
 }
 
 std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {

@@ -57,6 +57,7 @@ class Node : public std::enable_shared_from_this<Node> {
   using PreHook = std::function<Tensor(const Tensor&)>;
   void add_pre_hook(uint32_t output_nr, PreHook hook) { pre_hooks_.emplace_back(output_nr, std::move(hook)); }
   void run_pre_hooks(std::vector<Tensor>& grad_outputs) const;
+  bool has_pre_hooks() const { return !pre_hooks_.empty(); }
 
  private:
   std::vector<Edge> next_edges_;
@@ -86,6 +87,9 @@ class AccumulateGrad final : public Node {
   std::string name() const override { return "AccumulateGrad"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
   const Tensor& leaf() const { return leaf_; }
+  /// What apply() does after its addition, for a gradient the op that computed it already added into
+  /// the leaf's .grad (Note [Gradient accumulation in the op] in engine.cpp): the grad-ready hooks.
+  void run_ready_hooks();
 
  private:
   Tensor leaf_;

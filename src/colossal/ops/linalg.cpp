@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "colossal/autograd/engine.h"          // accumulation_target, mark_accumulated
 #include "colossal/autograd/function.h"        // record, any_requires_grad
 #include "colossal/core/view.h"                // expand_raw, transpose_raw, try_view, broadcast_shapes
 #include "colossal/ops/elementwise_kernels.h"  // unary_stub, unary_backward_stub (tanh GELU)
@@ -210,14 +211,22 @@ Tensor linear_output(const Tensor& out_mat, const Tensor& x) {
   return out.is_same(out_mat) ? out.detach() : out;
 }
 
-/// Which of a linear layer's x, weight and bias need a gradient.
+/// Which of a linear layer's x, weight and bias need a gradient; and the node and its input that the
+/// weight is, where its gradient may be added into the sum it joins (Note [Gradient accumulation in the
+/// op] in autograd/engine.cpp).
 struct LinearNeeds {
   bool x = false, weight = false, bias = false;
+  const Node* node = nullptr;
+  size_t weight_input = 0;
 };
 
 /// The needs of a node whose inputs first..first+2 are a linear layer's x, weight and bias.
 LinearNeeds linear_needs(const Node& node, size_t first) {
-  return {node.needs_input_grad(first), node.needs_input_grad(first + 1), node.needs_input_grad(first + 2)};
+  return {.x = node.needs_input_grad(first),
+          .weight = node.needs_input_grad(first + 1),
+          .bias = node.needs_input_grad(first + 2),
+          .node = &node,
+          .weight_input = first + 1};
 }
 
 /// Gradients of x, weight and bias of y = x_mat @ weight^T + bias from grad = dy [rows, out] (those
@@ -235,8 +244,27 @@ std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, con
   // back on its way to the parameter, it needs no copy. The bias gradient is then its own sum.
   const bool transposed_weight =
       weight.dim() == 2 && weight.size(0) > 1 && weight.stride(0) == 1 && weight.stride(1) == weight.size(0);
-  if (needs.weight && transposed_weight) grad_weight = transpose_last(gemm(transpose_last(x_mat), grad));
-  if (needs.weight && needs.bias && !grad_weight.defined() && fused_gemm_stub.supports(grad.device().type)) {
+  // Where the weight's gradient joins a sum (microbatches, micro-steps, chunks), the GEMM adds it
+  // there (beta = 1) instead of writing it for a separate addition.
+  bool weight_added = false;
+  if (needs.weight && needs.node != nullptr) {
+    const Tensor target = autograd::accumulation_target(*needs.node, needs.weight_input, grad.dtype());
+    if (target.defined() && target.shape() == weight.shape()) {
+      if (transposed_weight && transpose_last(target).is_contiguous()) {
+        batched_gemm_stub(grad.device(), transpose_last(target), transpose_last(x_mat), grad, 1.0);
+        weight_added = true;
+      } else if (!transposed_weight && target.is_contiguous()) {
+        batched_gemm_stub(grad.device(), target, grad_t, x_mat, 1.0);
+        weight_added = true;
+      }
+      if (weight_added) autograd::mark_accumulated(*needs.node, needs.weight_input);
+    }
+  }
+  if (needs.weight && !weight_added && transposed_weight) {
+    grad_weight = transpose_last(gemm(transpose_last(x_mat), grad));
+  }
+  if (needs.weight && !weight_added && needs.bias && !grad_weight.defined() &&
+      fused_gemm_stub.supports(grad.device().type)) {
     Tensor fused_weight = core::empty(weight.shape(), TensorOptions(grad.dtype(), grad.device()));
     Tensor fused_bias = core::empty({weight.size(0)}, TensorOptions(grad.dtype(), grad.device()));
     if (try_fused_gemm(fused_weight, grad_t, x_mat, {.bias_grad = fused_bias})) {
@@ -244,7 +272,7 @@ std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, con
       grad_bias = fused_bias;
     }
   }
-  if (needs.weight && !grad_weight.defined()) grad_weight = gemm(grad_t, x_mat);
+  if (needs.weight && !weight_added && !grad_weight.defined()) grad_weight = gemm(grad_t, x_mat);
   if (needs.bias && !grad_bias.defined()) grad_bias = sum(grad, {0});
   if (finish) finish();
   return {grad_x, grad_weight, grad_bias};
@@ -445,7 +473,8 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
        activation = activation.detach()](const std::vector<Tensor>& grads, const Node& node) {
         const Tensor grad = reshape_raw(grads[0], {rows, proj_weight.size(0)});
         const LinearNeeds fc_needs = linear_needs(node, 0);
-        const LinearNeeds proj_needs{.weight = node.needs_input_grad(3), .bias = node.needs_input_grad(4)};
+        const LinearNeeds proj_needs{
+            .weight = node.needs_input_grad(3), .bias = node.needs_input_grad(4), .node = &node, .weight_input = 3};
         const std::vector<Tensor> proj_grads = linear_backward(grad, activation, proj_weight, {}, proj_needs);
         std::vector<Tensor> fc_grads(3);
         if (fc_needs.x || fc_needs.weight || fc_needs.bias) {
