@@ -83,12 +83,7 @@ struct Task {
 thread_local Task* current_task = nullptr;
 std::atomic<int64_t> fused_accumulations{0};
 
-bool exclusively_owned(const Tensor& t) {
-  return t.use_count() == 1 && t.storage().use_count() == 1 && t.is_contiguous() && t.storage().nbytes() == t.nbytes();
-}
-
-}  // namespace
-
+/// COLOSSAL_FUSED_GRAD_ACCUMULATION=0 turns the targets off (for measuring what they save).
 bool fused_gradient_accumulation_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("COLOSSAL_FUSED_GRAD_ACCUMULATION");
@@ -96,6 +91,8 @@ bool fused_gradient_accumulation_enabled() {
   }();
   return enabled;
 }
+
+}  // namespace
 
 Tensor accumulation_target(const Node& node, size_t input, DType dtype) {
   Task* task = current_task;

@@ -28,14 +28,12 @@ class Node;
 /// transpose of a leaf made by Tensor::t()): where the gradient for that input may be added straight
 /// into the tensor the engine would add it into — the leaf's .grad, or a sum already waiting at the
 /// leaf — that tensor, laid out as the input (the transpose of the leaf's where the input is one), of
-/// the input's shape and `dtype`; else an undefined tensor. Outside backward: undefined.
+/// the input's shape and `dtype`; else an undefined tensor. Outside backward, or with the environment
+/// variable COLOSSAL_FUSED_GRAD_ACCUMULATION=0: undefined.
 Tensor accumulation_target(const Node& node, size_t input, DType dtype);
 /// Says the node added its gradient for `input` into accumulation_target(node, input, ...)'s tensor;
 /// it then returns an undefined gradient for that input, and the engine delivers nothing more.
 void mark_accumulated(const Node& node, size_t input);
-/// Whether ops may use accumulation_target (default on; COLOSSAL_FUSED_GRAD_ACCUMULATION=0 turns it
-/// off, for measuring what it saves).
-bool fused_gradient_accumulation_enabled();
 /// How many gradients ops have added into their targets in this process (a test hook).
 int64_t fused_gradient_accumulations();
 

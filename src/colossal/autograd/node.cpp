@@ -45,9 +45,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   if (!meta.grad.defined()) {
     // Keep the incoming buffer when nothing else can see it; otherwise copy, so a later in-place
     // accumulation cannot write into a tensor another leaf's .grad or the graph still uses.
-    const bool exclusive = incoming.use_count() == 1 && incoming.storage().use_count() == 1 &&
-                           incoming.is_contiguous() && incoming.storage().nbytes() == incoming.nbytes();
-    if (exclusive) {
+    if (exclusively_owned(incoming)) {
       meta.grad = incoming.detach();
     } else {
       meta.grad = core::empty(incoming.shape(), core::TensorOptions(incoming.dtype(), incoming.device()));
@@ -62,6 +60,10 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
 
 void AccumulateGrad::run_ready_hooks() {
   for (const auto& hook : leaf_.autograd_meta().grad_ready_hooks) hook(leaf_);
+}
+
+bool exclusively_owned(const Tensor& t) {
+  return t.use_count() == 1 && t.storage().use_count() == 1 && t.is_contiguous() && t.storage().nbytes() == t.nbytes();
 }
 
 std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {

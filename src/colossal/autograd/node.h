@@ -95,6 +95,10 @@ class AccumulateGrad final : public Node {
   Tensor leaf_;
 };
 
+/// True when nothing but the caller's handle can see t's memory (one handle, one storage user,
+/// contiguous over its whole storage), so it may be written in place.
+bool exclusively_owned(const Tensor& t);
+
 /// The edge a gradient for `t` flows along: its grad_fn, its leaf accumulator, or none.
 Edge gradient_edge(const Tensor& t);
 /// The leaf's AccumulateGrad, created on first use and shared afterwards.

@@ -249,7 +249,7 @@ std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, con
   bool weight_added = false;
   if (needs.weight && needs.node != nullptr) {
     const Tensor target = autograd::accumulation_target(*needs.node, needs.weight_input, grad.dtype());
-    if (target.defined() && target.shape() == weight.shape()) {
+    if (target.defined()) {  // of weight's shape; the GEMM writes it where its layout is the product's
       if (transposed_weight && transpose_last(target).is_contiguous()) {
         batched_gemm_stub(grad.device(), transpose_last(target), transpose_last(x_mat), grad, 1.0);
         weight_added = true;

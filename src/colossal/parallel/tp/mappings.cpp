@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "colossal/autograd/function.h"  // record
+#include "colossal/autograd/node.h"      // exclusively_owned
 #include "colossal/core/error.h"
 #include "colossal/core/view.h"  // permute_raw, narrow_raw, contiguous_raw
 
@@ -90,18 +91,13 @@ Tensor chunk_along(const Tensor& x, int64_t d, int64_t index, int64_t parts) {
   return core::contiguous_raw(core::narrow_raw(x, d, index * length, length));
 }
 
-/// True when nothing but the caller's handle can see g's memory, so a collective may overwrite it.
-/// The engine hands a node gradients no one else holds unless a hook, a retained .grad, the caller's
-/// root gradient or another view shares them; the same test as AccumulateGrad's (autograd/node.cpp).
-bool exclusively_owned(const Tensor& g) {
-  return g.use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() && g.storage().nbytes() == g.nbytes();
-}
-
 /// The sum over the group of g, in g's own buffer when it is exclusively owned (as Megatron
 /// all-reduces the gradient in place), else in a copy; with `async`, valid once `work` is waited for.
 Tensor all_reduce_sum(const Tensor& g, ProcessGroup& group, bool may_overwrite, comm::Work* work = nullptr) {
   Tensor sum = g;
-  if (!may_overwrite || !exclusively_owned(g)) {
+  // The engine hands a node gradients no one else holds unless a hook, a retained .grad, the caller's
+  // root gradient or another view shares them.
+  if (!may_overwrite || !autograd::exclusively_owned(g)) {
     sum = core::empty(g.shape(), TensorOptions(g.dtype(), g.device()));
     sum.copy_(g);
   }
