@@ -83,7 +83,7 @@ TEST(GemmTuningFile, DamagedLinesAreNotRead) {
     EXPECT_FALSE(parse_gemm_tuning_line(flipped).has_value()) << "a character changed at " << at << ": " << flipped;
   }
   std::string other_version = line;
-  other_version.replace(other_version.find("-v2"), 3, "-v9");
+  other_version.replace(other_version.find("-v1"), 3, "-v9");
   EXPECT_FALSE(parse_gemm_tuning_line(other_version).has_value()) << "another version's line";
 }
 

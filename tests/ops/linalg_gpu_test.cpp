@@ -577,37 +577,6 @@ TEST(LinalgGpu, AutotuningIsCorrectAndCached) {
   expect_gemm_close(accumulated, accumulated_cpu, tol, "autotuned accumulation (beta = 1)");
 }
 
-TEST(LinalgGpu, SmMarginIsItsOwnProblem) {
-  COLOSSAL_REQUIRE_GPU();
-  // See Note [GEMMs beside communication] in ops/cuda/linalg_kernels.cpp: a GEMM planned for fewer
-  // SMs is another problem (tuned apart), computes the same product, and the guard's end restores
-  // the full-device problem. A shape no other test uses.
-  const Device gpu = core::cuda_device(0);
-  const int64_t m = 1152, k = 1792, n = 1408;
-  const GemmTolerance tol = tolerance_for(kPrecisions[2], false);  // bf16
-  const Tensor a = random_input({m, k}, 70, DType::bf16, -1, 1, false);
-  const Tensor b = random_input({k, n}, 71, DType::bf16, -weight_scale(k), weight_scale(k), false);
-  const Tensor expected = ops::matmul(a, b);
-  const Tensor ag = a.to(gpu), bg = b.to(gpu);
-  const EnvGuard no_file("COLOSSAL_GEMM_CACHE", "off");
-  const EnvGuard autotune("COLOSSAL_GEMM_AUTOTUNE", "1");
-  const int64_t before = ops::gemm_autotune_count();
-  const Tensor full = ops::matmul(ag, bg);
-  EXPECT_EQ(ops::gemm_autotune_count(), before + 1);
-  Tensor narrowed;
-  {
-    const ops::GemmSmMarginGuard margin(16);
-    EXPECT_EQ(ops::gemm_sm_margin(), 16);
-    narrowed = ops::matmul(ag, bg);
-    EXPECT_EQ(ops::gemm_autotune_count(), before + 2) << "the product planned for fewer SMs was not a problem of its own";
-  }
-  const Tensor again = ops::matmul(ag, bg);
-  EXPECT_EQ(ops::gemm_autotune_count(), before + 2) << "the guard's end did not restore the full-device problem";
-  expect_gemm_close(full, expected, tol, "every SM");
-  expect_gemm_close(narrowed, expected, tol, "16 SMs left free");
-  testing::expect_close(again.to(core::kCpu), full.to(core::kCpu), 0, 0, "every SM, after the guard");
-}
-
 TEST(LinalgGpu, TunedChoicesComeBackFromTheTuningFile) {
   COLOSSAL_REQUIRE_GPU();
   // See Note [GEMM tuning file] in ops/gemm_tuning_file.cpp. A shape no other test uses.

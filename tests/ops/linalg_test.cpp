@@ -331,21 +331,5 @@ TEST(Matmul, BadInput) {
   EXPECT_ERROR_CONTAINS(ops::gelu_mlp(x, w1, b1, core::ones({3, 4}, DType::f64), Tensor()), "f64");
 }
 
-TEST(GemmSmMargin, GuardsNestAndRestore) {
-  // Note [GEMMs beside communication]: the innermost guard wins; each restores what it found.
-  const int outside = ops::gemm_sm_margin();
-  {
-    const ops::GemmSmMarginGuard eight(8);
-    EXPECT_EQ(ops::gemm_sm_margin(), 8);
-    {
-      const ops::GemmSmMarginGuard none(0);
-      EXPECT_EQ(ops::gemm_sm_margin(), 0);
-    }
-    EXPECT_EQ(ops::gemm_sm_margin(), 8);
-  }
-  EXPECT_EQ(ops::gemm_sm_margin(), outside);
-  EXPECT_THROW(ops::GemmSmMarginGuard(-1), Error);
-}
-
 }  // namespace
 }  // namespace colossal

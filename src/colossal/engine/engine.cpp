@@ -2,7 +2,6 @@
 #include "colossal/engine/engine.h"
 
 #include <map>
-#include <optional>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -14,7 +13,6 @@
 #include "colossal/core/profiler.h"           // Scope
 #include "colossal/ops/autocast.h"            // AutocastGuard
 #include "colossal/ops/elementwise.h"         // div
-#include "colossal/ops/linalg.h"              // GemmSmMarginGuard
 #include "colossal/optim/clip_grad.h"         // clip_grad_norm
 #include "colossal/parallel/tp/shard_spec.h"  // collect_shard_specs
 #include "colossal/parallel/zero/zero3.h"     // Zero3
@@ -128,11 +126,6 @@ void Engine::backward(const Tensor& loss) {
   // Dividing by the window length makes the summed gradient that of the window's mean loss.
   const Tensor scaled =
       options_.gradient_accumulation == 1 ? loss : ops::div(loss, static_cast<double>(options_.gradient_accumulation));
-  // A backward whose gradients are reduced while it runs leaves the handler's SMs to it.
-  std::optional<ops::GemmSmMarginGuard> margin;
-  if (gradient_handler_ && last_step_updated_ && gradient_handler_->gemm_sm_margin() > 0) {
-    margin.emplace(gradient_handler_->gemm_sm_margin());
-  }
   if (amp_) {
     amp_->backward(scaled);  // scaled by the loss scale in the fp16 modes
   } else {

@@ -37,9 +37,7 @@ namespace colossal::ops {
 
 namespace {
 
-// v2 added the SM count a problem was tuned for (Note [GEMMs beside communication]); v1 lines are
-// skipped, and their problems tuned again.
-constexpr std::string_view kTag = "colossal-gemm-v2";
+constexpr std::string_view kTag = "colossal-gemm-v1";
 
 uint64_t fnv1a(std::string_view text) {
   uint64_t h = 1469598103934665603ull;

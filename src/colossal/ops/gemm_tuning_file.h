@@ -14,7 +14,7 @@ namespace colossal::ops {
 
 /// A GEMM problem as the tuning file keys it: the fields of the backend's problem key, with the
 /// device index left out (0), since the file is for one kind of GPU, not one GPU.
-using GemmTuningKey = std::array<int64_t, 25>;
+using GemmTuningKey = std::array<int64_t, 24>;
 /// An algorithm as the GEMM library describes it (cuBLASLt's cublasLtMatmulAlgo_t: 8 words).
 using GemmTuningAlgo = std::array<uint64_t, 8>;
 

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include "colossal/autograd/engine.h"          // accumulation_target, mark_accumulated
 #include "colossal/autograd/function.h"        // record, any_requires_grad
@@ -30,35 +29,6 @@ void set_float32_matmul_precision(Float32MatmulPrecision precision) {
 }
 Float32MatmulPrecision float32_matmul_precision() {
   return float32_precision.load();
-}
-
-namespace {
-thread_local int sm_margin = -1;  // -1: no guard alive on this thread
-
-/// COLOSSAL_GEMM_SM_MARGIN: the margin of every GEMM outside a guard (for measuring; 0 when unset).
-int default_sm_margin() {
-  static const int value = [] {
-    const char* text = std::getenv("COLOSSAL_GEMM_SM_MARGIN");
-    if (text == nullptr || *text == '\0') return 0;
-    char* end = nullptr;
-    const long v = std::strtol(text, &end, 10);
-    COLOSSAL_CHECK(end != text && *end == '\0' && v >= 0 && v <= 1024,
-                   "COLOSSAL_GEMM_SM_MARGIN must be a whole number of SMs from 0 to 1024, got '{}'", text);
-    return static_cast<int>(v);
-  }();
-  return value;
-}
-}  // namespace
-
-GemmSmMarginGuard::GemmSmMarginGuard(int sms) : previous_(sm_margin) {
-  COLOSSAL_CHECK(sms >= 0, "GemmSmMarginGuard: the SMs to leave free must be >= 0, got {}", sms);
-  sm_margin = sms;
-}
-GemmSmMarginGuard::~GemmSmMarginGuard() {
-  sm_margin = previous_;
-}
-int gemm_sm_margin() {
-  return sm_margin >= 0 ? sm_margin : default_sm_margin();
 }
 
 namespace {

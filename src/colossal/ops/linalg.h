@@ -50,22 +50,4 @@ enum class Float32MatmulPrecision {
 void set_float32_matmul_precision(Float32MatmulPrecision precision);
 Float32MatmulPrecision float32_matmul_precision();
 
-/// SMs that this thread's GPU matrix products leave to kernels running beside them on another stream
-/// (communication): while a guard is alive, cuBLASLt chooses and launches its kernels for the device's
-/// SM count less `sms` (Note [GEMMs beside communication] in ops/cuda/linalg_kernels.cpp). Guards
-/// nest; the innermost wins; 0 is every SM. Outside any guard the margin is COLOSSAL_GEMM_SM_MARGIN
-/// (unset: 0), for measuring. The CPU ignores it.
-class GemmSmMarginGuard {
- public:
-  explicit GemmSmMarginGuard(int sms);
-  ~GemmSmMarginGuard();
-  GemmSmMarginGuard(const GemmSmMarginGuard&) = delete;
-  GemmSmMarginGuard& operator=(const GemmSmMarginGuard&) = delete;
-
- private:
-  int previous_;
-};
-/// The margin of the innermost live guard on this thread (without one, COLOSSAL_GEMM_SM_MARGIN's).
-int gemm_sm_margin();
-
 }  // namespace colossal::ops

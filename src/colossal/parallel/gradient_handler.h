@@ -43,9 +43,6 @@ class GradientHandler {
   /// false when each holds a different part (ZeRO's shards): then gradient statistics (the clipping
   /// norm, the overflow flag) must also be reduced over group() (parallel/gradient_statistics.h).
   virtual bool replicates_gradients() const = 0;
-  /// SMs the GEMMs of a backward that this handler reduces as it runs should leave to its
-  /// communication (ops::GemmSmMarginGuard; the Engine holds it over such a backward). 0: every SM.
-  virtual int gemm_sm_margin() const { return 0; }
   /// "data parallel (all-reduce in buckets)": for logs.
   virtual std::string_view name() const = 0;
 };

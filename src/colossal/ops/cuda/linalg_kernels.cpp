@@ -138,14 +138,6 @@ class CublasLtState {
     return it->second;
   }
 
-  /// The device's SM count (cached: cudaGetDeviceProperties is slow).
-  int sm_count(int device) {
-    std::lock_guard lock(mutex_);
-    auto [it, inserted] = sm_counts_.try_emplace(device, 0);
-    if (inserted) COLOSSAL_CUDA_CHECK(cudaDeviceGetAttribute(&it->second, cudaDevAttrMultiProcessorCount, device));
-    return it->second;
-  }
-
   /// The workspace of a stream. One per stream rather than per device: GEMMs on two streams of a
   /// device may run at the same time and must not share scratch memory. Allocated with cudaMalloc
   /// once, outside the caching allocator, so that tensor memory statistics stay about tensors.
@@ -255,7 +247,6 @@ class CublasLtState {
   bool tuning_file_warned_ = false;
   int64_t generation_ = 0;
   std::unordered_map<int, cublasLtHandle_t> handles_;
-  std::unordered_map<int, int> sm_counts_;
   std::unordered_map<StreamKey, void*, StreamKeyHash> workspaces_;
   std::unordered_map<AlgoKey, CachedAlgo, GemmKeyHash> algos_;
 };
@@ -328,7 +319,6 @@ struct GemmProblem {
   void* bias = nullptr;  // bias (read) or bias gradient (written)
   void* aux = nullptr;   // GELU pre-activation (written by GELU_AUX*, read by DGELU*)
   int64_t aux_ld = 0;
-  int32_t sm_count_target = 0;  // 0: every SM; see Note [GEMMs beside communication]
 };
 
 struct TypeConfig {
@@ -382,8 +372,7 @@ AlgoKey key_of(int device, const GemmProblem& p) {
           alignment_of(p.bias),
           alignment_of(p.aux),
           p.a.rows,
-          p.b.rows,
-          p.sm_count_target};
+          p.b.rows};
 }
 
 void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const void* value, size_t size) {
@@ -544,27 +533,12 @@ cublasLtMatmulAlgo_t fastest_algo(const MatmulLaunch& launch, const void* zero, 
   return candidates[best].algo;  // the heuristic's first when nothing ran: the real call reports why
 }
 
-// Note [GEMMs beside communication]
-// NCCL's kernels hold SMs for as long as a collective runs. A GEMM launched beside one is laid out
-// for every SM: a kernel with one wave of tiles per SM, or a persistent one whose grid is the SM
-// count, then has CTAs with no SM to run on until NCCL's finish, and its last wave runs nearly alone.
-// cuBLASLt can plan for fewer SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, what Transformer Engine's
-// sm_margin sets): with ops::GemmSmMarginGuard alive, a GEMM targets the device's SM count less the
-// guard's margin, leaving those SMs to the communication beside it. The target is part of the
-// problem's key, so each is tuned (and filed) for the SMs it will have. The Engine holds the guard
-// over a backward whose gradients a data-parallel handler reduces as they arrive
-// (`parallel.gemm_sm_margin`), with the data group's communicator limited to as many CTAs.
-
 /// Runs one cuBLASLt matmul. Returns false, having launched nothing, when cuBLASLt has no
 /// algorithm for the problem.
-bool run_gemm(Device device, const GemmProblem& problem) {
+bool run_gemm(Device device, const GemmProblem& p) {
   CublasLtState& state = CublasLtState::instance();
   const cudaStream_t stream = static_cast<cudaStream_t>(core::cuda::current_stream(device).handle);
   const cublasLtHandle_t handle = state.handle(device.index);
-  GemmProblem p = problem;
-  if (const int margin = gemm_sm_margin(); margin > 0) {
-    p.sm_count_target = std::max(1, state.sm_count(device.index) - margin);
-  }
 
   // Descriptors live on the stack (the *Init functions fill caller-owned storage): no allocations.
   cublasLtMatmulDescOpaque_t desc_storage;
@@ -574,9 +548,6 @@ bool run_gemm(Device device, const GemmProblem& problem) {
   const int32_t trans_b = p.b.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
   set_desc(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a));
   set_desc(desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b));
-  if (p.sm_count_target > 0) {
-    set_desc(desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &p.sm_count_target, sizeof(p.sm_count_target));
-  }
   if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &p.epilogue, sizeof(p.epilogue));
     if (p.bias != nullptr) {

@@ -88,13 +88,6 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
     COLOSSAL_CHECK(value == "0" || value == "1", "COLOSSAL_DP_REBUILD_BUCKETS must be 0 or 1, got '{}'", value);
     options_.rebuild_buckets = value == "1";
   }
-  if (const char* margin = std::getenv("COLOSSAL_DP_GEMM_SM_MARGIN"); margin != nullptr && *margin != '\0') {
-    char* end = nullptr;
-    const long value = std::strtol(margin, &end, 10);
-    COLOSSAL_CHECK(end != margin && *end == '\0' && value >= 0 && value <= 1024,
-                   "COLOSSAL_DP_GEMM_SM_MARGIN must be a whole number of SMs from 0 to 1024, got '{}'", margin);
-    options_.gemm_sm_margin = static_cast<int>(value);
-  }
   COLOSSAL_CHECK(options_.bucket_bytes > 0, "DataParallel: bucket_bytes must be > 0, got {}", options_.bucket_bytes);
   COLOSSAL_CHECK(options_.late_buckets >= 0, "DataParallel: late_buckets must be >= 0, got {}", options_.late_buckets);
   if (options_.broadcast_parameters) broadcast_parameters();

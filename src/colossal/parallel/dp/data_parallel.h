@@ -38,10 +38,6 @@ struct DataParallelOptions {
   /// registration order. The environment variable COLOSSAL_DP_REBUILD_BUCKETS (0 or 1), when set,
   /// overrides it.
   bool rebuild_buckets = true;
-  /// SMs that the GEMMs of a synchronised backward leave to the buckets' all-reduces running beside
-  /// them (ops::GemmSmMarginGuard, Note [GEMMs beside communication] in ops/cuda/linalg_kernels.cpp);
-  /// 0: every SM. The environment variable COLOSSAL_DP_GEMM_SM_MARGIN, when set, overrides it.
-  int gemm_sm_margin = 0;
 };
 
 class DataParallel final : public GradientHandler {
@@ -77,7 +73,6 @@ class DataParallel final : public GradientHandler {
   /// The all-reduce leaves every replica the same averaged gradients.
   bool replicates_gradients() const override { return true; }
   std::string_view name() const override { return "data parallel (bucketed all-reduce)"; }
-  int gemm_sm_margin() const override { return options_.gemm_sm_margin; }
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
   /// The parameter names of each bucket, in launch order (for tests and logs).
   std::vector<std::vector<std::string>> bucket_names() const;
