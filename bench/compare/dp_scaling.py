@@ -4,7 +4,7 @@ one machine (issue 17's table; docs/benchmarks.md).
 
     bench/compare/dp_scaling.py --colossal build-gpu/src/colossal/cli/colossal [--gpus 1,2]
                                 [--steps 300] [--warmup 100] [--no-torch] [--out DIR]
-                                [--rounds R] [--each-gpu] [--no-ours]
+                                [--rounds R] [--each-gpu] [--no-ours] [--set KEY=VALUE ...]
 
 Ours: `colossal train --config configs/gpt2_tokens.toml` (one GPU) and `colossal run --nproc_per_node
 N -- colossal train ...` with bf16 (fp32 masters), data.batch_size 16 x T 1024 per GPU,
@@ -19,7 +19,9 @@ fraction of N x one GPU's throughput that N GPUs keep (per-GPU batch fixed).
 size's median, so that a drift of the machine over the call falls on every size alike. --each-gpu runs
 the one-GPU baseline on each GPU the largest run uses (CUDA_VISIBLE_DEVICES), since GPUs of one machine
 differ by ~1% in speed and a synchronous job runs at its slowest one's pace: the baseline is then their
-mean throughput (N GPUs ideally give the sum of what each gives alone), and each GPU's is printed."""
+mean throughput (N GPUs ideally give the sum of what each gives alone), and each GPU's is printed.
+--set KEY=VALUE (repeatable) is handed to our runs on more than one GPU (`zero.stage=1`, say), the
+one-GPU baseline staying the plain run."""
 import argparse
 import json
 import os
@@ -38,7 +40,7 @@ def make_tokens(path, count=4_000_000, vocab=50257):
     rng.integers(0, vocab, size=count, dtype=np.uint16).tofile(path)
 
 
-def ours(colossal, gpus, steps, warmup, out, device=None):
+def ours(colossal, gpus, steps, warmup, out, device=None, sets=()):
     tag = f"{gpus}" if device is None else f"1_gpu{device}"
     metrics = os.path.join(out, f"ours_{tag}.jsonl")
     if os.path.exists(metrics):
@@ -49,6 +51,9 @@ def ours(colossal, gpus, steps, warmup, out, device=None):
              "--set", "bf16=true", "--set", "model.options={ vocab_multiple = 64, dropout = 0.0 }",
              "--set", f"train.max_steps={steps}", "--set", "train.log_interval=10", "--set", "train.progress=false",
              "--set", "lr_scheduler.warmup_steps=10", "--metrics", metrics]
+    if gpus > 1:
+        for kv in sets:
+            train += ["--set", kv]
     command = train if gpus == 1 else [colossal, "run", "--nproc_per_node", str(gpus), "--"] + train
     log = os.path.join(out, f"ours_{tag}.log")
     with open(log, "w") as f:
@@ -101,6 +106,8 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/dp-scaling"))
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--each-gpu", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for our runs on more than one GPU (repeatable)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     make_tokens(os.path.join(args.out, "tokens.bin"))
@@ -111,7 +118,8 @@ def main():
     for _ in range(args.rounds):
         for n in gpus:
             for device in (singles if n == 1 else [None]):
-                runs = [] if args.no_ours else [lambda: ours(args.colossal, n, args.steps, args.warmup, args.out, device)]
+                runs = [] if args.no_ours else [lambda: ours(args.colossal, n, args.steps, args.warmup, args.out, device,
+                                                          args.set)]
                 if not args.no_torch:
                     runs.append(lambda: torch_ddp(n, args.steps, args.warmup, args.out, device))
                 for run in runs:
