@@ -8,25 +8,20 @@ split into those that end within 4 us of another stream's kernel ending (a wait 
 the rest (the host, or a launch), the largest by the kernels on either side, and the host ranges
 (pid 1) that were open over the 200 largest host-side gaps. The first traced step's start carries
 the profiler's own start-up (a gap of 1-5 ms before its first forward kernels): read past it."""
-import json, sys, collections, bisect
+import bisect
+import collections
+import sys
+
+from profile_trace import Trace
+
+
 def short(n):
-    n = n.split("(")[0]
-    return n[:60]
-def load(path):
-    ev = json.load(open(path))
-    ev = ev["traceEvents"] if isinstance(ev, dict) else ev
-    ks = [e for e in ev if e.get("ph") == "X" and e.get("pid") == 3]
-    host = [e for e in ev if e.get("ph") == "X" and e.get("pid") == 1]
-    lanes = collections.defaultdict(list)
-    for e in ks: lanes[e["tid"]].append(e)
-    def is_nccl(l): return any("nccl" in e["name"].lower() for e in lanes[l][:50])
-    nccl = sorted((e for l in lanes if is_nccl(l) for e in lanes[l]), key=lambda e: e["ts"])
-    comp_lane = max((l for l in lanes if not is_nccl(l)), key=lambda l: sum(e["dur"] for e in lanes[l]))
-    comp = sorted(lanes[comp_lane], key=lambda e: e["ts"])
-    others = sorted((e for l in lanes if l != comp_lane and not is_nccl(l) for e in lanes[l]), key=lambda e: e["ts"])
-    return comp, nccl, others, host
+    return n.split("(")[0][:60]
+
+
 for path in sys.argv[1:]:
-    comp, nccl, others, host = load(path)
+    trace = Trace(path)
+    comp, nccl, others, host = trace.compute, trace.nccl, trace.others, trace.host
     steps = 10
     ends = sorted(e["ts"] + e["dur"] for e in nccl + others)
     agg = collections.defaultdict(lambda: [0.0, 0])
