@@ -30,6 +30,12 @@ class GradientHandler {
     finish();
     return {};
   }
+  /// Issues what is left of the window's reduction that backward has not issued yet (DataParallel's
+  /// buckets with a parameter that got no gradient), and returns whether every collective the handler
+  /// issues on group() before finish() returns has now been issued, so that another collective on
+  /// that group issued next comes in the same order on every rank (Note [The reported loss beside the
+  /// update] in engine/engine.cpp). The default issues nothing and answers false.
+  virtual bool issue_all() { return false; }
   /// Called by the Engine after the update (`stepped`: false when mixed precision skipped it for an
   /// overflow): ZeRO all-gathers the parameters each rank updated. Nothing for DataParallel.
   virtual void after_update(bool stepped) { (void)stepped; }

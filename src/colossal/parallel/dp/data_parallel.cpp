@@ -258,6 +258,11 @@ void DataParallel::launch_the_rest() {
   for (; next_launch_ < buckets_.size(); ++next_launch_) launch(*buckets_[next_launch_]);
 }
 
+bool DataParallel::issue_all() {
+  if (pending_) launch_the_rest();
+  return true;
+}
+
 std::vector<Tensor> DataParallel::finish_all_but_late() {
   const size_t late = std::min(buckets_.size(), static_cast<size_t>(options_.late_buckets));
   if (!pending_ || late == 0) {

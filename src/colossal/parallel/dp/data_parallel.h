@@ -66,6 +66,11 @@ class DataParallel final : public GradientHandler {
   /// waits for those.
   std::vector<Tensor> finish_all_but_late() override;
 
+  /// Launches every bucket not launched yet (after a synchronised backward) and returns true: what
+  /// finish() issues after this is only the first synchronised window's bucket rebuild, the same on
+  /// every rank.
+  bool issue_all() override;
+
   /// Broadcasts parameters and buffers from the group's rank 0 (done at construction by default).
   void broadcast_parameters();
 
