@@ -3,7 +3,7 @@
 // into the sum waiting at the leaf (several uses in one graph), for nn::Linear's layout and
 // nn::Conv1D's transposed one, and gelu_mlp's two weights; equal to the gradients summed apart, the
 // grad-ready hooks run once per backward, and left alone where a gradient hook must see the
-// gradient.
+// gradient. Layer norm's input gradient added into a residual's waiting sum (not a leaf's).
 #include <gtest/gtest.h>
 
 #include "colossal/autograd/engine.h"
@@ -11,6 +11,7 @@
 #include "colossal/nn/linear.h"
 #include "colossal/ops/elementwise.h"
 #include "colossal/ops/linalg.h"
+#include "colossal/ops/nn_functional.h"
 #include "colossal/ops/reduction.h"
 #include "gradcheck.h"
 
@@ -171,6 +172,60 @@ TEST(GradAccumulationInOp, NoTargetBeforeTheFirstGradient) {
   autograd::backward(ops::sum(ops::linear(random_tensor({3, 4}, 62), w)));
   EXPECT_EQ(autograd::fused_gradient_accumulations(), before);
   EXPECT_TRUE(w.grad().defined());
+}
+
+TEST(GradAccumulationInOp, LayerNormAddsIntoTheResidualsWaitingSum) {
+  // A residual block, h + layer_norm(h) * c (h computed, not a leaf): the add delivers h's first
+  // gradient, then layer norm's backward adds its input gradient into that waiting sum (case (c)).
+  // The reference runs layer norm on a copy of h, whose node nothing else feeds, so its gradient is
+  // summed by the engine as before. Both with and without the affine parameters, in f64 and f32.
+  for (const DType dtype : {DType::f64, DType::f32}) {
+    for (const bool affine : {true, false}) {
+      SCOPED_TRACE(fmt::format("{} affine {}", dtype, affine));
+      const Tensor a_values = random_tensor({6, 8}, 71).to(dtype);
+      const Tensor c = random_tensor({6, 8}, 72).to(dtype);
+      const Tensor w_values = ops::add(random_tensor({8}, 73), 1.0).to(dtype);
+      const Tensor b_values = random_tensor({8}, 74).to(dtype);
+      auto run = [&](bool through_copy, int64_t* fused) {
+        Tensor a = leaf_like(a_values), w = leaf_like(w_values), b = leaf_like(b_values);
+        const Tensor h = ops::mul(a, 1.5);
+        const Tensor normed =
+            ops::layer_norm(through_copy ? ops::mul(h, 1.0) : h, {8}, affine ? w : Tensor(), affine ? b : Tensor());
+        const int64_t before = autograd::fused_gradient_accumulations();
+        autograd::backward(ops::sum(ops::mul(ops::add(h, ops::mul(normed, c)), c)));
+        *fused = autograd::fused_gradient_accumulations() - before;
+        return std::vector<Tensor>{a.grad(), affine ? w.grad() : Tensor(), affine ? b.grad() : Tensor()};
+      };
+      int64_t fused = 0, fused_reference = 0;
+      const std::vector<Tensor> got = run(false, &fused);
+      const std::vector<Tensor> expected = run(true, &fused_reference);
+      EXPECT_EQ(fused, 1) << "layer norm's input gradient added into the residual's sum";
+      EXPECT_EQ(fused_reference, 0) << "nothing waits at the copy";
+      const double tol = dtype == DType::f64 ? 1e-12 : 1e-6;
+      expect_close(got[0], expected[0], tol, tol, "the input's gradient");
+      if (affine) {
+        expect_close(got[1], expected[1], tol, tol, "weight gradient");
+        expect_close(got[2], expected[2], tol, tol, "bias gradient");
+      }
+    }
+  }
+}
+
+TEST(GradAccumulationInOp, NoWaitingSumWhenTheGradientIsShared) {
+  // h + layer_norm(h): the add hands the same gradient to both, so the sum waiting at h is also layer
+  // norm's incoming gradient, and must not be written into.
+  const Tensor a_values = random_tensor({4, 8}, 81);
+  const Tensor c = random_tensor({4, 8}, 82);
+  auto run = [&](bool through_copy) {
+    Tensor a = leaf_like(a_values);
+    const Tensor h = ops::mul(a, 2.0);
+    autograd::backward(ops::sum(ops::mul(ops::add(h, ops::layer_norm(through_copy ? ops::mul(h, 1.0) : h, {8})), c)));
+    return a.grad();
+  };
+  const int64_t before = autograd::fused_gradient_accumulations();
+  const Tensor got = run(false);
+  EXPECT_EQ(autograd::fused_gradient_accumulations(), before);
+  expect_close(got, run(true), 1e-12, 1e-12, "the input's gradient");
 }
 
 }  // namespace

@@ -2,9 +2,11 @@
 // gradients of x, weight and bias: the GPT-2 widths (768, 1024, 1600, 3072) on the register path,
 // odd widths (element loads), rows too wide for the registers (the streaming kernels), no or
 // partial affine parameters, many rows (several rows per team in the backward), run-to-run
-// determinism of the weight gradient, and parameters on the wrong device.
+// determinism of the weight gradient, the input gradient added into a residual's waiting sum, and
+// parameters on the wrong device.
 #include <gtest/gtest.h>
 
+#include "colossal/autograd/engine.h"  // fused_gradient_accumulations
 #include "gpu_compare.h"
 
 namespace colossal {
@@ -93,6 +95,35 @@ TEST(LayerNormGpu, HigherDimensionalInput) {
                                  },
                              .tolerance_scale = 2.0},
                             dtype, "layer_norm over two dimensions");
+  }
+}
+
+TEST(LayerNormGpu, InputGradientAddedIntoTheResidualsSum) {
+  COLOSSAL_REQUIRE_GPU();
+  // h + layer_norm(h) * 0.5 with h computed: layer norm's backward adds its input gradient into the
+  // sum the add left waiting at h (Note [Gradient accumulation in the op], case (c)), on the register
+  // path (768, 1024) and the streaming one (5000), against the CPU doing the same.
+  for (int64_t cols : {768, 1024, 5000}) {
+    for (DType dtype : kDtypes) {
+      SCOPED_TRACE(fmt::format("residual layer_norm [48, {}] ({})", cols, dtype));
+      const int64_t before = autograd::fused_gradient_accumulations();
+      expect_cuda_matches_cpu({.make_inputs =
+                                   [=](DType d) {
+                                     return std::vector<Tensor>{random_input({48, cols}, 29, d, -2, 2),
+                                                                random_input({cols}, 30, d, 0.5, 1.5),
+                                                                random_input({cols}, 31, d, -0.5, 0.5)};
+                                   },
+                               .fn =
+                                   [=](const std::vector<Tensor>& in) {
+                                     const Tensor h = ops::mul(in[0], 1.5);
+                                     // The last mul makes the add's incoming gradient a fresh tensor, not the caller's.
+                                     return ops::mul(
+                                         ops::add(h, ops::mul(ops::layer_norm(h, {cols}, in[1], in[2]), 0.5)), 1.0);
+                                   },
+                               .tolerance_scale = 2.0},
+                              dtype, "residual layer_norm");
+      EXPECT_GE(autograd::fused_gradient_accumulations() - before, 2) << "the CPU's and the GPU's backward";
+    }
   }
 }
 

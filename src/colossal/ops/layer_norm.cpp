@@ -1,5 +1,6 @@
 // layer_norm: shape checks, the [rows, cols] view over the normalised trailing dimensions, and
 // autograd through the fused forward (which saves each row's mean and rstd) and backward kernels.
+#include "colossal/autograd/engine.h"    // accumulation_target, mark_accumulated
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw, view_raw
 #include "colossal/ops/autocast.h"
@@ -57,24 +58,37 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
     layer_norm_forward_stub(x.device(), core::view_raw(out, {rows, cols}), mean, rstd, input, weight_c, bias_c, eps);
   }
 
-  autograd::record("layer_norm", {x, weight, bias}, {out},
-                   [input = input.detach(), weight_c = weight_c.defined() ? weight_c.detach() : Tensor(),
-                    mean = mean.detach(), rstd = rstd.detach(), x_shape = x.shape(),
-                    normalized_shape](const std::vector<Tensor>& grads, const autograd::Node& node) {
-                     const int64_t rows = input.size(0), cols = input.size(1);
-                     const TensorOptions options(input.dtype(), input.device());
-                     Tensor grad_x, grad_weight, grad_bias;
-                     if (node.needs_input_grad(0)) grad_x = core::empty({rows, cols}, options);
-                     if (node.needs_input_grad(1)) grad_weight = core::empty({cols}, options);
-                     if (node.needs_input_grad(2)) grad_bias = core::empty({cols}, options);
-                     const Tensor grad_y = core::view_raw(core::contiguous_raw(grads[0]), {rows, cols});
-                     layer_norm_backward_stub(input.device(), grad_x, grad_weight, grad_bias, grad_y, input, mean, rstd,
-                                              weight_c);
-                     if (grad_x.defined()) grad_x = core::view_raw(grad_x, x_shape);
-                     if (grad_weight.defined()) grad_weight = core::view_raw(grad_weight, normalized_shape);
-                     if (grad_bias.defined()) grad_bias = core::view_raw(grad_bias, normalized_shape);
-                     return std::vector<Tensor>{grad_x, grad_weight, grad_bias};
-                   });
+  autograd::record(
+      "layer_norm", {x, weight, bias}, {out},
+      [input = input.detach(), weight_c = weight_c.defined() ? weight_c.detach() : Tensor(), mean = mean.detach(),
+       rstd = rstd.detach(), x_shape = x.shape(),
+       normalized_shape](const std::vector<Tensor>& grads, const autograd::Node& node) {
+        const int64_t rows = input.size(0), cols = input.size(1);
+        const TensorOptions options(input.dtype(), input.device());
+        Tensor grad_x, grad_weight, grad_bias;
+        // The input's gradient added into the sum waiting for it (a residual's), when
+        // there is one (Note [Gradient accumulation in the op] in autograd/engine.cpp).
+        bool accumulate_x = false;
+        if (node.needs_input_grad(0)) {
+          const Tensor target = autograd::accumulation_target(node, 0, input.dtype());
+          accumulate_x = target.defined() && target.is_contiguous() && target.shape() == x_shape;
+          grad_x = accumulate_x ? core::view_raw(target, {rows, cols}) : core::empty({rows, cols}, options);
+        }
+        if (node.needs_input_grad(1)) grad_weight = core::empty({cols}, options);
+        if (node.needs_input_grad(2)) grad_bias = core::empty({cols}, options);
+        const Tensor grad_y = core::view_raw(core::contiguous_raw(grads[0]), {rows, cols});
+        layer_norm_backward_stub(input.device(), grad_x, grad_weight, grad_bias, grad_y, input, mean, rstd, weight_c,
+                                 accumulate_x);
+        if (accumulate_x) {
+          autograd::mark_accumulated(node, 0);
+          grad_x = Tensor();
+        } else if (grad_x.defined()) {
+          grad_x = core::view_raw(grad_x, x_shape);
+        }
+        if (grad_weight.defined()) grad_weight = core::view_raw(grad_weight, normalized_shape);
+        if (grad_bias.defined()) grad_bias = core::view_raw(grad_bias, normalized_shape);
+        return std::vector<Tensor>{grad_x, grad_weight, grad_bias};
+      });
   return out;
 }
 

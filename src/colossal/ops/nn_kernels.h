@@ -32,10 +32,14 @@ extern core::DispatchStub<SoftmaxBackwardKernel> softmax_backward_stub;
 using LayerNormForwardKernel = void(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                                     const Tensor& weight, const Tensor& bias, double eps);
 /// Writes the gradients that are defined among grad_x [rows, cols], grad_weight [cols] and
-/// grad_bias [cols] (all contiguous, x's dtype) from grad_y (contiguous [rows, cols]).
+/// grad_bias [cols] (all contiguous, x's dtype) from grad_y (contiguous [rows, cols]). With
+/// accumulate_x, x's gradient is added into what grad_x holds instead of written over it, rounded as
+/// the separate addition would (the gradient to x's dtype, then the sum in the accumulation dtype), so
+/// the numbers are those of the unfused path bit for bit (Note [Gradient accumulation in the op] in
+/// autograd/engine.cpp).
 using LayerNormBackwardKernel = void(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                                      const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                                     const Tensor& weight);
+                                     const Tensor& weight, bool accumulate_x);
 
 extern core::DispatchStub<LayerNormForwardKernel> layer_norm_forward_stub;
 extern core::DispatchStub<LayerNormBackwardKernel> layer_norm_backward_stub;

@@ -60,7 +60,7 @@ void layer_norm_forward_cpu(const Tensor& y, const Tensor& mean, const Tensor& r
 
 void layer_norm_backward_cpu(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                              const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                             const Tensor& weight) {
+                             const Tensor& weight, bool accumulate_x) {
   const int64_t rows = x.size(0), cols = x.size(1);
   core::dispatch_floating(x.dtype(), "layer_norm backward", [&]<class T>() {
     using Acc = core::acc_t<T>;
@@ -91,7 +91,9 @@ void layer_norm_backward_cpu(const Tensor& grad_x, const Tensor& grad_weight, co
           for (int64_t j = 0; j < cols; ++j) {
             const Acc g = w ? static_cast<Acc>(dyr[j]) * static_cast<Acc>(w[j]) : static_cast<Acc>(dyr[j]);
             const Acc xhat = (static_cast<Acc>(xr[j]) - mu) * inv_std;
-            dxr[j] = static_cast<T>(inv_std * (g - mean_g - xhat * mean_g_xhat));
+            const Acc value = inv_std * (g - mean_g - xhat * mean_g_xhat);
+            dxr[j] = accumulate_x ? static_cast<T>(static_cast<Acc>(dxr[j]) + static_cast<Acc>(static_cast<T>(value)))
+                                  : static_cast<T>(value);
           }
         }
       });

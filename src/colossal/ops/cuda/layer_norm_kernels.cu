@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kBlock, 1)
                                   acc_t<T>* __restrict__ partial_bias, const T* __restrict__ dy,
                                   const T* __restrict__ x, const acc_t<T>* __restrict__ mean,
                                   const acc_t<T>* __restrict__ rstd, const T* __restrict__ weight, int64_t rows,
-                                  int64_t cols) {
+                                  int64_t cols, bool accumulate) {
   using A = acc_t<T>;
   constexpr int kChunks = kBackwardChunks<kVec>;
   constexpr int kTeams = kBlock / kTeam;
@@ -273,14 +273,16 @@ __global__ void __launch_bounds__(kBlock, 1)
     for (int k = 0; k < kChunks; ++k) {
       const int64_t v = int64_t{k} * kTeam + rank;
       if (active && v < vectors) {
-        Vec<T, kVec> w, out;
+        Vec<T, kVec> w, out, old;
         if (weight) w = load_vec<kVec>(weight + v * kVec);  // an L1 hit: every row reads the same weight
+        if (dx && accumulate) old = load_vec<kVec>(dx + row * cols + v * kVec);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const A d = to_acc(gs[k].v[j]);
           const A g = weight ? d * to_acc(w.v[j]) : d;
           const A xhat = (to_acc(xs[k].v[j]) - mu) * inv;
-          out.v[j] = from_acc<T>(inv * (g - mean_g - xhat * mean_g_xhat));
+          const A value = inv * (g - mean_g - xhat * mean_g_xhat);
+          out.v[j] = accumulate ? from_acc<T>(to_acc(old.v[j]) + to_acc(from_acc<T>(value))) : from_acc<T>(value);
           sum_weight[k][j] += d * xhat;
           sum_bias[k][j] += d;
         }
@@ -298,7 +300,7 @@ template <class T, int kVec>
 __global__ void __launch_bounds__(kStreamBlock, 1)
     layer_norm_backward_stream(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x,
                                const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ rstd,
-                               const T* __restrict__ weight, int64_t cols) {
+                               const T* __restrict__ weight, int64_t cols, bool accumulate) {
   using A = acc_t<T>;
   __shared__ TeamScratch<A, 2> scratch;
   const int64_t row = blockIdx.x;
@@ -323,13 +325,15 @@ __global__ void __launch_bounds__(kStreamBlock, 1)
   const A mean_g_xhat = sums[1] / static_cast<A>(cols);
   for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
     const Vec<T, kVec> xs = load_vec<kVec>(xr + v * kVec), gs = load_vec<kVec>(dyr + v * kVec);
-    Vec<T, kVec> w, out;
+    Vec<T, kVec> w, out, old;
     if (weight) w = load_vec<kVec>(weight + v * kVec);
+    if (accumulate) old = load_vec<kVec>(dx + row * cols + v * kVec);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       const A g = weight ? to_acc(gs.v[j]) * to_acc(w.v[j]) : to_acc(gs.v[j]);
       const A xhat = (to_acc(xs.v[j]) - mu) * inv;
-      out.v[j] = from_acc<T>(inv * (g - mean_g - xhat * mean_g_xhat));
+      const A value = inv * (g - mean_g - xhat * mean_g_xhat);
+      out.v[j] = accumulate ? from_acc<T>(to_acc(old.v[j]) + to_acc(from_acc<T>(value))) : from_acc<T>(value);
     }
     store_vec<kVec>(dx + row * cols + v * kVec, out);
   }
@@ -482,7 +486,7 @@ void finish_partials(const Tensor& grad_weight, const Tensor& grad_bias, const T
 
 template <class T, int kVec, int kTeam>
 void backward_registers(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
-                        const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                        const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight, bool accumulate,
                         cudaStream_t stream) {
   using A = acc_t<T>;
   const int64_t rows = x.size(0), cols = x.size(1);
@@ -502,21 +506,21 @@ void backward_registers(const Tensor& grad_x, const Tensor& grad_weight, const T
   kernel<<<static_cast<unsigned>(blocks), kBlock, shared_bytes, stream>>>(
       optional_mutable_data<T>(grad_x), optional_mutable_data<A>(partial_weight),
       optional_mutable_data<A>(partial_bias), grad_y.data<T>(), x.data<T>(), mean.data<A>(), rstd.data<A>(),
-      optional_data<T>(weight), rows, cols);
+      optional_data<T>(weight), rows, cols, accumulate);
   COLOSSAL_CUDA_CHECK_LAUNCH();
   finish_partials<T>(grad_weight, grad_bias, partial_weight, partial_bias, blocks, cols, stream);
 }
 
 template <class T, int kVec>
 void backward_stream(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
-                     const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                     const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight, bool accumulate,
                      cudaStream_t stream) {
   using A = acc_t<T>;
   const int64_t rows = x.size(0), cols = x.size(1);
   if (grad_x.defined()) {
     layer_norm_backward_stream<T, kVec><<<static_cast<unsigned>(rows), kStreamBlock, 0, stream>>>(
-        grad_x.data<T>(), grad_y.data<T>(), x.data<T>(), mean.data<A>(), rstd.data<A>(), optional_data<T>(weight),
-        cols);
+        grad_x.data<T>(), grad_y.data<T>(), x.data<T>(), mean.data<A>(), rstd.data<A>(), optional_data<T>(weight), cols,
+        accumulate);
     COLOSSAL_CUDA_CHECK_LAUNCH();
   }
   if (!grad_weight.defined() && !grad_bias.defined()) return;
@@ -537,27 +541,32 @@ void backward_stream(const Tensor& grad_x, const Tensor& grad_weight, const Tens
 
 template <class T, int kVec>
 void backward_rows(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_y,
-                   const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight, cudaStream_t stream) {
+                   const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight, bool accumulate,
+                   cudaStream_t stream) {
   const int64_t vectors = x.size(1) / kVec;
   constexpr int64_t kChunks = kBackwardChunks<kVec>;
   if (vectors > kBlock * kChunks) {
-    return backward_stream<T, kVec>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, stream);
+    return backward_stream<T, kVec>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, accumulate, stream);
   }
   switch (cuda::rows::pow2_team(ceil_div(vectors, kChunks), kWarp, kBlock)) {
     case 32:
-      return backward_registers<T, kVec, 32>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, stream);
+      return backward_registers<T, kVec, 32>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, accumulate,
+                                             stream);
     case 64:
-      return backward_registers<T, kVec, 64>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, stream);
+      return backward_registers<T, kVec, 64>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, accumulate,
+                                             stream);
     case 128:
-      return backward_registers<T, kVec, 128>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, stream);
+      return backward_registers<T, kVec, 128>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, accumulate,
+                                              stream);
     default:
-      return backward_registers<T, kVec, 256>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, stream);
+      return backward_registers<T, kVec, 256>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, accumulate,
+                                              stream);
   }
 }
 
 void layer_norm_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                               const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                              const Tensor& weight) {
+                              const Tensor& weight, bool accumulate_x) {
   const Device device = x.device();
   for (const auto& [t, role] : {std::pair{&grad_x, "grad_x"},
                                 {&grad_weight, "grad_weight"},
@@ -581,9 +590,11 @@ void layer_norm_backward_cuda(const Tensor& grad_x, const Tensor& grad_weight, c
     }
     if (cuda::rows::rows_vectorizable<T>(cols, {grad_x.defined() ? grad_x.raw_data() : nullptr, grad_y.raw_data(),
                                                 x.raw_data(), weight.defined() ? weight.raw_data() : nullptr})) {
-      backward_rows<T, cuda::rows::kVecOf<T>>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, stream);
+      backward_rows<T, cuda::rows::kVecOf<T>>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight,
+                                              accumulate_x && grad_x.defined(), stream);
     } else {
-      backward_rows<T, 1>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight, stream);
+      backward_rows<T, 1>(grad_x, grad_weight, grad_bias, grad_y, x, mean, rstd, weight,
+                          accumulate_x && grad_x.defined(), stream);
     }
   });
 }
