@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 
@@ -49,6 +50,24 @@ TEST(LayoutEquivalenceNccl, DataParallelF32WithoutTf32) {
     c.clip = 0.1;
     run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off)");
   }
+}
+
+TEST(LayoutEquivalenceNccl, DataParallelThroughTheCopyEngines) {
+  // The buckets averaged by the copy engines of the GPU pair instead of NCCL (COLOSSAL_DP_COPY_ENGINE,
+  // Note [Copy-engine all-reduce of a GPU pair]), from the step after the bucket rebuild: steps 2 and
+  // 3 of each case, with accumulation and clipping, at the f32 tolerance.
+  if (world()->size() != 2) GTEST_SKIP() << "the copy-engine all-reduce serves a pair of GPUs";
+  ::setenv("COLOSSAL_DP_COPY_ENGINE", "1", 1);
+  for (HarnessCase c : {mlp_case(), vit_case(), gpt2_case()}) {
+    c.accumulation = 2;
+    c.clip = 0.1;
+    run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off), copy engines");
+  }
+  HarnessCase bf16 = gpt2_case();
+  bf16.precision = Precision::bf16;
+  bf16.tolerance = 3e-2;
+  run_case(bf16, ops::Float32MatmulPrecision::high, "bf16, copy engines");
+  ::unsetenv("COLOSSAL_DP_COPY_ENGINE");
 }
 
 TEST(LayoutEquivalenceNccl, DataParallelF32WithTf32StatesTheDifference) {

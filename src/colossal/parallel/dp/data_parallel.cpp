@@ -11,8 +11,10 @@
 
 #include "colossal/autograd/function.h"   // register_grad_ready_hook
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
+#include "colossal/core/build_config.h"
 #include "colossal/core/error.h"
 #include "colossal/core/profiler.h"  // Scope
+#include "colossal/parallel/dp/copy_engine_pair.h"
 
 namespace colossal::parallel {
 
@@ -88,6 +90,22 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
     COLOSSAL_CHECK(value == "0" || value == "1", "COLOSSAL_DP_REBUILD_BUCKETS must be 0 or 1, got '{}'", value);
     options_.rebuild_buckets = value == "1";
   }
+  if (const char* ce = std::getenv("COLOSSAL_DP_COPY_ENGINE"); ce != nullptr && *ce != '\0') {
+    const std::string_view value(ce);
+    COLOSSAL_CHECK(value == "0" || value == "1", "COLOSSAL_DP_COPY_ENGINE must be 0 or 1, got '{}'", value);
+    options_.copy_engine = value == "1";
+  }
+  if (options_.copy_engine) {
+#if COLOSSAL_WITH_CUDA
+    std::string why;
+    COLOSSAL_CHECK(CopyEnginePair::available(*group_, &why),
+                   "DataParallel: the copy-engine all-reduce (COLOSSAL_DP_COPY_ENGINE=1) needs two GPUs of one host "
+                   "that can map each other's memory, but {} ({}); unset it to reduce with NCCL",
+                   why, group_->describe());
+#else
+    COLOSSAL_CHECK(false, "DataParallel: the copy-engine all-reduce (COLOSSAL_DP_COPY_ENGINE=1) needs a CUDA build");
+#endif
+  }
   COLOSSAL_CHECK(options_.bucket_bytes > 0, "DataParallel: bucket_bytes must be > 0, got {}", options_.bucket_bytes);
   COLOSSAL_CHECK(options_.late_buckets >= 0, "DataParallel: late_buckets must be >= 0, got {}", options_.late_buckets);
   if (options_.broadcast_parameters) broadcast_parameters();
@@ -131,12 +149,32 @@ void DataParallel::build_buckets(const std::vector<size_t>& order) {
     current->params.push_back(param);
     current_bytes += bytes;
   }
-  for (auto& bucket : buckets_) {
-    const int64_t numel = bucket->offsets.back() + bucket->params.back().numel();
-    if (bucket->params.size() > 1) {
-      bucket->flat = core::empty({numel}, TensorOptions(bucket->params.front().dtype(), group_->device()));
+  // With the copy engines, once the layout is final: every bucket (a lone parameter's too) in the
+  // pair's shared allocation.
+  copy_engine_.reset();
+#if COLOSSAL_WITH_CUDA
+  if (options_.copy_engine && (rebuilt_ || !options_.rebuild_buckets)) {
+    std::vector<int64_t> numels;
+    std::vector<DType> dtypes;
+    for (const auto& bucket : buckets_) {
+      numels.push_back(bucket->offsets.back() + bucket->params.back().numel());
+      dtypes.push_back(bucket->params.front().dtype());
     }
-    bucket->ready.assign(bucket->params.size(), false);
+    copy_engine_ = std::make_shared<CopyEnginePair>(group_, numels, dtypes);
+  }
+#endif
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = *buckets_[b];
+    const int64_t numel = bucket.offsets.back() + bucket.params.back().numel();
+#if COLOSSAL_WITH_CUDA
+    if (copy_engine_) {
+      bucket.flat = copy_engine_->flat(b);
+    } else
+#endif
+        if (bucket.params.size() > 1) {
+      bucket.flat = core::empty({numel}, TensorOptions(bucket.params.front().dtype(), group_->device()));
+    }
+    bucket.ready.assign(bucket.params.size(), false);
   }
 }
 
@@ -207,12 +245,13 @@ void DataParallel::mark_ready(size_t param) {
 
 void DataParallel::launch_ready_in_order() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->num_ready == buckets_[next_launch_]->params.size()) {
-    launch(*buckets_[next_launch_]);
+    launch(next_launch_);
     ++next_launch_;
   }
 }
 
-void DataParallel::launch(Bucket& bucket) {
+void DataParallel::launch(size_t b) {
+  Bucket& bucket = *buckets_[b];
   autograd::NoGradGuard no_grad;
   core::profiler::Scope scope("dp: bucket launch", group_->device());
   // Reductions already done give back the gradients their Work holds (Note [Packing off the
@@ -249,13 +288,20 @@ void DataParallel::launch(Bucket& bucket) {
       parts[i] = grad.dtype() == param.dtype() && grad.is_contiguous() ? grad : grad.to(param.dtype()).contiguous();
     param.set_grad(slice.view(param.shape()));  // Note [Gradients as bucket views]
   }
+#if COLOSSAL_WITH_CUDA
+  if (copy_engine_) {
+    bucket.work = copy_engine_->all_reduce_avg(b, std::move(parts), bucket.offsets);
+    bucket.launched = true;
+    return;
+  }
+#endif
   bucket.work = group_->all_reduce_packed(bucket.flat, parts, bucket.offsets, comm::ReduceOp::avg, /*async=*/true);
   bucket.launched = true;
 }
 
 void DataParallel::launch_the_rest() {
   // Buckets with parameters that got no gradient never filled: send them now, in order.
-  for (; next_launch_ < buckets_.size(); ++next_launch_) launch(*buckets_[next_launch_]);
+  for (; next_launch_ < buckets_.size(); ++next_launch_) launch(next_launch_);
 }
 
 bool DataParallel::issue_all() {

@@ -38,7 +38,14 @@ struct DataParallelOptions {
   /// registration order. The environment variable COLOSSAL_DP_REBUILD_BUCKETS (0 or 1), when set,
   /// overrides it.
   bool rebuild_buckets = true;
+  /// Between the two GPUs of one host, reduce the buckets with the copy engines instead of NCCL's
+  /// kernels (CopyEnginePair, Note [Copy-engine all-reduce of a GPU pair]), from the first step
+  /// after the bucket rebuild. A group it cannot serve is an error naming why. The environment
+  /// variable COLOSSAL_DP_COPY_ENGINE (0 or 1), when set, overrides it.
+  bool copy_engine = false;
 };
+
+class CopyEnginePair;
 
 class DataParallel final : public GradientHandler {
  public:
@@ -92,7 +99,7 @@ class DataParallel final : public GradientHandler {
   /// After the first synchronised backward: the buckets again, in the order its gradients arrived.
   void rebuild_in_arrival_order();
   void mark_ready(size_t param);
-  void launch(Bucket& bucket);
+  void launch(size_t b);
   void launch_ready_in_order();
   /// Launches every bucket not launched yet (those with parameters that got no gradient), in order.
   void launch_the_rest();
@@ -104,6 +111,7 @@ class DataParallel final : public GradientHandler {
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<size_t, size_t>> locate_;  // params_[i] -> (bucket, slot)
   std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::shared_ptr<CopyEnginePair> copy_engine_;  // set once the buckets are laid out for good (CUDA builds)
   std::vector<size_t> arrival_;  // params_ indices in the order the first synchronised backward marked them
   bool rebuilt_ = false;
   size_t next_launch_ = 0;  // buckets launch in index order on every rank

@@ -1,0 +1,316 @@
+// CopyEnginePair: see copy_engine_pair.h.
+#include "colossal/parallel/dp/copy_engine_pair.h"
+
+#include <cuda.h>  // the driver's stream memory operations' types (the functions come through the runtime)
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "colossal/comm/watchdog.h"  // WatchedOperation, watch, check_deadline
+#include "colossal/core/cuda/cuda_check.h"
+#include "colossal/core/cuda_device.h"
+#include "colossal/core/error.h"
+#include "colossal/core/profiler.h"
+#include "colossal/core/view.h"        // accumulate_
+#include "colossal/ops/elementwise.h"  // mul_
+
+namespace colossal::parallel {
+
+// Note [Copy-engine all-reduce of a GPU pair]
+// NCCL's all-reduce moves data with kernels: on 2 H100s its 24 CTAs hold 18% of the SMs for as long
+// as it runs, and the GEMMs beside it ran 33-49% slower (bench/nccl_overlap_bench, session 17); in
+// data-parallel training that is backward's kernels losing 0.24-0.68 ms a step beside the buckets'
+// reductions (session 16's traces). Between two GPUs the copy engines can move the halves instead,
+// over NVLink, while the SMs only add: each rank's buffers (every bucket, a receive buffer for the
+// other rank's half of each, and a few flags) are one cudaMalloc allocation whose IPC handle the two
+// ranks exchange at set-up, so each writes straight into the other's memory. For bucket b, rank r
+// owns half r of its elements; at its s-th reduction each rank, on this pair's stream:
+//   1. waits until the other has used the receive buffer it last wrote there (flag free[b] >= s-1);
+//   2. copies its own values of the other's half into the other's receive buffer (copy engine);
+//   3. sets the other's flag arrived[b] = s, and waits for its own arrived[b] >= s;
+//   4. adds the received values into its half and halves them (the average; one short kernel pass);
+//   5. sets the other's free[b] = s: the receive buffer may be written again;
+//   6. copies its averaged half into the same half of the other's bucket (copy engine), overwriting
+//      values the other has already sent in (2), which (3) proved;
+//   7. sets the other's done[b] = s and waits for its own done[b] >= s: its bucket is whole.
+// The flags are the driver's stream memory operations (cuStreamWriteValue64 after the stream's
+// earlier work, with a memory barrier; cuStreamWaitValue64 holding the stream, not an SM, until the
+// value arrives), so no kernel spins. Both ranks reduce the buckets in the same order; a rank whose
+// peer never signals holds its stream, and the watchdog ends it at the group's timeout, as it would a
+// hung NCCL call. The average is the same as NCCL's: (a + b) rounded to the dtype, then halved
+// exactly.
+
+namespace {
+
+using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+
+template <class Fn>
+Fn driver_function(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  COLOSSAL_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found));
+  COLOSSAL_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
+                 "CopyEnginePair: the CUDA driver has no {} (needed for the copy-engine all-reduce)", name);
+  return reinterpret_cast<Fn>(fn);
+}
+
+constexpr size_t kAlign = 512;
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+constexpr int kFlagKinds = 3;  // free, arrived, done
+enum Flag { kFree = 0, kArrived = 1, kDone = 2 };
+
+cudaStream_t as_cuda(core::Stream s) {
+  return static_cast<cudaStream_t>(s.handle);
+}
+
+/// A device's identity for the pair: its index and PCI bus id, and the IPC handle of its allocation.
+struct Identity {
+  int device = 0;
+  char bus_id[32] = {};
+  cudaIpcMemHandle_t handle{};
+};
+
+/// Exchanges `mine` with the other rank of `group` (through an all_gather on the group's device).
+Identity exchange(comm::ProcessGroup& group, const Identity& mine) {
+  Tensor local = core::empty({static_cast<int64_t>(sizeof(Identity))}, TensorOptions(DType::u8, core::kCpu));
+  std::memcpy(local.raw_data(), &mine, sizeof(Identity));
+  Tensor sent = local.to(group.device());
+  Tensor all = core::empty({static_cast<int64_t>(2 * sizeof(Identity))}, TensorOptions(DType::u8, group.device()));
+  group.all_gather(all, sent);
+  const Tensor host = all.to(core::kCpu);
+  Identity other;
+  std::memcpy(&other, static_cast<const char*>(host.raw_data()) + (1 - group.rank()) * sizeof(Identity),
+              sizeof(Identity));
+  return other;
+}
+
+}  // namespace
+
+struct CopyEnginePair::Shared {
+  core::Device device;
+  core::Stream stream;
+  void* base = nullptr;       // this rank's allocation
+  void* peer_base = nullptr;  // the other rank's, mapped here
+  size_t flags_offset = 0;
+  WriteValue64 write_value = nullptr;
+  WaitValue64 wait_value = nullptr;
+
+  ~Shared() {
+    core::cuda::DeviceGuard guard(device);
+    if (stream.handle != nullptr) cudaStreamSynchronize(as_cuda(stream));
+    if (peer_base != nullptr) cudaIpcCloseMemHandle(peer_base);
+    if (base != nullptr) cudaFree(base);
+    if (stream.handle != nullptr) core::cuda::destroy_stream(stream);
+  }
+  CUdeviceptr flag(bool peer, Flag kind, size_t b) const {
+    const char* at = static_cast<const char*>(peer ? peer_base : base) + flags_offset;
+    return reinterpret_cast<CUdeviceptr>(at + (b * kFlagKinds + kind) * sizeof(uint64_t));
+  }
+  void signal(Flag kind, size_t b, uint64_t value) const {
+    const CUresult status =
+        write_value(static_cast<CUstream>(stream.handle), flag(true, kind, b), value, CU_STREAM_WRITE_VALUE_DEFAULT);
+    COLOSSAL_CHECK(status == CUDA_SUCCESS, "CopyEnginePair: cuStreamWriteValue64 failed ({})",
+                   static_cast<int>(status));
+  }
+  void await(Flag kind, size_t b, uint64_t value) const {
+    const CUresult status =
+        wait_value(static_cast<CUstream>(stream.handle), flag(false, kind, b), value, CU_STREAM_WAIT_VALUE_GEQ);
+    COLOSSAL_CHECK(status == CUDA_SUCCESS, "CopyEnginePair: cuStreamWaitValue64 failed ({})", static_cast<int>(status));
+  }
+};
+
+namespace {
+
+/// One reduction as the watchdog sees it: done once its event has completed.
+class PairOperation final : public comm::WatchedOperation {
+ public:
+  PairOperation(const comm::ProcessGroup& group, std::string what, core::Device device)
+      : WatchedOperation(group, std::move(what)), device_(device) {}
+  core::cuda::Event& done() { return done_; }
+  bool poll() noexcept override {
+    if (cudaSetDevice(device_.index) != cudaSuccess) return true;
+    try {
+      return done_.query();
+    } catch (...) {
+      return true;
+    }
+  }
+
+ private:
+  core::Device device_;
+  core::cuda::Event done_;
+};
+
+class PairWork final : public comm::Work::Impl {
+ public:
+  PairWork(std::shared_ptr<PairOperation> operation, std::shared_ptr<CopyEnginePair::Shared> shared,
+           core::Stream caller, std::vector<Tensor> parts)
+      : operation_(std::move(operation)), shared_(std::move(shared)), caller_(caller), parts_(std::move(parts)) {}
+  ~PairWork() override {
+    if (parts_.empty()) return;
+    try {
+      core::cuda::DeviceGuard guard(shared_->device);
+      operation_->done().block(caller_);  // the parts' frees wait for the packing
+    } catch (...) {
+    }
+  }
+  void wait() override {
+    core::cuda::DeviceGuard guard(shared_->device);
+    const core::Stream current = core::cuda::current_stream(shared_->device);
+    operation_->done().block(current);
+    if (current != caller_) operation_->done().block(caller_);
+    parts_.clear();
+  }
+  void synchronize() override {
+    core::cuda::DeviceGuard guard(shared_->device);
+    while (!operation_->done().query()) {
+      comm::check_deadline(*operation_);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    parts_.clear();
+  }
+  bool is_completed() override {
+    core::cuda::DeviceGuard guard(shared_->device);
+    if (!operation_->done().query()) return false;
+    parts_.clear();
+    return true;
+  }
+
+ private:
+  std::shared_ptr<PairOperation> operation_;
+  std::shared_ptr<CopyEnginePair::Shared> shared_;
+  core::Stream caller_;
+  std::vector<Tensor> parts_;
+};
+
+}  // namespace
+
+bool CopyEnginePair::available(comm::ProcessGroup& group, std::string* why_not) {
+  auto no = [&](std::string why) {
+    if (why_not != nullptr) *why_not = std::move(why);
+    return false;
+  };
+  if (group.size() != 2) return no(fmt::format("the group has {} ranks, not 2", group.size()));
+  if (group.backend_name() != "nccl" || !group.device().is_cuda())
+    return no(fmt::format("the group is {} on {}, not NCCL on a GPU", group.backend_name(), group.device()));
+  Identity mine;
+  mine.device = group.device().index;
+  COLOSSAL_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.bus_id, sizeof mine.bus_id, mine.device));
+  const Identity other = exchange(group, mine);
+  int other_device = -1;
+  if (cudaDeviceGetByPCIBusId(&other_device, other.bus_id) != cudaSuccess) {
+    cudaGetLastError();
+    return no(fmt::format("the other rank's GPU ({}) is not visible here (another host, or hidden)", other.bus_id));
+  }
+  int can = 0;
+  COLOSSAL_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, mine.device, other_device));
+  if (can == 0) return no(fmt::format("GPU {} cannot map GPU {}'s memory", mine.device, other_device));
+  return true;
+}
+
+CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const std::vector<int64_t>& numels,
+                               const std::vector<DType>& dtypes)
+    : group_(std::move(group)), shared_(std::make_shared<Shared>()) {
+  COLOSSAL_CHECK(numels.size() == dtypes.size(), "CopyEnginePair: {} sizes for {} dtypes", numels.size(),
+                 dtypes.size());
+  Shared& s = *shared_;
+  s.device = group_->device();
+  core::cuda::DeviceGuard guard(s.device);
+  s.write_value = driver_function<WriteValue64>("cuStreamWriteValue64");
+  s.wait_value = driver_function<WaitValue64>("cuStreamWaitValue64");
+  // Layout: every bucket, every receive buffer (the larger half), the flags; the same on both ranks.
+  size_t at = 0;
+  for (size_t b = 0; b < numels.size(); ++b) {
+    flat_offsets_.push_back(static_cast<int64_t>(at));
+    at += align_up(static_cast<size_t>(numels[b]) * core::element_size(dtypes[b]));
+  }
+  for (size_t b = 0; b < numels.size(); ++b) {
+    recv_offsets_.push_back(static_cast<int64_t>(at));
+    at += align_up(static_cast<size_t>(numels[b] - numels[b] / 2) * core::element_size(dtypes[b]));
+  }
+  s.flags_offset = at;
+  const size_t flag_bytes = numels.size() * kFlagKinds * sizeof(uint64_t);
+  at += align_up(flag_bytes);
+  COLOSSAL_CUDA_CHECK(cudaMalloc(&s.base, at));
+  COLOSSAL_CUDA_CHECK(cudaMemset(static_cast<char*>(s.base) + s.flags_offset, 0, flag_bytes));
+  COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());  // the flags are zero before the other rank can write them
+  Identity mine;
+  mine.device = s.device.index;
+  COLOSSAL_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, s.base));
+  const Identity other = exchange(*group_, mine);
+  COLOSSAL_CUDA_CHECK(cudaIpcOpenMemHandle(&s.peer_base, other.handle, cudaIpcMemLazyEnablePeerAccess));
+  s.stream = core::cuda::create_stream(s.device);
+  // The tensors view the allocation; Shared (which frees it) outlives them through their release.
+  for (size_t b = 0; b < numels.size(); ++b) {
+    auto view = [&](int64_t offset, int64_t numel) {
+      core::Storage storage = core::Storage::wrap(static_cast<char*>(s.base) + offset,
+                                                  static_cast<size_t>(numel) * core::element_size(dtypes[b]), s.device,
+                                                  [keep = shared_](void*) { (void)keep; });
+      return Tensor(std::make_shared<core::TensorImpl>(std::move(storage), Shape{numel}, Shape{1}, 0, dtypes[b]));
+    };
+    flats_.push_back(view(flat_offsets_[b], numels[b]));
+    recvs_.push_back(view(recv_offsets_[b], numels[b] - numels[b] / 2));
+  }
+  steps_.assign(numels.size(), 0);
+}
+
+CopyEnginePair::~CopyEnginePair() = default;
+
+comm::Work CopyEnginePair::all_reduce_avg(size_t b, std::vector<Tensor> parts, const std::vector<int64_t>& offsets) {
+  COLOSSAL_CHECK(b < flats_.size(), "CopyEnginePair: bucket {} of {}", b, flats_.size());
+  Shared& s = *shared_;
+  core::cuda::DeviceGuard guard(s.device);
+  const Tensor& flat = flats_[b];
+  const int rank = group_->rank();
+  const int64_t numel = flat.numel();
+  const int64_t half0 = numel / 2;
+  const int64_t mine_begin = rank == 0 ? 0 : half0, mine_numel = rank == 0 ? half0 : numel - half0;
+  const int64_t other_begin = rank == 0 ? half0 : 0, other_numel = numel - mine_numel;
+  const size_t element = core::element_size(flat.dtype());
+  const uint64_t step = ++steps_[b];
+
+  auto operation = std::make_shared<PairOperation>(
+      *group_, fmt::format("copy-engine all_reduce (avg) of bucket {}: {} elements of {}", b, numel, flat.dtype()),
+      s.device);
+  const core::Stream caller = core::cuda::current_stream(s.device);
+  core::cuda::Event ready;
+  ready.record(caller);
+  ready.block(s.stream);
+  comm::watch(operation);
+  {
+    core::cuda::StreamGuard on(s.stream);
+    const int64_t range = core::profiler::begin_stream_range("dp: copy-engine all_reduce", s.stream);
+    comm::pack_parts(flat, parts, offsets);
+    const cudaStream_t stream = as_cuda(s.stream);
+    // 1-3: the other's half of my values into its receive buffer, once it has used the last ones.
+    if (step > 1) s.await(kFree, b, step - 1);
+    COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(s.peer_base) + recv_offsets_[b],
+                                        static_cast<const char*>(s.base) + flat_offsets_[b] + other_begin * element,
+                                        static_cast<size_t>(other_numel) * element, cudaMemcpyDeviceToDevice, stream));
+    s.signal(kArrived, b, step);
+    s.await(kArrived, b, step);
+    // 4-5: my half averaged; the receive buffer is free again.
+    Tensor mine = flat.narrow(0, mine_begin, mine_numel);
+    core::accumulate_(mine, recvs_[b].narrow(0, 0, mine_numel));
+    ops::mul_(mine, 0.5);
+    s.signal(kFree, b, step);
+    // 6-7: my averaged half into the other's bucket; wait for its half in mine.
+    COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(s.peer_base) + flat_offsets_[b] + mine_begin * element,
+                                        static_cast<const char*>(s.base) + flat_offsets_[b] + mine_begin * element,
+                                        static_cast<size_t>(mine_numel) * element, cudaMemcpyDeviceToDevice, stream));
+    s.signal(kDone, b, step);
+    s.await(kDone, b, step);
+    core::profiler::end_stream_range(range, s.stream);
+  }
+  operation->done().record(s.stream);
+  return comm::Work(std::make_shared<PairWork>(std::move(operation), shared_, caller, std::move(parts)));
+}
+
+}  // namespace colossal::parallel
