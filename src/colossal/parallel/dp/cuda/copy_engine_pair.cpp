@@ -37,7 +37,9 @@ namespace colossal::parallel {
 //   6. copies its averaged half into the same half of the other's bucket (copy engine), overwriting
 //      values the other has already sent in (2), which (3) proved;
 //   7. sets the other's done[b] = s and waits for its own done[b] >= s: its bucket is whole.
-// The flags are the driver's stream memory operations (cuStreamWriteValue64 after the stream's
+// Steps 1-3 (and the packing before them) run on one stream of the pair and 4-7 on another, so that
+// the next bucket's values go out while this one's average waits for the other rank; step 4 waits
+// for this bucket's packing by an event. The flags are the driver's stream memory operations (cuStreamWriteValue64 after the stream's
 // earlier work, with a memory barrier; cuStreamWaitValue64 holding the stream, not an SM, until the
 // value arrives), so no kernel spins. Both ranks reduce the buckets in the same order; a rank whose
 // peer never signals holds its stream, and the watchdog ends it at the group's timeout, as it would a
@@ -95,7 +97,8 @@ Identity exchange(comm::ProcessGroup& group, const Identity& mine) {
 
 struct CopyEnginePair::Shared {
   core::Device device;
-  core::Stream stream;
+  core::Stream stream;        // sends: packing, the copy of the other's half, its arrival flag
+  core::Stream receive;       // the rest: the average, the copy back, the wait for the other's half
   void* base = nullptr;       // this rank's allocation
   void* peer_base = nullptr;  // the other rank's, mapped here
   size_t flags_offset = 0;
@@ -105,23 +108,27 @@ struct CopyEnginePair::Shared {
   ~Shared() {
     core::cuda::DeviceGuard guard(device);
     if (stream.handle != nullptr) cudaStreamSynchronize(as_cuda(stream));
+    if (receive.handle != nullptr) cudaStreamSynchronize(as_cuda(receive));
     if (peer_base != nullptr) cudaIpcCloseMemHandle(peer_base);
     if (base != nullptr) cudaFree(base);
     if (stream.handle != nullptr) core::cuda::destroy_stream(stream);
+    if (receive.handle != nullptr) core::cuda::destroy_stream(receive);
   }
   CUdeviceptr flag(bool peer, Flag kind, size_t b) const {
     const char* at = static_cast<const char*>(peer ? peer_base : base) + flags_offset;
     return reinterpret_cast<CUdeviceptr>(at + (b * kFlagKinds + kind) * sizeof(uint64_t));
   }
-  void signal(Flag kind, size_t b, uint64_t value) const {
+  /// Sets the other rank's flag `kind` of bucket b to `value` after `on`'s earlier work (fenced).
+  void signal(core::Stream on, Flag kind, size_t b, uint64_t value) const {
     const CUresult status =
-        write_value(static_cast<CUstream>(stream.handle), flag(true, kind, b), value, CU_STREAM_WRITE_VALUE_DEFAULT);
+        write_value(static_cast<CUstream>(on.handle), flag(true, kind, b), value, CU_STREAM_WRITE_VALUE_DEFAULT);
     COLOSSAL_CHECK(status == CUDA_SUCCESS, "CopyEnginePair: cuStreamWriteValue64 failed ({})",
                    static_cast<int>(status));
   }
-  void await(Flag kind, size_t b, uint64_t value) const {
+  /// Holds `on` until this rank's flag `kind` of bucket b reaches `value`.
+  void await(core::Stream on, Flag kind, size_t b, uint64_t value) const {
     const CUresult status =
-        wait_value(static_cast<CUstream>(stream.handle), flag(false, kind, b), value, CU_STREAM_WAIT_VALUE_GEQ);
+        wait_value(static_cast<CUstream>(on.handle), flag(false, kind, b), value, CU_STREAM_WAIT_VALUE_GEQ);
     COLOSSAL_CHECK(status == CUDA_SUCCESS, "CopyEnginePair: cuStreamWaitValue64 failed ({})", static_cast<int>(status));
   }
 };
@@ -247,6 +254,7 @@ CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const 
   const Identity other = exchange(*group_, mine);
   COLOSSAL_CUDA_CHECK(cudaIpcOpenMemHandle(&s.peer_base, other.handle, cudaIpcMemLazyEnablePeerAccess));
   s.stream = core::cuda::create_stream(s.device);
+  s.receive = core::cuda::create_stream(s.device);
   // The tensors view the allocation; Shared (which frees it) outlives them through their release.
   for (size_t b = 0; b < numels.size(); ++b) {
     auto view = [&](int64_t offset, int64_t numel) {
@@ -284,32 +292,43 @@ comm::Work CopyEnginePair::all_reduce_avg(size_t b, std::vector<Tensor> parts, c
   ready.record(caller);
   ready.block(s.stream);
   comm::watch(operation);
+  core::cuda::Event packed;
   {
+    // The sends, on a stream of their own, so that the next bucket's go out while this one's
+    // average waits for the other rank (Note [Copy-engine all-reduce of a GPU pair]).
     core::cuda::StreamGuard on(s.stream);
-    const int64_t range = core::profiler::begin_stream_range("dp: copy-engine all_reduce", s.stream);
+    const int64_t range = core::profiler::begin_stream_range("dp: copy-engine send", s.stream);
     comm::pack_parts(flat, parts, offsets);
-    const cudaStream_t stream = as_cuda(s.stream);
+    packed.record(s.stream);
     // 1-3: the other's half of my values into its receive buffer, once it has used the last ones.
-    if (step > 1) s.await(kFree, b, step - 1);
+    if (step > 1) s.await(s.stream, kFree, b, step - 1);
     COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(s.peer_base) + recv_offsets_[b],
                                         static_cast<const char*>(s.base) + flat_offsets_[b] + other_begin * element,
-                                        static_cast<size_t>(other_numel) * element, cudaMemcpyDeviceToDevice, stream));
-    s.signal(kArrived, b, step);
-    s.await(kArrived, b, step);
+                                        static_cast<size_t>(other_numel) * element, cudaMemcpyDeviceToDevice,
+                                        as_cuda(s.stream)));
+    s.signal(s.stream, kArrived, b, step);
+    core::profiler::end_stream_range(range, s.stream);
+  }
+  {
+    core::cuda::StreamGuard on(s.receive);
+    const int64_t range = core::profiler::begin_stream_range("dp: copy-engine average", s.receive);
+    packed.block(s.receive);
+    s.await(s.receive, kArrived, b, step);
     // 4-5: my half averaged; the receive buffer is free again.
     Tensor mine = flat.narrow(0, mine_begin, mine_numel);
     core::accumulate_(mine, recvs_[b].narrow(0, 0, mine_numel));
     ops::mul_(mine, 0.5);
-    s.signal(kFree, b, step);
+    s.signal(s.receive, kFree, b, step);
     // 6-7: my averaged half into the other's bucket; wait for its half in mine.
     COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(s.peer_base) + flat_offsets_[b] + mine_begin * element,
                                         static_cast<const char*>(s.base) + flat_offsets_[b] + mine_begin * element,
-                                        static_cast<size_t>(mine_numel) * element, cudaMemcpyDeviceToDevice, stream));
-    s.signal(kDone, b, step);
-    s.await(kDone, b, step);
-    core::profiler::end_stream_range(range, s.stream);
+                                        static_cast<size_t>(mine_numel) * element, cudaMemcpyDeviceToDevice,
+                                        as_cuda(s.receive)));
+    s.signal(s.receive, kDone, b, step);
+    s.await(s.receive, kDone, b, step);
+    core::profiler::end_stream_range(range, s.receive);
   }
-  operation->done().record(s.stream);
+  operation->done().record(s.receive);
   return comm::Work(std::make_shared<PairWork>(std::move(operation), shared_, caller, std::move(parts)));
 }
 
