@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "colossal/ops/linalg.h"
 #include "layout_harness.h"
@@ -56,17 +57,22 @@ TEST(LayoutEquivalenceNccl, DataParallelThroughTheCopyEngines) {
   // The buckets averaged by the copy engines of the GPU pair instead of NCCL (COLOSSAL_DP_COPY_ENGINE,
   // Note [Copy-engine all-reduce of a GPU pair]), from the step after the bucket rebuild: steps 2 and
   // 3 of each case, with accumulation and clipping, at the f32 tolerance.
+  // Both modes: 1, the halves copied by the copy engines; 2, each half averaged by a kernel that reads
+  // and writes the other GPU's bucket directly.
   if (world()->size() != 2) GTEST_SKIP() << "the copy-engine all-reduce serves a pair of GPUs";
-  ::setenv("COLOSSAL_DP_COPY_ENGINE", "1", 1);
-  for (HarnessCase c : {mlp_case(), vit_case(), gpt2_case()}) {
-    c.accumulation = 2;
-    c.clip = 0.1;
-    run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off), copy engines");
+  for (const char* mode : {"1", "2"}) {
+    ::setenv("COLOSSAL_DP_COPY_ENGINE", mode, 1);
+    const std::string label = std::string(mode) == "1" ? "copy engines" : "direct loads";
+    for (HarnessCase c : {mlp_case(), vit_case(), gpt2_case()}) {
+      c.accumulation = 2;
+      c.clip = 0.1;
+      run_case(c, ops::Float32MatmulPrecision::highest, ("f32 (TF32 off), " + label).c_str());
+    }
+    HarnessCase bf16 = gpt2_case();
+    bf16.precision = Precision::bf16;
+    bf16.tolerance = 3e-2;
+    run_case(bf16, ops::Float32MatmulPrecision::high, ("bf16, " + label).c_str());
   }
-  HarnessCase bf16 = gpt2_case();
-  bf16.precision = Precision::bf16;
-  bf16.tolerance = 3e-2;
-  run_case(bf16, ops::Float32MatmulPrecision::high, "bf16, copy engines");
   ::unsetenv("COLOSSAL_DP_COPY_ENGINE");
 }
 

@@ -21,11 +21,15 @@ class CopyEnginePair {
   /// memory. Collective over `group` (the ranks exchange their device's identity).
   static bool available(comm::ProcessGroup& group, std::string* why_not = nullptr);
 
+  /// copies: the halves move by cudaMemcpyAsync (the copy engines) and the SMs only add; direct:
+  /// one kernel per bucket averages this rank's half, reading and writing the other's over NVLink.
+  enum class Mode { copies, direct };
+
   /// Allocates one buffer per bucket (`numels[b]` elements of `dtypes[b]`), a receive buffer for
   /// the other rank's half of each, and the flags the ranks signal each other through, in one
   /// allocation whose IPC handle the ranks exchange. Collective over `group`.
   CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const std::vector<int64_t>& numels,
-                 const std::vector<DType>& dtypes);
+                 const std::vector<DType>& dtypes, Mode mode = Mode::copies);
   ~CopyEnginePair();
   CopyEnginePair(const CopyEnginePair&) = delete;
   CopyEnginePair& operator=(const CopyEnginePair&) = delete;
@@ -48,7 +52,8 @@ class CopyEnginePair {
   std::vector<Tensor> flats_;
   std::vector<Tensor> recvs_;
   std::vector<int64_t> flat_offsets_, recv_offsets_;  // bytes into the allocation
-  std::vector<uint64_t> steps_;                       // per bucket: reductions so far
+  std::vector<uint64_t> steps_;
+  Mode mode_ = Mode::copies;  // per bucket: reductions so far
 };
 
 }  // namespace colossal::parallel

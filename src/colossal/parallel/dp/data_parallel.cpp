@@ -92,8 +92,10 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
   }
   if (const char* ce = std::getenv("COLOSSAL_DP_COPY_ENGINE"); ce != nullptr && *ce != '\0') {
     const std::string_view value(ce);
-    COLOSSAL_CHECK(value == "0" || value == "1", "COLOSSAL_DP_COPY_ENGINE must be 0 or 1, got '{}'", value);
-    options_.copy_engine = value == "1";
+    COLOSSAL_CHECK(value == "0" || value == "1" || value == "2",
+                   "COLOSSAL_DP_COPY_ENGINE must be 0, 1 (copies) or 2 (direct loads), got '{}'", value);
+    options_.copy_engine = value != "0";
+    direct_pair_ = value == "2";
   }
   if (options_.copy_engine) {
 #if COLOSSAL_WITH_CUDA
@@ -160,7 +162,8 @@ void DataParallel::build_buckets(const std::vector<size_t>& order) {
       numels.push_back(bucket->offsets.back() + bucket->params.back().numel());
       dtypes.push_back(bucket->params.front().dtype());
     }
-    copy_engine_ = std::make_shared<CopyEnginePair>(group_, numels, dtypes);
+    copy_engine_ = std::make_shared<CopyEnginePair>(
+        group_, numels, dtypes, direct_pair_ ? CopyEnginePair::Mode::direct : CopyEnginePair::Mode::copies);
   }
 #endif
   for (size_t b = 0; b < buckets_.size(); ++b) {

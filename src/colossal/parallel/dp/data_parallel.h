@@ -111,6 +111,7 @@ class DataParallel final : public GradientHandler {
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<size_t, size_t>> locate_;  // params_[i] -> (bucket, slot)
   std::vector<std::unique_ptr<Bucket>> buckets_;
+  bool direct_pair_ = false;                     // COLOSSAL_DP_COPY_ENGINE=2: CopyEnginePair::Mode::direct
   std::shared_ptr<CopyEnginePair> copy_engine_;  // set once the buckets are laid out for good (CUDA builds)
   std::vector<size_t> arrival_;  // params_ indices in the order the first synchronised backward marked them
   bool rebuilt_ = false;

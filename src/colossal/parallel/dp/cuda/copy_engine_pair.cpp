@@ -17,6 +17,7 @@
 #include "colossal/core/profiler.h"
 #include "colossal/core/view.h"        // accumulate_
 #include "colossal/ops/elementwise.h"  // mul_
+#include "colossal/parallel/dp/cuda/pair_average.h"
 
 namespace colossal::parallel {
 
@@ -37,10 +38,14 @@ namespace colossal::parallel {
 //   6. copies its averaged half into the same half of the other's bucket (copy engine), overwriting
 //      values the other has already sent in (2), which (3) proved;
 //   7. sets the other's done[b] = s and waits for its own done[b] >= s: its bucket is whole.
+// Direct mode (COLOSSAL_DP_COPY_ENGINE=2) moves nothing by copy: once both ranks have packed bucket b
+// (each sets the other's flag packed[b] = s), each runs one kernel that averages its half reading its
+// own and the other's bucket and writes the average into both over NVLink (64 blocks: a few SMs for
+// the time NVLink takes), then sets the other's done[b] = s and waits for its own.
 // Steps 1-3 (and the packing before them) run on one stream of the pair and 4-7 on another, so that
 // the next bucket's values go out while this one's average waits for the other rank; step 4 waits
-// for this bucket's packing by an event. The flags are the driver's stream memory operations (cuStreamWriteValue64 after the stream's
-// earlier work, with a memory barrier; cuStreamWaitValue64 holding the stream, not an SM, until the
+// for this bucket's packing by an event. The flags are the driver's stream memory operations (cuStreamWriteValue64
+// after the stream's earlier work, with a memory barrier; cuStreamWaitValue64 holding the stream, not an SM, until the
 // value arrives), so no kernel spins. Both ranks reduce the buckets in the same order; a rank whose
 // peer never signals holds its stream, and the watchdog ends it at the group's timeout, as it would a
 // hung NCCL call. The average is the same as NCCL's: (a + b) rounded to the dtype, then halved
@@ -65,8 +70,8 @@ constexpr size_t kAlign = 512;
 size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
 }
-constexpr int kFlagKinds = 3;  // free, arrived, done
-enum Flag { kFree = 0, kArrived = 1, kDone = 2 };
+constexpr int kFlagKinds = 4;  // free, arrived, done; packed (direct mode)
+enum Flag { kFree = 0, kArrived = 1, kDone = 2, kPacked = 3 };
 
 cudaStream_t as_cuda(core::Stream s) {
   return static_cast<cudaStream_t>(s.handle);
@@ -223,8 +228,8 @@ bool CopyEnginePair::available(comm::ProcessGroup& group, std::string* why_not) 
 }
 
 CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const std::vector<int64_t>& numels,
-                               const std::vector<DType>& dtypes)
-    : group_(std::move(group)), shared_(std::make_shared<Shared>()) {
+                               const std::vector<DType>& dtypes, Mode mode)
+    : group_(std::move(group)), shared_(std::make_shared<Shared>()), mode_(mode) {
   COLOSSAL_CHECK(numels.size() == dtypes.size(), "CopyEnginePair: {} sizes for {} dtypes", numels.size(),
                  dtypes.size());
   Shared& s = *shared_;
@@ -293,6 +298,30 @@ comm::Work CopyEnginePair::all_reduce_avg(size_t b, std::vector<Tensor> parts, c
   ready.block(s.stream);
   comm::watch(operation);
   core::cuda::Event packed;
+  if (mode_ == Mode::direct) {
+    // Note [Copy-engine all-reduce of a GPU pair], direct mode: each rank averages its half in
+    // place in both buckets, reading and writing the other's over NVLink; no copies.
+    {
+      core::cuda::StreamGuard on(s.stream);
+      comm::pack_parts(flat, parts, offsets);
+      packed.record(s.stream);
+      s.signal(s.stream, kPacked, b, step);
+    }
+    {
+      core::cuda::StreamGuard on(s.receive);
+      const int64_t range = core::profiler::begin_stream_range("dp: pair average", s.receive);
+      packed.block(s.receive);
+      s.await(s.receive, kPacked, b, step);
+      cuda_detail::pair_average(static_cast<char*>(s.base) + flat_offsets_[b] + mine_begin * element,
+                                static_cast<char*>(s.peer_base) + flat_offsets_[b] + mine_begin * element, mine_numel,
+                                flat.dtype(), as_cuda(s.receive));
+      s.signal(s.receive, kDone, b, step);
+      s.await(s.receive, kDone, b, step);
+      core::profiler::end_stream_range(range, s.receive);
+    }
+    operation->done().record(s.receive);
+    return comm::Work(std::make_shared<PairWork>(std::move(operation), shared_, caller, std::move(parts)));
+  }
   {
     // The sends, on a stream of their own, so that the next bucket's go out while this one's
     // average waits for the other rank (Note [Copy-engine all-reduce of a GPU pair]).
