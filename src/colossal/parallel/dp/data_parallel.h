@@ -38,10 +38,11 @@ struct DataParallelOptions {
   /// registration order. The environment variable COLOSSAL_DP_REBUILD_BUCKETS (0 or 1), when set,
   /// overrides it.
   bool rebuild_buckets = true;
-  /// Between the two GPUs of one host, reduce the buckets with the copy engines instead of NCCL's
-  /// kernels (CopyEnginePair, Note [Copy-engine all-reduce of a GPU pair]), from the first step
-  /// after the bucket rebuild. A group it cannot serve is an error naming why. The environment
-  /// variable COLOSSAL_DP_COPY_ENGINE (0 or 1), when set, overrides it.
+  /// Between the two GPUs of one host, reduce the buckets without NCCL's kernels (CopyEnginePair,
+  /// Note [Copy-engine all-reduce of a GPU pair]), from the first step after the bucket rebuild. A
+  /// group it cannot serve is an error naming why. Measured slower than NCCL on 2 H100s (session 17),
+  /// hence off. The environment variable COLOSSAL_DP_COPY_ENGINE, when set, overrides it: 0 off, 1 the
+  /// halves moved by the copy engines, 2 averaged by a kernel reading the other GPU's bucket.
   bool copy_engine = false;
 };
 
