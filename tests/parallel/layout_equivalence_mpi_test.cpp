@@ -94,8 +94,9 @@ TEST(LayoutEquivalence, DataParallelGpt2Bf16) {
 // must sum the shards and count the replicated parameters (layer norms, wpe, row-parallel biases)
 // once: counted once per rank, the clip factor and every update would differ.
 void expect_tensor_parallel(Layout layout, int64_t accumulation, std::optional<double> clip = std::nullopt,
-                            bool sequence_parallel = false) {
+                            bool sequence_parallel = false, std::optional<int64_t> global_batch = std::nullopt) {
   HarnessCase c = gpt2_tp_case(sequence_parallel);
+  if (global_batch) c.global_batch = *global_batch;
   c.accumulation = accumulation;
   c.clip = clip;
   const HarnessReport report = expect_layout_matches_serial(c, layout, world_group());
@@ -224,13 +225,20 @@ TEST(LayoutEquivalence, TensorParallelGpt2SpecsMixed) {
 }
 
 // Sequence parallelism (tp = 2 at 2 ranks, tp = 4 at 4): layer norms, residual adds and dropout on
-// sequence shards, all-gather before and reduce-scatter after each tensor-parallel region. The layer
-// norms' and row-parallel biases' gradients, each rank's from its own tokens, must be summed over
-// the group: left as they are, their updates differ from serial by a factor of about tp and the
+// shards of the tokens (the batch's where it divides, else the sequence's), all-gather before and reduce-scatter after
+// each tensor-parallel region. The layer norms' and row-parallel biases' gradients, each rank's from its own tokens,
+// must be summed over the group: left as they are, their updates differ from serial by a factor of about tp and the
 // parameters part across ranks. Clipping checks they are then counted once in the norm.
 TEST(LayoutEquivalence, TensorParallelGpt2WithSequenceParallelism) {
   expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 1, std::nullopt,
                          /*sequence_parallel=*/true);
+}
+
+TEST(LayoutEquivalence, TensorParallelGpt2WithSequenceParallelismAlongTheSequence) {
+  // A batch of 3 does not split over 2 or 4 ranks, so the tokens are split along T (Note [Token
+  // shards] in parallel/tp/gpt2_1d.cpp); the cases above, with batches that divide, split the batch.
+  expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 1, /*clip=*/0.1,
+                         /*sequence_parallel=*/true, /*global_batch=*/3);
 }
 
 TEST(LayoutEquivalence, TensorParallelGpt2WithSequenceParallelismAccumulationAndClipping) {

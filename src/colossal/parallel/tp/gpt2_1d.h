@@ -57,6 +57,9 @@ struct ParallelGPT2Options {
   /// Used with row-parallel c_proj layers (the built-in policy) and neither sequence parallelism nor
   /// activation checkpointing; otherwise the blocks run whole.
   int overlap_chunks = 1;
+  /// Set by ParallelGPT2 for its layers (leave it empty): the dimension sequence parallelism splits
+  /// the activations along in the current forward (Note [Token shards] in gpt2_1d.cpp).
+  std::shared_ptr<SequenceShard> sequence_shard;
 };
 
 /// GPT-2 attention with n_head / tp heads on each rank (c_attn column-split; all heads on every
@@ -191,8 +194,8 @@ class ParallelGPT2 : public nn::Module {
   ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
                const ParallelGPT2Options& options = {});
   /// ids [B, T] -> this rank's logits [B, T, V'/tp] (V' the vocabulary padded to a multiple of tp;
-  /// the padding's logits are zero and loss() leaves them out) (every position, also under sequence parallelism;
-  /// there T must divide by the group's size, an error naming both otherwise).
+  /// the padding's logits are zero and loss() leaves them out) (every position, also under sequence
+  /// parallelism; there B or T must divide by the group's size, an error naming both otherwise).
   Tensor forward(const Tensor& ids) override;
   /// The mean next-token loss of forward()'s logits against targets [B, T] (as
   /// nn::models::lm_cross_entropy on the gathered logits), the same on every rank.
@@ -215,7 +218,12 @@ class ParallelGPT2 : public nn::Module {
   const std::shared_ptr<nn::LayerNorm>& ln_f() const { return ln_f_; }
 
  private:
+  /// The public constructor's body, with `options.sequence_shard` set to `shard` for the layers.
+  ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group, ParallelGPT2Options options,
+               std::shared_ptr<SequenceShard> shard);
+
   std::shared_ptr<comm::ProcessGroup> group_;
+  std::shared_ptr<SequenceShard> shard_;  // what sequence parallelism splits (Note [Token shards])
   bool sequence_parallel_;
   int overlap_chunks_;
   Gpt2Plan plan_;

@@ -42,10 +42,11 @@ Tensor affine(const Tensor& x, const Tensor& weight, const Tensor& bias, WeightL
   return gelu ? ops::linear_gelu(x, w, bias, std::move(hook)) : ops::linear(x, w, bias, std::move(hook));
 }
 
-/// The sequence dimension of activations [..., T, features] under sequence parallelism.
-int64_t sequence_dim(const Tensor& x) {
+/// The dimension of activations [..., T, features] sequence parallelism splits: `shard`'s, or the
+/// sequence's.
+int64_t sequence_dim(const Tensor& x, const SequenceShard* shard) {
   COLOSSAL_CHECK(x.dim() >= 2, "sequence parallelism: activations must be [..., T, features], got shape {}", x.shape());
-  return x.dim() - 2;
+  return shard != nullptr ? shard->dim(x) : x.dim() - 2;
 }
 
 const char* layout_name(WeightLayout layout) {
@@ -114,7 +115,8 @@ Tensor ColumnParallelLinear::local_forward(const Tensor& x, bool gelu) {
   // that sum is copy_to_region's all-reduce folded into the linear op, overlapping the weight's
   // gradient GEMM (all_reduce_input_grad).
   if (sequence_parallel_) {
-    return affine(gather_from_sequence_region(x, sequence_dim(x), *group_), *weight_, *bias_, layout_, {}, gelu);
+    return affine(gather_from_sequence_region(x, sequence_dim(x, shard_.get()), *group_), *weight_, *bias_, layout_, {},
+                  gelu);
   }
   return affine(x, *weight_, *bias_, layout_, all_reduce_input_grad(*group_), gelu);
 }
@@ -189,7 +191,7 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
   // The partial products sum over the group; the bias is added once, after the sum.
   const Tensor partial = affine(local, *weight_, Tensor(), layout_);
   if (sequence_parallel_) {
-    const Tensor y = reduce_scatter_to_sequence_region(partial, sequence_dim(partial), *group_);
+    const Tensor y = reduce_scatter_to_sequence_region(partial, sequence_dim(partial, shard_.get()), *group_);
     // Each rank adds the bias to its own rows: the bias's gradient is the sum of every rank's.
     return bias_->defined() ? ops::add(y, copy_to_region(*bias_, *group_)) : y;
   }

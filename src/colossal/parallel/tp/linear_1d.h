@@ -30,6 +30,17 @@ enum class WeightLayout {
   kInOut,  ///< [in, out]: Hugging Face's Conv1D, GPT-2 (y = x W + b)
 };
 
+/// Which dimension of the activations [B, T, features] sequence parallelism splits over the tensor
+/// group, shared by a model's layers and set by the model for each forward (Note [Token shards] in
+/// gpt2_1d.cpp): the batch where B divides by the group's size (each rank's tokens then lie
+/// contiguously, and the all-gather and reduce-scatter need no permuting copies), else the sequence
+/// (Megatron's, whose activations are [T, B, features]). Without one, the sequence.
+struct SequenceShard {
+  bool batch = false;
+  /// The dimension of x to split or gather along.
+  int64_t dim(const Tensor& x) const { return batch ? 0 : x.dim() - 2; }
+};
+
 /// y = x A + b with A's output features split over the group: rank r computes outputs
 /// [r * out / tp, (r + 1) * out / tp). The input is replicated (copy_to_region: its gradient is
 /// all-reduced in backward); the output is this rank's slice of the last dimension, or, with
@@ -56,7 +67,11 @@ class ColumnParallelLinear : public nn::Module, public Sharded {
   /// applies the bias and GELU): GPT-2's MLP hidden layer without a pass over its activations.
   /// Needs gather_output false (the GELU applies to this rank's features).
   Tensor forward_gelu(const Tensor& x);
-  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  /// `shard`: the dimension the activations are split along (the sequence when null).
+  void set_sequence_parallel(bool on, std::shared_ptr<const SequenceShard> shard = nullptr) {
+    sequence_parallel_ = on;
+    shard_ = std::move(shard);
+  }
   bool sequence_parallel() const { return sequence_parallel_; }
   std::string extra_repr() const override;
   /// weight along its output dimension (in `order`), bias along 0.
@@ -77,6 +92,7 @@ class ColumnParallelLinear : public nn::Module, public Sharded {
   WeightLayout layout_;
   bool gather_output_;
   bool sequence_parallel_ = false;
+  std::shared_ptr<const SequenceShard> shard_;
   std::vector<int64_t> order_;
   int64_t in_features_, out_features_;
   Tensor* weight_;
@@ -108,7 +124,11 @@ class RowParallelLinear : public nn::Module, public Sharded {
   /// between them runs under the communication.
   PendingSum start(const Tensor& x);
   Tensor finish(PendingSum pending);
-  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  /// `shard`: the dimension the activations are split along (the sequence when null).
+  void set_sequence_parallel(bool on, std::shared_ptr<const SequenceShard> shard = nullptr) {
+    sequence_parallel_ = on;
+    shard_ = std::move(shard);
+  }
   /// parallel.tensor.row_blocks: without sequence parallelism, forward runs its GEMM over this many
   /// blocks of rows and all-reduces each block while the next one's GEMM runs (ops::
   /// linear_in_row_blocks, Note [Row blocks of a linear's output]); 1: one GEMM, then the all-reduce.
@@ -132,6 +152,7 @@ class RowParallelLinear : public nn::Module, public Sharded {
   WeightLayout layout_;
   bool input_is_parallel_;
   bool sequence_parallel_ = false;
+  std::shared_ptr<const SequenceShard> shard_;
   int64_t row_blocks_ = 1;
   int64_t in_features_, out_features_;
   Tensor* weight_;
