@@ -35,7 +35,7 @@ std::shared_ptr<VocabParallelEmbedding> VocabParallelEmbedding::from(const nn::E
   return std::make_shared<VocabParallelEmbedding>(serial.weight(), std::move(group));
 }
 
-Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
+Tensor VocabParallelEmbedding::partial(const Tensor& ids) {
   const int64_t rows = weight_->shape()[0];
   Tensor local_ids, keep;
   {
@@ -48,8 +48,16 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
     local_ids = ops::mul(ops::add(id, -static_cast<double>(first_row_)).to(DType::i64), mine);
     keep = mine.to(weight_->dtype()).unsqueeze(-1);
   }
+  return ops::mul(ops::embedding(local_ids, *weight_), keep);
+}
+
+Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
   // The masked lookups summed over the group: every id is on exactly one rank.
-  return reduce_from_region(ops::mul(ops::embedding(local_ids, *weight_), keep), *group_);
+  return reduce_from_region(partial(ids), *group_);
+}
+
+Tensor VocabParallelEmbedding::forward_shard(const Tensor& ids, int64_t dim) {
+  return reduce_scatter_to_sequence_region(partial(ids), dim, *group_);
 }
 
 std::string VocabParallelEmbedding::extra_repr() const {

@@ -29,6 +29,10 @@ class VocabParallelEmbedding : public nn::Module, public Sharded {
 
   /// ids (i32/i64, any shape, indices into the whole vocabulary) -> [..., D], the same on every rank.
   Tensor forward(const Tensor& ids) override;
+  /// Under sequence parallelism: this rank's shard along `dim` of forward(ids), the masked lookups
+  /// reduce-scattered instead of all-reduced (Megatron's VocabParallelEmbedding with
+  /// sequence_parallel): half the bytes, and no copy of the whole to cut the shard from.
+  Tensor forward_shard(const Tensor& ids, int64_t dim);
   std::string extra_repr() const override;
   /// weight by rows, padded to a multiple of the group's size.
   std::map<std::string, ShardSpec> shard_specs() const override {
@@ -41,6 +45,9 @@ class VocabParallelEmbedding : public nn::Module, public Sharded {
   int64_t first_row() const { return first_row_; }  ///< the first row this rank holds
 
  private:
+  /// This rank's masked lookups: the rows of ids in its shard, zeros for the others.
+  Tensor partial(const Tensor& ids);
+
   std::shared_ptr<comm::ProcessGroup> group_;
   int64_t num_embeddings_, first_row_;
   Tensor* weight_;

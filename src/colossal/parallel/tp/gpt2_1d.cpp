@@ -271,7 +271,7 @@ Tensor ParallelGPT2::forward(const Tensor& ids) {
   COLOSSAL_CHECK(tokens <= n_positions_, "ParallelGPT2: sequences of {} tokens exceed n_positions = {}", tokens,
                  n_positions_);
   const Tensor positions = core::arange(0.0, static_cast<double>(tokens), 1.0, TensorOptions(DType::i64, ids.device()));
-  Tensor hidden = ops::add(wte_->forward(ids), wpe_->forward(positions));
+  Tensor hidden;
   if (sequence_parallel_) {
     // Note [Token shards]
     shard_->batch = ids.size(0) % group_->size() == 0;
@@ -280,8 +280,17 @@ Tensor ParallelGPT2::forward(const Tensor& ids) {
                    "tokens) split over parallel.tensor.size = {} ranks; choose data.batch_size or data.seq_len a "
                    "multiple of {}",
                    ids.size(0), tokens, group_->size(), group_->size());
-    // Megatron's scatter_to_sequence_parallel_region: each rank keeps its shard of the tokens.
-    hidden = scatter_to_region(hidden, shard_->dim(hidden), *group_);
+    // Each rank keeps its shard of the tokens: the vocabulary's partial lookups reduce-scattered
+    // (the constructor made wte vocabulary-parallel and wpe replicated), and the positions' rows
+    // added to it: all of them to a batch shard (wpe's gradient, each rank's from its own
+    // sequences, summed over the group), this rank's to a sequence shard.
+    const int64_t dim = shard_->batch ? 0 : 1;
+    Tensor position_rows = wpe_->forward(positions);
+    position_rows =
+        shard_->batch ? copy_to_region(position_rows, *group_) : scatter_to_region(position_rows, 0, *group_);
+    hidden = ops::add(std::dynamic_pointer_cast<VocabParallelEmbedding>(wte_)->forward_shard(ids, dim), position_rows);
+  } else {
+    hidden = ops::add(wte_->forward(ids), wpe_->forward(positions));
   }
   hidden = drop_->forward(hidden);
   bool chunked = overlap_chunks_ > 1 && !sequence_parallel_ && group_->size() > 1;
