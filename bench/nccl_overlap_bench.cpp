@@ -217,12 +217,11 @@ int main(int argc, char** argv) {
     } else if (flag == "--iters") {
       iters = std::atoi(value());
     } else if (flag == "--modes") {
+      const std::string list = value();
       modes.clear();
-      for (std::string m : {std::string("plain"), std::string("registered"), std::string("symmetric")}) {
-        if (std::strstr(argv[i + 1], m.c_str()) != nullptr)
-          modes.push_back(m == "plain" ? Mode::plain : m == "registered" ? Mode::registered : Mode::symmetric);
-      }
-      ++i;
+      if (list.find("plain") != std::string::npos) modes.push_back(Mode::plain);
+      if (list.find("registered") != std::string::npos) modes.push_back(Mode::registered);
+      if (list.find("symmetric") != std::string::npos) modes.push_back(Mode::symmetric);
     } else {
       std::fprintf(stderr,
                    "usage: nccl_overlap_bench [--sizes-mib 32,77] [--gemm 4096] [--gemms 100] [--iters 30]\n"

@@ -42,6 +42,9 @@ struct NodeState {
 //         and the leaf has no gradient hooks (they must see the gradient alone): the op adds into
 //         .grad, and the accumulator, when its turn comes, only runs the grad-ready hooks (data
 //         parallelism's buckets count the leaf as ready then, as before).
+// The op then returns no gradient for that input (mark_accumulated), and the engine passes over the
+// transpose node without running it. The sum is the same up to rounding: the product is added in the
+// GEMM's f32 accumulator and rounded once, instead of being rounded to the gradient's dtype first.
 // Not only leaves: (c) where the op's input is computed (its edge leads to the node of another op)
 // and a sum for that output of that node is already waiting, in a buffer no one else holds, of the
 // op's dtype, the op adds into it: a residual stream's gradient, which a block's add delivers before
@@ -49,9 +52,6 @@ struct NodeState {
 // pass over [B, T, C] of its own before). The node runs as before, on the sum, once its other edges
 // have delivered. Layer norm rounds its gradient to the sum's dtype before adding it, as the separate
 // pass did, so those sums are the same bit for bit.
-// The op then returns no gradient for that input (mark_accumulated), and the engine passes over the
-// transpose node without running it. The sum is the same up to rounding: the product is added in the
-// GEMM's f32 accumulator and rounded once, instead of being rounded to the gradient's dtype first.
 
 /// What a backward that an op added into a target leaves for the engine to do at a node.
 enum class Absorbed {
@@ -116,16 +116,15 @@ Tensor accumulation_target(const Node& node, size_t input, DType dtype) {
   auto* acc = dynamic_cast<AccumulateGrad*>(first);
   bool transposed = false;
   if (acc == nullptr) {
+    const NodeState* s = pending(first);
     // (c): a sum waiting at the node that computed the input.
-    if (const NodeState* s = pending(first);
-        s != nullptr && edge.input_nr < s->grads.size() && s->grads[edge.input_nr].defined()) {
+    if (s != nullptr && edge.input_nr < s->grads.size() && s->grads[edge.input_nr].defined()) {
       const Tensor& sum = s->grads[edge.input_nr];
       if (!exclusively_owned(sum) || sum.dtype() != dtype || first->has_pre_hooks()) return {};
       task->offered[{&node, input}] = {};
       return sum;
     }
     // A 2-D transpose of the leaf, fed by this node alone.
-    const NodeState* s = pending(first);
     if (first->name() != "transpose" || first->next_edges().size() != 1 || first->has_pre_hooks() ||
         first->output_meta().size() != 1 || first->output_meta()[0].shape.size() != 2 || s == nullptr ||
         s->dependencies != 1 || waiting(s)) {

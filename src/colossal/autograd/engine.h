@@ -24,12 +24,13 @@ inline void backward(const Tensor& root, const Tensor& grad_root = Tensor(), Bac
 class Node;
 
 /// Gradient accumulation in the op that computes a gradient (Note [Gradient accumulation in the op]
-/// in engine.cpp). Called by a running node's backward for its input `input` (a leaf, or a 2-D
-/// transpose of a leaf made by Tensor::t()): where the gradient for that input may be added straight
-/// into the tensor the engine would add it into — the leaf's .grad, or a sum already waiting at the
-/// leaf — that tensor, laid out as the input (the transpose of the leaf's where the input is one), of
-/// the input's shape and `dtype`; else an undefined tensor. Outside backward, or with the environment
-/// variable COLOSSAL_FUSED_GRAD_ACCUMULATION=0: undefined.
+/// in engine.cpp). Called by a running node's backward for its input `input` (a leaf, a 2-D
+/// transpose of a leaf made by Tensor::t(), or a computed tensor): where the gradient for that input
+/// may be added straight into the tensor the engine would add it into — the leaf's .grad, or a sum
+/// already waiting at the leaf or at the node that computed the input — that tensor, laid out as the
+/// input (the transpose of the leaf's where the input is one), of the input's shape and `dtype`; else
+/// an undefined tensor. Outside backward, or with the environment variable
+/// COLOSSAL_FUSED_GRAD_ACCUMULATION=0: undefined.
 Tensor accumulation_target(const Node& node, size_t input, DType dtype);
 /// Says the node added its gradient for `input` into accumulation_target(node, input, ...)'s tensor;
 /// it then returns an undefined gradient for that input, and the engine delivers nothing more.

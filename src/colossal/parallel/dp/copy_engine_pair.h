@@ -1,8 +1,8 @@
 // CopyEnginePair: data parallelism's bucket all-reduce between the two GPUs of a pair, moved by the
 // copy engines over NVLink instead of by NCCL's kernels, so that backward's kernels keep every SM.
 // See Note [Copy-engine all-reduce of a GPU pair] in copy_engine_pair.cpp. Built with CUDA only;
-// DataParallel uses it where COLOSSAL_DP_COPY_ENGINE=1 and the group is two GPUs of one host that can
-// reach each other's memory.
+// DataParallel uses it where DataParallelOptions::pair_reduction (COLOSSAL_DP_COPY_ENGINE=1 or 2) asks,
+// on a group of two GPUs of one host that can reach each other's memory.
 #pragma once
 
 #include <cstdint>
@@ -15,22 +15,25 @@
 
 namespace colossal::parallel {
 
+/// How data parallelism reduces its buckets: NCCL's all-reduce; or, between two GPUs of one host,
+/// CopyEnginePair, the halves moved by the copy engines or averaged by a kernel reading the other
+/// GPU's bucket (Note [Copy-engine all-reduce of a GPU pair]).
+enum class PairReduction { nccl, copy_engines, direct_loads };
+
 class CopyEnginePair {
  public:
   /// Whether `group` can use it: two ranks over NCCL on CUDA devices that can map each other's
   /// memory. Collective over `group` (the ranks exchange their device's identity).
   static bool available(comm::ProcessGroup& group, std::string* why_not = nullptr);
 
-  /// copies: the halves move by cudaMemcpyAsync (the copy engines) and the SMs only add; direct:
-  /// one kernel per bucket averages this rank's half, reading and writing the other's over NVLink.
-  enum class Mode { copies, direct };
-
-  /// Allocates one buffer per bucket (`numels[b]` elements of `dtypes[b]`), a receive buffer for
-  /// the other rank's half of each, and the flags the ranks signal each other through, in one
-  /// allocation whose IPC handle the ranks exchange. Collective over `group`.
+  /// Allocates one buffer per bucket (`numels[b]` elements of `dtypes[b]`), with copy_engines a
+  /// receive buffer for the other rank's half of each, and the flags the ranks signal each other
+  /// through, in one allocation whose IPC handle the ranks exchange. `mode`: copy_engines or
+  /// direct_loads. Collective over `group`.
   CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const std::vector<int64_t>& numels,
-                 const std::vector<DType>& dtypes, Mode mode = Mode::copies);
-  ~CopyEnginePair();
+                 const std::vector<DType>& dtypes, PairReduction mode);
+  /// Inline (Shared's deleter was captured where it was made), so a build without CUDA links too.
+  ~CopyEnginePair() = default;
   CopyEnginePair(const CopyEnginePair&) = delete;
   CopyEnginePair& operator=(const CopyEnginePair&) = delete;
 
@@ -50,10 +53,9 @@ class CopyEnginePair {
   std::shared_ptr<comm::ProcessGroup> group_;
   std::shared_ptr<Shared> shared_;
   std::vector<Tensor> flats_;
-  std::vector<Tensor> recvs_;
-  std::vector<int64_t> flat_offsets_, recv_offsets_;  // bytes into the allocation
-  std::vector<uint64_t> steps_;
-  Mode mode_ = Mode::copies;  // per bucket: reductions so far
+  std::vector<int64_t> flat_offsets_, recv_offsets_;  // bytes into the allocation (no receive buffers: direct)
+  std::vector<uint64_t> steps_;                       // per bucket: reductions so far
+  PairReduction mode_;
 };
 
 }  // namespace colossal::parallel

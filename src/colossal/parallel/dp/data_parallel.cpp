@@ -93,19 +93,20 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
   if (const char* ce = std::getenv("COLOSSAL_DP_COPY_ENGINE"); ce != nullptr && *ce != '\0') {
     const std::string_view value(ce);
     COLOSSAL_CHECK(value == "0" || value == "1" || value == "2",
-                   "COLOSSAL_DP_COPY_ENGINE must be 0, 1 (copies) or 2 (direct loads), got '{}'", value);
-    options_.copy_engine = value != "0";
-    direct_pair_ = value == "2";
+                   "COLOSSAL_DP_COPY_ENGINE must be 0 (NCCL), 1 (copy engines) or 2 (direct loads), got '{}'", value);
+    options_.pair_reduction = value == "0"   ? PairReduction::nccl
+                              : value == "1" ? PairReduction::copy_engines
+                                             : PairReduction::direct_loads;
   }
-  if (options_.copy_engine) {
+  if (options_.pair_reduction != PairReduction::nccl) {
 #if COLOSSAL_WITH_CUDA
     std::string why;
     COLOSSAL_CHECK(CopyEnginePair::available(*group_, &why),
-                   "DataParallel: the copy-engine all-reduce (COLOSSAL_DP_COPY_ENGINE=1) needs two GPUs of one host "
-                   "that can map each other's memory, but {} ({}); unset it to reduce with NCCL",
+                   "DataParallel: reducing without NCCL (COLOSSAL_DP_COPY_ENGINE) needs two GPUs of one host that can "
+                   "map each other's memory, but {} ({}); unset it to reduce with NCCL",
                    why, group_->describe());
 #else
-    COLOSSAL_CHECK(false, "DataParallel: the copy-engine all-reduce (COLOSSAL_DP_COPY_ENGINE=1) needs a CUDA build");
+    COLOSSAL_CHECK(false, "DataParallel: reducing without NCCL (COLOSSAL_DP_COPY_ENGINE) needs a CUDA build");
 #endif
   }
   COLOSSAL_CHECK(options_.bucket_bytes > 0, "DataParallel: bucket_bytes must be > 0, got {}", options_.bucket_bytes);
@@ -155,26 +156,22 @@ void DataParallel::build_buckets(const std::vector<size_t>& order) {
   // pair's shared allocation.
   copy_engine_.reset();
 #if COLOSSAL_WITH_CUDA
-  if (options_.copy_engine && (rebuilt_ || !options_.rebuild_buckets)) {
+  if (options_.pair_reduction != PairReduction::nccl && (rebuilt_ || !options_.rebuild_buckets)) {
     std::vector<int64_t> numels;
     std::vector<DType> dtypes;
     for (const auto& bucket : buckets_) {
       numels.push_back(bucket->offsets.back() + bucket->params.back().numel());
       dtypes.push_back(bucket->params.front().dtype());
     }
-    copy_engine_ = std::make_shared<CopyEnginePair>(
-        group_, numels, dtypes, direct_pair_ ? CopyEnginePair::Mode::direct : CopyEnginePair::Mode::copies);
+    copy_engine_ = std::make_unique<CopyEnginePair>(group_, numels, dtypes, options_.pair_reduction);
   }
 #endif
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = *buckets_[b];
     const int64_t numel = bucket.offsets.back() + bucket.params.back().numel();
-#if COLOSSAL_WITH_CUDA
     if (copy_engine_) {
       bucket.flat = copy_engine_->flat(b);
-    } else
-#endif
-        if (bucket.params.size() > 1) {
+    } else if (bucket.params.size() > 1) {
       bucket.flat = core::empty({numel}, TensorOptions(bucket.params.front().dtype(), group_->device()));
     }
     bucket.ready.assign(bucket.params.size(), false);

@@ -15,6 +15,7 @@
 #include "colossal/comm/process_group.h"
 #include "colossal/core/tensor.h"
 #include "colossal/nn/module.h"
+#include "colossal/parallel/dp/copy_engine_pair.h"  // PairReduction
 #include "colossal/parallel/gradient_handler.h"
 
 namespace colossal::parallel {
@@ -41,12 +42,10 @@ struct DataParallelOptions {
   /// Between the two GPUs of one host, reduce the buckets without NCCL's kernels (CopyEnginePair,
   /// Note [Copy-engine all-reduce of a GPU pair]), from the first step after the bucket rebuild. A
   /// group it cannot serve is an error naming why. Measured slower than NCCL on 2 H100s (session 17),
-  /// hence off. The environment variable COLOSSAL_DP_COPY_ENGINE, when set, overrides it: 0 off, 1 the
-  /// halves moved by the copy engines, 2 averaged by a kernel reading the other GPU's bucket.
-  bool copy_engine = false;
+  /// hence NCCL. The environment variable COLOSSAL_DP_COPY_ENGINE, when set, overrides it: 0 NCCL, 1
+  /// copy_engines, 2 direct_loads.
+  PairReduction pair_reduction = PairReduction::nccl;
 };
-
-class CopyEnginePair;
 
 class DataParallel final : public GradientHandler {
  public:
@@ -112,8 +111,7 @@ class DataParallel final : public GradientHandler {
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<size_t, size_t>> locate_;  // params_[i] -> (bucket, slot)
   std::vector<std::unique_ptr<Bucket>> buckets_;
-  bool direct_pair_ = false;                     // COLOSSAL_DP_COPY_ENGINE=2: CopyEnginePair::Mode::direct
-  std::shared_ptr<CopyEnginePair> copy_engine_;  // set once the buckets are laid out for good (CUDA builds)
+  std::unique_ptr<CopyEnginePair> copy_engine_;  // set once the buckets are laid out for good (CUDA builds)
   std::vector<size_t> arrival_;  // params_ indices in the order the first synchronised backward marked them
   bool rebuilt_ = false;
   size_t next_launch_ = 0;  // buckets launch in index order on every rank

@@ -56,8 +56,9 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
   return reduce_from_region(partial(ids), *group_);
 }
 
-Tensor VocabParallelEmbedding::forward_shard(const Tensor& ids, int64_t dim) {
-  return reduce_scatter_to_sequence_region(partial(ids), dim, *group_);
+Tensor VocabParallelEmbedding::forward_shard(const Tensor& ids, const SequenceShard& shard) {
+  const Tensor lookups = partial(ids);
+  return reduce_scatter_to_sequence_region(lookups, shard.dim(lookups), *group_);
 }
 
 std::string VocabParallelEmbedding::extra_repr() const {

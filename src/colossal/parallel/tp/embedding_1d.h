@@ -16,6 +16,7 @@
 #include "colossal/comm/process_group.h"
 #include "colossal/nn/embedding.h"
 #include "colossal/nn/module.h"
+#include "colossal/parallel/tp/linear_1d.h"  // SequenceShard
 #include "colossal/parallel/tp/shard_spec.h"
 
 namespace colossal::parallel::tp {
@@ -29,10 +30,10 @@ class VocabParallelEmbedding : public nn::Module, public Sharded {
 
   /// ids (i32/i64, any shape, indices into the whole vocabulary) -> [..., D], the same on every rank.
   Tensor forward(const Tensor& ids) override;
-  /// Under sequence parallelism: this rank's shard along `dim` of forward(ids), the masked lookups
-  /// reduce-scattered instead of all-reduced (Megatron's VocabParallelEmbedding with
+  /// Under sequence parallelism: this rank's shard (along `shard`'s dimension) of forward(ids), the
+  /// masked lookups reduce-scattered instead of all-reduced (Megatron's VocabParallelEmbedding with
   /// sequence_parallel): half the bytes, and no copy of the whole to cut the shard from.
-  Tensor forward_shard(const Tensor& ids, int64_t dim);
+  Tensor forward_shard(const Tensor& ids, const SequenceShard& shard);
   std::string extra_repr() const override;
   /// weight by rows, padded to a multiple of the group's size.
   std::map<std::string, ShardSpec> shard_specs() const override {

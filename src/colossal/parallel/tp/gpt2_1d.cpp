@@ -230,14 +230,10 @@ Tensor ParallelGPT2Block::forward_block(const Tensor& x) {
 }
 
 ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
-                           const ParallelGPT2Options& given)
-    : ParallelGPT2(serial, std::move(group), given, std::make_shared<SequenceShard>()) {}
-
-ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
-                           ParallelGPT2Options options, std::shared_ptr<SequenceShard> shard)
+                           ParallelGPT2Options options)
     : Module("ParallelGPT2"),
       group_(std::move(group)),
-      shard_(options.sequence_shard = std::move(shard)),
+      shard_(std::make_shared<SequenceShard>()),
       sequence_parallel_(options.sequence_parallel),
       overlap_chunks_(options.overlap_chunks),
       plan_(options.plan ? *options.plan : Gpt2Plan::megatron(serial.config().n_layer)),
@@ -249,6 +245,7 @@ ParallelGPT2::ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::Proce
   COLOSSAL_CHECK(!sequence_parallel_ || plan_.is_megatron(),
                  "ParallelGPT2: sequence parallelism is built for the built-in plan (heads and MLP column then row, "
                  "wte by vocabulary, wpe replicated) only; drop parallel.tensor.specs or sequence_parallel");
+  options.sequence_shard = shard_;  // the layers read what forward() decides (Note [Token shards])
   wte_ = register_module("wte", embedding_for(*serial.wte(), plan_.wte, group_));
   wpe_ = register_module("wpe", embedding_for(*serial.wpe(), plan_.wpe, group_));
   drop_ = register_module("drop", std::make_shared<nn::Dropout>(config.dropout, outside_generator(options)));
@@ -284,11 +281,10 @@ Tensor ParallelGPT2::forward(const Tensor& ids) {
     // (the constructor made wte vocabulary-parallel and wpe replicated), and the positions' rows
     // added to it: all of them to a batch shard (wpe's gradient, each rank's from its own
     // sequences, summed over the group), this rank's to a sequence shard.
-    const int64_t dim = shard_->batch ? 0 : 1;
     Tensor position_rows = wpe_->forward(positions);
     position_rows =
         shard_->batch ? copy_to_region(position_rows, *group_) : scatter_to_region(position_rows, 0, *group_);
-    hidden = ops::add(std::dynamic_pointer_cast<VocabParallelEmbedding>(wte_)->forward_shard(ids, dim), position_rows);
+    hidden = ops::add(wte()->forward_shard(ids, *shard_), position_rows);
   } else {
     hidden = ops::add(wte_->forward(ids), wpe_->forward(positions));
   }

@@ -191,8 +191,7 @@ class ParallelGPT2 : public nn::Module {
   /// Dropout draws from `options.dropout` as the file's head says. A plan the layers cannot compute
   /// is an error naming the parameter (check_gpt2_plan), as is sequence parallelism with a plan
   /// other than the built-in one.
-  ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group,
-               const ParallelGPT2Options& options = {});
+  ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group, ParallelGPT2Options options = {});
   /// ids [B, T] -> this rank's logits [B, T, V'/tp] (V' the vocabulary padded to a multiple of tp;
   /// the padding's logits are zero and loss() leaves them out) (every position, also under sequence
   /// parallelism; there B or T must divide by the group's size, an error naming both otherwise).
@@ -218,10 +217,6 @@ class ParallelGPT2 : public nn::Module {
   const std::shared_ptr<nn::LayerNorm>& ln_f() const { return ln_f_; }
 
  private:
-  /// The public constructor's body, with `options.sequence_shard` set to `shard` for the layers.
-  ParallelGPT2(nn::models::GPT2& serial, std::shared_ptr<comm::ProcessGroup> group, ParallelGPT2Options options,
-               std::shared_ptr<SequenceShard> shard);
-
   std::shared_ptr<comm::ProcessGroup> group_;
   std::shared_ptr<SequenceShard> shard_;  // what sequence parallelism splits (Note [Token shards])
   bool sequence_parallel_;

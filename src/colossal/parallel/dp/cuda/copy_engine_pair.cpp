@@ -15,8 +15,6 @@
 #include "colossal/core/cuda_device.h"
 #include "colossal/core/error.h"
 #include "colossal/core/profiler.h"
-#include "colossal/core/view.h"        // accumulate_
-#include "colossal/ops/elementwise.h"  // mul_
 #include "colossal/parallel/dp/cuda/pair_average.h"
 
 namespace colossal::parallel {
@@ -39,8 +37,8 @@ namespace colossal::parallel {
 //      values the other has already sent in (2), which (3) proved;
 //   7. sets the other's done[b] = s and waits for its own done[b] >= s: its bucket is whole.
 // Direct mode (COLOSSAL_DP_COPY_ENGINE=2) moves nothing by copy: once both ranks have packed bucket b
-// (each sets the other's flag packed[b] = s), each runs one kernel that averages its half reading its
-// own and the other's bucket and writes the average into both over NVLink (64 blocks: a few SMs for
+// (each sets the other's flag arrived[b] = s), each runs the averaging kernel on its half reading its
+// own and the other's bucket and writing the average into both over NVLink (64 blocks: a few SMs for
 // the time NVLink takes), then sets the other's done[b] = s and waits for its own.
 // Steps 1-3 (and the packing before them) run on one stream of the pair and 4-7 on another, so that
 // the next bucket's values go out while this one's average waits for the other rank; step 4 waits
@@ -74,16 +72,15 @@ constexpr size_t kAlign = 512;
 size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
 }
-constexpr int kFlagKinds = 4;  // free, arrived, done; packed (direct mode)
-enum Flag { kFree = 0, kArrived = 1, kDone = 2, kPacked = 3 };
+constexpr int kFlagKinds = 3;
+enum Flag { kFree = 0, kArrived = 1, kDone = 2 };
 
 cudaStream_t as_cuda(core::Stream s) {
   return static_cast<cudaStream_t>(s.handle);
 }
 
-/// A device's identity for the pair: its index and PCI bus id, and the IPC handle of its allocation.
+/// A device's identity for the pair: its PCI bus id, and the IPC handle of its allocation.
 struct Identity {
-  int device = 0;
   char bus_id[32] = {};
   cudaIpcMemHandle_t handle{};
 };
@@ -217,8 +214,7 @@ bool CopyEnginePair::available(comm::ProcessGroup& group, std::string* why_not) 
   if (group.backend_name() != "nccl" || !group.device().is_cuda())
     return no(fmt::format("the group is {} on {}, not NCCL on a GPU", group.backend_name(), group.device()));
   Identity mine;
-  mine.device = group.device().index;
-  COLOSSAL_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.bus_id, sizeof mine.bus_id, mine.device));
+  COLOSSAL_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.bus_id, sizeof mine.bus_id, group.device().index));
   const Identity other = exchange(group, mine);
   int other_device = -1;
   if (cudaDeviceGetByPCIBusId(&other_device, other.bus_id) != cudaSuccess) {
@@ -226,28 +222,30 @@ bool CopyEnginePair::available(comm::ProcessGroup& group, std::string* why_not) 
     return no(fmt::format("the other rank's GPU ({}) is not visible here (another host, or hidden)", other.bus_id));
   }
   int can = 0;
-  COLOSSAL_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, mine.device, other_device));
-  if (can == 0) return no(fmt::format("GPU {} cannot map GPU {}'s memory", mine.device, other_device));
+  COLOSSAL_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, group.device().index, other_device));
+  if (can == 0) return no(fmt::format("GPU {} cannot map GPU {}'s memory", group.device().index, other_device));
   return true;
 }
 
 CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const std::vector<int64_t>& numels,
-                               const std::vector<DType>& dtypes, Mode mode)
+                               const std::vector<DType>& dtypes, PairReduction mode)
     : group_(std::move(group)), shared_(std::make_shared<Shared>()), mode_(mode) {
   COLOSSAL_CHECK(numels.size() == dtypes.size(), "CopyEnginePair: {} sizes for {} dtypes", numels.size(),
                  dtypes.size());
+  COLOSSAL_CHECK(mode_ != PairReduction::nccl, "CopyEnginePair: the NCCL reduction is not the pair's to make");
   Shared& s = *shared_;
   s.device = group_->device();
   core::cuda::DeviceGuard guard(s.device);
   s.write_value = driver_function<WriteValue64>("cuStreamWriteValue64");
   s.wait_value = driver_function<WaitValue64>("cuStreamWaitValue64");
-  // Layout: every bucket, every receive buffer (the larger half), the flags; the same on both ranks.
+  // Layout: every bucket, with copies a receive buffer for each (the larger half), the flags; the
+  // same on both ranks.
   size_t at = 0;
   for (size_t b = 0; b < numels.size(); ++b) {
     flat_offsets_.push_back(static_cast<int64_t>(at));
     at += align_up(static_cast<size_t>(numels[b]) * core::element_size(dtypes[b]));
   }
-  for (size_t b = 0; b < numels.size(); ++b) {
+  for (size_t b = 0; b < numels.size() && mode_ == PairReduction::copy_engines; ++b) {
     recv_offsets_.push_back(static_cast<int64_t>(at));
     at += align_up(static_cast<size_t>(numels[b] - numels[b] / 2) * core::element_size(dtypes[b]));
   }
@@ -258,27 +256,22 @@ CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const 
   COLOSSAL_CUDA_CHECK(cudaMemset(static_cast<char*>(s.base) + s.flags_offset, 0, flag_bytes));
   COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());  // the flags are zero before the other rank can write them
   Identity mine;
-  mine.device = s.device.index;
   COLOSSAL_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, s.base));
   const Identity other = exchange(*group_, mine);
   COLOSSAL_CUDA_CHECK(cudaIpcOpenMemHandle(&s.peer_base, other.handle, cudaIpcMemLazyEnablePeerAccess));
   s.stream = core::cuda::create_stream(s.device);
   s.receive = core::cuda::create_stream(s.device);
-  // The tensors view the allocation; Shared (which frees it) outlives them through their release.
+  // The buckets' tensors view the allocation; Shared (which frees it) outlives them through their
+  // release.
   for (size_t b = 0; b < numels.size(); ++b) {
-    auto view = [&](int64_t offset, int64_t numel) {
-      core::Storage storage = core::Storage::wrap(static_cast<char*>(s.base) + offset,
-                                                  static_cast<size_t>(numel) * core::element_size(dtypes[b]), s.device,
-                                                  [keep = shared_](void*) { (void)keep; });
-      return Tensor(std::make_shared<core::TensorImpl>(std::move(storage), Shape{numel}, Shape{1}, 0, dtypes[b]));
-    };
-    flats_.push_back(view(flat_offsets_[b], numels[b]));
-    recvs_.push_back(view(recv_offsets_[b], numels[b] - numels[b] / 2));
+    core::Storage storage = core::Storage::wrap(static_cast<char*>(s.base) + flat_offsets_[b],
+                                                static_cast<size_t>(numels[b]) * core::element_size(dtypes[b]),
+                                                s.device, [keep = shared_](void*) { (void)keep; });
+    flats_.push_back(
+        Tensor(std::make_shared<core::TensorImpl>(std::move(storage), Shape{numels[b]}, Shape{1}, 0, dtypes[b])));
   }
   steps_.assign(numels.size(), 0);
 }
-
-CopyEnginePair::~CopyEnginePair() = default;
 
 comm::Work CopyEnginePair::all_reduce_avg(size_t b, std::vector<Tensor> parts, const std::vector<int64_t>& offsets) {
   COLOSSAL_CHECK(b < flats_.size(), "CopyEnginePair: bucket {} of {}", b, flats_.size());
@@ -301,62 +294,48 @@ comm::Work CopyEnginePair::all_reduce_avg(size_t b, std::vector<Tensor> parts, c
   ready.record(caller);
   ready.block(s.stream);
   comm::watch(operation);
+  const bool copies = mode_ == PairReduction::copy_engines;
+  char* const base = static_cast<char*>(s.base) + flat_offsets_[b];
+  char* const peer = static_cast<char*>(s.peer_base) + flat_offsets_[b];
   core::cuda::Event packed;
-  if (mode_ == Mode::direct) {
-    // Note [Copy-engine all-reduce of a GPU pair], direct mode: each rank averages its half in
-    // place in both buckets, reading and writing the other's over NVLink; no copies.
-    {
-      core::cuda::StreamGuard on(s.stream);
-      comm::pack_parts(flat, parts, offsets);
-      packed.record(s.stream);
-      s.signal(s.stream, kPacked, b, step);
-    }
-    {
-      core::cuda::StreamGuard on(s.receive);
-      const int64_t range = core::profiler::begin_stream_range("dp: pair average", s.receive);
-      packed.block(s.receive);
-      s.await(s.receive, kPacked, b, step);
-      cuda_detail::pair_average(static_cast<char*>(s.base) + flat_offsets_[b] + mine_begin * element,
-                                static_cast<char*>(s.peer_base) + flat_offsets_[b] + mine_begin * element, mine_numel,
-                                flat.dtype(), as_cuda(s.receive));
-      s.signal(s.receive, kDone, b, step);
-      s.await(s.receive, kDone, b, step);
-      core::profiler::end_stream_range(range, s.receive);
-    }
-    operation->done().record(s.receive);
-    return comm::Work(std::make_shared<PairWork>(std::move(operation), shared_, caller, std::move(parts)));
-  }
   {
     // The sends, on a stream of their own, so that the next bucket's go out while this one's
     // average waits for the other rank (Note [Copy-engine all-reduce of a GPU pair]).
     core::cuda::StreamGuard on(s.stream);
-    const int64_t range = core::profiler::begin_stream_range("dp: copy-engine send", s.stream);
+    const int64_t range = core::profiler::begin_stream_range("dp: pair send", s.stream);
     comm::pack_parts(flat, parts, offsets);
     packed.record(s.stream);
-    // 1-3: the other's half of my values into its receive buffer, once it has used the last ones.
-    if (step > 1) s.await(s.stream, kFree, b, step - 1);
-    COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(s.peer_base) + recv_offsets_[b],
-                                        static_cast<const char*>(s.base) + flat_offsets_[b] + other_begin * element,
-                                        static_cast<size_t>(other_numel) * element, cudaMemcpyDeviceToDevice,
-                                        as_cuda(s.stream)));
-    s.signal(s.stream, kArrived, b, step);
+    if (copies) {
+      // 1-2: the other's half of my values into its receive buffer, once it has used the last ones.
+      if (step > 1) s.await(s.stream, kFree, b, step - 1);
+      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(s.peer_base) + recv_offsets_[b],
+                                          base + other_begin * element, static_cast<size_t>(other_numel) * element,
+                                          cudaMemcpyDeviceToDevice, as_cuda(s.stream)));
+    }
+    s.signal(s.stream, kArrived, b, step);  // 3 (direct mode: my bucket is there to read)
     core::profiler::end_stream_range(range, s.stream);
   }
   {
     core::cuda::StreamGuard on(s.receive);
-    const int64_t range = core::profiler::begin_stream_range("dp: copy-engine average", s.receive);
+    const int64_t range = core::profiler::begin_stream_range("dp: pair average", s.receive);
     packed.block(s.receive);
     s.await(s.receive, kArrived, b, step);
-    // 4-5: my half averaged; the receive buffer is free again.
-    Tensor mine = flat.narrow(0, mine_begin, mine_numel);
-    core::accumulate_(mine, recvs_[b].narrow(0, 0, mine_numel));
-    ops::mul_(mine, 0.5);
-    s.signal(s.receive, kFree, b, step);
-    // 6-7: my averaged half into the other's bucket; wait for its half in mine.
-    COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(s.peer_base) + flat_offsets_[b] + mine_begin * element,
-                                        static_cast<const char*>(s.base) + flat_offsets_[b] + mine_begin * element,
-                                        static_cast<size_t>(mine_numel) * element, cudaMemcpyDeviceToDevice,
-                                        as_cuda(s.receive)));
+    const cudaStream_t receive = as_cuda(s.receive);
+    if (copies) {
+      // 4-6: my half averaged with what arrived; the receive buffer is free again; the average
+      // into the same half of the other's bucket.
+      cuda_detail::pair_average(base + mine_begin * element, static_cast<char*>(s.base) + recv_offsets_[b], nullptr,
+                                mine_numel, flat.dtype(), receive);
+      s.signal(s.receive, kFree, b, step);
+      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(peer + mine_begin * element, base + mine_begin * element,
+                                          static_cast<size_t>(mine_numel) * element, cudaMemcpyDeviceToDevice,
+                                          receive));
+    } else {
+      // My half averaged with the other's values of it, into both buckets.
+      cuda_detail::pair_average(base + mine_begin * element, peer + mine_begin * element, peer + mine_begin * element,
+                                mine_numel, flat.dtype(), receive);
+    }
+    // 7: the other's half is in my bucket once it says so.
     s.signal(s.receive, kDone, b, step);
     s.await(s.receive, kDone, b, step);
     core::profiler::end_stream_range(range, s.receive);

@@ -1,5 +1,5 @@
 // The averaging kernel of CopyEnginePair (copy_engine_pair.cpp): one rank's half of a bucket
-// averaged with the other rank's copy of it, read and written over NVLink.
+// averaged with the other rank's values of it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,9 +10,10 @@
 
 namespace colossal::parallel::cuda_detail {
 
-/// For i < numel: v = round(round(mine[i] + peer[i]) / 2) in `dtype` (the sum rounded, then halved
-/// exactly: NCCL's average of two), written to both mine[i] and peer[i]. `peer` is the other GPU's
-/// memory, mapped here. Queued on `stream`.
-void pair_average(void* mine, void* peer, int64_t numel, core::DType dtype, cudaStream_t stream);
+/// For i < numel: v = round(round(mine[i] + other[i]) / 2) in `dtype` (the sum rounded, then halved
+/// exactly: NCCL's average of two), written to mine[i] and, where `also` is not null, to also[i].
+/// `other` and `also` may be the other GPU's memory, mapped here, and may be the same. Queued on
+/// `stream`.
+void pair_average(void* mine, const void* other, void* also, int64_t numel, core::DType dtype, cudaStream_t stream);
 
 }  // namespace colossal::parallel::cuda_detail

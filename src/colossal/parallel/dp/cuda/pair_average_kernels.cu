@@ -1,50 +1,29 @@
 // pair_average: see pair_average.h.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 
-#include "colossal/core/cuda/cuda_check.h"
-#include "colossal/core/error.h"
+#include "colossal/core/cuda/launch.cuh"  // Vec, store_as, cuda_check
+#include "colossal/core/dtype.h"          // dispatch_floating, acc_t
 #include "colossal/parallel/dp/cuda/pair_average.h"
 
 namespace colossal::parallel::cuda_detail {
 namespace {
 
-template <class T>
-struct Convert;
-template <>
-struct Convert<float> {
-  __device__ static float up(float v) { return v; }
-  __device__ static float down(float v) { return v; }
-};
-template <>
-struct Convert<double> {
-  __device__ static double up(double v) { return v; }
-  __device__ static double down(double v) { return v; }
-};
-template <>
-struct Convert<__nv_bfloat16> {
-  __device__ static float up(__nv_bfloat16 v) { return __bfloat162float(v); }
-  __device__ static __nv_bfloat16 down(float v) { return __float2bfloat16_rn(v); }
-};
-template <>
-struct Convert<__half> {
-  __device__ static float up(__half v) { return __half2float(v); }
-  __device__ static __half down(float v) { return __float2half_rn(v); }
-};
+using core::acc_t;
+using core::cuda_detail::store_as;
+using core::cuda_detail::Vec;
 
+/// The sum rounded to T, then halved exactly: what accumulate_ followed by a scale by 0.5 gives.
 template <class T>
 __device__ __forceinline__ T average(T a, T b) {
-  using C = Convert<T>;
-  const T sum = C::down(C::up(a) + C::up(b));
-  return C::down(C::up(sum) * decltype(C::up(a))(0.5));
+  using A = acc_t<T>;
+  const T sum = store_as<T>(static_cast<A>(a) + static_cast<A>(b));
+  return store_as<T>(static_cast<A>(sum) * A(0.5));
 }
 
-/// Grid-stride over 16-byte vectors (the pointers are 16-byte aligned and numel a whole number of
-/// vectors where vectorised), then the elements left.
+/// Grid-stride over 16-byte vectors (the pointers are 16-byte aligned where vectorised), then the
+/// elements left. `other` and `also` may alias, so neither is __restrict__.
 template <class T>
-__global__ void pair_average_kernel(T* __restrict__ mine, T* __restrict__ peer, int64_t numel, bool vectorised) {
+__global__ void pair_average_kernel(T* __restrict__ mine, const T* other, T* also, int64_t numel, bool vectorised) {
   constexpr int kVec = 16 / sizeof(T);
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
@@ -52,51 +31,40 @@ __global__ void pair_average_kernel(T* __restrict__ mine, T* __restrict__ peer, 
   if (vectorised) {
     const int64_t vectors = numel / kVec;
     for (int64_t v = first; v < vectors; v += stride) {
-      union {
-        uint4 raw;
-        T x[kVec];
-      } a, b, out;
-      a.raw = reinterpret_cast<const uint4*>(mine)[v];
-      b.raw = reinterpret_cast<const uint4*>(peer)[v];
+      const Vec<T, kVec> a = reinterpret_cast<const Vec<T, kVec>*>(mine)[v];
+      const Vec<T, kVec> b = reinterpret_cast<const Vec<T, kVec>*>(other)[v];
+      Vec<T, kVec> out;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) out.x[j] = average(a.x[j], b.x[j]);
-      reinterpret_cast<uint4*>(mine)[v] = out.raw;
-      reinterpret_cast<uint4*>(peer)[v] = out.raw;
+      for (int j = 0; j < kVec; ++j) out.v[j] = average(a.v[j], b.v[j]);
+      reinterpret_cast<Vec<T, kVec>*>(mine)[v] = out;
+      if (also != nullptr) reinterpret_cast<Vec<T, kVec>*>(also)[v] = out;
     }
     done = vectors * kVec;
   }
   for (int64_t i = done + first; i < numel; i += stride) {
-    const T v = average(mine[i], peer[i]);
+    const T v = average(mine[i], other[i]);
     mine[i] = v;
-    peer[i] = v;
+    if (also != nullptr) also[i] = v;
   }
-}
-
-template <class T>
-void launch(void* mine, void* peer, int64_t numel, cudaStream_t stream) {
-  constexpr int kVec = 16 / sizeof(T);
-  const bool vectorised = reinterpret_cast<uintptr_t>(mine) % 16 == 0 && reinterpret_cast<uintptr_t>(peer) % 16 == 0;
-  constexpr int kThreads = 512;
-  // A few blocks per SM at most: the loads wait on NVLink, and the kernel should leave the SMs to
-  // backward's kernels beside it.
-  const int64_t work = vectorised ? numel / kVec + numel % kVec : numel;
-  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 64));
-  pair_average_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(mine), static_cast<T*>(peer), numel,
-                                                          vectorised);
-  COLOSSAL_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void pair_average(void* mine, void* peer, int64_t numel, core::DType dtype, cudaStream_t stream) {
+void pair_average(void* mine, const void* other, void* also, int64_t numel, core::DType dtype, cudaStream_t stream) {
   if (numel == 0) return;
-  switch (dtype) {
-    case core::DType::f32: return launch<float>(mine, peer, numel, stream);
-    case core::DType::f64: return launch<double>(mine, peer, numel, stream);
-    case core::DType::bf16: return launch<__nv_bfloat16>(mine, peer, numel, stream);
-    case core::DType::f16: return launch<__half>(mine, peer, numel, stream);
-    default: COLOSSAL_FAIL("CopyEnginePair: no average of {} gradients (f32, f64, bf16 or f16)", dtype);
-  }
+  core::dispatch_floating(dtype, "CopyEnginePair's average", [&]<class T>() {
+    constexpr int kVec = 16 / sizeof(T);
+    auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool vectorised = aligned(mine) && aligned(other) && aligned(also);
+    constexpr int kThreads = 512;
+    // A few blocks per SM at most: the loads may wait on NVLink, and the kernel should leave the SMs
+    // to backward's kernels beside it.
+    const int64_t work = vectorised ? numel / kVec + numel % kVec : numel;
+    const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 64));
+    pair_average_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(mine), static_cast<const T*>(other),
+                                                            static_cast<T*>(also), numel, vectorised);
+    COLOSSAL_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace colossal::parallel::cuda_detail
