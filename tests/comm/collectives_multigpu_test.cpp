@@ -164,6 +164,43 @@ TEST(NcclCollectives, AllReducePackedFromPartsAHoleAndAnInPlaceView) {
   }
 }
 
+TEST(NcclCollectives, ReduceScatterPackedFromPartsAndHoles) {
+  // ZeRO's buckets (Note [Parameters in their buckets] in parallel/zero): parts of lengths that are
+  // multiples of nothing, packed on the group's stream, a hole and the padding at the tail zeroed,
+  // averaged, each rank keeping its chunk.
+  const int size = world().size(), rank = world().rank();
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(fmt::format("{}", dtype));
+    const std::vector<int64_t> lengths{7, 1000003, 5, 11};
+    const std::vector<int64_t> offsets{0, 7, 1000010, 1000015};
+    const int64_t used = 1000026, chunk = (used + size - 1) / size + 3;  // padding after the last part
+    Tensor flat = gpu_zeros({chunk * size}, dtype);
+    flat.fill_(3.0);  // the holes must come back zero
+    std::vector<Tensor> parts{gpu_input(dtype, rank, {7}), gpu_input(dtype, rank, {1000003}), Tensor(),
+                              gpu_input(dtype, rank, {11}), Tensor()};
+    std::vector<int64_t> with_tail = offsets;
+    with_tail.push_back(used);
+    Tensor output = gpu_zeros({chunk}, dtype);
+    world().reduce_scatter_packed(output, flat, parts, with_tail, ReduceOp::avg);
+    // The whole reduction, gathered back, against the reference part by part.
+    Tensor whole = gpu_zeros({chunk * size}, dtype);
+    world().all_gather(whole, output);
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const Tensor got = whole.narrow(0, offsets[i], lengths[i]);
+      if (i == 2) {
+        EXPECT_TRUE(values_equal(got, std::vector<double>(5, 0.0))) << "the hole";
+      } else {
+        EXPECT_TRUE(values_near(got, reference_values(dtype, ReduceOp::avg, iota_ranks(size), lengths[i]), 0.0,
+                                avg_tolerance(dtype, ReduceOp::avg, size)))
+            << "part " << i;
+      }
+    }
+    EXPECT_TRUE(values_equal(whole.narrow(0, used, chunk * size - used),
+                             std::vector<double>(static_cast<size_t>(chunk * size - used), 0.0)))
+        << "the padding";
+  }
+}
+
 TEST(NcclCollectives, AllReduceBoolMaxIsOrMinIsAnd) {
   const int size = world().size(), rank = world().rank();
   for (int64_t n : kLengths) {

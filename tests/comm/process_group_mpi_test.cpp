@@ -66,6 +66,33 @@ TEST(MpiProcessGroup, AllReducePackedFromPartsAndAHole) {
                         "all_reduce_packed: part 0 (5 elements at offset 0) overlaps what follows at 3");
 }
 
+TEST(MpiProcessGroup, ReduceScatterPackedFromPartsAndHoles) {
+  // ZeRO's buckets: parts packed at their offsets (undefined ones zero their slice: a gradient that
+  // did not come, the padding at the tail), then each rank gets its chunk of the reduction.
+  const int size = world().size(), rank = world().rank();
+  const int64_t numel = 8 * size, chunk = 8;
+  const std::vector<int64_t> offsets{0, 3, 10, 14};
+  std::vector<Tensor> parts{make_input(DType::f64, rank, {3}), Tensor(), make_input(DType::f64, rank, {4}), Tensor()};
+  Tensor flat = core::full({numel}, 5.0, DType::f64);
+  Tensor output = core::full({chunk}, -1.0, DType::f64);
+  world().reduce_scatter_packed(output, flat, parts, offsets, ReduceOp::sum);
+  std::vector<double> whole(static_cast<size_t>(numel), 0.0);
+  const std::vector<double> first = reference(DType::f64, ReduceOp::sum, 3),
+                            third = reference(DType::f64, ReduceOp::sum, 4);
+  std::copy(first.begin(), first.end(), whole.begin());
+  std::copy(third.begin(), third.end(), whole.begin() + 10);
+  EXPECT_TRUE(
+      values_equal(output, std::vector<double>(whole.begin() + chunk * rank, whole.begin() + chunk * (rank + 1))));
+  EXPECT_ERROR_CONTAINS(world().reduce_scatter_packed(core::zeros({chunk + 1}, DType::f64), flat, parts, offsets),
+                        fmt::format("reduce_scatter_packed: output is a f64 tensor of shape [{}] but needs to be 1-D "
+                                    "f64 with {} elements",
+                                    chunk + 1, chunk));
+  EXPECT_ERROR_CONTAINS(world().reduce_scatter_packed(flat.narrow(0, 0, chunk), flat, parts, offsets),
+                        "reduce_scatter_packed: output overlaps flat");
+  EXPECT_ERROR_CONTAINS(world().reduce_scatter_packed(output, flat, {core::zeros({3}, DType::f32)}, {0}),
+                        "reduce_scatter_packed: part 0 is a contiguous f32 tensor");
+}
+
 TEST(MpiProcessGroup, AllReduceBoolMaxIsOrMinIsAnd) {
   Tensor t = make_input(DType::boolean, world().rank(), {7});
   Tensor u = make_input(DType::boolean, world().rank(), {7});

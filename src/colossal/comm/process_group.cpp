@@ -128,28 +128,56 @@ Work ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op, bool async) {
   return work;
 }
 
+namespace {
+
+/// The packed collectives' parts: each fits at its offset in the 1-D `flat` before the next one, with
+/// flat's dtype and device, contiguous (undefined parts are zeros).
+void check_packed_parts(std::string_view what, const Tensor& flat, const std::vector<Tensor>& parts,
+                        const std::vector<int64_t>& offsets, const std::string& group) {
+  COLOSSAL_CHECK(flat.dim() == 1, "{}: flat must be 1-D, got shape {} [{}]", what, flat.shape(), group);
+  COLOSSAL_CHECK(parts.size() == offsets.size(), "{}: {} parts but {} offsets [{}]", what, parts.size(), offsets.size(),
+                 group);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t end = i + 1 < offsets.size() ? offsets[i + 1] : flat.numel();
+    COLOSSAL_CHECK(offsets[i] >= 0 && offsets[i] <= end && end <= flat.numel(),
+                   "{}: part {} at offset {} does not fit before {} in a flat of {} elements [{}]", what, i, offsets[i],
+                   end, flat.numel(), group);
+    if (!parts[i].defined()) continue;
+    COLOSSAL_CHECK(parts[i].dtype() == flat.dtype() && parts[i].device() == flat.device() && parts[i].is_contiguous(),
+                   "{}: part {} is a {} {} tensor on {}; parts must be contiguous {} tensors on {} [{}]", what, i,
+                   parts[i].is_contiguous() ? "contiguous" : "strided", parts[i].dtype(), parts[i].device(),
+                   flat.dtype(), flat.device(), group);
+    COLOSSAL_CHECK(offsets[i] + parts[i].numel() <= end,
+                   "{}: part {} ({} elements at offset {}) overlaps what follows at {} [{}]", what, i, parts[i].numel(),
+                   offsets[i], end, group);
+  }
+}
+
+}  // namespace
+
 Work ProcessGroup::all_reduce_packed(const Tensor& flat, const std::vector<Tensor>& parts,
                                      const std::vector<int64_t>& offsets, ReduceOp op, bool async) {
   check_tensor("all_reduce_packed", flat, "flat");
   check_reduction("all_reduce_packed", flat, op);
-  COLOSSAL_CHECK(flat.dim() == 1, "all_reduce_packed: flat must be 1-D, got shape {} [{}]", flat.shape(), describe());
-  COLOSSAL_CHECK(parts.size() == offsets.size(), "all_reduce_packed: {} parts but {} offsets [{}]", parts.size(),
-                 offsets.size(), describe());
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const int64_t end = i + 1 < offsets.size() ? offsets[i + 1] : flat.numel();
-    COLOSSAL_CHECK(offsets[i] >= 0 && offsets[i] <= end && end <= flat.numel(),
-                   "all_reduce_packed: part {} at offset {} does not fit before {} in a flat of {} elements [{}]", i,
-                   offsets[i], end, flat.numel(), describe());
-    if (!parts[i].defined()) continue;
-    COLOSSAL_CHECK(parts[i].dtype() == flat.dtype() && parts[i].device() == flat.device() && parts[i].is_contiguous(),
-                   "all_reduce_packed: part {} is a {} {} tensor on {}; parts must be contiguous {} tensors on {} [{}]",
-                   i, parts[i].is_contiguous() ? "contiguous" : "strided", parts[i].dtype(), parts[i].device(),
-                   flat.dtype(), flat.device(), describe());
-    COLOSSAL_CHECK(offsets[i] + parts[i].numel() <= end,
-                   "all_reduce_packed: part {} ({} elements at offset {}) overlaps what follows at {} [{}]", i,
-                   parts[i].numel(), offsets[i], end, describe());
-  }
+  check_packed_parts("all_reduce_packed", flat, parts, offsets, describe());
   Work work = do_all_reduce_packed(flat, parts, offsets, op);
+  if (!async) work.wait();
+  return work;
+}
+
+Work ProcessGroup::reduce_scatter_packed(const Tensor& output, const Tensor& flat, const std::vector<Tensor>& parts,
+                                         const std::vector<int64_t>& offsets, ReduceOp op, bool async) {
+  check_tensor("reduce_scatter_packed", output, "output");
+  check_tensor("reduce_scatter_packed", flat, "flat");
+  check_reduction("reduce_scatter_packed", flat, op);
+  check_packed_parts("reduce_scatter_packed", flat, parts, offsets, describe());
+  COLOSSAL_CHECK(output.dtype() == flat.dtype() && output.dim() == 1 && output.numel() * size_ == flat.numel(),
+                 "reduce_scatter_packed: output is a {} tensor of shape {} but needs to be 1-D {} with {} elements: "
+                 "flat's {} over the group size {} [{}]",
+                 output.dtype(), output.shape(), flat.dtype(), flat.numel() / size_, flat.numel(), size_, describe());
+  COLOSSAL_CHECK(!overlaps(output, flat), "reduce_scatter_packed: output overlaps flat; give it memory of its own [{}]",
+                 describe());
+  Work work = do_reduce_scatter_packed(output, flat, parts, offsets, op);
   if (!async) work.wait();
   return work;
 }
@@ -171,6 +199,12 @@ Work ProcessGroup::do_all_reduce_packed(const Tensor& flat, const std::vector<Te
                                         const std::vector<int64_t>& offsets, ReduceOp op) {
   pack_parts(flat, parts, offsets);
   return do_all_reduce(flat, op);
+}
+
+Work ProcessGroup::do_reduce_scatter_packed(const Tensor& output, const Tensor& flat, const std::vector<Tensor>& parts,
+                                            const std::vector<int64_t>& offsets, ReduceOp op) {
+  pack_parts(flat, parts, offsets);
+  return do_reduce_scatter(output, flat, op);
 }
 
 Work ProcessGroup::reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op, bool async) {

@@ -121,6 +121,11 @@ class ProcessGroup {
   /// dtype and device and fit without overlapping.
   Work all_reduce_packed(const Tensor& flat, const std::vector<Tensor>& parts, const std::vector<int64_t>& offsets,
                          ReduceOp op = ReduceOp::sum, bool async = false);
+  /// Packs `parts` into the 1-D `flat` as all_reduce_packed does (an undefined part zeroes its slice,
+  /// on the group's stream under NCCL), then reduce-scatters flat into the 1-D `output` of
+  /// flat.numel() / size() elements: ZeRO's buckets.
+  Work reduce_scatter_packed(const Tensor& output, const Tensor& flat, const std::vector<Tensor>& parts,
+                             const std::vector<int64_t>& offsets, ReduceOp op = ReduceOp::sum, bool async = false);
   /// Reduces `input` over the group and leaves rank r the r-th of size() equal chunks along dim 0:
   /// input's shape is output's with dim 0 times size(). output may be that chunk of input.
   Work reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::sum, bool async = false);
@@ -166,6 +171,9 @@ class ProcessGroup {
   virtual Work do_all_reduce_packed(const Tensor& flat, const std::vector<Tensor>& parts,
                                     const std::vector<int64_t>& offsets, ReduceOp op);
   virtual Work do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) = 0;
+  /// Packs on the caller's stream (or the CPU), then do_reduce_scatter; NCCL packs on its own stream.
+  virtual Work do_reduce_scatter_packed(const Tensor& output, const Tensor& flat, const std::vector<Tensor>& parts,
+                                        const std::vector<int64_t>& offsets, ReduceOp op);
   virtual Work do_all_gather(const Tensor& output, const Tensor& input) = 0;
   virtual Work do_broadcast(const Tensor& tensor, int root) = 0;
   virtual Work do_reduce(const Tensor& tensor, int root, ReduceOp op) = 0;

@@ -538,6 +538,26 @@ Work NcclProcessGroup::do_reduce_scatter(const Tensor& output, const Tensor& inp
   });
 }
 
+Work NcclProcessGroup::do_reduce_scatter_packed(const Tensor& output, const Tensor& flat,
+                                                const std::vector<Tensor>& parts, const std::vector<int64_t>& offsets,
+                                                ReduceOp op) {
+  const std::string what = fmt::format("reduce_scatter ({}) of {} tensors packed into a {} tensor of shape {}, into {}",
+                                       reduce_op_name(op), parts.size(), flat.dtype(), flat.shape(), output.shape());
+  std::vector<Tensor> keep = parts;  // read on the group's stream: alive until the Work is waited for
+  keep.push_back(flat);
+  keep.push_back(output);
+  return launch(*this, state_, what, std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) {
+    {
+      // The group's stream already waits for the caller's (Note [NCCL stream ordering]).
+      core::cuda::StreamGuard on_group_stream(state_->stream);
+      pack_parts(flat, parts, offsets);
+    }
+    COLOSSAL_NCCL_CHECK(ncclReduceScatter(flat.raw_data(), output.raw_data(), count(output), nccl_type(flat.dtype()),
+                                          nccl_op(op), comm, stream),
+                        "{} [{}]", what, describe());
+  });
+}
+
 Work NcclProcessGroup::do_all_gather(const Tensor& output, const Tensor& input) {
   const auto* my_chunk = static_cast<const char*>(output.raw_data()) + static_cast<size_t>(rank()) * input.nbytes();
   const bool in_place = input.numel() > 0 && input.raw_data() == my_chunk;

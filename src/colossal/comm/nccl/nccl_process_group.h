@@ -43,6 +43,8 @@ class NcclProcessGroup final : public ProcessGroup {
   Work do_all_reduce_packed(const Tensor& flat, const std::vector<Tensor>& parts, const std::vector<int64_t>& offsets,
                             ReduceOp op) override;
   Work do_reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override;
+  Work do_reduce_scatter_packed(const Tensor& output, const Tensor& flat, const std::vector<Tensor>& parts,
+                                const std::vector<int64_t>& offsets, ReduceOp op) override;
   Work do_all_gather(const Tensor& output, const Tensor& input) override;
   Work do_broadcast(const Tensor& tensor, int root) override;
   Work do_reduce(const Tensor& tensor, int root, ReduceOp op) override;

@@ -38,6 +38,20 @@ namespace colossal::parallel::zero {
 //  4. the optimizer steps the shards: views of the model's f32 parameters (fp32, torch amp) or the
 //     f32 masters of the shard (naive fp16, bf16; the wrapper writes them back into their slices).
 //  5. after_update: every bucket's chunks are all-gathered, each rank's slices into every replica.
+//
+// Note [Parameters in their buckets]
+// Under element granularity a bucket's flat buffer is its parameters end to end (rank r's chunk is
+// elements [r * chunk, (r + 1) * chunk) of that concatenation). So the gradients are packed into it
+// as data parallelism packs its buckets, on the communicator's stream just before the reduce-scatter
+// (ProcessGroup::reduce_scatter_packed; Note [Packing off the compute stream] in
+// parallel/dp/data_parallel.cpp), with no zero-filled buffer and no copy per piece on the stream
+// backward runs on. And the model's parameters are moved into one buffer per bucket of the same
+// layout (each parameter's Storage pointed at its slice, as ZeRO-3 binds its chunks: Note
+// [Parameters freed in place] in chunk_manager.cpp), so that the step writes this rank's chunk in
+// place and after_update is one in-place all-gather per bucket, asynchronous, with nothing copied
+// out of it: the stream the next forward runs on waits for the gathers, the host does not. Tensor
+// granularity, optimizer offload (its step writes a staging buffer) and a parameter that shares its
+// memory keep the per-piece copies.
 // The optimizer never sees a whole parameter: its param groups hold the 1-D shards (empty ones where
 // a rank owns none of a parameter, so that every rank's optimizer has the same parameters, steps and
 // state keys, which is what the checkpoint's gather needs).
@@ -159,6 +173,19 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
     entries_[k].shard_offset = partition_->shard_offset(partition_->bucket_of(p)) + entries_[k].own.offset;
   }
 
+  if (granularity == Granularity::element) {
+    for (const Bucket& bucket : partition_->buckets()) {
+      std::vector<int64_t> offsets;
+      int64_t start = 0;
+      for (size_t p : bucket.params) {
+        offsets.push_back(start);
+        start += entries_[fill_order_[p]].param.numel();
+      }
+      bucket_offsets_.push_back(std::move(offsets));
+    }
+    if (!options_.offload_optimizer) bind_flat_parameters();
+  }
+
   // The shards the optimizer steps from now on.
   std::vector<int64_t> begins;
   if (options_.offload_optimizer) make_offload();
@@ -227,6 +254,34 @@ void LowLevelZero::make_offload() {
                                            options_.step_during_backward);
 }
 
+void LowLevelZero::bind_flat_parameters() {
+  // Note [Parameters in their buckets]: only where every parameter owns its memory, so that pointing
+  // its Storage elsewhere moves it and nothing else.
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const Tensor& param = entries_[k].param;
+    if (!param.is_contiguous() || param.offset() != 0 || param.storage().nbytes() != param.nbytes()) return;
+    for (size_t q = 0; q < k; ++q) {
+      if (entries_[q].param.storage().is_same(param.storage())) return;
+    }
+  }
+  for (size_t b = 0; b < partition_->buckets().size(); ++b) {
+    const Bucket& bucket = partition_->buckets()[b];
+    const DType dtype = entries_[fill_order_[bucket.params.front()]].param.dtype();
+    // Zeros: the padding at the tail stays zero (the step writes pieces only).
+    Tensor flat = core::zeros({bucket.chunk * group_->size()}, TensorOptions(dtype, group_->device()));
+    const core::Storage& whole = flat.storage();
+    auto* base = static_cast<char*>(flat.raw_data());
+    for (size_t i = 0; i < bucket.params.size(); ++i) {
+      const Tensor& param = entries_[fill_order_[bucket.params[i]]].param;
+      flat.narrow(0, bucket_offsets_[b][i], param.numel()).copy_(param.detach().view({-1}));
+      const size_t at = static_cast<size_t>(bucket_offsets_[b][i]) * param.element_size();
+      param.storage().swap_allocation(
+          core::Storage::wrap(base + at, param.nbytes(), whole.device(), [keep = whole](void*) { (void)keep; }));
+    }
+    flat_params_.push_back(std::move(flat));
+  }
+}
+
 std::string_view LowLevelZero::name() const {
   return options_.stage == 1 ? "ZeRO stage 1 (shards optimizer states; bucketed reduce-scatter at the window's end)"
                              : "ZeRO stage 2 (shards optimizer states and gradients; reduce-scatter every backward)";
@@ -280,8 +335,47 @@ void LowLevelZero::launch(size_t b) {
   window_reduced_ = true;
   if (bucket.chunk == 0) return;  // parameters without elements: nothing to send, on every rank
   const DType dtype = entries_[fill_order_[bucket.params.front()]].param.dtype();
-  // Padding and parameters without a gradient (unused in this backward) reduce as zeros.
-  Tensor flat = core::zeros({bucket.chunk * group_->size()}, TensorOptions(dtype, group_->device()));
+  const int64_t numel = bucket.chunk * group_->size();
+  Tensor out = core::empty({bucket.chunk}, TensorOptions(dtype, group_->device()));
+  // Note [Averaging 16-bit gradients]: a 16-bit bucket is divided by the group's size before a sum,
+  // rather than summed and then divided, so that the partial sums stay within the largest rank's
+  // gradient: summed first, fp16 gradients that every rank holds finite (loss-scaled, close to
+  // 65504) overflow on the way, and the step is skipped where the serial run steps. NCCL's avg
+  // premultiplies the same way; the MPI backend's sums first. Dividing by a power of two is exact.
+  const bool divide_first = core::is_reduced_float(dtype) && group_->size() > 1 && group_->backend_name() != "nccl";
+  if (!bucket_offsets_.empty()) {
+    // Note [Parameters in their buckets]: the gradients end to end, packed where the reduction runs;
+    // an undefined part (no gradient in this backward, or the padding) is zeros.
+    std::vector<Tensor> parts;
+    std::vector<int64_t> offsets = bucket_offsets_[b];
+    for (size_t i = 0; i < bucket.params.size(); ++i) {
+      Entry& e = entries_[fill_order_[bucket.params[i]]];
+      const Tensor grad = e.param.grad();
+      parts.push_back(!grad.defined()                                 ? Tensor()
+                      : grad.dtype() == dtype && grad.is_contiguous() ? grad
+                                                                      : grad.to(dtype).contiguous());
+      e.param.set_grad(Tensor());  // the bucket holds it now
+    }
+    const int64_t end = offsets.back() + entries_[fill_order_[bucket.params.back()]].param.numel();
+    if (end < numel) {
+      parts.emplace_back();
+      offsets.push_back(end);
+    }
+    Tensor flat = core::empty({numel}, TensorOptions(dtype, group_->device()));
+    comm::Work work;
+    if (divide_first) {
+      comm::pack_parts(flat, parts, offsets);
+      ops::mul_(flat, 1.0 / static_cast<double>(group_->size()));
+      work = group_->reduce_scatter(out, flat, comm::ReduceOp::sum, /*async=*/true);
+    } else {
+      work = group_->reduce_scatter_packed(out, flat, parts, offsets, comm::ReduceOp::avg, /*async=*/true);
+    }
+    in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out), sync_});
+    return;
+  }
+  // Tensor granularity: each rank's pieces at its chunk. Padding and parameters without a gradient
+  // (unused in this backward) reduce as zeros.
+  Tensor flat = core::zeros({numel}, TensorOptions(dtype, group_->device()));
   for (size_t i = 0; i < bucket.params.size(); ++i) {
     Entry& e = entries_[fill_order_[bucket.params[i]]];
     const Tensor grad = e.param.grad();
@@ -293,18 +387,9 @@ void LowLevelZero::launch(size_t b) {
     }
     e.param.set_grad(Tensor());  // the bucket holds it now
   }
-  // Note [Averaging 16-bit gradients]: a 16-bit bucket is divided by the group's size before a sum,
-  // rather than summed and then divided, so that the partial sums stay within the largest rank's
-  // gradient: summed first, fp16 gradients that every rank holds finite (loss-scaled, close to
-  // 65504) overflow on the way, and the step is skipped where the serial run steps. NCCL's avg
-  // premultiplies the same way; the MPI backend's sums first. Dividing by a power of two is exact.
-  comm::ReduceOp op = comm::ReduceOp::avg;
-  if (core::is_reduced_float(dtype) && group_->size() > 1) {
-    ops::mul_(flat, 1.0 / static_cast<double>(group_->size()));
-    op = comm::ReduceOp::sum;
-  }
-  Tensor out = core::empty({bucket.chunk}, TensorOptions(dtype, group_->device()));
-  comm::Work work = group_->reduce_scatter(out, flat, op, /*async=*/true);
+  if (divide_first) ops::mul_(flat, 1.0 / static_cast<double>(group_->size()));
+  comm::Work work =
+      group_->reduce_scatter(out, flat, divide_first ? comm::ReduceOp::sum : comm::ReduceOp::avg, /*async=*/true);
   in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out), sync_});
 }
 
@@ -375,6 +460,13 @@ void LowLevelZero::zero_grad() {
   }
 }
 
+bool LowLevelZero::issue_all() {
+  if (backward_marked_) {
+    for (; next_launch_ < buckets_.size(); ++next_launch_) launch(next_launch_);
+  }
+  return true;
+}
+
 void LowLevelZero::after_update(bool stepped) {
   if (!stepped) {
     if (offload_) offload_->end_window();
@@ -383,6 +475,20 @@ void LowLevelZero::after_update(bool stepped) {
   autograd::NoGradGuard no_grad;
   core::profiler::Scope scope("zero: parameter all-gather", group_->device());
   const int rank = group_->rank();
+  if (!flat_params_.empty()) {
+    // Note [Parameters in their buckets]: this rank's chunk holds its updated pieces already (stepped
+    // in place, or written back by the wrapper). Gathered in the reverse of backward's order, the
+    // order the next forward reads them.
+    std::vector<comm::Work> works;
+    for (size_t b = flat_params_.size(); b-- > 0;) {
+      const int64_t chunk = partition_->buckets()[b].chunk;
+      if (chunk == 0) continue;
+      works.push_back(group_->all_gather(flat_params_[b], flat_params_[b].narrow(0, rank * chunk, chunk),
+                                         /*async=*/true));
+    }
+    for (comm::Work& work : works) work.wait();
+    return;
+  }
   for (size_t b = 0; b < partition_->buckets().size(); ++b) {
     const Bucket& bucket = partition_->buckets()[b];
     if (bucket.chunk == 0) continue;

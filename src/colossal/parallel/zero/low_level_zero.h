@@ -84,6 +84,9 @@ class LowLevelZero final : public ZeroHandler {
   /// Drops the open window: its reductions (those in flight completed first, as on every rank) and
   /// the model's local gradients.
   void zero_grad() override;
+  /// Launches the buckets backward has not (parameters without a gradient) and returns true: finish()
+  /// issues nothing more on group().
+  bool issue_all() override;
   /// All-gathers the updated parameters (nothing when the step was skipped).
   void after_update(bool stepped) override;
   const comm::ProcessGroup& group() const override { return *group_; }
@@ -93,6 +96,9 @@ class LowLevelZero final : public ZeroHandler {
 
   int stage() const override { return options_.stage; }
   const Partition& partition() const { return *partition_; }
+  /// Whether the model's parameters live in one flat buffer per bucket, gathered in place after the
+  /// step (Note [Parameters in their buckets] in low_level_zero.cpp).
+  bool parameters_in_buckets() const { return !flat_params_.empty(); }
   /// The tensors the optimizer steps, index-aligned with param_names() (the optimizer's parameters
   /// in group order): 1-D shards of each parameter, empty where this rank owns none of it.
   const std::vector<Tensor>& shards() const override { return shards_; }
@@ -136,6 +142,7 @@ class LowLevelZero final : public ZeroHandler {
   void drain(bool all);
   std::vector<DType> reduced_dtypes() const;  // each bucket's gradient dtype
   void make_offload();
+  void bind_flat_parameters();
   Tensor gather_piece(const Tensor& local, size_t param) const;
   Tensor own_piece(const Tensor& whole, size_t param, const std::string& key) const;
 
@@ -151,6 +158,11 @@ class LowLevelZero final : public ZeroHandler {
   std::vector<size_t> fill_order_;  // partition index -> entry index
   std::vector<size_t> entry_slot_;  // entry index -> partition index
   std::vector<BucketState> buckets_;
+  // Element granularity: where each parameter starts in its bucket's flat buffer (index-aligned with
+  // the bucket's params), and, where every parameter owns its memory, those buffers holding the
+  // model's parameters (Note [Parameters in their buckets]).
+  std::vector<std::vector<int64_t>> bucket_offsets_;
+  std::vector<Tensor> flat_params_;
   std::vector<InFlight> in_flight_;
   size_t next_launch_ = 0;
   bool sync_ = true;
