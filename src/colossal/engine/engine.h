@@ -156,7 +156,12 @@ class Engine {
   /// checkpoint holds the whole training state).
   int64_t micro_step() const { return micro_step_; }
 
-  nn::Module& model() { return *model_; }
+  /// The model, its parameters current: what the gradient handler left writing them after the step
+  /// is waited for first (GradientHandler::wait_for_parameters).
+  nn::Module& model() {
+    if (gradient_handler_) gradient_handler_->wait_for_parameters();
+    return *model_;
+  }
   optim::Optimizer& optimizer() { return *optimizer_; }
   optim::LRScheduler* lr_scheduler() { return lr_scheduler_.get(); }
   const EngineOptions& options() const { return options_; }

@@ -39,6 +39,10 @@ class GradientHandler {
   /// Called by the Engine after the update (`stepped`: false when mixed precision skipped it for an
   /// overflow): ZeRO all-gathers the parameters each rank updated. Nothing for DataParallel.
   virtual void after_update(bool stepped) { (void)stepped; }
+  /// Before the parameters are read outside the model's forward (checkpoints, tests, exports): makes
+  /// the caller's stream wait for what after_update left writing them (ZeRO's all-gathers, which the
+  /// next forward waits for unit by unit). Engine::model() calls it. Nothing for DataParallel.
+  virtual void wait_for_parameters() {}
   /// Drops what the handler holds of an open window (Engine::zero_grad: a window cut short is not
   /// mixed into the next). DataParallel holds nothing beyond the parameters' .grad; ZeRO-2 its
   /// accumulated shard. Every rank of group() calls it together.

@@ -45,6 +45,7 @@ TEST(LowLevelZero, OneRankTrainsAsThePlainOptimizer) {
   LowLevelZero zero(*zero_model, zero_opt, nullptr, comm::single_process_group(Device{}),
                     ZeroOptions{.stage = 2, .reduce_bucket_bytes = 64});
   EXPECT_GT(zero.partition().buckets().size(), 1u);
+  EXPECT_TRUE(zero.parameters_in_buckets());  // Note [Parameters in their buckets]
   for (const Tensor& shard : zero.shards()) EXPECT_EQ(shard.dim(), 1);
   const Tensor x = core::from_vector<float>({0.1f, -0.4f, 0.7f, 0.2f, -0.3f, 0.5f, 0.9f, -0.8f}, {2, 4});
   const Tensor y = core::from_vector<int64_t>({2, 0}, {2});

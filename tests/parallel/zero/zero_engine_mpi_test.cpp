@@ -26,6 +26,7 @@
 #include "colossal/nn/safetensors.h"
 #include "colossal/optim/adam.h"
 #include "colossal/parallel/parallel_context.h"
+#include "colossal/parallel/zero/low_level_zero.h"
 #include "layout_harness.h"
 
 namespace colossal::testing {
@@ -47,7 +48,8 @@ struct Trained {
 
 /// The MLP of the layout harness with AdamW (decay and no-decay groups), accumulation and clipping,
 /// serial (zero_stage < 0: one process, the global batch) or under ZeRO over the whole world.
-Trained build(int zero_stage, bool bf16, int64_t bucket_bytes = 512, int64_t accumulation = kAccumulation) {
+Trained build(int zero_stage, bool bf16, int64_t bucket_bytes = 512, int64_t accumulation = kAccumulation,
+              bool gather_in_forward = true) {
   Trained t;
   t.accumulation = accumulation;
   core::Generator init(1234);
@@ -68,7 +70,8 @@ Trained build(int zero_stage, bool bf16, int64_t bucket_bytes = 512, int64_t acc
     t.share = kGlobalBatch / pc.data;
     options.context = context;
     if (zero_stage > 0)
-      options.zero = parallel::zero::ZeroOptions{.stage = zero_stage, .reduce_bucket_bytes = bucket_bytes};
+      options.zero = parallel::zero::ZeroOptions{
+          .stage = zero_stage, .reduce_bucket_bytes = bucket_bytes, .gather_in_forward = gather_in_forward};
   }
   const HarnessCase c = mlp_case();
   t.engine = std::make_unique<engine::Engine>(t.model, optimizer, c.criterion, options);
@@ -90,7 +93,9 @@ std::vector<double> train(Trained& t, int64_t first, int64_t last) {
 
 std::vector<double> parameters(Trained& t) {
   std::vector<double> values;
-  for (const auto& [name, p] : t.model->named_parameters()) {
+  // Through the Engine: the step's all-gathers may still be writing them (Note [Gathers under the
+  // forward] in low_level_zero.cpp).
+  for (const auto& [name, p] : t.engine->model().named_parameters()) {
     for (double v : p.detach().to(DType::f64).contiguous().to_vector<double>()) values.push_back(v);
   }
   return values;
@@ -207,6 +212,26 @@ TEST(ZeroEngine, ZeroGradDropsAnOpenWindow) {
     }
     expect_close(train(zero, 0, 2), train(serial, 0, 2), 1e-5, fmt::format("stage {} losses", stage));
     expect_close_by_norm(parameters(zero), parameters(serial), 1e-5, fmt::format("stage {} parameters", stage));
+  }
+}
+
+TEST(ZeroEngine, TheStepsAllGathersRunIntoTheNextForward) {
+  // Note [Gathers under the forward]: the MLP's layers (a Sequential's members) are the units; after
+  // the first forward has shown their hooks run, each step leaves its all-gathers to the next
+  // forward, and the numbers are those of gathering at the step's end, bit for bit.
+  for (bool bf16 : {false, true}) {
+    for (int stage : {1, 2}) {
+      SCOPED_TRACE(fmt::format("stage {}{}", stage, bf16 ? " bf16" : ""));
+      Trained under = build(stage, bf16), after = build(stage, bf16, 512, kAccumulation, /*gather_in_forward=*/false);
+      const std::vector<double> losses_under = train(under, 0, 3), losses_after = train(after, 0, 3);
+      const auto* zero = dynamic_cast<const parallel::zero::LowLevelZero*>(under.engine->zero());
+      ASSERT_NE(zero, nullptr);
+      EXPECT_TRUE(zero->parameters_in_buckets());
+      EXPECT_TRUE(zero->gathers_under_forward());
+      EXPECT_FALSE(dynamic_cast<const parallel::zero::LowLevelZero*>(after.engine->zero())->gathers_under_forward());
+      EXPECT_EQ(losses_under, losses_after);
+      EXPECT_EQ(parameters(under), parameters(after));
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <deque>
 #include <string_view>
 #include <unordered_map>
@@ -38,6 +39,9 @@ namespace colossal::parallel::zero {
 //  4. the optimizer steps the shards: views of the model's f32 parameters (fp32, torch amp) or the
 //     f32 masters of the shard (naive fp16, bf16; the wrapper writes them back into their slices).
 //  5. after_update: every bucket's chunks are all-gathered, each rank's slices into every replica.
+// The optimizer never sees a whole parameter: its param groups hold the 1-D shards (empty ones where
+// a rank owns none of a parameter, so that every rank's optimizer has the same parameters, steps and
+// state keys, which is what the checkpoint's gather needs).
 //
 // Note [Parameters in their buckets]
 // Under element granularity a bucket's flat buffer is its parameters end to end (rank r's chunk is
@@ -52,9 +56,23 @@ namespace colossal::parallel::zero {
 // out of it: the stream the next forward runs on waits for the gathers, the host does not. Tensor
 // granularity, optimizer offload (its step writes a staging buffer) and a parameter that shares its
 // memory keep the per-piece copies.
-// The optimizer never sees a whole parameter: its param groups hold the 1-D shards (empty ones where
-// a rank owns none of a parameter, so that every rank's optimizer has the same parameters, steps and
-// state keys, which is what the checkpoint's gather needs).
+//
+// Note [Gathers under the forward]
+// With the parameters in their buckets the step's all-gathers need not end with the step: each of
+// the model's units (units.h: the blocks, then the model itself, which holds what no block does)
+// waits in its forward pre-hook for the buckets that hold its parameters, so the gathers of the
+// later blocks run under the earlier blocks' forward (as Megatron's distributed optimizer does with
+// overlap_param_gather). The buckets keep the model's own parameters apart from the blocks'
+// (Partition's groups), and those are gathered first, so the model's pre-hook, which runs before any
+// block, waits only for them (GPT-2's embeddings and last norm), not for the bucket the last norm
+// would share with the last block; the blocks' buckets follow in the order the forward reads them.
+// Whatever else reads the parameters waits for every gather first: the next step (finish,
+// after_update) and whoever reads the model through Engine::model()
+// (GradientHandler::wait_for_parameters). This is only right if each unit's
+// parameters are read by that unit or after it, and if the forward calls every unit through
+// nn::Module::operator() so that its hooks run: the first forward, which always comes before the
+// first step, checks the latter (every unit's pre-hook ran between the model's hooks), and until one
+// has, or when one has not, the step waits for its gathers as before.
 
 struct LowLevelZero::Entry {
   std::string name;
@@ -147,6 +165,25 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
 
   if (options_.broadcast_parameters) broadcast_initial_state(model_, masters, amp_, *group_, "ZeRO");
 
+  if (const char* env = std::getenv("COLOSSAL_ZERO_GATHER_IN_FORWARD"); env != nullptr && *env != '\0') {
+    const std::string_view value(env);
+    COLOSSAL_CHECK(value == "0" || value == "1", "COLOSSAL_ZERO_GATHER_IN_FORWARD must be 0 or 1, got '{}'", value);
+    options_.gather_in_forward = value == "1";
+  }
+  const Granularity granularity =
+      options_.granularity.value_or(uses_tensor_norms(optimizer_) ? Granularity::tensor : Granularity::element);
+  // Note [Parameters in their buckets], Note [Gathers under the forward].
+  const bool in_buckets =
+      granularity == Granularity::element && !options_.offload_optimizer && parameters_own_their_memory();
+  std::vector<Unit> units;
+  std::vector<int> group_of(entries_.size(), 0);
+  if (in_buckets && options_.gather_in_forward) {
+    std::vector<Tensor> params;
+    for (const Entry& e : entries_) params.push_back(e.param);
+    units = find_units(model_, params);
+    for (size_t k : units.back().params) group_of[k] = 1;  // the model's own parameters
+  }
+
   // Buckets fill in reverse registration order, roughly the order backward produces gradients.
   std::unordered_set<size_t> seen;
   std::vector<ParamSize> sizes;
@@ -157,13 +194,11 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
     if (it == entry_of.end() || !seen.insert(it->second).second) continue;
     fill_order_.push_back(it->second);
     sizes.push_back(ParamSize{param.numel(), static_cast<int64_t>(core::element_size(param.dtype())),
-                              static_cast<int>(param.dtype())});
+                              static_cast<int>(param.dtype()), group_of[it->second]});
   }
   COLOSSAL_CHECK(fill_order_.size() == entries_.size(),
                  "ZeRO: {} of the optimizer's {} parameters are parameters of the model", fill_order_.size(),
                  entries_.size());
-  const Granularity granularity =
-      options_.granularity.value_or(uses_tensor_norms(optimizer_) ? Granularity::tensor : Granularity::element);
   partition_ = std::make_unique<Partition>(sizes, options_.reduce_bucket_bytes, group_->size(), granularity);
   entry_slot_.resize(entries_.size());
   for (size_t p = 0; p < fill_order_.size(); ++p) entry_slot_[fill_order_[p]] = p;
@@ -183,7 +218,7 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
       }
       bucket_offsets_.push_back(std::move(offsets));
     }
-    if (!options_.offload_optimizer) bind_flat_parameters();
+    if (in_buckets) bind_flat_parameters();
   }
 
   // The shards the optimizer steps from now on.
@@ -225,9 +260,71 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
                                          [this, b, slot](Tensor&) { mark_ready(b, slot); });
     }
   }
+  gathers_.resize(buckets_.size());
+  if (!units.empty()) hook_units(std::move(units));
 }
 
-LowLevelZero::~LowLevelZero() = default;
+LowLevelZero::~LowLevelZero() {
+  for (const UnitWait& unit : unit_waits_) unit.module->remove_forward_hook(unit.pre_hook);
+  if (model_hook_ >= 0) model_.remove_forward_hook(model_hook_);
+  wait_for_parameters();
+}
+
+void LowLevelZero::hook_units(std::vector<Unit> units) {
+  // Note [Gathers under the forward]: each unit waits for the buckets its parameters are in.
+  for (Unit& unit : units) {
+    std::vector<size_t> buckets;
+    for (size_t k : unit.params) buckets.push_back(partition_->bucket_of(entry_slot_[k]));
+    std::sort(buckets.begin(), buckets.end());
+    buckets.erase(std::unique(buckets.begin(), buckets.end()), buckets.end());
+    unit_waits_.push_back(UnitWait{unit.module, std::move(buckets), -1, false});
+  }
+  const size_t model = unit_waits_.size() - 1;  // find_units puts the model last; its pre-hook runs first
+  for (size_t u = 0; u < unit_waits_.size(); ++u) {
+    unit_waits_[u].pre_hook =
+        unit_waits_[u].module->register_forward_pre_hook([this, u, model](nn::Module&, const Tensor&) {
+          if (u == model) {
+            for (UnitWait& unit : unit_waits_) unit.ran = false;
+          }
+          unit_waits_[u].ran = true;
+          wait_for_gathers(unit_waits_[u].buckets);
+        });
+  }
+  model_hook_ = model_.register_forward_hook([this](nn::Module&, const Tensor&, const Tensor&) {
+    if (!units_checked_) {
+      units_checked_ = true;
+      units_hooked_ = std::all_of(unit_waits_.begin(), unit_waits_.end(),
+                                  [](const UnitWait& unit) { return unit.ran || unit.buckets.empty(); });
+    }
+    return Tensor();
+  });
+}
+
+void LowLevelZero::wait_for_gathers(const std::vector<size_t>& buckets) {
+  for (size_t b : buckets) {
+    gathers_[b].wait();  // nothing for one already waited for (an empty Work)
+    gathers_[b] = comm::Work();
+  }
+}
+
+void LowLevelZero::wait_for_parameters() {
+  for (comm::Work& work : gathers_) {
+    work.wait();
+    work = comm::Work();
+  }
+}
+
+bool LowLevelZero::parameters_own_their_memory() const {
+  // Pointing a parameter's Storage elsewhere must move it and nothing else.
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const Tensor& param = entries_[k].param;
+    if (!param.is_contiguous() || param.offset() != 0 || param.storage().nbytes() != param.nbytes()) return false;
+    for (size_t q = 0; q < k; ++q) {
+      if (entries_[q].param.storage().is_same(param.storage())) return false;
+    }
+  }
+  return true;
+}
 
 void LowLevelZero::make_offload() {
   // The optimizer's (group, index) of each entry: entries_ are its parameters in group order.
@@ -255,15 +352,7 @@ void LowLevelZero::make_offload() {
 }
 
 void LowLevelZero::bind_flat_parameters() {
-  // Note [Parameters in their buckets]: only where every parameter owns its memory, so that pointing
-  // its Storage elsewhere moves it and nothing else.
-  for (size_t k = 0; k < entries_.size(); ++k) {
-    const Tensor& param = entries_[k].param;
-    if (!param.is_contiguous() || param.offset() != 0 || param.storage().nbytes() != param.nbytes()) return;
-    for (size_t q = 0; q < k; ++q) {
-      if (entries_[q].param.storage().is_same(param.storage())) return;
-    }
-  }
+  // Note [Parameters in their buckets] (parameters_own_their_memory() holds).
   for (size_t b = 0; b < partition_->buckets().size(); ++b) {
     const Bucket& bucket = partition_->buckets()[b];
     const DType dtype = entries_[fill_order_[bucket.params.front()]].param.dtype();
@@ -423,6 +512,7 @@ void LowLevelZero::drain(bool all) {
 
 void LowLevelZero::finish() {
   autograd::NoGradGuard no_grad;
+  wait_for_parameters();  // the step after this one writes this rank's chunks
   flush_backward();
   drain(/*all=*/true);
   if (!window_reduced_) return;
@@ -477,16 +567,21 @@ void LowLevelZero::after_update(bool stepped) {
   const int rank = group_->rank();
   if (!flat_params_.empty()) {
     // Note [Parameters in their buckets]: this rank's chunk holds its updated pieces already (stepped
-    // in place, or written back by the wrapper). Gathered in the reverse of backward's order, the
-    // order the next forward reads them.
-    std::vector<comm::Work> works;
+    // in place, or written back by the wrapper). Note [Gathers under the forward]: the model's own
+    // buckets first, then the rest in the reverse of backward's order, the order the forward reads them.
+    std::vector<size_t> order;
+    if (!unit_waits_.empty()) order = unit_waits_.back().buckets;
+    std::reverse(order.begin(), order.end());
     for (size_t b = flat_params_.size(); b-- > 0;) {
+      if (std::find(order.begin(), order.end(), b) == order.end()) order.push_back(b);
+    }
+    for (size_t b : order) {
       const int64_t chunk = partition_->buckets()[b].chunk;
       if (chunk == 0) continue;
-      works.push_back(group_->all_gather(flat_params_[b], flat_params_[b].narrow(0, rank * chunk, chunk),
-                                         /*async=*/true));
+      gathers_[b] = group_->all_gather(flat_params_[b], flat_params_[b].narrow(0, rank * chunk, chunk),
+                                       /*async=*/true);
     }
-    for (comm::Work& work : works) work.wait();
+    if (!gathers_under_forward()) wait_for_parameters();
     return;
   }
   for (size_t b = 0; b < partition_->buckets().size(); ++b) {

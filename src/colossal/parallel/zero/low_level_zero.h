@@ -23,6 +23,7 @@
 #include "colossal/parallel/gradient_handler.h"
 #include "colossal/parallel/zero/host_offload.h"
 #include "colossal/parallel/zero/partition.h"
+#include "colossal/parallel/zero/units.h"
 #include "colossal/parallel/zero/zero_handler.h"  // ZeroHandler, ModelStateBytes
 
 namespace colossal::parallel::zero {
@@ -37,6 +38,11 @@ struct ZeroOptions {
   std::optional<Granularity> granularity;
   /// Broadcast parameters, buffers and fp32 masters from the group's rank 0 at construction.
   bool broadcast_parameters = true;
+  /// Stages 1 and 2 with the parameters in their buckets: leave the step's parameter all-gathers
+  /// running into the next forward, each unit waiting for its own buckets (Note [Gathers under the
+  /// forward] in low_level_zero.cpp). The environment variable COLOSSAL_ZERO_GATHER_IN_FORWARD (0 or
+  /// 1), when set, overrides it.
+  bool gather_in_forward = true;
   /// Config zero.offload_optimizer: the shard's fp32 masters and the optimizer's moments live in host
   /// memory and the optimizer steps there (parallel/zero/host_offload.h, Note [Optimizer offload];
   /// stage 3: Note [ZeRO-3 offload] in zero3.cpp); Adam, AdamW and LAMB only (stage 3: no LAMB).
@@ -87,8 +93,11 @@ class LowLevelZero final : public ZeroHandler {
   /// Launches the buckets backward has not (parameters without a gradient) and returns true: finish()
   /// issues nothing more on group().
   bool issue_all() override;
-  /// All-gathers the updated parameters (nothing when the step was skipped).
+  /// All-gathers the updated parameters (nothing when the step was skipped): with the parameters in
+  /// their buckets, asynchronously, the next forward's units waiting for theirs.
   void after_update(bool stepped) override;
+  /// Makes the caller's stream wait for every parameter all-gather still running.
+  void wait_for_parameters() override;
   const comm::ProcessGroup& group() const override { return *group_; }
   /// Each rank holds the gradients of its shard only.
   bool replicates_gradients() const override { return false; }
@@ -99,6 +108,9 @@ class LowLevelZero final : public ZeroHandler {
   /// Whether the model's parameters live in one flat buffer per bucket, gathered in place after the
   /// step (Note [Parameters in their buckets] in low_level_zero.cpp).
   bool parameters_in_buckets() const { return !flat_params_.empty(); }
+  /// Whether the step's all-gathers run on into the next forward (Note [Gathers under the forward]):
+  /// gather_in_forward, and a forward has shown every unit's hooks run.
+  bool gathers_under_forward() const { return options_.gather_in_forward && units_checked_ && units_hooked_; }
   /// The tensors the optimizer steps, index-aligned with param_names() (the optimizer's parameters
   /// in group order): 1-D shards of each parameter, empty where this rank owns none of it.
   const std::vector<Tensor>& shards() const override { return shards_; }
@@ -142,7 +154,10 @@ class LowLevelZero final : public ZeroHandler {
   void drain(bool all);
   std::vector<DType> reduced_dtypes() const;  // each bucket's gradient dtype
   void make_offload();
+  bool parameters_own_their_memory() const;
   void bind_flat_parameters();
+  void hook_units(std::vector<Unit> units);
+  void wait_for_gathers(const std::vector<size_t>& buckets);
   Tensor gather_piece(const Tensor& local, size_t param) const;
   Tensor own_piece(const Tensor& whole, size_t param, const std::string& key) const;
 
@@ -163,6 +178,19 @@ class LowLevelZero final : public ZeroHandler {
   // model's parameters (Note [Parameters in their buckets]).
   std::vector<std::vector<int64_t>> bucket_offsets_;
   std::vector<Tensor> flat_params_;
+  // Note [Gathers under the forward]: each bucket's all-gather the next forward has not waited for,
+  // and the units whose pre-hooks wait (the model's own last).
+  struct UnitWait {
+    nn::Module* module = nullptr;
+    std::vector<size_t> buckets;
+    int64_t pre_hook = -1;
+    bool ran = false;  // its pre-hook ran in the forward under way
+  };
+  std::vector<comm::Work> gathers_;
+  std::vector<UnitWait> unit_waits_;
+  int64_t model_hook_ = -1;
+  bool units_checked_ = false;  // a forward through the model's hooks has ended
+  bool units_hooked_ = false;   // and every unit's pre-hook ran in it
   std::vector<InFlight> in_flight_;
   size_t next_launch_ = 0;
   bool sync_ = true;

@@ -37,8 +37,9 @@ Partition::Partition(const std::vector<ParamSize>& params, int64_t bucket_bytes,
                    "ZeRO partition: parameter {} has numel {} and {}-byte elements", p, param.numel,
                    param.element_size);
     const int64_t bytes = param.numel * param.element_size;
-    const bool fits = !buckets_.empty() && current_bytes + bytes <= bucket_bytes &&
-                      params[buckets_.back().params.front()].dtype == param.dtype;
+    const ParamSize& first = params[buckets_.empty() ? 0 : buckets_.back().params.front()];
+    const bool fits = !buckets_.empty() && current_bytes + bytes <= bucket_bytes && first.dtype == param.dtype &&
+                      first.group == param.group;
     if (!fits) {
       buckets_.emplace_back();
       current_bytes = 0;

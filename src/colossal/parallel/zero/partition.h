@@ -46,12 +46,15 @@ struct ParamSize {
   int64_t numel = 0;
   int64_t element_size = 0;  ///< bytes of one element of its gradient
   int dtype = 0;             ///< a bucket holds one dtype: a new one starts where this changes
+  /// A bucket holds parameters of one group: a new one starts where this changes (LowLevelZero keeps
+  /// the model's own parameters apart from its blocks', Note [Gathers under the forward]).
+  int group = 0;
 };
 
 class Partition {
  public:
   /// Buckets `params` in the given order (the order their gradients become ready): a new bucket
-  /// when the next parameter would take it past `bucket_bytes` or has another dtype (a parameter
+  /// when the next parameter would take it past `bucket_bytes` or has another dtype or group (a parameter
   /// larger than the cap gets one of its own), each cut over `size` ranks by `granularity`.
   Partition(const std::vector<ParamSize>& params, int64_t bucket_bytes, int size, Granularity granularity);
 

@@ -2,6 +2,7 @@
 #include "colossal/parallel/zero/zero3.h"
 
 #include "colossal/parallel/zero/state_pieces.h"  // map_optimizer_state, map_amp_state
+#include "colossal/parallel/zero/units.h"         // find_units
 
 #include <algorithm>
 #include <charconv>
@@ -125,15 +126,6 @@ class Zero3::BackwardHook final : public autograd::Function {
   size_t unit_;
 };
 
-namespace {
-
-bool is_container(const nn::Module& module) {
-  return dynamic_cast<const nn::Sequential*>(&module) != nullptr ||
-         dynamic_cast<const nn::ModuleList*>(&module) != nullptr;
-}
-
-}  // namespace
-
 Zero3::Zero3(nn::Module& model, optim::Optimizer& optimizer, amp::MixedPrecisionOptimizer* amp,
              std::shared_ptr<comm::ProcessGroup> group, ZeroOptions options)
     : model_(model), optimizer_(optimizer), amp_(amp), group_(std::move(group)), options_(options) {
@@ -183,36 +175,12 @@ Zero3::Zero3(nn::Module& model, optim::Optimizer& optimizer, amp::MixedPrecision
   if (options_.broadcast_parameters) broadcast_initial_state(model_, masters, amp_, *group_, "ZeRO-3");
 
   // The units (Note [ZeRO-3 units]): containers' members outside another unit, then the model.
-  std::vector<std::pair<std::string, nn::Module*>> unit_modules;
-  for (const auto& [name, module] : model_.named_modules()) {
-    if (!is_container(*module)) continue;
-    bool inside = false;
-    for (const auto& [unit_name, unit] : unit_modules) inside = inside || name.starts_with(unit_name + ".");
-    if (inside) continue;
-    for (const auto& [child_name, child] : module->named_children()) {
-      if (is_container(*child) || child->parameters().empty()) continue;  // a nested container's members go on
-      unit_modules.emplace_back(name.empty() ? child_name : name + "." + child_name, child.get());
-    }
-  }
-  std::vector<bool> taken(params_.size(), false);
   std::vector<std::vector<size_t>> unit_params;
-  const auto collect = [&](nn::Module& module) {
-    std::vector<size_t> mine;
-    for (const Tensor& param : module.parameters()) {
-      const size_t k = index_of.at(param.impl());
-      if (!taken[k]) mine.push_back(k);
-      taken[k] = true;
-    }
-    return mine;
-  };
-  for (const auto& [name, module] : unit_modules) {
-    unit_params.push_back(collect(*module));
-    units_.push_back(Unit{module, unit_params.back(), {}, 0, false});
-    unit_names_.push_back(name);
+  for (zero::Unit& unit : find_units(model_, params_)) {
+    unit_params.push_back(unit.params);
+    units_.push_back(Unit{unit.module, std::move(unit.params), {}, 0, false});
+    unit_names_.push_back(std::move(unit.name));
   }
-  unit_params.push_back(collect(model_));
-  units_.push_back(Unit{&model_, unit_params.back(), {}, 0, false});
-  unit_names_.emplace_back("");
 
   chunks_ = std::make_unique<ChunkManager>(params_, unit_params, options_.chunk_bytes, group_, options_.placement,
                                            options_.device_budget_bytes);
