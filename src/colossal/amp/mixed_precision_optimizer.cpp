@@ -188,11 +188,13 @@ Tensor MixedPrecisionOptimizer::unscale_and_sum_squares(double inv_scale) const 
 // The fused path is taken where the optimizer supports it, the masters are on the model's device
 // (not masters_on_host) and the step is the inner optimizer's (not ZeRO's offloaded host step,
 // set_optimizer_step); the 16-bit gradients must be contiguous, as the f32 copies were, for the
-// sums above to run in the same order. Under ZeRO (shard_masters) the shard's gradient is f32
-// already, made by the handler, and unscaled in place as before: only the write-through into the
-// model's slice (or ZeRO-3's target) is fused, which saves the copy out (6 bytes per element of the
-// shard). A master that gets no gradient is neither stepped nor written: its model parameter holds
-// its rounding already, as the three-pass copy would have rewritten it.
+// sums above to run in the same order. Under ZeRO (shard_masters) the shard's gradient is made by
+// the handler: f32 under naive fp16, unscaled in place as before, and under bf16 the reduced bf16
+// shard as it is, which the update converts as it reads it (Note [Shard gradient dtype] in
+// parallel/zero/state_pieces.cpp); the write-through into the model's slice (or ZeRO-3's target) is
+// fused either way, which saves the copy out (6 bytes per element of the shard). A master that gets no gradient is
+// neither stepped nor written: its model parameter holds its rounding already, as the three-pass copy would have
+// rewritten it.
 
 bool MixedPrecisionOptimizer::can_fuse_step(std::optional<double> max_norm, double norm_type) const {
   if (options_.mode == AmpMode::torch || options_.masters_on_host || optimizer_step_ ||

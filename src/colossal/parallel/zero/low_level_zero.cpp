@@ -520,7 +520,7 @@ void LowLevelZero::finish() {
     shard_grad_ = core::zeros({partition_->shard_numel()}, TensorOptions(DType::f32, group_->device()));
   }
   if (offload_) offload_->wait_for_gradients();  // the copies read shard_grad_, released below
-  shard_grad_ = shard_gradient_for_step(shard_grad_);
+  shard_grad_ = shard_gradient_for_step(shard_grad_, amp_, offload_ != nullptr);
   for (size_t k = 0; k < entries_.size(); ++k) {
     const Entry& e = entries_[k];
     shards_[k].set_grad(offload_ ? offload_->gradient(e.shard_offset, e.own.numel)

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <optional>
 #include <unordered_map>
 
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
@@ -98,6 +99,9 @@ void broadcast_initial_state(nn::Module& model, const std::vector<Tensor>& maste
 // (a 16-bit number is exact in f32). Stages 2 and 3 with accumulation add every micro-step's
 // reduction into the shard, which must be f32 for that; so must the optimizer offload's copies to
 // the host. The first reduction to land tells which case a window is (it is the earliest launched).
+// Where the step's fused update reads 16-bit gradients as they are (bf16 without a loss scale, Note
+// [Fused mixed-precision step] in amp/mixed_precision_optimizer.cpp) the shard stays 16-bit through
+// the step too: shard_gradient_for_step.
 // A 16-bit shard is made without zeros and each reduction copied into its slice: every bucket or
 // chunk is reduced once in the window (finish() sends those that got no gradient as zeros), so every
 // slice is written once.
@@ -120,8 +124,12 @@ void land_reduction(const Tensor& dst, const Tensor& out) {
   }
 }
 
-Tensor shard_gradient_for_step(const Tensor& shard_grad) {
-  return shard_grad.dtype() == DType::f32 ? shard_grad : shard_grad.to(DType::f32);
+Tensor shard_gradient_for_step(const Tensor& shard_grad, const amp::MixedPrecisionOptimizer* amp, bool offloaded) {
+  // The fused update converts a 16-bit gradient as it reads it: the same values as the f32 copy (a
+  // 16-bit number is exact in f32) without its pass over the shard (6 bytes an element).
+  const bool read_as_is =
+      amp != nullptr && !offloaded && amp->scaler() == nullptr && amp->fuses_step(std::nullopt, /*norm_type=*/2.0);
+  return shard_grad.dtype() == DType::f32 || read_as_is ? shard_grad : shard_grad.to(DType::f32);
 }
 
 }  // namespace colossal::parallel::zero

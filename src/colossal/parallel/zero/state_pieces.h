@@ -58,7 +58,9 @@ Tensor make_shard_gradient(int64_t numel, const std::vector<DType>& reduced, boo
 /// added into an f32 one.
 void land_reduction(const Tensor& dst, const Tensor& out);
 
-/// The shard gradient's f32 form for the optimizer (the same tensor when it is f32 already).
-Tensor shard_gradient_for_step(const Tensor& shard_grad);
+/// The shard gradient for the optimizer: as it is where it is f32 already or where `amp`'s fused step
+/// reads 16-bit gradients as they are (bf16, no loss scale: Note [Fused mixed-precision step]), else
+/// its f32 form. `offloaded`: the host step takes it (as f32).
+Tensor shard_gradient_for_step(const Tensor& shard_grad, const amp::MixedPrecisionOptimizer* amp, bool offloaded);
 
 }  // namespace colossal::parallel::zero

@@ -409,7 +409,7 @@ void Zero3::finish() {
     shard_grad_ = core::zeros({shard_grad_numel_}, TensorOptions(DType::f32, group_->device()));
   }
   if (offload_) offload_->wait_for_gradients();  // the copies read shard_grad_, released below
-  shard_grad_ = shard_gradient_for_step(shard_grad_);
+  shard_grad_ = shard_gradient_for_step(shard_grad_, amp_, offload_ != nullptr);
   for (size_t k = 0; k < params_.size(); ++k) {
     const Piece own = chunks_->piece_range(k);
     const int64_t at = own.numel == 0 ? 0 : grad_offset_[chunks_->chunk_of(k)] + own.offset;
