@@ -182,10 +182,15 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
 // the others' gradients are set aside while they step. Only where nothing needs every gradient
 // before the step: no clipping (the global norm), no fp16 loss scale (the overflow check that may
 // skip it), no before_update hook, and under mixed precision only where its step is fused (the
-// three-pass step would copy every master into the model twice).
+// three-pass step would copy every master into the model twice). ZeRO stages 1 and 2 on the device
+// do the same with the shards the optimizer steps: the late buckets' shards are set aside while the
+// others step, their reduce-scatters still running (LowLevelZero::finish_all_but_late).
 bool Engine::updates_in_two_parts() const {
-  if (!gradient_handler_ || dynamic_cast<const parallel::zero::ZeroHandler*>(gradient_handler_.get()) != nullptr ||
-      options_.clip_grad_norm || options_.before_update) {
+  if (!gradient_handler_ || options_.clip_grad_norm || options_.before_update) return false;
+  // ZeRO steps its shards (the handler's finish_all_but_late says whether it can give them in two
+  // parts); not on the host.
+  if (const auto* z = dynamic_cast<const parallel::zero::ZeroHandler*>(gradient_handler_.get());
+      z != nullptr && z->offloads_optimizer()) {
     return false;
   }
   if (amp_) return amp_->scaler() == nullptr && amp_->fuses_step(std::nullopt, options_.clip_norm_type);
@@ -225,7 +230,9 @@ void Engine::step_in_two_parts(const std::vector<Tensor>& late) {
     core::profiler::Scope scope("update: gradient handler finish", device_);
     gradient_handler_->finish();
   }
-  for (const Tensor& param : model_->parameters()) {
+  // What the optimizer steps: the model's parameters, or ZeRO's shards of them.
+  const parallel::zero::ZeroHandler* z = zero();
+  for (const Tensor& param : z != nullptr ? z->shards() : model_->parameters()) {
     if (!is_late.contains(param.impl())) set_aside(param);
   }
   step_without_aside();

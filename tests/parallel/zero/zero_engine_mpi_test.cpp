@@ -49,7 +49,7 @@ struct Trained {
 /// The MLP of the layout harness with AdamW (decay and no-decay groups), accumulation and clipping,
 /// serial (zero_stage < 0: one process, the global batch) or under ZeRO over the whole world.
 Trained build(int zero_stage, bool bf16, int64_t bucket_bytes = 512, int64_t accumulation = kAccumulation,
-              bool gather_in_forward = true) {
+              bool gather_in_forward = true, bool clip = true, int late_buckets = 2) {
   Trained t;
   t.accumulation = accumulation;
   core::Generator init(1234);
@@ -59,7 +59,7 @@ Trained build(int zero_stage, bool bf16, int64_t bucket_bytes = 512, int64_t acc
   auto optimizer = std::make_shared<optim::AdamW>(optim::make_param_groups(t.model->named_parameters(), 0.05), o);
   engine::EngineOptions options;
   options.gradient_accumulation = accumulation;
-  options.clip_grad_norm = 0.05;
+  if (clip) options.clip_grad_norm = 0.05;
   if (bf16) options.amp = amp::AmpOptions::for_mode(amp::AmpMode::bf16);
   if (zero_stage >= 0) {
     config::ParallelConfig pc;
@@ -70,8 +70,10 @@ Trained build(int zero_stage, bool bf16, int64_t bucket_bytes = 512, int64_t acc
     t.share = kGlobalBatch / pc.data;
     options.context = context;
     if (zero_stage > 0)
-      options.zero = parallel::zero::ZeroOptions{
-          .stage = zero_stage, .reduce_bucket_bytes = bucket_bytes, .gather_in_forward = gather_in_forward};
+      options.zero = parallel::zero::ZeroOptions{.stage = zero_stage,
+                                                 .reduce_bucket_bytes = bucket_bytes,
+                                                 .gather_in_forward = gather_in_forward,
+                                                 .late_buckets = late_buckets};
   }
   const HarnessCase c = mlp_case();
   t.engine = std::make_unique<engine::Engine>(t.model, optimizer, c.criterion, options);
@@ -231,6 +233,45 @@ TEST(ZeroEngine, TheStepsAllGathersRunIntoTheNextForward) {
       EXPECT_FALSE(dynamic_cast<const parallel::zero::LowLevelZero*>(after.engine->zero())->gathers_under_forward());
       EXPECT_EQ(losses_under, losses_after);
       EXPECT_EQ(parameters(under), parameters(after));
+    }
+  }
+}
+
+TEST(ZeroEngine, TheUpdateStepsTheEarlyShardsBesideTheLastReductions) {
+  // Note [Update beside the last reductions] in engine/engine.cpp: without clipping the Engine steps
+  // every bucket's shards but the last two while those are still reduce-scattered, then the rest:
+  // the numbers of one update, bit for bit, and the serial run's within the harness's tolerance.
+  for (bool bf16 : {false, true}) {
+    for (int stage : {1, 2}) {
+      SCOPED_TRACE(fmt::format("stage {}{}", stage, bf16 ? " bf16" : ""));
+      // Buckets of 96 bytes: the MLP's parameters in enough of them that two are the late ones.
+      Trained two = build(stage, bf16, 96, kAccumulation, true, /*clip=*/false, /*late_buckets=*/2);
+      Trained one = build(stage, bf16, 96, kAccumulation, true, /*clip=*/false, /*late_buckets=*/0);
+      Trained serial = build(-1, bf16, 512, kAccumulation, true, /*clip=*/false);
+      const std::vector<double> losses = train(two, 0, 3);
+      EXPECT_EQ(losses, train(one, 0, 3));
+      EXPECT_EQ(parameters(two), parameters(one));
+      expect_close(losses, train(serial, 0, 3), bf16 ? 3e-2 : 1e-5, "losses against the serial run");
+      expect_close_by_norm(parameters(two), parameters(serial), bf16 ? 3e-2 : 1e-5,
+                           "parameters against the serial run");
+      // The handler's side: a window's late shards come back, and their gradients land with finish().
+      auto* zero = dynamic_cast<parallel::zero::LowLevelZero*>(two.engine->zero());
+      ASSERT_NE(zero, nullptr);
+      const HarnessCase c = mlp_case();
+      auto [x, y] = c.rows(5, 0, two.rank * two.share, (two.rank + 1) * two.share);
+      zero->set_sync(true);
+      two.engine->backward(two.engine->criterion(two.engine->forward(x), y));
+      const std::vector<Tensor> late = zero->finish_all_but_late();
+      size_t expected = 0;
+      const size_t buckets = zero->partition().buckets().size();
+      ASSERT_GT(buckets, 2u);
+      for (size_t b = buckets - std::min<size_t>(2, buckets); b < buckets; ++b)
+        expected += zero->partition().buckets()[b].params.size();
+      EXPECT_EQ(late.size(), expected);
+      zero->finish();
+      for (const Tensor& shard : zero->shards()) EXPECT_TRUE(shard.grad().defined());
+      zero->zero_grad();
+      two.engine->optimizer().zero_grad();
     }
   }
 }

@@ -170,6 +170,14 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
     COLOSSAL_CHECK(value == "0" || value == "1", "COLOSSAL_ZERO_GATHER_IN_FORWARD must be 0 or 1, got '{}'", value);
     options_.gather_in_forward = value == "1";
   }
+  if (const char* env = std::getenv("COLOSSAL_ZERO_LATE_BUCKETS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long value = std::strtol(env, &end, 10);
+    COLOSSAL_CHECK(end != env && *end == '\0' && value >= 0 && value <= 1000,
+                   "COLOSSAL_ZERO_LATE_BUCKETS must be a whole number of buckets from 0 to 1000, got '{}'", env);
+    options_.late_buckets = static_cast<int>(value);
+  }
+  COLOSSAL_CHECK(options_.late_buckets >= 0, "ZeRO: late_buckets must be >= 0, got {}", options_.late_buckets);
   const Granularity granularity =
       options_.granularity.value_or(uses_tensor_norms(optimizer_) ? Granularity::tensor : Granularity::element);
   // Note [Parameters in their buckets], Note [Gathers under the forward].
@@ -490,8 +498,8 @@ std::vector<DType> LowLevelZero::reduced_dtypes() const {
   return dtypes;
 }
 
-void LowLevelZero::drain(bool all) {
-  while (!in_flight_.empty()) {
+void LowLevelZero::drain(bool all, size_t end) {
+  while (!in_flight_.empty() && in_flight_.front().bucket < end) {
     InFlight& front = in_flight_.front();
     if (!all && !front.work.is_completed()) break;
     front.work.wait();
@@ -508,6 +516,34 @@ void LowLevelZero::drain(bool all) {
     if (offload_ && front.last && !discarding_) offload_->gradient_ready(front.bucket, dst);
     in_flight_.erase(in_flight_.begin());
   }
+}
+
+std::vector<Tensor> LowLevelZero::finish_all_but_late() {
+  // Note [Update beside the last reductions] in engine/engine.cpp: the shards of every bucket but the
+  // last `late_buckets` get their gradients now, the late ones' slices of the same shard gradient once
+  // finish() has landed their reductions. Only where the step reads the shard gradient as it lands
+  // (f32, or 16-bit read as it is: shard_gradient_for_step makes no copy) and on the device.
+  const size_t late = std::min(buckets_.size(), static_cast<size_t>(options_.late_buckets));
+  if (late == 0 || offload_ || !backward_marked_) {
+    finish();
+    return {};
+  }
+  autograd::NoGradGuard no_grad;
+  wait_for_parameters();
+  for (; next_launch_ < buckets_.size(); ++next_launch_) launch(next_launch_);
+  const size_t first_late = buckets_.size() - late;  // buckets launch in index order
+  drain(/*all=*/true, first_late);
+  if (!shard_grad_.defined() || shard_gradient_for_step(shard_grad_, amp_, false).impl() != shard_grad_.impl()) {
+    finish();
+    return {};
+  }
+  std::vector<Tensor> late_shards;
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const Entry& e = entries_[k];
+    shards_[k].set_grad(shard_grad_.narrow(0, e.own.numel == 0 ? 0 : e.shard_offset, e.own.numel));
+    if (partition_->bucket_of(entry_slot_[k]) >= first_late) late_shards.push_back(shards_[k]);
+  }
+  return late_shards;
 }
 
 void LowLevelZero::finish() {

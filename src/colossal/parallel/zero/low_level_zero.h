@@ -8,6 +8,7 @@
 // all-gathered back into every replica. See Note [ZeRO step] in low_level_zero.cpp.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -43,6 +44,11 @@ struct ZeroOptions {
   /// forward] in low_level_zero.cpp). The environment variable COLOSSAL_ZERO_GATHER_IN_FORWARD (0 or
   /// 1), when set, overrides it.
   bool gather_in_forward = true;
+  /// Stages 1 and 2 on the device: buckets (the last reduced) whose shards the update steps after
+  /// the others, which step while these are still being reduced (Note [Update beside the last
+  /// reductions] in engine/engine.cpp; DataParallelOptions::late_buckets); 0 steps everything after
+  /// every reduction. The environment variable COLOSSAL_ZERO_LATE_BUCKETS, when set, overrides it.
+  int late_buckets = 2;
   /// Config zero.offload_optimizer: the shard's fp32 masters and the optimizer's moments live in host
   /// memory and the optimizer steps there (parallel/zero/host_offload.h, Note [Optimizer offload];
   /// stage 3: Note [ZeRO-3 offload] in zero3.cpp); Adam, AdamW and LAMB only (stage 3: no LAMB).
@@ -87,6 +93,10 @@ class LowLevelZero final : public ZeroHandler {
   /// Waits for the window's reductions and puts each shard's reduced fp32 gradient into the .grad
   /// of the tensor the optimizer steps for it (shards()); the model's gradients are dropped.
   void finish() override;
+  /// Waits for every bucket's reduction but the last late_buckets', gives every shard its gradient
+  /// (the late ones' filled by finish()) and returns the late buckets' shards; or finish() and none
+  /// where the step could not read the shard gradient as it lands (see the definition).
+  std::vector<Tensor> finish_all_but_late() override;
   /// Drops the open window: its reductions (those in flight completed first, as on every rank) and
   /// the model's local gradients.
   void zero_grad() override;
@@ -151,8 +161,8 @@ class LowLevelZero final : public ZeroHandler {
   void launch_ready_in_order();
   void launch(size_t bucket);
   void flush_backward();
-  void drain(bool all);
-  std::vector<DType> reduced_dtypes() const;  // each bucket's gradient dtype
+  void drain(bool all, size_t end = SIZE_MAX);  // the reductions in flight of buckets before `end`
+  std::vector<DType> reduced_dtypes() const;    // each bucket's gradient dtype
   void make_offload();
   bool parameters_own_their_memory() const;
   void bind_flat_parameters();
