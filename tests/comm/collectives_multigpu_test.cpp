@@ -135,68 +135,63 @@ TEST(NcclCollectives, AllReduceEveryOpDtypeAndLength) {
   }
 }
 
-TEST(NcclCollectives, AllReducePackedFromPartsAHoleAndAnInPlaceView) {
-  // Data parallelism's buckets (Note [Packing off the compute stream] in parallel/dp): parts of
-  // lengths that are multiples of nothing, packed on the group's stream into one flat tensor and
-  // averaged there; an undefined part zeroes its slice; a part that is already its slice is reduced
-  // in place.
-  const int size = world().size(), rank = world().rank();
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(fmt::format("{}", dtype));
-    const std::vector<int64_t> lengths{7, 1000003, 5, 11};
-    const std::vector<int64_t> offsets{0, 7, 1000010, 1000015};
-    Tensor flat = gpu_zeros({1000026}, dtype);
-    std::vector<Tensor> parts{gpu_input(dtype, rank, {7}), gpu_input(dtype, rank, {1000003}), Tensor(),
-                              flat.narrow(0, 1000015, 11)};
-    parts[3].copy_(gpu_input(dtype, rank, {11}));
-    flat.narrow(0, 1000010, 5).fill_(3.0);  // the hole: must come back zero
-    world().all_reduce_packed(flat, parts, offsets, ReduceOp::avg);
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const Tensor got = flat.narrow(0, offsets[i], lengths[i]);
-      if (i == 2) {
-        EXPECT_TRUE(values_equal(got, std::vector<double>(5, 0.0))) << "the hole";
-      } else {
-        EXPECT_TRUE(values_near(got, reference_values(dtype, ReduceOp::avg, iota_ranks(size), lengths[i]), 0.0,
-                                avg_tolerance(dtype, ReduceOp::avg, size)))
-            << "part " << i;
-      }
+// The packed collectives' parts: lengths that are multiples of nothing, and a hole (part 2).
+const std::vector<int64_t> kPackedLengths{7, 1000003, 5, 11};
+const std::vector<int64_t> kPackedOffsets{0, 7, 1000010, 1000015};
+constexpr int64_t kPackedEnd = 1000026;
+
+/// `whole` (the reduction of the parts laid at kPackedOffsets): each part the ranks' average, the
+/// hole zeros.
+void expect_packed_average(const Tensor& whole, DType dtype, int size) {
+  for (size_t i = 0; i < kPackedLengths.size(); ++i) {
+    const Tensor got = whole.narrow(0, kPackedOffsets[i], kPackedLengths[i]);
+    if (i == 2) {
+      EXPECT_TRUE(values_equal(got, std::vector<double>(5, 0.0))) << "the hole";
+    } else {
+      EXPECT_TRUE(values_near(got, reference_values(dtype, ReduceOp::avg, iota_ranks(size), kPackedLengths[i]), 0.0,
+                              avg_tolerance(dtype, ReduceOp::avg, size)))
+          << "part " << i;
     }
   }
 }
 
-TEST(NcclCollectives, ReduceScatterPackedFromPartsAndHoles) {
-  // ZeRO's buckets (Note [Parameters in their buckets] in parallel/zero): parts of lengths that are
-  // multiples of nothing, packed on the group's stream, a hole and the padding at the tail zeroed,
-  // averaged, each rank keeping its chunk.
+TEST(NcclCollectives, AllReducePackedFromPartsAHoleAndAnInPlaceView) {
+  // Data parallelism's buckets (Note [Packing off the compute stream] in parallel/dp): the parts
+  // packed on the group's stream into one flat tensor and averaged there; an undefined part zeroes
+  // its slice; a part that is already its slice is reduced in place.
   const int size = world().size(), rank = world().rank();
   for (DType dtype : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(fmt::format("{}", dtype));
-    const std::vector<int64_t> lengths{7, 1000003, 5, 11};
-    const std::vector<int64_t> offsets{0, 7, 1000010, 1000015};
-    const int64_t used = 1000026, chunk = (used + size - 1) / size + 3;  // padding after the last part
+    Tensor flat = gpu_zeros({kPackedEnd}, dtype);
+    std::vector<Tensor> parts{gpu_input(dtype, rank, {7}), gpu_input(dtype, rank, {1000003}), Tensor(),
+                              flat.narrow(0, 1000015, 11)};
+    parts[3].copy_(gpu_input(dtype, rank, {11}));
+    flat.narrow(0, 1000010, 5).fill_(3.0);  // the hole: must come back zero
+    world().all_reduce_packed(flat, parts, kPackedOffsets, ReduceOp::avg);
+    expect_packed_average(flat, dtype, size);
+  }
+}
+
+TEST(NcclCollectives, ReduceScatterPackedFromPartsAndHoles) {
+  // ZeRO's buckets (Note [Parameters in their buckets] in parallel/zero): the parts packed on the
+  // group's stream, the hole and the padding at the tail zeroed, averaged, each rank keeping its chunk.
+  const int size = world().size(), rank = world().rank();
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(fmt::format("{}", dtype));
+    const int64_t chunk = (kPackedEnd + size - 1) / size + 3;  // padding after the last part
     Tensor flat = gpu_zeros({chunk * size}, dtype);
-    flat.fill_(3.0);  // the holes must come back zero
+    flat.fill_(3.0);  // the hole and the padding must come back zero
     std::vector<Tensor> parts{gpu_input(dtype, rank, {7}), gpu_input(dtype, rank, {1000003}), Tensor(),
                               gpu_input(dtype, rank, {11}), Tensor()};
-    std::vector<int64_t> with_tail = offsets;
-    with_tail.push_back(used);
+    std::vector<int64_t> offsets = kPackedOffsets;
+    offsets.push_back(kPackedEnd);
     Tensor output = gpu_zeros({chunk}, dtype);
-    world().reduce_scatter_packed(output, flat, parts, with_tail, ReduceOp::avg);
-    // The whole reduction, gathered back, against the reference part by part.
-    Tensor whole = gpu_zeros({chunk * size}, dtype);
+    world().reduce_scatter_packed(output, flat, parts, offsets, ReduceOp::avg);
+    Tensor whole = gpu_zeros({chunk * size}, dtype);  // the whole reduction, gathered back
     world().all_gather(whole, output);
-    for (size_t i = 0; i < lengths.size(); ++i) {
-      const Tensor got = whole.narrow(0, offsets[i], lengths[i]);
-      if (i == 2) {
-        EXPECT_TRUE(values_equal(got, std::vector<double>(5, 0.0))) << "the hole";
-      } else {
-        EXPECT_TRUE(values_near(got, reference_values(dtype, ReduceOp::avg, iota_ranks(size), lengths[i]), 0.0,
-                                avg_tolerance(dtype, ReduceOp::avg, size)))
-            << "part " << i;
-      }
-    }
-    EXPECT_TRUE(values_equal(whole.narrow(0, used, chunk * size - used),
-                             std::vector<double>(static_cast<size_t>(chunk * size - used), 0.0)))
+    expect_packed_average(whole, dtype, size);
+    EXPECT_TRUE(values_equal(whole.narrow(0, kPackedEnd, chunk * size - kPackedEnd),
+                             std::vector<double>(static_cast<size_t>(chunk * size - kPackedEnd), 0.0)))
         << "the padding";
   }
 }

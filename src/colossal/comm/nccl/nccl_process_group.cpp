@@ -506,18 +506,33 @@ Work NcclProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
   });
 }
 
+namespace {
+
+/// The packed collectives: `parts` packed into `flat` on the group's stream, which already waits for
+/// the caller's (Note [NCCL stream ordering]), then `collective(comm, stream)` there. The parts are
+/// read on the group's stream, so the Work holds them (and `keep`) until it is waited for.
+template <class Collective>
+Work launch_packed(const ProcessGroup& group, const std::shared_ptr<NcclCommState>& state, std::string what,
+                   const Tensor& flat, const std::vector<Tensor>& parts, const std::vector<int64_t>& offsets,
+                   std::vector<Tensor> keep, Collective&& collective) {
+  keep.insert(keep.end(), parts.begin(), parts.end());
+  keep.push_back(flat);
+  return launch(group, state, std::move(what), std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) {
+    {
+      core::cuda::StreamGuard on_group_stream(state->stream);
+      pack_parts(flat, parts, offsets);
+    }
+    collective(comm, stream);
+  });
+}
+
+}  // namespace
+
 Work NcclProcessGroup::do_all_reduce_packed(const Tensor& flat, const std::vector<Tensor>& parts,
                                             const std::vector<int64_t>& offsets, ReduceOp op) {
   const std::string what = fmt::format("all_reduce ({}) of {} tensors packed into a {} tensor of shape {}",
                                        reduce_op_name(op), parts.size(), flat.dtype(), flat.shape());
-  std::vector<Tensor> keep = parts;  // read on the group's stream: alive until the Work is waited for
-  keep.push_back(flat);
-  return launch(*this, state_, what, std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) {
-    {
-      // The group's stream already waits for the caller's (Note [NCCL stream ordering]).
-      core::cuda::StreamGuard on_group_stream(state_->stream);
-      pack_parts(flat, parts, offsets);
-    }
+  return launch_packed(*this, state_, what, flat, parts, offsets, {}, [&](ncclComm_t comm, cudaStream_t stream) {
     COLOSSAL_NCCL_CHECK(ncclAllReduce(flat.raw_data(), flat.raw_data(), count(flat), nccl_type(flat.dtype()),
                                       nccl_op(op), comm, stream),
                         "{} [{}]", what, describe());
@@ -543,15 +558,7 @@ Work NcclProcessGroup::do_reduce_scatter_packed(const Tensor& output, const Tens
                                                 ReduceOp op) {
   const std::string what = fmt::format("reduce_scatter ({}) of {} tensors packed into a {} tensor of shape {}, into {}",
                                        reduce_op_name(op), parts.size(), flat.dtype(), flat.shape(), output.shape());
-  std::vector<Tensor> keep = parts;  // read on the group's stream: alive until the Work is waited for
-  keep.push_back(flat);
-  keep.push_back(output);
-  return launch(*this, state_, what, std::move(keep), [&](ncclComm_t comm, cudaStream_t stream) {
-    {
-      // The group's stream already waits for the caller's (Note [NCCL stream ordering]).
-      core::cuda::StreamGuard on_group_stream(state_->stream);
-      pack_parts(flat, parts, offsets);
-    }
+  return launch_packed(*this, state_, what, flat, parts, offsets, {output}, [&](ncclComm_t comm, cudaStream_t stream) {
     COLOSSAL_NCCL_CHECK(ncclReduceScatter(flat.raw_data(), output.raw_data(), count(output), nccl_type(flat.dtype()),
                                           nccl_op(op), comm, stream),
                         "{} [{}]", what, describe());
