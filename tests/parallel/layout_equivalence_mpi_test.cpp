@@ -62,6 +62,7 @@ TEST(LayoutEquivalence, DataParallelVitWithAccumulationAndClipping) {
   HarnessCase c = vit_case();
   c.accumulation = 2;
   c.clip = 0.1;
+  c.tolerance = kClippedVitTolerance;
   expect_case(c);
 }
 
@@ -131,6 +132,7 @@ void expect_tensor_parallel_vit(Layout layout, int64_t accumulation, std::option
   HarnessCase c = vit_tp_case();
   c.accumulation = accumulation;
   c.clip = clip;
+  if (clip) c.tolerance = kClippedVitTolerance;
   const HarnessReport report = expect_layout_matches_serial(c, layout, world_group());
   EXPECT_GT(report.compared_tensors, 0);
   if (comm::testing::world().rank() == 0) {

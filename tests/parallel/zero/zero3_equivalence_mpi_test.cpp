@@ -92,7 +92,7 @@ TEST(ZeroEquivalence, Stage3VitAccumulationClipping) {
   HarnessCase c = vit_case();
   c.accumulation = 2;
   c.clip = 0.1;
-  c.tolerance = 3e-5;  // the stage 2 test's (zero_equivalence_mpi_test.cpp: ViT's cancelling bias sums)
+  c.tolerance = kClippedVitTolerance;
   expect_case(c, zero3_layout(Placement::cpu));
 }
 

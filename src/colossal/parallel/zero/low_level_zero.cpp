@@ -533,7 +533,7 @@ std::vector<Tensor> LowLevelZero::finish_all_but_late() {
   for (; next_launch_ < buckets_.size(); ++next_launch_) launch(next_launch_);
   const size_t first_late = buckets_.size() - late;  // buckets launch in index order
   drain(/*all=*/true, first_late);
-  if (!shard_grad_.defined() || shard_gradient_for_step(shard_grad_, amp_, false).impl() != shard_grad_.impl()) {
+  if (!shard_grad_.defined() || !step_reads_shard_gradient_as_is(shard_grad_, amp_, /*offloaded=*/false)) {
     finish();
     return {};
   }

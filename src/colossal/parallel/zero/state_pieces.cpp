@@ -124,12 +124,16 @@ void land_reduction(const Tensor& dst, const Tensor& out) {
   }
 }
 
-Tensor shard_gradient_for_step(const Tensor& shard_grad, const amp::MixedPrecisionOptimizer* amp, bool offloaded) {
+bool step_reads_shard_gradient_as_is(const Tensor& shard_grad, const amp::MixedPrecisionOptimizer* amp,
+                                     bool offloaded) {
   // The fused update converts a 16-bit gradient as it reads it: the same values as the f32 copy (a
   // 16-bit number is exact in f32) without its pass over the shard (6 bytes an element).
-  const bool read_as_is =
-      amp != nullptr && !offloaded && amp->scaler() == nullptr && amp->fuses_step(std::nullopt, /*norm_type=*/2.0);
-  return shard_grad.dtype() == DType::f32 || read_as_is ? shard_grad : shard_grad.to(DType::f32);
+  return shard_grad.dtype() == DType::f32 ||
+         (amp != nullptr && !offloaded && amp->scaler() == nullptr && amp->fuses_step(std::nullopt, /*norm_type=*/2.0));
+}
+
+Tensor shard_gradient_for_step(const Tensor& shard_grad, const amp::MixedPrecisionOptimizer* amp, bool offloaded) {
+  return step_reads_shard_gradient_as_is(shard_grad, amp, offloaded) ? shard_grad : shard_grad.to(DType::f32);
 }
 
 }  // namespace colossal::parallel::zero

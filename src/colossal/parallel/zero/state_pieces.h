@@ -62,5 +62,7 @@ void land_reduction(const Tensor& dst, const Tensor& out);
 /// reads 16-bit gradients as they are (bf16, no loss scale: Note [Fused mixed-precision step]), else
 /// its f32 form. `offloaded`: the host step takes it (as f32).
 Tensor shard_gradient_for_step(const Tensor& shard_grad, const amp::MixedPrecisionOptimizer* amp, bool offloaded);
+/// Whether shard_gradient_for_step gives `shard_grad` itself.
+bool step_reads_shard_gradient_as_is(const Tensor& shard_grad, const amp::MixedPrecisionOptimizer* amp, bool offloaded);
 
 }  // namespace colossal::parallel::zero
