@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,12 +49,15 @@ struct Trained {
 
 /// The MLP of the layout harness with AdamW (decay and no-decay groups), accumulation and clipping,
 /// serial (zero_stage < 0: one process, the global batch) or under ZeRO over the whole world.
+/// `wrap` (when set) takes the MLP and returns the model to train.
 Trained build(int zero_stage, bool bf16, int64_t bucket_bytes = 512, int64_t accumulation = kAccumulation,
-              bool gather_in_forward = true, bool clip = true, int late_buckets = 2) {
+              bool gather_in_forward = true, bool clip = true, int late_buckets = 2,
+              const std::function<std::shared_ptr<nn::Module>(std::shared_ptr<nn::Module>)>& wrap = nullptr) {
   Trained t;
   t.accumulation = accumulation;
   core::Generator init(1234);
   t.model = mlp_case().build_model(init);
+  if (wrap) t.model = wrap(t.model);
   optim::AdamOptions o = optim::adamw_defaults();
   o.lr = 1e-2;
   auto optimizer = std::make_shared<optim::AdamW>(optim::make_param_groups(t.model->named_parameters(), 0.05), o);
@@ -234,6 +238,41 @@ TEST(ZeroEngine, TheStepsAllGathersRunIntoTheNextForward) {
       EXPECT_EQ(losses_under, losses_after);
       EXPECT_EQ(parameters(under), parameters(after));
     }
+  }
+}
+
+/// The MLP with its layers called through forward() instead of operator(), so that their forward
+/// hooks never run.
+class DirectCallMlp final : public nn::Module {
+ public:
+  explicit DirectCallMlp(const std::shared_ptr<nn::Module>& sequential) : Module("DirectCallMlp") {
+    auto layers = std::make_shared<nn::ModuleList>();
+    for (const auto& child : sequential->children()) layers->push_back(child);
+    layers_ = register_module("layers", layers);
+  }
+  Tensor forward(const Tensor& input) override {
+    Tensor x = input;
+    for (const auto& layer : *layers_) x = layer->forward(x);
+    return x;
+  }
+
+ private:
+  std::shared_ptr<nn::ModuleList> layers_;
+};
+
+TEST(ZeroEngine, AModelThatSkipsItsUnitsHooksGathersAtTheStep) {
+  // Note [Gathers under the forward]: the first forward shows that the layers' pre-hooks do not run,
+  // so the all-gathers end with the step, and the numbers are the hooked model's.
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE(fmt::format("stage {}", stage));
+    Trained hooked = build(stage, false);
+    Trained direct = build(stage, false, 512, kAccumulation, true, true, 2,
+                           [](std::shared_ptr<nn::Module> mlp) { return std::make_shared<DirectCallMlp>(mlp); });
+    const std::vector<double> losses = train(direct, 0, 3);
+    EXPECT_EQ(losses, train(hooked, 0, 3));
+    EXPECT_EQ(parameters(direct), parameters(hooked));
+    EXPECT_TRUE(dynamic_cast<const parallel::zero::LowLevelZero*>(hooked.engine->zero())->gathers_under_forward());
+    EXPECT_FALSE(dynamic_cast<const parallel::zero::LowLevelZero*>(direct.engine->zero())->gathers_under_forward());
   }
 }
 
