@@ -15,6 +15,7 @@
 #include "colossal/core/error.h"
 #include "colossal/core/profiler.h"  // Scope
 #include "colossal/parallel/dp/copy_engine_pair.h"
+#include "colossal/parallel/env_override.h"
 
 namespace colossal::parallel {
 
@@ -78,18 +79,8 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
                    "COLOSSAL_DP_BUCKET_MB must be a positive number of MiB, got '{}'", mb);
     options_.bucket_bytes = static_cast<int64_t>(value * (1 << 20));
   }
-  if (const char* late = std::getenv("COLOSSAL_DP_LATE_BUCKETS"); late != nullptr && *late != '\0') {
-    char* end = nullptr;
-    const long value = std::strtol(late, &end, 10);
-    COLOSSAL_CHECK(end != late && *end == '\0' && value >= 0 && value <= 1000,
-                   "COLOSSAL_DP_LATE_BUCKETS must be a whole number of buckets from 0 to 1000, got '{}'", late);
-    options_.late_buckets = static_cast<int>(value);
-  }
-  if (const char* rebuild = std::getenv("COLOSSAL_DP_REBUILD_BUCKETS"); rebuild != nullptr && *rebuild != '\0') {
-    const std::string_view value(rebuild);
-    COLOSSAL_CHECK(value == "0" || value == "1", "COLOSSAL_DP_REBUILD_BUCKETS must be 0 or 1, got '{}'", value);
-    options_.rebuild_buckets = value == "1";
-  }
+  options_.late_buckets = env_count("COLOSSAL_DP_LATE_BUCKETS", "buckets", 1000).value_or(options_.late_buckets);
+  options_.rebuild_buckets = env_switch("COLOSSAL_DP_REBUILD_BUCKETS").value_or(options_.rebuild_buckets);
   if (const char* ce = std::getenv("COLOSSAL_DP_COPY_ENGINE"); ce != nullptr && *ce != '\0') {
     const std::string_view value(ce);
     COLOSSAL_CHECK(value == "0" || value == "1" || value == "2",

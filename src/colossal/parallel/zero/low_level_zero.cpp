@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstdlib>
 #include <deque>
 #include <string_view>
 #include <unordered_map>
@@ -14,8 +13,9 @@
 #include "colossal/autograd/function.h"   // register_grad_ready_hook
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/core/error.h"
-#include "colossal/core/profiler.h"    // Scope
-#include "colossal/ops/elementwise.h"  // add_, mul_
+#include "colossal/core/profiler.h"          // Scope
+#include "colossal/ops/elementwise.h"        // add_, mul_
+#include "colossal/parallel/env_override.h"  // env_switch, env_count
 
 namespace colossal::parallel::zero {
 
@@ -165,18 +165,8 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
 
   if (options_.broadcast_parameters) broadcast_initial_state(model_, masters, amp_, *group_, "ZeRO");
 
-  if (const char* env = std::getenv("COLOSSAL_ZERO_GATHER_IN_FORWARD"); env != nullptr && *env != '\0') {
-    const std::string_view value(env);
-    COLOSSAL_CHECK(value == "0" || value == "1", "COLOSSAL_ZERO_GATHER_IN_FORWARD must be 0 or 1, got '{}'", value);
-    options_.gather_in_forward = value == "1";
-  }
-  if (const char* env = std::getenv("COLOSSAL_ZERO_LATE_BUCKETS"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long value = std::strtol(env, &end, 10);
-    COLOSSAL_CHECK(end != env && *end == '\0' && value >= 0 && value <= 1000,
-                   "COLOSSAL_ZERO_LATE_BUCKETS must be a whole number of buckets from 0 to 1000, got '{}'", env);
-    options_.late_buckets = static_cast<int>(value);
-  }
+  options_.gather_in_forward = env_switch("COLOSSAL_ZERO_GATHER_IN_FORWARD").value_or(options_.gather_in_forward);
+  options_.late_buckets = env_count("COLOSSAL_ZERO_LATE_BUCKETS", "buckets", 1000).value_or(options_.late_buckets);
   COLOSSAL_CHECK(options_.late_buckets >= 0, "ZeRO: late_buckets must be >= 0, got {}", options_.late_buckets);
   const Granularity granularity =
       options_.granularity.value_or(uses_tensor_norms(optimizer_) ? Granularity::tensor : Granularity::element);
