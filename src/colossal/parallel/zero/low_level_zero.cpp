@@ -90,9 +90,10 @@ struct LowLevelZero::BucketState {
 struct LowLevelZero::InFlight {
   size_t bucket = 0;
   comm::Work work;
-  Tensor flat;        // the packed gradients, held until the reduction is done
-  Tensor out;         // this rank's reduced chunk
-  bool last = false;  // launched by the window's last backward: the shard's gradient is final once added
+  Tensor flat;            // the packed gradients, held until the reduction is done
+  Tensor out;             // this rank's reduced chunk
+  bool last = false;      // launched by the window's last backward: the shard's gradient is final once added
+  bool in_shard = false;  // out is the shard gradient's slice: nothing to land
 };
 
 namespace {
@@ -423,7 +424,19 @@ void LowLevelZero::launch(size_t b) {
   if (bucket.chunk == 0) return;  // parameters without elements: nothing to send, on every rank
   const DType dtype = entries_[fill_order_[bucket.params.front()]].param.dtype();
   const int64_t numel = bucket.chunk * group_->size();
-  Tensor out = core::empty({bucket.chunk}, TensorOptions(dtype, group_->device()));
+  // Note [Shard gradient dtype] in state_pieces.cpp: the window's shard gradient is made by its first
+  // reduction. Where that is the window's last backward, every slice is written once, so a bucket of
+  // the shard's dtype is reduce-scattered straight into its slice, with no chunk to land afterwards;
+  // a window of several backward passes (stage 2) adds each reduction into an f32 shard instead.
+  if (!shard_grad_.defined()) {
+    shard_grad_ =
+        make_shard_gradient(partition_->shard_numel(), reduced_dtypes(), sync_, offload_ != nullptr, group_->device());
+    shard_grad_element_size_ = static_cast<int64_t>(shard_grad_.element_size());
+    shard_grad_written_once_ = sync_;
+  }
+  const bool in_shard = shard_grad_written_once_ && shard_grad_.dtype() == dtype;
+  Tensor out = in_shard ? shard_grad_.narrow(0, partition_->shard_offset(b), bucket.chunk)
+                        : core::empty({bucket.chunk}, TensorOptions(dtype, group_->device()));
   // Note [Averaging 16-bit gradients]: a 16-bit bucket is divided by the group's size before a sum,
   // rather than summed and then divided, so that the partial sums stay within the largest rank's
   // gradient: summed first, fp16 gradients that every rank holds finite (loss-scaled, close to
@@ -457,7 +470,7 @@ void LowLevelZero::launch(size_t b) {
     } else {
       work = group_->reduce_scatter_packed(out, flat, parts, offsets, comm::ReduceOp::avg, /*async=*/true);
     }
-    in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out), sync_});
+    in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out), sync_, in_shard});
     return;
   }
   // Tensor granularity: each rank's pieces at its chunk. Padding and parameters without a gradient
@@ -477,7 +490,7 @@ void LowLevelZero::launch(size_t b) {
   if (divide_first) ops::mul_(flat, 1.0 / static_cast<double>(group_->size()));
   comm::Work work =
       group_->reduce_scatter(out, flat, divide_first ? comm::ReduceOp::sum : comm::ReduceOp::avg, /*async=*/true);
-  in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out), sync_});
+  in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out), sync_, in_shard});
 }
 
 std::vector<DType> LowLevelZero::reduced_dtypes() const {
@@ -493,15 +506,10 @@ void LowLevelZero::drain(bool all, size_t end) {
     InFlight& front = in_flight_.front();
     if (!all && !front.work.is_completed()) break;
     front.work.wait();
-    if (!shard_grad_.defined()) {
-      // Note [Shard gradient dtype] in state_pieces.cpp.
-      shard_grad_ = make_shard_gradient(partition_->shard_numel(), reduced_dtypes(), front.last, offload_ != nullptr,
-                                        group_->device());
-      shard_grad_element_size_ = static_cast<int64_t>(shard_grad_.element_size());
-    }
+    COLOSSAL_CHECK(shard_grad_.defined(), "ZeRO: a reduction of bucket {} landed with no shard gradient", front.bucket);
     const Bucket& bucket = partition_->buckets()[front.bucket];
     Tensor dst = shard_grad_.narrow(0, partition_->shard_offset(front.bucket), bucket.chunk);
-    land_reduction(dst, front.out);
+    if (!front.in_shard) land_reduction(dst, front.out);
     // Offload: the bucket's gradient is complete; to the host (and the step, where it may start now).
     if (offload_ && front.last && !discarding_) offload_->gradient_ready(front.bucket, dst);
     in_flight_.erase(in_flight_.begin());

@@ -209,6 +209,7 @@ class LowLevelZero final : public ZeroHandler {
   Tensor shard_grad_;                    // partition().shard_numel(): the window's reduced gradients
   int64_t shard_grad_element_size_ = 4;  // its last window's dtype (Note [Shard gradient dtype])
   bool shard_grad_written_ = false;
+  bool shard_grad_written_once_ = false;  // made by the window's last backward: reductions go straight in
   Tensor master_shard_;                   // naive / bf16: the f32 masters of this rank's shard, end to end
   std::unique_ptr<HostOffload> offload_;  // offload_optimizer: the masters and the step on the host
   bool discarding_ = false;               // zero_grad drops the window: no gradient to the host

@@ -98,13 +98,14 @@ void broadcast_initial_state(nn::Module& model, const std::vector<Tensor>& maste
 // finish(), after backward, when the activations are gone: the same values the f32 shard held
 // (a 16-bit number is exact in f32). Stages 2 and 3 with accumulation add every micro-step's
 // reduction into the shard, which must be f32 for that; so must the optimizer offload's copies to
-// the host. The first reduction to land tells which case a window is (it is the earliest launched).
+// the host. The window's first reduction tells which case it is (LowLevelZero makes the shard when
+// it launches that reduction, ZeRO-3 when it lands: the earliest launched).
 // Where the step's fused update reads 16-bit gradients as they are (bf16 without a loss scale, Note
 // [Fused mixed-precision step] in amp/mixed_precision_optimizer.cpp) the shard stays 16-bit through
 // the step too: shard_gradient_for_step.
-// A 16-bit shard is made without zeros and each reduction copied into its slice: every bucket or
-// chunk is reduced once in the window (finish() sends those that got no gradient as zeros), so every
-// slice is written once.
+// A 16-bit shard is made without zeros and each reduction copied into its slice (LowLevelZero
+// reduce-scatters straight into it): every bucket or chunk is reduced once in the window (finish()
+// sends those that got no gradient as zeros), so every slice is written once.
 Tensor make_shard_gradient(int64_t numel, const std::vector<DType>& reduced, bool from_last_backward, bool offloaded,
                            Device device) {
   const bool one_dtype =
