@@ -74,6 +74,20 @@ TEST(ZeroPartition, BucketsFollowTheByteCapAndTheDtype) {
   expect_exact_cover(partition, sizes);
 }
 
+TEST(ZeroPartition, AnotherGroupStartsABucket) {
+  // LowLevelZero keeps the model's own parameters apart from its blocks' (Note [Gathers under the
+  // forward] in low_level_zero.cpp): a group change starts a bucket as a dtype change does.
+  std::vector<ParamSize> sizes = f32_sizes({1, 1, 1, 1});
+  sizes[0].group = 1;  // GPT-2's ln_f, first in backward
+  sizes[3].group = 1;  // its wpe, last
+  const Partition partition(sizes, 1024, 2, Granularity::element);
+  ASSERT_EQ(partition.buckets().size(), 3u);
+  EXPECT_EQ(partition.buckets()[0].params, (std::vector<size_t>{0}));
+  EXPECT_EQ(partition.buckets()[1].params, (std::vector<size_t>{1, 2}));
+  EXPECT_EQ(partition.buckets()[2].params, (std::vector<size_t>{3}));
+  expect_exact_cover(partition, sizes);
+}
+
 TEST(ZeroPartition, TensorGranularityKeepsParametersWhole) {
   const auto sizes = f32_sizes({10, 1, 1, 8});
   const Partition partition(sizes, 1 << 20, 2, Granularity::tensor);
