@@ -18,16 +18,20 @@ std::vector<ParamSize> f32_sizes(const std::vector<int64_t>& numels) {
 }
 
 /// Every element of every parameter belongs to exactly one piece, each piece lies within its rank's
-/// chunk, and no two pieces of a rank overlap.
+/// chunk, no two pieces of a rank overlap, and the parameter fills [start, start + numel) of the
+/// bucket's flat buffer (each piece at its rank's chunk).
 void expect_exact_cover(const Partition& partition, const std::vector<ParamSize>& sizes) {
   for (const Bucket& bucket : partition.buckets()) {
     std::vector<std::vector<int>> used(static_cast<size_t>(partition.size()),
                                        std::vector<int>(static_cast<size_t>(bucket.chunk), 0));
+    ASSERT_EQ(bucket.starts.size(), bucket.params.size());
     for (size_t i = 0; i < bucket.params.size(); ++i) {
       std::vector<int> covered(static_cast<size_t>(sizes[bucket.params[i]].numel), 0);
       for (const Piece& piece : bucket.pieces[i]) {
         ASSERT_GT(piece.numel, 0);
         ASSERT_LE(piece.offset + piece.numel, bucket.chunk);
+        EXPECT_EQ(piece.rank * bucket.chunk + piece.offset, bucket.starts[i] + piece.begin)
+            << "parameter " << bucket.params[i];
         for (int64_t e = 0; e < piece.numel; ++e) {
           ++covered[static_cast<size_t>(piece.begin + e)];
           ++used[static_cast<size_t>(piece.rank)][static_cast<size_t>(piece.offset + e)];

@@ -172,8 +172,7 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
   const Granularity granularity =
       options_.granularity.value_or(uses_tensor_norms(optimizer_) ? Granularity::tensor : Granularity::element);
   // Note [Parameters in their buckets], Note [Gathers under the forward].
-  const bool in_buckets =
-      granularity == Granularity::element && !options_.offload_optimizer && parameters_own_their_memory();
+  const bool in_buckets = !options_.offload_optimizer && parameters_own_their_memory();
   std::vector<Unit> units;
   std::vector<int> group_of(entries_.size(), 0);
   if (in_buckets && options_.gather_in_forward) {
@@ -207,18 +206,7 @@ LowLevelZero::LowLevelZero(nn::Module& model, optim::Optimizer& optimizer, amp::
     entries_[k].shard_offset = partition_->shard_offset(partition_->bucket_of(p)) + entries_[k].own.offset;
   }
 
-  if (granularity == Granularity::element) {
-    for (const Bucket& bucket : partition_->buckets()) {
-      std::vector<int64_t> offsets;
-      int64_t start = 0;
-      for (size_t p : bucket.params) {
-        offsets.push_back(start);
-        start += entries_[fill_order_[p]].param.numel();
-      }
-      bucket_offsets_.push_back(std::move(offsets));
-    }
-    if (in_buckets) bind_flat_parameters();
-  }
+  if (in_buckets) bind_flat_parameters();
 
   // The shards the optimizer steps from now on.
   std::vector<int64_t> begins;
@@ -279,13 +267,19 @@ void LowLevelZero::hook_units(std::vector<Unit> units) {
     unit_waits_.push_back(UnitWait{unit.module, std::move(buckets), -1, false});
   }
   const size_t model = unit_waits_.size() - 1;  // find_units puts the model last; its pre-hook runs first
+  // Note [Gathers under the forward]: the model's own buckets are gathered first.
+  const std::vector<size_t>& own = unit_waits_[model].buckets;
+  std::stable_partition(gather_order_.begin(), gather_order_.end(),
+                        [&](size_t b) { return std::binary_search(own.begin(), own.end(), b); });
   for (size_t u = 0; u < unit_waits_.size(); ++u) {
     unit_waits_[u].pre_hook =
         unit_waits_[u].module->register_forward_pre_hook([this, u, model](nn::Module&, const Tensor&) {
-          if (u == model) {
-            for (UnitWait& unit : unit_waits_) unit.ran = false;
+          if (!units_checked_) {  // the first forward: whose hooks run
+            if (u == model) {
+              for (UnitWait& unit : unit_waits_) unit.ran = false;
+            }
+            unit_waits_[u].ran = true;
           }
-          unit_waits_[u].ran = true;
           wait_for_gathers(unit_waits_[u].buckets);
         });
   }
@@ -361,13 +355,16 @@ void LowLevelZero::bind_flat_parameters() {
     auto* base = static_cast<char*>(flat.raw_data());
     for (size_t i = 0; i < bucket.params.size(); ++i) {
       const Tensor& param = entries_[fill_order_[bucket.params[i]]].param;
-      flat.narrow(0, bucket_offsets_[b][i], param.numel()).copy_(param.detach().view({-1}));
-      const size_t at = static_cast<size_t>(bucket_offsets_[b][i]) * param.element_size();
+      flat.narrow(0, bucket.starts[i], param.numel()).copy_(param.detach().view({-1}));
+      const size_t at = static_cast<size_t>(bucket.starts[i]) * param.element_size();
       param.storage().swap_allocation(
           core::Storage::wrap(base + at, param.nbytes(), whole.device(), [keep = whole](void*) { (void)keep; }));
     }
     flat_params_.push_back(std::move(flat));
   }
+  // The reverse of backward's order, the order the forward reads them (hook_units puts the model's
+  // own buckets first).
+  for (size_t b = flat_params_.size(); b-- > 0;) gather_order_.push_back(b);
 }
 
 std::string_view LowLevelZero::name() const {
@@ -402,9 +399,14 @@ void LowLevelZero::launch_ready_in_order() {
   }
 }
 
-void LowLevelZero::flush_backward() {
+void LowLevelZero::launch_the_rest() {
   if (!backward_marked_) return;
   for (; next_launch_ < buckets_.size(); ++next_launch_) launch(next_launch_);
+}
+
+void LowLevelZero::flush_backward() {
+  if (!backward_marked_) return;
+  launch_the_rest();
   for (BucketState& bucket : buckets_) {
     bucket.ready.assign(bucket.ready.size(), false);
     bucket.num_ready = 0;
@@ -443,53 +445,43 @@ void LowLevelZero::launch(size_t b) {
   // 65504) overflow on the way, and the step is skipped where the serial run steps. NCCL's avg
   // premultiplies the same way; the MPI backend's sums first. Dividing by a power of two is exact.
   const bool divide_first = core::is_reduced_float(dtype) && group_->size() > 1 && group_->backend_name() != "nccl";
-  if (!bucket_offsets_.empty()) {
-    // Note [Parameters in their buckets]: the gradients end to end, packed where the reduction runs;
-    // an undefined part (no gradient in this backward, or the padding) is zeros.
-    std::vector<Tensor> parts;
-    std::vector<int64_t> offsets = bucket_offsets_[b];
-    for (size_t i = 0; i < bucket.params.size(); ++i) {
-      Entry& e = entries_[fill_order_[bucket.params[i]]];
-      const Tensor grad = e.param.grad();
-      parts.push_back(!grad.defined()                                 ? Tensor()
-                      : grad.dtype() == dtype && grad.is_contiguous() ? grad
-                                                                      : grad.to(dtype).contiguous());
-      e.param.set_grad(Tensor());  // the bucket holds it now
-    }
-    const int64_t end = offsets.back() + entries_[fill_order_[bucket.params.back()]].param.numel();
-    if (end < numel) {
-      parts.emplace_back();
-      offsets.push_back(end);
-    }
-    Tensor flat = core::empty({numel}, TensorOptions(dtype, group_->device()));
-    comm::Work work;
-    if (divide_first) {
-      comm::pack_parts(flat, parts, offsets);
-      ops::mul_(flat, 1.0 / static_cast<double>(group_->size()));
-      work = group_->reduce_scatter(out, flat, comm::ReduceOp::sum, /*async=*/true);
-    } else {
-      work = group_->reduce_scatter_packed(out, flat, parts, offsets, comm::ReduceOp::avg, /*async=*/true);
-    }
-    in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out), sync_, in_shard});
-    return;
-  }
-  // Tensor granularity: each rank's pieces at its chunk. Padding and parameters without a gradient
-  // (unused in this backward) reduce as zeros.
-  Tensor flat = core::zeros({numel}, TensorOptions(dtype, group_->device()));
-  for (size_t i = 0; i < bucket.params.size(); ++i) {
+  // Each gradient at its parameter's place in the flat buffer (Partition's starts), packed where the
+  // reduction runs (Note [Parameters in their buckets]); an undefined part zeroes up to the next one:
+  // a parameter without a gradient in this backward, and the padding between and after them.
+  std::vector<size_t> order(bucket.params.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return bucket.starts[x] < bucket.starts[y]; });
+  std::vector<Tensor> parts;
+  std::vector<int64_t> offsets;
+  int64_t filled = 0;
+  for (size_t i : order) {
     Entry& e = entries_[fill_order_[bucket.params[i]]];
     const Tensor grad = e.param.grad();
-    if (!grad.defined()) continue;
-    const Tensor g = grad.dtype() == dtype ? grad.contiguous() : grad.to(dtype).contiguous();
-    for (const Piece& piece : bucket.pieces[i]) {
-      flat.narrow(0, piece.rank * bucket.chunk + piece.offset, piece.numel)
-          .copy_(flat_slice(g, piece.begin, piece.numel));
-    }
     e.param.set_grad(Tensor());  // the bucket holds it now
+    if (e.param.numel() == 0) continue;
+    if (bucket.starts[i] > filled) {
+      parts.emplace_back();
+      offsets.push_back(filled);
+    }
+    parts.push_back(!grad.defined()                                 ? Tensor()
+                    : grad.dtype() == dtype && grad.is_contiguous() ? grad
+                                                                    : grad.to(dtype).contiguous());
+    offsets.push_back(bucket.starts[i]);
+    filled = bucket.starts[i] + e.param.numel();
   }
-  if (divide_first) ops::mul_(flat, 1.0 / static_cast<double>(group_->size()));
-  comm::Work work =
-      group_->reduce_scatter(out, flat, divide_first ? comm::ReduceOp::sum : comm::ReduceOp::avg, /*async=*/true);
+  if (filled < numel) {
+    parts.emplace_back();
+    offsets.push_back(filled);
+  }
+  Tensor flat = core::empty({numel}, TensorOptions(dtype, group_->device()));
+  comm::Work work;
+  if (divide_first) {
+    comm::pack_parts(flat, parts, offsets);
+    ops::mul_(flat, 1.0 / static_cast<double>(group_->size()));
+    work = group_->reduce_scatter(out, flat, comm::ReduceOp::sum, /*async=*/true);
+  } else {
+    work = group_->reduce_scatter_packed(out, flat, parts, offsets, comm::ReduceOp::avg, /*async=*/true);
+  }
   in_flight_.push_back(InFlight{b, std::move(work), std::move(flat), std::move(out), sync_, in_shard});
 }
 
@@ -516,6 +508,11 @@ void LowLevelZero::drain(bool all, size_t end) {
   }
 }
 
+Tensor LowLevelZero::shard_gradient(size_t k) const {
+  const Entry& e = entries_[k];
+  return shard_grad_.narrow(0, e.own.numel == 0 ? 0 : e.shard_offset, e.own.numel);
+}
+
 std::vector<Tensor> LowLevelZero::finish_all_but_late() {
   // Note [Update beside the last reductions] in engine/engine.cpp: the shards of every bucket but the
   // last `late_buckets` get their gradients now, the late ones' slices of the same shard gradient once
@@ -528,7 +525,7 @@ std::vector<Tensor> LowLevelZero::finish_all_but_late() {
   }
   autograd::NoGradGuard no_grad;
   wait_for_parameters();
-  for (; next_launch_ < buckets_.size(); ++next_launch_) launch(next_launch_);
+  launch_the_rest();
   const size_t first_late = buckets_.size() - late;  // buckets launch in index order
   drain(/*all=*/true, first_late);
   if (!shard_grad_.defined() || !step_reads_shard_gradient_as_is(shard_grad_, amp_, /*offloaded=*/false)) {
@@ -537,8 +534,7 @@ std::vector<Tensor> LowLevelZero::finish_all_but_late() {
   }
   std::vector<Tensor> late_shards;
   for (size_t k = 0; k < entries_.size(); ++k) {
-    const Entry& e = entries_[k];
-    shards_[k].set_grad(shard_grad_.narrow(0, e.own.numel == 0 ? 0 : e.shard_offset, e.own.numel));
+    shards_[k].set_grad(shard_gradient(k));
     if (partition_->bucket_of(entry_slot_[k]) >= first_late) late_shards.push_back(shards_[k]);
   }
   return late_shards;
@@ -557,8 +553,7 @@ void LowLevelZero::finish() {
   shard_grad_ = shard_gradient_for_step(shard_grad_, amp_, offload_ != nullptr);
   for (size_t k = 0; k < entries_.size(); ++k) {
     const Entry& e = entries_[k];
-    shards_[k].set_grad(offload_ ? offload_->gradient(e.shard_offset, e.own.numel)
-                                 : shard_grad_.narrow(0, e.own.numel == 0 ? 0 : e.shard_offset, e.own.numel));
+    shards_[k].set_grad(offload_ ? offload_->gradient(e.shard_offset, e.own.numel) : shard_gradient(k));
   }
   // The optimizer's zero_grad releases the buffer with the shards' gradients.
   shard_grad_ = Tensor();
@@ -585,9 +580,7 @@ void LowLevelZero::zero_grad() {
 }
 
 bool LowLevelZero::issue_all() {
-  if (backward_marked_) {
-    for (; next_launch_ < buckets_.size(); ++next_launch_) launch(next_launch_);
-  }
+  launch_the_rest();
   return true;
 }
 
@@ -601,15 +594,8 @@ void LowLevelZero::after_update(bool stepped) {
   const int rank = group_->rank();
   if (!flat_params_.empty()) {
     // Note [Parameters in their buckets]: this rank's chunk holds its updated pieces already (stepped
-    // in place, or written back by the wrapper). Note [Gathers under the forward]: the model's own
-    // buckets first, then the rest in the reverse of backward's order, the order the forward reads them.
-    std::vector<size_t> order;
-    if (!unit_waits_.empty()) order = unit_waits_.back().buckets;
-    std::reverse(order.begin(), order.end());
-    for (size_t b = flat_params_.size(); b-- > 0;) {
-      if (std::find(order.begin(), order.end(), b) == order.end()) order.push_back(b);
-    }
-    for (size_t b : order) {
+    // in place, or written back by the wrapper). Note [Gathers under the forward]: gather_order_.
+    for (size_t b : gather_order_) {
       const int64_t chunk = partition_->buckets()[b].chunk;
       if (chunk == 0) continue;
       gathers_[b] = group_->all_gather(flat_params_[b], flat_params_[b].narrow(0, rank * chunk, chunk),

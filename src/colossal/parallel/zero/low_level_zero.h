@@ -160,6 +160,8 @@ class LowLevelZero final : public ZeroHandler {
   void mark_ready(size_t bucket, size_t slot);
   void launch_ready_in_order();
   void launch(size_t bucket);
+  void launch_the_rest();                     // the buckets the current backward has not launched (once it marked one)
+  Tensor shard_gradient(size_t entry) const;  // the entry's slice of shard_grad_
   void flush_backward();
   void drain(bool all, size_t end = SIZE_MAX);  // the reductions in flight of buckets before `end`
   std::vector<DType> reduced_dtypes() const;    // each bucket's gradient dtype
@@ -183,11 +185,10 @@ class LowLevelZero final : public ZeroHandler {
   std::vector<size_t> fill_order_;  // partition index -> entry index
   std::vector<size_t> entry_slot_;  // entry index -> partition index
   std::vector<BucketState> buckets_;
-  // Element granularity: where each parameter starts in its bucket's flat buffer (index-aligned with
-  // the bucket's params), and, where every parameter owns its memory, those buffers holding the
-  // model's parameters (Note [Parameters in their buckets]).
-  std::vector<std::vector<int64_t>> bucket_offsets_;
+  // Where every parameter owns its memory and the step runs on the device: one flat buffer per bucket
+  // holding the model's parameters (Note [Parameters in their buckets]).
   std::vector<Tensor> flat_params_;
+  std::vector<size_t> gather_order_;  // the order after_update gathers the buckets in
   // Note [Gathers under the forward]: each bucket's all-gather the next forward has not waited for,
   // and the units whose pre-hooks wait (the model's own last).
   struct UnitWait {

@@ -83,6 +83,14 @@ Partition::Partition(const std::vector<ParamSize>& params, int64_t bucket_bytes,
       bucket.chunk = *std::max_element(load.begin(), load.end());
     }
   }
+  for (Bucket& bucket : buckets_) {
+    for (size_t i = 0; i < bucket.params.size(); ++i) {
+      const std::vector<Piece>& pieces = bucket.pieces[i];
+      // A parameter's pieces are contiguous in the flat buffer (element granularity's chunks follow
+      // each other; tensor granularity gives it one piece), so its first piece places it.
+      bucket.starts.push_back(pieces.empty() ? 0 : pieces.front().rank * bucket.chunk + pieces.front().offset);
+    }
+  }
   shard_offsets_.resize(buckets_.size());
   for (size_t b = 0; b < buckets_.size(); ++b) {
     shard_offsets_[b] = shard_numel_;

@@ -39,6 +39,10 @@ struct Bucket {
   std::vector<std::vector<Piece>> pieces;
   /// Elements per rank: the bucket's flat buffer has size * chunk.
   int64_t chunk = 0;
+  /// Where each parameter of `params` (index-aligned) starts in the flat buffer: it fills
+  /// [start, start + numel) under either granularity (element: end to end; tensor: at its owner's
+  /// chunk), and what no parameter fills is padding.
+  std::vector<int64_t> starts;
 };
 
 /// What make_partition needs of a parameter.
