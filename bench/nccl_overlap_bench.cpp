@@ -25,29 +25,27 @@
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                                               \
-  do {                                                                                                 \
-    const cudaError_t status_ = (expr);                                                                \
-    if (status_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                                    \
-    }                                                                                                  \
+/// Ends the program naming the failed call `expr` at file:line and the library's `why`.
+void fail_unless(bool ok, const char* file, int line, const char* expr, const char* why) {
+  if (ok) return;
+  std::fprintf(stderr, "%s:%d: %s: %s\n", file, line, expr, why);
+  std::exit(1);
+}
+
+#define CHECK_CUDA(expr)                                                                         \
+  do {                                                                                           \
+    const cudaError_t status_ = (expr);                                                          \
+    fail_unless(status_ == cudaSuccess, __FILE__, __LINE__, #expr, cudaGetErrorString(status_)); \
   } while (0)
-#define CHECK_NCCL(expr)                                                                               \
-  do {                                                                                                 \
-    const ncclResult_t status_ = (expr);                                                               \
-    if (status_ != ncclSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, ncclGetErrorString(status_)); \
-      std::exit(1);                                                                                    \
-    }                                                                                                  \
+#define CHECK_NCCL(expr)                                                                         \
+  do {                                                                                           \
+    const ncclResult_t status_ = (expr);                                                         \
+    fail_unless(status_ == ncclSuccess, __FILE__, __LINE__, #expr, ncclGetErrorString(status_)); \
   } while (0)
-#define CHECK_CUBLAS(expr)                                                                                         \
-  do {                                                                                                             \
-    const cublasStatus_t status_ = (expr);                                                                         \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                                                        \
-      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #expr, static_cast<int>(status_)); \
-      std::exit(1);                                                                                                \
-    }                                                                                                              \
+#define CHECK_CUBLAS(expr)                                                                                    \
+  do {                                                                                                        \
+    const cublasStatus_t status_ = (expr);                                                                    \
+    fail_unless(status_ == CUBLAS_STATUS_SUCCESS, __FILE__, __LINE__, #expr, cublasGetStatusString(status_)); \
   } while (0)
 
 enum class Mode { plain, registered, symmetric };
