@@ -167,8 +167,9 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
 // backward left), the all-reduce is issued before the update: it runs on the communicator's stream
 // right behind the last buckets, while the update runs, and the wait after the update (a stream wait
 // on GPUs) finds it done. Every rank issues it at the same point of its collectives on the data
-// group. Where the handler cannot say so (ZeRO, whose finish() reduce-scatters and whose update
-// all-gathers), it is issued after the update as before.
+// group. ZeRO stages 1 and 2 can say so too (their finish() issues nothing more; the all-gathers come
+// after the update on every rank alike). Where the handler cannot (ZeRO-3), it is issued after the
+// update as before.
 
 // Note [Update beside the last reductions]
 // The data-parallel all-reduce of the last buckets (GPT-2's: h.0 with wpe, and the tied wte, 77 MB,
@@ -185,6 +186,11 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
 // three-pass step would copy every master into the model twice). ZeRO stages 1 and 2 on the device
 // do the same with the shards the optimizer steps: the late buckets' shards are set aside while the
 // others step, their reduce-scatters still running (LowLevelZero::finish_all_but_late).
+std::vector<Tensor> Engine::stepped_tensors() {
+  if (const parallel::zero::ZeroHandler* z = zero()) return z->shards();
+  return model_->parameters();
+}
+
 bool Engine::updates_in_two_parts() const {
   if (!gradient_handler_ || options_.clip_grad_norm || options_.before_update) return false;
   // ZeRO steps its shards (the handler's finish_all_but_late says whether it can give them in two
@@ -230,9 +236,7 @@ void Engine::step_in_two_parts(const std::vector<Tensor>& late) {
     core::profiler::Scope scope("update: gradient handler finish", device_);
     gradient_handler_->finish();
   }
-  // What the optimizer steps: the model's parameters, or ZeRO's shards of them.
-  const parallel::zero::ZeroHandler* z = zero();
-  for (const Tensor& param : z != nullptr ? z->shards() : model_->parameters()) {
+  for (const Tensor& param : stepped_tensors()) {
     if (!is_late.contains(param.impl())) set_aside(param);
   }
   step_without_aside();
@@ -272,15 +276,8 @@ void Engine::step_whole() {
     if (options_.clip_grad_norm) {
       core::profiler::Scope scope("update: gradient norm", device_);
       // The factor stays on the device and scales the gradients inside the optimizer's update
-      // (Note [Clipping in one pass] in optim/clip_grad.cpp). Under ZeRO the update's gradients are
-      // those of the shards the optimizer steps.
-      std::vector<Tensor> params;
-      if (parallel::zero::ZeroHandler* z = zero()) {
-        params = z->shards();
-      } else {
-        params = model_->parameters();
-      }
-      last_grad_norm_ = gradient_statistics_->grad_norm(params, options_.clip_norm_type);
+      // (Note [Clipping in one pass] in optim/clip_grad.cpp), those of the tensors the optimizer steps.
+      last_grad_norm_ = gradient_statistics_->grad_norm(stepped_tensors(), options_.clip_norm_type);
       optimizer_->scale_gradients_in_next_step(optim::clip_coefficient(last_grad_norm_, *options_.clip_grad_norm));
     }
     core::profiler::Scope scope("update: optimizer step", device_);

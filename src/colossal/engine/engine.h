@@ -189,6 +189,8 @@ class Engine {
   /// Whether this update may step in two parts around the last reductions (Note [Update beside
   /// the last reductions]).
   bool updates_in_two_parts() const;
+  /// What the optimizer steps: the model's parameters, or ZeRO's shards of them.
+  std::vector<Tensor> stepped_tensors();
   /// The optimizer step (through mixed precision where there is one) of the parameters with a
   /// gradient, without clipping: one part of a two-part update.
   void step_parameters_with_gradients();
