@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "colossal/nn/transformer_block.h"
 #include "colossal/optim/adam.h"
+#include "colossal/optim/lamb.h"
 #include "colossal/optim/sgd.h"
 #include "gradcheck.h"  // expect_values, EXPECT_ERROR_CONTAINS
 #include "optim_test_util.h"
@@ -245,6 +248,119 @@ TEST(MultiTensorCopy, ConvertsEveryPairAndRefusesMismatches) {
   Tensor square = core::empty({2, 2}, TensorOptions(DType::f32));
   multi_tensor_copy({square.transpose(0, 1)}, {f32});
   expect_values(square.to(DType::f64), {1.0, 1.0 + 3 * std::ldexp(1.0, -9), 1.0 + std::ldexp(1.0, -8), -2.5});
+}
+
+}  // namespace
+}  // namespace colossal::optim
+
+namespace colossal::optim {
+namespace {
+
+using testing::make_param;
+using testing::set_grad;
+
+// ---- step_next_in_parts (Note [Update under the next forward] in engine/engine.cpp)
+
+/// Three parameters with gradients and a fourth without one, for an optimizer stepped twice.
+struct Parts {
+  std::vector<Tensor> params{make_param({0.5, -1.0, 1.5, 2.0}, {2, 2}), make_param({0.25, -0.75}),
+                             make_param({1.0, 2.0, -3.0}), make_param({4.0})};
+  void set_grads(int step) {
+    const double s = 1.0 + 0.5 * step;
+    set_grad(params[0], {0.1 * s, -0.2, 0.3, -0.4 * s});
+    set_grad(params[1], {0.05, -0.15 * s});
+    set_grad(params[2], {-0.3 * s, 0.2, 0.7});
+  }
+  std::vector<std::vector<double>> values() const {
+    std::vector<std::vector<double>> out;
+    for (const Tensor& p : params) out.push_back(p.to_vector<double>());
+    return out;
+  }
+};
+
+using MakeOn = std::function<std::unique_ptr<Optimizer>(const std::vector<Tensor>& params)>;
+
+void expect_parts_equal_one_step(const MakeOn& make, bool scale) {
+  Parts whole, parted;
+  std::unique_ptr<Optimizer> a = make(whole.params), b = make(parted.params);
+  for (int step = 0; step < 3; ++step) {
+    whole.set_grads(step);
+    parted.set_grads(step);
+    if (scale) {
+      a->scale_gradients_in_next_step(core::full({}, 0.625, DType::f64));
+      b->scale_gradients_in_next_step(core::full({}, 0.625, DType::f64));
+    }
+    a->step();
+    std::vector<size_t> order;
+    // Parameter 3 has no gradient: in a part, it is skipped as step() skips it.
+    b->step_next_in_parts({{parted.params[2]}, {parted.params[0], parted.params[3]}, {}, {parted.params[1]}},
+                          [&](size_t part) { order.push_back(part); });
+    b->step();
+    EXPECT_EQ(order, (std::vector<size_t>{0, 1, 2, 3}));
+    // The gradients are back where they were.
+    EXPECT_TRUE(parted.params[0].grad().defined() && parted.params[1].grad().defined());
+    EXPECT_EQ(whole.values(), parted.values()) << "step " << step;
+    // The parts are for one step: the next is whole again.
+    whole.set_grads(step);
+    parted.set_grads(step);
+    a->step();
+    b->step();
+    EXPECT_EQ(whole.values(), parted.values()) << "step " << step << " after the parted one";
+  }
+  EXPECT_EQ(a->state_dict().size(), b->state_dict().size());
+}
+
+TEST(OptimizerStepInParts, EachOptimizerStepsTheNumbersOfOneStep) {
+  for (bool scale : {false, true}) {
+    SCOPED_TRACE(scale ? "with a gradient scale" : "without a scale");
+    expect_parts_equal_one_step(
+        [](const std::vector<Tensor>& p) {
+          AdamOptions o;
+          o.lr = 0.1;
+          o.weight_decay = 0.01;
+          return std::make_unique<AdamW>(p, o);
+        },
+        scale);
+    expect_parts_equal_one_step(
+        [](const std::vector<Tensor>& p) {
+          SgdOptions o;
+          o.lr = 0.1;
+          o.momentum = 0.9;
+          return std::make_unique<Sgd>(p, o);
+        },
+        scale);
+    expect_parts_equal_one_step(
+        [](const std::vector<Tensor>& p) {
+          LambOptions o;
+          o.lr = 0.05;
+          o.weight_decay = 0.01;
+          return std::make_unique<Lamb>(p, o);
+        },
+        scale);
+  }
+}
+
+TEST(OptimizerStepInParts, BadPartsAreClearErrors) {
+  Parts parts;
+  parts.set_grads(0);
+  AdamW adam(parts.params);
+  const Tensor stranger = make_param({1.0});
+  EXPECT_ERROR_CONTAINS(adam.step_next_in_parts({{parts.params[0]}, {stranger}}, {}),
+                        "tensor 0 of part 1 is not a parameter of this optimizer");
+  EXPECT_ERROR_CONTAINS(adam.step_next_in_parts({{parts.params[0]}, {parts.params[1], parts.params[0]}}, {}),
+                        "parameter #0 is in part 0 and in part 1");
+  // A parameter with a gradient in no part is named at the step, and nothing has moved.
+  const std::vector<std::vector<double>> before = parts.values();
+  adam.step_next_in_parts({{parts.params[0]}, {parts.params[1]}}, {});
+  EXPECT_ERROR_CONTAINS(adam.step(), "parameter #2 has a gradient but is in no part");
+  EXPECT_EQ(parts.values(), before);
+  EXPECT_TRUE(parts.params[1].grad().defined());
+  // zero_grad forgets the parts.
+  adam.step_next_in_parts({{parts.params[0]}}, {});
+  adam.zero_grad();
+  parts.set_grads(1);
+  adam.step();  // whole
+  EXPECT_NE(parts.values(), before);
 }
 
 }  // namespace

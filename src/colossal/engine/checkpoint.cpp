@@ -213,6 +213,7 @@ void save_checkpoint(const std::filesystem::path& path, Engine& engine, const Na
                  "after the window's optimizer step",
                  path.string(), engine.micro_step());
   // The serial model's tensors, whatever the layout (Note [Checkpoints of a sharded model]).
+  engine.wait_for_update();  // the parameters and the optimizer's state as the last update left them
   const CheckpointSharding sharding(engine);
   nn::StateDict tensors;
   add_prefixed(tensors, kModelPrefix, sharding.gather_model(engine.model().state_dict()));
@@ -280,6 +281,7 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& path, Engine& engine
   const std::string where = fmt::format("checkpoint {}", path.string());
 
   // The file holds the serial tensors; each rank of a tensor group keeps its shard of them.
+  engine.wait_for_update();  // the parameters and the optimizer's state as the last update left them
   const CheckpointSharding sharding(engine);
   nn::StateDict model;
   optim::StateDict optimizer, amp_state;

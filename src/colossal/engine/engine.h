@@ -16,6 +16,7 @@
 #include "colossal/comm/process_group.h"
 #include "colossal/core/tensor.h"
 #include "colossal/engine/schedule.h"
+#include "colossal/engine/update_under_forward.h"
 #include "colossal/nn/module.h"
 #include "colossal/optim/lr_scheduler.h"
 #include "colossal/optim/optimizer.h"
@@ -87,6 +88,13 @@ struct EngineOptions {
   /// gradients are the update's), before unscaling, clipping and the optimizer step: the layout
   /// harness reads the gradients here.
   std::function<void(Engine& engine)> before_update;
+  /// Leave the optimizer's update running into the next forward, each block waiting for its own
+  /// parameters' update just before it reads them (Note [Update under the next forward] in
+  /// engine.cpp). Unset: on where the model is on a GPU. Only where no gradient handler runs (one
+  /// data-parallel rank, no ZeRO), without a pipeline schedule, and once the first forward has shown
+  /// that every unit's forward hooks run; elsewhere the update ends with the step, as with false.
+  /// COLOSSAL_UPDATE_UNDER_FORWARD=0 or 1 overrides it.
+  std::optional<bool> update_under_forward;
   /// With data parallelism, step() returns the mean of the data group's losses (one all-reduce of a
   /// scalar per micro-step): with equal shares that is the loss of the global batch, the number the
   /// serial run reports, and every rank's hooks and logs see it. false returns this rank's own loss.
@@ -159,9 +167,17 @@ class Engine {
   /// The model, its parameters current: what the gradient handler left writing them after the step
   /// is waited for first (GradientHandler::wait_for_parameters).
   nn::Module& model() {
-    if (gradient_handler_) gradient_handler_->wait_for_parameters();
+    wait_for_update();
     return *model_;
   }
+  /// The current stream waits for what the last update left running: the gradient handler's
+  /// gathers (GradientHandler::wait_for_parameters) and an update under the next forward (Note
+  /// [Update under the next forward]). model() calls it; so does whatever reads the optimizer's
+  /// state or the parameters outside the forward (checkpoints).
+  void wait_for_update();
+  /// Whether updates run under the next forward (EngineOptions::update_under_forward), and the parts
+  /// the forwards' pre-hooks waited for so far (tests).
+  const UpdateUnderForward* update_under_forward() const { return update_under_forward_.get(); }
   optim::Optimizer& optimizer() { return *optimizer_; }
   optim::LRScheduler* lr_scheduler() { return lr_scheduler_.get(); }
   const EngineOptions& options() const { return options_; }
@@ -184,6 +200,7 @@ class Engine {
   std::unique_ptr<parallel::GradientHandler> gradient_handler_;
   std::unique_ptr<parallel::GradientStatistics> gradient_statistics_;
   std::shared_ptr<Schedule> schedule_;
+  std::unique_ptr<UpdateUnderForward> update_under_forward_;  // last: its hooks sit on the model
 
   void update();
   /// Whether this update may step in two parts around the last reductions (Note [Update beside

@@ -57,7 +57,7 @@ void Adam::validate_group(const ParamGroup& group, size_t g) const {
       group, g, "amsgrad", [](double v) { return v == 0.0 || v == 1.0; }, "0 (false) or 1 (true)");
 }
 
-void Adam::step() {
+void Adam::update_parameters() {
   autograd::NoGradGuard no_grad;
   validate_all_groups();
   for (size_t g = 0; g < param_groups().size(); ++g) {

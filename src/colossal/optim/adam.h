@@ -47,12 +47,12 @@ class Adam : public Optimizer {
  public:
   explicit Adam(std::vector<ParamGroup> groups, AdamOptions defaults = {});
   explicit Adam(std::vector<Tensor> params, AdamOptions defaults = {});
-  void step() override;
   /// A 16-bit gradient of an f32 parameter, the unscale and the write-through, all in the one
   /// update pass (Note [Fused mixed-precision step] in amp/mixed_precision_optimizer.cpp).
   bool supports_mixed_precision_step() const override { return true; }
 
  protected:
+  void update_parameters() override;
   Adam(std::string name, WeightDecayMode mode, std::vector<ParamGroup> groups, AdamOptions defaults);
   void validate_group(const ParamGroup& group, size_t group_index) const override;
 

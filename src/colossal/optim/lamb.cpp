@@ -56,7 +56,7 @@ void Lamb::validate_group(const ParamGroup& group, size_t g) const {
       group, g, "trust_clip", [](double v) { return v > 0.0; }, "> 0 (infinity turns it off)");
 }
 
-void Lamb::step() {
+void Lamb::update_parameters() {
   autograd::NoGradGuard no_grad;
   validate_all_groups();
   apply_grad_scale_in_place();  // clipping's factor (scale_gradients_in_next_step)

@@ -56,9 +56,9 @@ class Lamb : public Optimizer {
  public:
   explicit Lamb(std::vector<ParamGroup> groups, LambOptions defaults = {});
   explicit Lamb(std::vector<Tensor> params, LambOptions defaults = {});
-  void step() override;
 
  protected:
+  void update_parameters() override;
   void validate_group(const ParamGroup& group, size_t group_index) const override;
 };
 

@@ -57,7 +57,7 @@ void Lars::validate_group(const ParamGroup& group, size_t g) const {
       group, g, "adaptation", [](double v) { return v == 0.0 || v == 1.0; }, "0 (false) or 1 (true)");
 }
 
-void Lars::step() {
+void Lars::update_parameters() {
   autograd::NoGradGuard no_grad;
   validate_all_groups();
   apply_grad_scale_in_place();  // clipping's factor (scale_gradients_in_next_step)

@@ -51,9 +51,9 @@ class Lars : public Optimizer {
  public:
   explicit Lars(std::vector<ParamGroup> groups, LarsOptions defaults = {});
   explicit Lars(std::vector<Tensor> params, LarsOptions defaults = {});
-  void step() override;
 
  protected:
+  void update_parameters() override;
   void validate_group(const ParamGroup& group, size_t group_index) const override;
 };
 

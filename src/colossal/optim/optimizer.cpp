@@ -196,8 +196,88 @@ void Optimizer::apply_grad_scale_in_place() {
   grad_scale_ = Tensor();
 }
 
+void Optimizer::step_next_in_parts(std::vector<std::vector<Tensor>> parts, std::function<void(size_t)> after_part) {
+  std::unordered_map<const core::TensorImpl*, std::string> label;  // this optimizer's parameters
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      label.emplace(groups_[g].params[i].impl(),
+                    fmt::format("param group {}: parameter {}", g, groups_[g].param_label(i)));
+    }
+  }
+  std::unordered_map<const core::TensorImpl*, size_t> part_of;
+  for (size_t part = 0; part < parts.size(); ++part) {
+    for (size_t k = 0; k < parts[part].size(); ++k) {
+      const Tensor& param = parts[part][k];
+      COLOSSAL_CHECK(param.defined() && label.contains(param.impl()),
+                     "{}: step_next_in_parts: tensor {} of part {} is not a parameter of this optimizer", name_, k,
+                     part);
+      const auto [it, inserted] = part_of.emplace(param.impl(), part);
+      COLOSSAL_CHECK(inserted, "{}: step_next_in_parts: {} is in part {} and in part {}", name_, label.at(param.impl()),
+                     it->second, part);
+    }
+  }
+  part_of_ = std::move(part_of);
+  num_parts_ = parts.size();
+  after_part_ = std::move(after_part);
+}
+
+void Optimizer::step() {
+  if (num_parts_ == 0) {
+    update_parameters();
+    return;
+  }
+  const auto part_of = std::exchange(part_of_, {});
+  const size_t num_parts = std::exchange(num_parts_, 0);
+  const auto after_part = std::exchange(after_part_, {});
+  // Every gradient, set aside while the other parts step and put back after; the hand-overs of this
+  // step, armed again for each part.
+  struct Held {
+    Tensor param, grad;
+    size_t part;
+  };
+  std::vector<Held> held;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      Tensor& param = groups_[g].params[i];
+      Tensor grad = param.grad();
+      if (!grad.defined()) continue;
+      const auto it = part_of.find(param.impl());
+      COLOSSAL_CHECK(it != part_of.end(),
+                     "{}: step in parts: param group {}: parameter {} has a gradient but is in no part of "
+                     "step_next_in_parts",
+                     name_, g, groups_[g].param_label(i));
+      held.push_back(Held{param, grad, it->second});
+    }
+  }
+  const Tensor grad_scale = grad_scale_;
+  const double grad_unscale = grad_unscale_;
+  const auto write_through = write_through_;
+  auto put_back = [&] {
+    for (Held& h : held) h.param.set_grad(h.grad);
+  };
+  try {
+    for (size_t part = 0; part < num_parts; ++part) {
+      for (Held& h : held) h.param.set_grad(h.part == part ? h.grad : Tensor());
+      grad_scale_ = grad_scale;
+      grad_unscale_ = grad_unscale;
+      write_through_ = write_through;
+      update_parameters();
+      if (after_part) after_part(part);
+    }
+  } catch (...) {
+    put_back();
+    take_grad_scale();
+    throw;
+  }
+  put_back();
+  take_grad_scale();
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   take_grad_scale();
+  part_of_.clear();
+  num_parts_ = 0;
+  after_part_ = nullptr;
   for (ParamGroup& group : groups_) {
     for (Tensor& p : group.params) {
       if (set_to_none) {

@@ -107,8 +107,18 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   /// One update of every parameter that has a gradient (the others are skipped and keep their
-  /// step count). Runs without autograd recording.
-  virtual void step() = 0;
+  /// step count). Runs without autograd recording. After step_next_in_parts, in those parts.
+  void step();
+  /// For the next step() only: the parameters are updated part by part, in the order of `parts`
+  /// (each a list of this optimizer's parameters), and `after_part(i)` is called once part i's
+  /// update is issued: the Engine records an event there, so that the next forward waits for each
+  /// part just before it reads it (Note [Update under the next forward] in engine/engine.cpp). The
+  /// numbers are those of one step, bit for bit: every update here is per element (Adam's, SGD's)
+  /// or per tensor (LAMB's and LARS's trust ratios), and the pending hand-overs (the gradient
+  /// scale, the unscale, the write-through) apply to every part. Throws, naming it, when a
+  /// parameter is not this optimizer's or is in two parts, or when a parameter with a gradient is
+  /// in none (at the step). zero_grad forgets the parts.
+  void step_next_in_parts(std::vector<std::vector<Tensor>> parts, std::function<void(size_t part)> after_part);
   /// Drops every gradient (set_to_none) or fills it with zeros, and forgets a pending gradient scale.
   void zero_grad(bool set_to_none = true);
 
@@ -175,6 +185,10 @@ class Optimizer {
   /// call validate_all_groups() once it is fully built.
   Optimizer(std::string name, std::vector<ParamGroup> groups, std::map<std::string, double> defaults);
 
+  /// One update of every parameter of every group that has a gradient (the optimizer's own kernel);
+  /// step() calls it, once or once per part.
+  virtual void update_parameters() = 0;
+
   /// Throws naming the group and the option when a hyper-parameter is out of its valid range.
   /// Called for every group at construction, on add_param_group and load_state_dict, and by
   /// step() implementations before updating (a scheduler or the user may have changed it).
@@ -218,6 +232,10 @@ class Optimizer {
   double grad_unscale_ = 1.0;                   // unscale_gradients_in_next_step's, until used
   /// write_through_in_next_step's: parameter -> its copy, until used.
   std::unordered_map<const core::TensorImpl*, Tensor> write_through_;
+  /// step_next_in_parts': each parameter's part, and the callback, until the next step().
+  std::unordered_map<const core::TensorImpl*, size_t> part_of_;
+  size_t num_parts_ = 0;
+  std::function<void(size_t)> after_part_;
 };
 
 /// The default rule for which parameters skip weight decay (timm's and Colossal-AI's): 0-d and 1-D

@@ -48,7 +48,7 @@ void Sgd::validate_group(const ParamGroup& group, size_t g) const {
                  momentum, dampening);
 }
 
-void Sgd::step() {
+void Sgd::update_parameters() {
   autograd::NoGradGuard no_grad;
   validate_all_groups();
   apply_grad_scale_in_place();  // clipping's factor (scale_gradients_in_next_step)

@@ -39,9 +39,9 @@ class Sgd : public Optimizer {
  public:
   explicit Sgd(std::vector<ParamGroup> groups, SgdOptions defaults = {});
   explicit Sgd(std::vector<Tensor> params, SgdOptions defaults = {});
-  void step() override;
 
  protected:
+  void update_parameters() override;
   void validate_group(const ParamGroup& group, size_t group_index) const override;
 };
 
