@@ -42,10 +42,7 @@ Stream default_stream(int device) {
   std::lock_guard lock(mutex);
   if (streams.empty()) streams.assign(static_cast<size_t>(std::max(device_count(), 1)), nullptr);
   if (streams[device] == nullptr) {
-    DeviceGuard guard(Device(DeviceType::cuda, device));
-    cudaStream_t s;
-    COLOSSAL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    streams[device] = s;
+    streams[device] = create_stream(Device(DeviceType::cuda, device), StreamPriority::compute).handle;
   }
   return Stream{Device(DeviceType::cuda, device), streams[device]};
 }
@@ -108,12 +105,16 @@ void set_current_stream(Stream stream) {
   current_streams.at(static_cast<size_t>(stream.device.index)) = stream.handle;
 }
 
-Stream create_stream(Device device, bool high_priority) {
+Stream create_stream(Device device, StreamPriority priority) {
   DeviceGuard guard(device);
+  // Lower numbers are higher priorities: least is 0 (every stream's default), greatest -5 on an H100.
   int least = 0, greatest = 0;
   COLOSSAL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  const int value = priority == StreamPriority::high      ? greatest
+                    : priority == StreamPriority::compute ? std::max(greatest, least - 1)
+                                                          : least;
   cudaStream_t s;
-  COLOSSAL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? greatest : least));
+  COLOSSAL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, value));
   return Stream{device, s};
 }
 
@@ -372,7 +373,7 @@ Stream current_stream(Device) {
 void set_current_stream(Stream) {
   no_cuda("set_current_stream");
 }
-Stream create_stream(Device, bool) {
+Stream create_stream(Device, StreamPriority) {
   no_cuda("create_stream");
 }
 void destroy_stream(Stream) {

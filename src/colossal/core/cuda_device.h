@@ -39,9 +39,16 @@ class DeviceGuard {
 Stream current_stream(Device device);
 /// Sets this thread's current stream for stream.device.
 void set_current_stream(Stream stream);
+/// How the GPU's block scheduler ranks a stream's kernels against other streams' (CUDA stream
+/// priorities: where kernels of several streams wait for room on the SMs, the higher stream's blocks
+/// go first). `compute` is the device's default stream, where the model runs; `low` is for work that
+/// should fill the compute stream's gaps rather than delay it (copies, the update under the next
+/// forward: Note [Update under the next forward] in engine/engine.cpp); `high` is for communication,
+/// whose kernels everything else waits for.
+enum class StreamPriority { low, compute, high };
 /// A new non-blocking stream on device; the caller owns it (destroy_stream). Tensors allocated while
 /// it was current are freed in its order, so drop them before destroying it.
-Stream create_stream(Device device, bool high_priority = false);
+Stream create_stream(Device device, StreamPriority priority = StreamPriority::low);
 void destroy_stream(Stream stream);
 /// Sets a stream current for a scope and restores the previous one afterwards.
 class StreamGuard {

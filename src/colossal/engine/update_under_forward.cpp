@@ -25,13 +25,15 @@ namespace {
 
 /// The stream the updates run on, one per device for the life of the process: the optimizer's state
 /// is made on it at the first update and freed in its order whenever the optimizer goes, so it must
-/// outlive every optimizer.
+/// outlive every optimizer. Below the compute stream's priority, so that its blocks take the SMs the
+/// forward leaves free and do not hold up the forward's kernels.
 core::Stream update_stream(Device device) {
   static std::mutex mutex;
   static std::map<int, core::Stream> streams;
   std::lock_guard<std::mutex> lock(mutex);
   auto it = streams.find(device.index);
-  if (it == streams.end()) it = streams.emplace(device.index, core::cuda::create_stream(device)).first;
+  if (it == streams.end())
+    it = streams.emplace(device.index, core::cuda::create_stream(device, core::cuda::StreamPriority::low)).first;
   return it->second;
 }
 

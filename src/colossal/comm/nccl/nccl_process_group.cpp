@@ -76,7 +76,7 @@ struct NcclCommState {
     core::cuda::DeviceGuard guard(device);
     COLOSSAL_NCCL_CHECK(ncclCommUserRank(comm, &rank), "reading the rank of a new communicator on {}", device);
     COLOSSAL_NCCL_CHECK(ncclCommCount(comm, &size), "reading the size of a new communicator on {}", device);
-    stream = core::cuda::create_stream(device, /*high_priority=*/true);
+    stream = core::cuda::create_stream(device, core::cuda::StreamPriority::high);
   }
   ~NcclCommState() {
     try {
