@@ -2,11 +2,14 @@
 // availability queries raises an error naming the build option.
 #include "colossal/core/cuda_device.h"
 
+#include <functional>
 #include <optional>
+#include <utility>
 
 #include "colossal/core/build_config.h"
 
 #if COLOSSAL_WITH_CUDA
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -340,6 +343,34 @@ std::optional<int> driver_version() {
   return version;
 }
 
+namespace {
+
+using StreamValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+
+StreamValue64 driver_stream_value(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  COLOSSAL_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found));
+  COLOSSAL_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr, "the CUDA driver has no {}", name);
+  return reinterpret_cast<StreamValue64>(fn);
+}
+
+}  // namespace
+
+void write_value(Stream stream, void* address, uint64_t value) {
+  static const StreamValue64 fn = driver_stream_value("cuStreamWriteValue64");
+  const CUresult status = fn(static_cast<CUstream>(stream.handle), reinterpret_cast<CUdeviceptr>(address), value,
+                             CU_STREAM_WRITE_VALUE_DEFAULT);
+  COLOSSAL_CHECK(status == CUDA_SUCCESS, "cuStreamWriteValue64 failed ({})", static_cast<int>(status));
+}
+
+void wait_value(Stream stream, const void* address, uint64_t value) {
+  static const StreamValue64 fn = driver_stream_value("cuStreamWaitValue64");
+  const CUresult status =
+      fn(static_cast<CUstream>(stream.handle), reinterpret_cast<CUdeviceptr>(address), value, CU_STREAM_WAIT_VALUE_GEQ);
+  COLOSSAL_CHECK(status == CUDA_SUCCESS, "cuStreamWaitValue64 failed ({})", static_cast<int>(status));
+}
+
 #else  // no CUDA in this build
 
 namespace {
@@ -434,6 +465,12 @@ void copy_async(const Tensor&, const Tensor&, Stream) {
 void hold(Stream, double) {
   no_cuda("hold");
 }
+void write_value(Stream, void*, uint64_t) {
+  no_cuda("write_value");
+}
+void wait_value(Stream, const void*, uint64_t) {
+  no_cuda("wait_value");
+}
 DeviceProperties properties(int) {
   no_cuda("properties");
 }
@@ -442,5 +479,17 @@ std::pair<int64_t, int64_t> memory_info(int) {
 }
 
 #endif
+
+namespace {
+thread_local std::function<void(Stream)> idle_listener;
+}  // namespace
+
+std::function<void(Stream)> set_idle_listener(std::function<void(Stream)> listener) {
+  return std::exchange(idle_listener, std::move(listener));
+}
+
+void notify_idle(Stream stream) {
+  if (idle_listener) idle_listener(stream);
+}
 
 }  // namespace colossal::core::cuda

@@ -55,19 +55,6 @@ namespace colossal::parallel {
 
 namespace {
 
-using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-
-template <class Fn>
-Fn driver_function(const char* name) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  COLOSSAL_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found));
-  COLOSSAL_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
-                 "CopyEnginePair: the CUDA driver has no {} (needed for the copy-engine all-reduce)", name);
-  return reinterpret_cast<Fn>(fn);
-}
-
 constexpr size_t kAlign = 512;
 size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
@@ -108,8 +95,6 @@ struct CopyEnginePair::Shared {
   void* base = nullptr;       // this rank's allocation
   void* peer_base = nullptr;  // the other rank's, mapped here
   size_t flags_offset = 0;
-  WriteValue64 write_value = nullptr;
-  WaitValue64 wait_value = nullptr;
 
   ~Shared() {
     core::cuda::DeviceGuard guard(device);
@@ -126,16 +111,11 @@ struct CopyEnginePair::Shared {
   }
   /// Sets the other rank's flag `kind` of bucket b to `value` after `on`'s earlier work (fenced).
   void signal(core::Stream on, Flag kind, size_t b, uint64_t value) const {
-    const CUresult status =
-        write_value(static_cast<CUstream>(on.handle), flag(true, kind, b), value, CU_STREAM_WRITE_VALUE_DEFAULT);
-    COLOSSAL_CHECK(status == CUDA_SUCCESS, "CopyEnginePair: cuStreamWriteValue64 failed ({})",
-                   static_cast<int>(status));
+    core::cuda::write_value(on, reinterpret_cast<void*>(flag(true, kind, b)), value);
   }
   /// Holds `on` until this rank's flag `kind` of bucket b reaches `value`.
   void await(core::Stream on, Flag kind, size_t b, uint64_t value) const {
-    const CUresult status =
-        wait_value(static_cast<CUstream>(on.handle), flag(false, kind, b), value, CU_STREAM_WAIT_VALUE_GEQ);
-    COLOSSAL_CHECK(status == CUDA_SUCCESS, "CopyEnginePair: cuStreamWaitValue64 failed ({})", static_cast<int>(status));
+    core::cuda::wait_value(on, reinterpret_cast<const void*>(flag(false, kind, b)), value);
   }
 };
 
@@ -236,8 +216,6 @@ CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const 
   Shared& s = *shared_;
   s.device = group_->device();
   core::cuda::DeviceGuard guard(s.device);
-  s.write_value = driver_function<WriteValue64>("cuStreamWriteValue64");
-  s.wait_value = driver_function<WaitValue64>("cuStreamWaitValue64");
   // Layout: every bucket, with copies a receive buffer for each (the larger half), the flags; the
   // same on both ranks.
   size_t at = 0;
