@@ -8,7 +8,7 @@
 #        [1.3b-chunks] [1.3b-tp4-chunks]   (parallel.tensor.overlap_chunks = 2)
 #        [1.3b-rowsN] [350m-rowsN]         (parallel.tensor.row_blocks = N)
 #        [1.3b-prof]                        (a profile of steps 20-22: $OUT/tp2_prof*.json and their summaries)
-#        [1.3b-atstep] [serial-atstep]      (COLOSSAL_UPDATE_UNDER_FORWARD=0: the update at the step's end,
+#        [1.3b-ufwd] [serial-ufwd]          (COLOSSAL_UPDATE_UNDER_FORWARD=1: the update under the next forward,
 #                                           Note [Update under the next forward] in engine/engine.cpp)
 #        [torch-1.3b-tpN]                   (PyTorch's DTensor plans on N GPUs, bench/compare/torch_tp.py)
 set -uo pipefail
@@ -63,8 +63,10 @@ for part in "${parts[@]}"; do
     350m) run gpt350m_tp2 2 24 1024 16 ;;
     serial) run gpt1.3b_1gpu 1 24 2048 16 ;;
     1.3b-prof) run gpt1.3b_tp2_prof 2 24 2048 16 --profile "$out/tp2_prof.json" --profile-steps 20:3 ;;
-    1.3b-atstep) (export COLOSSAL_UPDATE_UNDER_FORWARD=0; run gpt1.3b_tp2_atstep 2 24 2048 16) ;;
-    serial-atstep) (export COLOSSAL_UPDATE_UNDER_FORWARD=0; run gpt1.3b_1gpu_atstep 1 24 2048 16) ;;
+    1.3b-ufwd) (export COLOSSAL_UPDATE_UNDER_FORWARD=1; run gpt1.3b_tp2_ufwd 2 24 2048 16) ;;
+    1.3b-ufwd-prof) (export COLOSSAL_UPDATE_UNDER_FORWARD=1
+                     run gpt1.3b_tp2_ufwd_prof 2 24 2048 16 --profile "$out/tp2_ufwd_prof.json" --profile-steps 20:3) ;;
+    serial-ufwd) (export COLOSSAL_UPDATE_UNDER_FORWARD=1; run gpt1.3b_1gpu_ufwd 1 24 2048 16) ;;
     serial350m) run gpt350m_1gpu 1 24 1024 16 ;;
     1.3b-sp) run gpt1.3b_tp2_sp 2 24 2048 16 --set parallel.tensor.sequence_parallel=true ;;
     1.3b-tp4) run gpt1.3b_tp4 4 24 2048 16 ;;
@@ -76,7 +78,7 @@ for part in "${parts[@]}"; do
     torch-1.3b-tp*) torchrun --standalone --nproc_per_node "${part#torch-1.3b-tp}" bench/compare/torch_tp.py \
           --layers 24 --width 2048 --heads 16 --batch 8 2>&1 | grep -E "torch DTensor|Error" ;;
     *) echo "unknown part '$part' (1.3b, 350m, serial, serial350m, 1.3b-sp, 1.3b-tp4, 1.3b-chunks, 1.3b-tp4-chunks," \
-         "1.3b-prof, 1.3b-atstep, serial-atstep," \
+         "1.3b-prof, 1.3b-ufwd, 1.3b-ufwd-prof, serial-ufwd," \
          "1.3b-rowsN, 350m-rowsN, torch-1.3b-tpN)"; exit 2 ;;
   esac
 done

@@ -21,8 +21,8 @@ class UpdateUnderForwardGpu : public ::testing::Test {
 TEST_F(UpdateUnderForwardGpu, Gpt2Bf16WithClippingTrainsAsTheUpdateAtTheStep) {
   const CaseRun on = expect_same_as_at_the_step(kGpu, CaseOptions{}, 6);
   EXPECT_EQ(on.parts_waited, 5 * 4);
-  // Unset is on, on a GPU.
-  EXPECT_EQ(run_case(kGpu, std::nullopt, CaseOptions{}, 6).params, on.params);
+  // Unset is off (not yet measured faster).
+  EXPECT_EQ(run_case(kGpu, std::nullopt, CaseOptions{}, 2).parts_waited, -1);
 }
 
 TEST_F(UpdateUnderForwardGpu, F32AccumulationAndEvaluationBetweenSteps) {

@@ -50,8 +50,7 @@ TEST(UpdateUnderForward, AModelThatSkipsItsUnitsHooksUpdatesAtTheStep) {
   EXPECT_EQ(direct.losses, run_case(core::kCpu, false, c).losses) << "the same layers called through operator()";
 }
 
-TEST(UpdateUnderForward, OnlyWhereItIsAskedForOnTheCpu) {
-  // Unset means on a GPU only.
+TEST(UpdateUnderForward, OffUnlessAskedFor) {
   EXPECT_EQ(run_case(core::kCpu, std::nullopt, CaseOptions{}, 1).parts_waited, -1);
 }
 

@@ -91,6 +91,21 @@ void resolve_deferred_checks(bool wait);
 /// device starting each kernel as the host launches it.
 void hold(Stream stream, double milliseconds);
 
+/// Eight bytes of device memory from cudaMalloc, zeroed, for write_value and wait_value (the driver's
+/// stream memory operations refuse memory of a stream-ordered pool, where tensors live).
+class DeviceWord {
+ public:
+  explicit DeviceWord(Device device);
+  ~DeviceWord();
+  DeviceWord(const DeviceWord&) = delete;
+  DeviceWord& operator=(const DeviceWord&) = delete;
+  void* address() const { return address_; }
+
+ private:
+  void* address_ = nullptr;
+  int device_ = -1;
+};
+
 /// Queues on `stream` the write of `value` into the 8 bytes of device memory at `address`, once the
 /// stream's earlier work is done and visible (the driver's stream memory operation
 /// cuStreamWriteValue64; no kernel).

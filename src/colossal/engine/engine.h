@@ -90,7 +90,7 @@ struct EngineOptions {
   std::function<void(Engine& engine)> before_update;
   /// Leave the optimizer's update running into the next forward, each block waiting for its own
   /// parameters' update just before it reads them (Note [Update under the next forward] in
-  /// engine.cpp). Unset: on where the model is on a GPU. Only where no gradient handler runs (one
+  /// engine.cpp). Unset: off (measured no faster yet). Only where no gradient handler runs (one
   /// data-parallel rank, no ZeRO), without a pipeline schedule, and once the first forward has shown
   /// that every unit's forward hooks run; elsewhere the update ends with the step, as with false.
   /// COLOSSAL_UPDATE_UNDER_FORWARD=0 or 1 overrides it.

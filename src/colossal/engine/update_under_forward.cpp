@@ -67,7 +67,7 @@ UpdateUnderForward::UpdateUnderForward(nn::Module& model, const std::vector<Tens
   }
   if (device_.is_cuda()) {
     done_.emplace();
-    gate_ = core::zeros({1}, TensorOptions(DType::i64, device_));
+    gate_.emplace(device_);
     // Note [Idle points]: where the forward waits for a collective, the next part may run.
     previous_listener_ = core::cuda::set_idle_listener([this](core::Stream stream) {
       if (pending_ && in_forward_ && stream == core::cuda::current_stream(device_)) release(released_ + 1, stream);
@@ -142,7 +142,7 @@ void UpdateUnderForward::run(optim::Optimizer& optimizer, const std::function<vo
     parts_[p]->recorded = true;
     stepped_ = true;
     // The next part waits for its gate (Note [Update under the next forward]).
-    if (p + 1 < parts_.size()) core::cuda::wait_value(side, gate_.raw_data(), base_ + p + 1);
+    if (p + 1 < parts_.size()) core::cuda::wait_value(side, gate_->address(), base_ + p + 1);
   });
   {
     core::cuda::StreamGuard guard(side);
@@ -153,7 +153,7 @@ void UpdateUnderForward::run(optim::Optimizer& optimizer, const std::function<vo
 
 void UpdateUnderForward::release(size_t part, core::Stream stream) {
   if (!pending_ || part <= released_ || part >= parts_.size()) return;
-  core::cuda::write_value(stream, gate_.raw_data(), base_ + part);
+  core::cuda::write_value(stream, gate_->address(), base_ + part);
   released_ = part;
 }
 

@@ -75,7 +75,7 @@ class UpdateUnderForward {
   // The gates (GPU only): part p > 0 of run r waits on the update stream until gate_ >= r * (parts + 1)
   // + p, which the compute stream writes at an idle point of the forward or, at the latest, in the
   // pre-hook of the unit that needs part p.
-  Tensor gate_;  // one u64 on the device
+  std::optional<core::cuda::DeviceWord> gate_;
   int64_t runs_ = 0;
   uint64_t base_ = 0;        // r * (parts + 1) of the last run
   size_t released_ = 0;      // the last part of the last run the compute stream has released
