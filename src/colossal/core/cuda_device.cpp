@@ -357,18 +357,6 @@ StreamValue64 driver_stream_value(const char* name) {
 
 }  // namespace
 
-DeviceWord::DeviceWord(Device device) : device_(device.index) {
-  DeviceGuard guard(device);
-  COLOSSAL_CUDA_CHECK(cudaMalloc(&address_, sizeof(uint64_t)));
-  COLOSSAL_CUDA_CHECK(cudaMemset(address_, 0, sizeof(uint64_t)));
-}
-
-DeviceWord::~DeviceWord() {
-  if (address_ == nullptr) return;
-  DeviceGuard guard(Device(DeviceType::cuda, device_));
-  cudaFree(address_);
-}
-
 void write_value(Stream stream, void* address, uint64_t value) {
   static const StreamValue64 fn = driver_stream_value("cuStreamWriteValue64");
   const CUresult status = fn(static_cast<CUstream>(stream.handle), reinterpret_cast<CUdeviceptr>(address), value,
@@ -477,10 +465,6 @@ void copy_async(const Tensor&, const Tensor&, Stream) {
 void hold(Stream, double) {
   no_cuda("hold");
 }
-DeviceWord::DeviceWord(Device) {
-  no_cuda("DeviceWord");
-}
-DeviceWord::~DeviceWord() = default;
 void write_value(Stream, void*, uint64_t) {
   no_cuda("write_value");
 }
@@ -495,17 +479,5 @@ std::pair<int64_t, int64_t> memory_info(int) {
 }
 
 #endif
-
-namespace {
-thread_local std::function<void(Stream)> idle_listener;
-}  // namespace
-
-std::function<void(Stream)> set_idle_listener(std::function<void(Stream)> listener) {
-  return std::exchange(idle_listener, std::move(listener));
-}
-
-void notify_idle(Stream stream) {
-  if (idle_listener) idle_listener(stream);
-}
 
 }  // namespace colossal::core::cuda

@@ -91,21 +91,6 @@ void resolve_deferred_checks(bool wait);
 /// device starting each kernel as the host launches it.
 void hold(Stream stream, double milliseconds);
 
-/// Eight bytes of device memory from cudaMalloc, zeroed, for write_value and wait_value (the driver's
-/// stream memory operations refuse memory of a stream-ordered pool, where tensors live).
-class DeviceWord {
- public:
-  explicit DeviceWord(Device device);
-  ~DeviceWord();
-  DeviceWord(const DeviceWord&) = delete;
-  DeviceWord& operator=(const DeviceWord&) = delete;
-  void* address() const { return address_; }
-
- private:
-  void* address_ = nullptr;
-  int device_ = -1;
-};
-
 /// Queues on `stream` the write of `value` into the 8 bytes of device memory at `address`, once the
 /// stream's earlier work is done and visible (the driver's stream memory operation
 /// cuStreamWriteValue64; no kernel).
@@ -113,18 +98,6 @@ void write_value(Stream stream, void* address, uint64_t value);
 /// Holds `stream` (not an SM: the driver's cuStreamWaitValue64) until the 8 bytes at `address` hold
 /// a value >= `value`. Something must write it: the stream waits for ever otherwise.
 void wait_value(Stream stream, const void* address, uint64_t value);
-
-// Note [Idle points]
-// A stream made to wait for another stream's work (the compute stream for a collective's result) sits
-// idle until that work is done. Whoever can use such a moment registers a listener for the thread;
-// the NCCL backend calls notify_idle(stream) just before it makes a stream wait for a collective, so
-// the listener can queue on that stream what should start exactly there (the update under the next
-// forward releases its next part: Note [Update under the next forward] in engine/engine.cpp).
-
-/// Sets this thread's idle listener (an empty function clears it); returns the one it replaces.
-std::function<void(Stream)> set_idle_listener(std::function<void(Stream)> listener);
-/// Tells this thread's idle listener, if any, that `stream` is about to wait for another stream.
-void notify_idle(Stream stream);
 
 /// Waits for all work on the device, then resolves the deferred checks (which may throw).
 void synchronize(Device device);

@@ -209,30 +209,31 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
 // GPU. Meanwhile the next forward leaves the GPU's SMs idle for about as long: its tensor-parallel
 // all-reduces (7 ms of exposed communication at tp=2) and its launch gaps. Nothing in the next forward
 // needs all of the update, only each block's own parameters, and those only when the block starts.
-// So where nothing stands in the way the update runs on a stream of its own (UpdateUnderForward):
-// that stream waits for the step's backward, then takes clipping's norm, the overflow check and the
-// optimizer's step as before, but the step goes part by part (Optimizer::step_next_in_parts), one part
-// per unit of the model (parallel/zero/units.h: each block, and the model's own parameters, the
-// embeddings and the tied head, first), with an event after each. The host goes on to the next step at
-// once; each unit's forward pre-hook makes the compute stream wait for its part's event, and the end
-// of the model's forward waits for everything (backward reads every parameter). Left to run freely
-// beside the forward, the parts took the SMs and the memory bandwidth from the forward's GEMMs as much
-// as they saved (GPT 1.3B tp=2 on 2 H100s, session 19: 85.7 against 86.0 ms a step; its forward 36-38
-// ms of device time instead of 30), stream priorities or not. So each part after the first waits on
-// the update stream for a gate (a counter in device memory, the driver's stream memory operations:
-// core::cuda::wait_value), which the compute stream opens (write_value) where it is about to idle:
-// at the forward's waits for a collective (Note [Idle points]: a tensor-parallel block's all-reduces,
-// each of which opens the next part), and at the latest in the pre-hook of the unit that needs it. The numbers are
-// those of one update, bit for bit (every part is stepped with the same norm, scales and step counts; the tests compare
-// the runs). The gradients the update reads were made on the compute stream, whose allocator would hand their memory
-// out again as soon as zero_grad drops them, so they are held until the compute stream has waited for their part. The
-// host never waits: a read of the last norm (last_grad_norm) synchronises with the update, and whatever reads the
-// parameters or the optimizer's state outside the forward goes through Engine::model() or Engine::wait_for_update()
-// (checkpoints do). Only where no gradient handler runs (DataParallel's and ZeRO's own schedules of their reductions
-// and gathers are left as they are), without a pipeline schedule (whose stages' forwards the Engine does not run), and
-// once the first forward has shown that every unit's pre-hook runs (a model that calls its blocks through forward()
-// updates at the step's end); EngineOptions::update_under_forward, COLOSSAL_UPDATE_UNDER_FORWARD, off
-// by default until it is measured faster.
+// So, when asked, the update runs on a stream of its own (UpdateUnderForward): that stream waits for
+// the step's backward, then takes clipping's norm, the overflow check and the optimizer's step as
+// before, but the step goes part by part (Optimizer::step_next_in_parts), one part per unit of the
+// model (parallel/zero/units.h: each block, and the model's own parameters, the embeddings and the
+// tied head, first), with an event after each. The host goes on to the next step at once; each unit's
+// forward pre-hook makes the compute stream wait for its part's event, and the end of the model's
+// forward waits for everything (backward reads every parameter). The numbers are those of one update,
+// bit for bit (every part is stepped with the same norm, scales and step counts; the tests compare the
+// runs on the CPU and a GPU). The gradients the update reads were made on the compute stream, whose
+// allocator would hand their memory out again as soon as zero_grad drops them, so they are held until
+// the compute stream has waited for their part. The host never waits: a read of the last norm
+// (last_grad_norm) synchronises with the update, and whatever reads the parameters or the optimizer's
+// state outside the forward goes through Engine::model() or Engine::wait_for_update() (checkpoints
+// do). Only where no gradient handler runs (DataParallel's and ZeRO's own schedules of their
+// reductions and gathers are left as they are), without a pipeline schedule (whose stages' forwards
+// the Engine does not run), and once the first forward has shown that every unit's pre-hook runs (a
+// model that calls its blocks through forward() updates at the step's end).
+// Measured (GPT 1.3B at tp=2 on 2 H100s, session 19): 85.7 against 86.0 ms a step, and 86.1 against
+// 86.6 with the compute stream's priority above the update stream's: no gain. The parts run beside the
+// forward's GEMMs and take about as much from them as they save (the forward's device time grew from
+// 30 to 36-38 ms). Running each part only where the forward idles (its waits for the all-reduces)
+// needs the update stream to wait for a gate the forward opens; a gate left shut blocks every
+// device-wide synchronisation (the end of training, the allocator's out-of-memory retry), as the first
+// try did, so that is not built. Off by default: EngineOptions::update_under_forward,
+// COLOSSAL_UPDATE_UNDER_FORWARD=1.
 
 std::vector<Tensor> Engine::stepped_tensors() {
   if (const parallel::zero::ZeroHandler* z = zero()) return z->shards();
@@ -373,7 +374,7 @@ void Engine::wait_for_update() {
 
 std::optional<double> Engine::last_grad_norm() const {
   if (!last_grad_norm_.defined()) return std::nullopt;
-  if (update_under_forward_) update_under_forward_->synchronize_first_part();  // the norm is the update's
+  if (update_under_forward_) update_under_forward_->synchronize();  // the norm is the update's
   return last_grad_norm_.item<double>();
 }
 

@@ -65,14 +65,7 @@ UpdateUnderForward::UpdateUnderForward(nn::Module& model, const std::vector<Tens
     parts_.front()->stepped.push_back(stepped[k]);
     parts_.front()->model_params.push_back(model_params[k]);
   }
-  if (device_.is_cuda()) {
-    done_.emplace();
-    gate_.emplace(device_);
-    // Note [Idle points]: where the forward waits for a collective, the next part may run.
-    previous_listener_ = core::cuda::set_idle_listener([this](core::Stream stream) {
-      if (pending_ && in_forward_ && stream == core::cuda::current_stream(device_)) release(released_ + 1, stream);
-    });
-  }
+  if (device_.is_cuda()) done_.emplace();
   for (UnitHook& hook : hooks_) {
     const bool is_model = hook.module == &model_;
     hook.id = hook.module->register_forward_pre_hook([this, &hook, is_model](nn::Module&, const Tensor&) {
@@ -82,7 +75,6 @@ UpdateUnderForward::UpdateUnderForward(nn::Module& model, const std::vector<Tens
         }
         hook.ran = true;
       }
-      if (is_model) in_forward_ = true;
       wait_part(hook.part);
     });
   }
@@ -93,7 +85,6 @@ UpdateUnderForward::UpdateUnderForward(nn::Module& model, const std::vector<Tens
                             [&](const UnitHook& h) { return h.ran || parts_[h.part]->stepped.empty(); });
     }
     wait();  // whatever the forward's units did not wait for, before backward reads anything
-    in_forward_ = false;
     return Tensor();
   });
 }
@@ -101,11 +92,7 @@ UpdateUnderForward::UpdateUnderForward(nn::Module& model, const std::vector<Tens
 UpdateUnderForward::~UpdateUnderForward() {
   for (const UnitHook& hook : hooks_) hook.module->remove_forward_hook(hook.id);
   model_.remove_forward_hook(model_hook_);
-  try {
-    synchronize();
-  } catch (...) {
-  }
-  if (device_.is_cuda()) core::cuda::set_idle_listener(std::move(previous_listener_));
+  synchronize();
 }
 
 void UpdateUnderForward::run(optim::Optimizer& optimizer, const std::function<void()>& update,
@@ -133,16 +120,9 @@ void UpdateUnderForward::run(optim::Optimizer& optimizer, const std::function<vo
   // The update reads what the backward (and the handler) left on the current stream.
   done_->record(compute);
   done_->block(side);
-  ++runs_;
-  base_ = static_cast<uint64_t>(runs_) * (parts_.size() + 1);
-  released_ = 0;  // the first part (the model's own parameters) goes at once
-  stepped_ = false;
   optimizer.step_next_in_parts(std::move(parts), [this, side](size_t p) {
     parts_[p]->done->record(side);
     parts_[p]->recorded = true;
-    stepped_ = true;
-    // The next part waits for its gate (Note [Update under the next forward]).
-    if (p + 1 < parts_.size()) core::cuda::wait_value(side, gate_->address(), base_ + p + 1);
   });
   {
     core::cuda::StreamGuard guard(side);
@@ -151,20 +131,10 @@ void UpdateUnderForward::run(optim::Optimizer& optimizer, const std::function<vo
   done_->record(side);
 }
 
-void UpdateUnderForward::release(size_t part, core::Stream stream) {
-  if (!pending_ || part <= released_ || part >= parts_.size()) return;
-  core::cuda::write_value(stream, gate_->address(), base_ + part);
-  released_ = part;
-}
-
 void UpdateUnderForward::wait_part(size_t p) {
   Part& part = *parts_[p];
   if (!part.recorded) return;
-  if (device_.is_cuda()) {
-    const core::Stream current = core::cuda::current_stream(device_);
-    release(p, current);
-    part.done->block(current);
-  }
+  if (device_.is_cuda()) part.done->block(core::cuda::current_stream(device_));
   part.recorded = false;
   part.held.clear();  // freed in the current stream's order, now behind the update's reads
   ++parts_waited_in_hooks_;
@@ -172,11 +142,7 @@ void UpdateUnderForward::wait_part(size_t p) {
 
 void UpdateUnderForward::wait() {
   if (!pending_) return;
-  if (device_.is_cuda()) {
-    const core::Stream current = core::cuda::current_stream(device_);
-    release(parts_.size() - 1, current);
-    done_->block(current);
-  }
+  if (device_.is_cuda()) done_->block(core::cuda::current_stream(device_));
   for (auto& part : parts_) {
     part->recorded = false;
     part->held.clear();
@@ -185,16 +151,8 @@ void UpdateUnderForward::wait() {
   pending_ = false;
 }
 
-void UpdateUnderForward::synchronize() {
-  if (!pending_ || !device_.is_cuda()) return;
-  release(parts_.size() - 1, core::cuda::current_stream(device_));
-  done_->synchronize();
-}
-
-void UpdateUnderForward::synchronize_first_part() const {
-  if (!pending_ || !device_.is_cuda()) return;
-  // Without a step (an fp16 overflow skipped it) no part waits for a gate.
-  (stepped_ ? *parts_.front()->done : *done_).synchronize();
+void UpdateUnderForward::synchronize() const {
+  if (pending_ && device_.is_cuda()) done_->synchronize();
 }
 
 }  // namespace colossal::engine

@@ -40,11 +40,8 @@ class UpdateUnderForward {
   void run(optim::Optimizer& optimizer, const std::function<void()>& update, std::vector<Tensor> held = {});
   /// The current stream waits for all of the last run (a no-op when nothing is pending).
   void wait();
-  /// The host waits for all of the last run (its parts released first).
-  void synchronize();
-  /// The host waits until the last run's first part is done: the gradient norm and the overflow
-  /// check come before it, so they can be read (Engine::last_grad_norm) without releasing the rest.
-  void synchronize_first_part() const;
+  /// The host waits for all of the last run.
+  void synchronize() const;
   /// The parts run so far that the forward's pre-hooks waited for one by one (not at the end):
   /// what the tests read to see the overlap is real.
   int64_t parts_waited_in_hooks() const { return parts_waited_in_hooks_; }
@@ -53,8 +50,6 @@ class UpdateUnderForward {
  private:
   struct Part;
   void wait_part(size_t part);
-  /// Note [Update under the next forward]: the parts up to `part` may start once `stream` is there.
-  void release(size_t part, core::Stream stream);
 
   nn::Module& model_;
   Device device_;
@@ -72,16 +67,6 @@ class UpdateUnderForward {
   bool pending_ = false;                   // a run has not yet been waited for as a whole
   std::vector<Tensor> held_;               // the run's tensors outside any part, released by wait()
   std::optional<core::cuda::Event> done_;  // after the whole run (made on a GPU only)
-  // The gates (GPU only): part p > 0 of run r waits on the update stream until gate_ >= r * (parts + 1)
-  // + p, which the compute stream writes at an idle point of the forward or, at the latest, in the
-  // pre-hook of the unit that needs part p.
-  std::optional<core::cuda::DeviceWord> gate_;
-  int64_t runs_ = 0;
-  uint64_t base_ = 0;        // r * (parts + 1) of the last run
-  size_t released_ = 0;      // the last part of the last run the compute stream has released
-  bool stepped_ = false;     // the last run's optimizer step issued its parts
-  bool in_forward_ = false;  // between the model's forward pre-hook and its forward hook
-  std::function<void(core::Stream)> previous_listener_;
   int64_t parts_waited_in_hooks_ = 0;
 };
 
