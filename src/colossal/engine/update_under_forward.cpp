@@ -92,7 +92,10 @@ UpdateUnderForward::UpdateUnderForward(nn::Module& model, const std::vector<Tens
 UpdateUnderForward::~UpdateUnderForward() {
   for (const UnitHook& hook : hooks_) hook.module->remove_forward_hook(hook.id);
   model_.remove_forward_hook(model_hook_);
-  synchronize();
+  try {
+    synchronize();  // the update's kernels read what is freed next
+  } catch (...) {
+  }
 }
 
 void UpdateUnderForward::run(optim::Optimizer& optimizer, const std::function<void()>& update,
