@@ -5,6 +5,7 @@ one machine (issue 17's table; docs/benchmarks.md).
     bench/compare/dp_scaling.py --colossal build-gpu/src/colossal/cli/colossal [--gpus 1,2]
                                 [--steps 300] [--warmup 100] [--no-torch] [--out DIR]
                                 [--rounds R] [--each-gpu] [--no-ours] [--set KEY=VALUE ...]
+                                [--variant NAME:KEY=VALUE,... ...]
 
 Ours: `colossal train --config configs/gpt2_tokens.toml` (one GPU) and `colossal run --nproc_per_node
 N -- colossal train ...` with bf16 (fp32 masters), data.batch_size 16 x T 1024 per GPU,
@@ -21,7 +22,10 @@ the one-GPU baseline on each GPU the largest run uses (CUDA_VISIBLE_DEVICES), si
 differ by ~1% in speed and a synchronous job runs at its slowest one's pace: the baseline is then their
 mean throughput (N GPUs ideally give the sum of what each gives alone), and each GPU's is printed.
 --set KEY=VALUE (repeatable) is handed to our runs on more than one GPU (`zero.stage=1`, say), the
-one-GPU baseline staying the plain run."""
+one-GPU baseline staying the plain run. --variant NAME:KEY=VALUE,... (repeatable; "plain:" for none)
+runs each variant's multi-GPU runs in every round against the one shared one-GPU baseline, so that, e.g.,
+`--variant plain: --variant zero1:zero.stage=1` gives plain data parallelism, ZeRO-1 and (without
+--no-torch) DDP in one table from one call; --set then applies to every variant."""
 import argparse
 import json
 import os
@@ -40,8 +44,8 @@ def make_tokens(path, count=4_000_000, vocab=50257):
     rng.integers(0, vocab, size=count, dtype=np.uint16).tofile(path)
 
 
-def ours(colossal, gpus, steps, warmup, out, device=None, sets=()):
-    tag = f"{gpus}" if device is None else f"1_gpu{device}"
+def ours(colossal, gpus, steps, warmup, out, device=None, sets=(), variant=""):
+    tag = (f"{gpus}" if device is None else f"1_gpu{device}") + (f"_{variant}" if variant else "")
     metrics = os.path.join(out, f"ours_{tag}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
@@ -71,7 +75,7 @@ def ours(colossal, gpus, steps, warmup, out, device=None, sets=()):
         raise SystemExit(f"too few step lines after warm-up in {metrics}")
     (s0, t0), (s1, t1) = points[0], points[-1]
     ms = 1e3 * (t1 - t0) / (s1 - s0)
-    return dict(impl="colossal", gpus=gpus, device=device, ms_per_step=ms,
+    return dict(impl="colossal", gpus=gpus, device=device, variant=variant, ms_per_step=ms,
                 tokens_per_s=gpus * 16 * 1024 / (ms * 1e-3), steps_timed=s1 - s0)
 
 
@@ -108,7 +112,21 @@ def main():
     parser.add_argument("--each-gpu", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for our runs on more than one GPU (repeatable)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                        help="a named set of overrides for our multi-GPU runs (repeatable; 'plain:' for none)")
     args = parser.parse_args()
+    variants = []  # (name, overrides)
+    for spec in args.variant:
+        name, sep, rest = spec.partition(":")
+        if not sep or not name or not name.isidentifier():
+            parser.error(f"--variant '{spec}': expected NAME:KEY=VALUE,... (NAME a word; 'plain:' for no overrides)")
+        overrides = [kv for kv in rest.split(",") if kv]
+        bad = [kv for kv in overrides if "=" not in kv]
+        if bad:
+            parser.error(f"--variant '{spec}': '{bad[0]}' is not KEY=VALUE")
+        variants.append((name, overrides + args.set))
+    if not variants:
+        variants = [("", args.set)]
     os.makedirs(args.out, exist_ok=True)
     make_tokens(os.path.join(args.out, "tokens.bin"))
     gpus = [int(g) for g in args.gpus.split(",")]
@@ -118,8 +136,9 @@ def main():
     for _ in range(args.rounds):
         for n in gpus:
             for device in (singles if n == 1 else [None]):
-                runs = [] if args.no_ours else [lambda: ours(args.colossal, n, args.steps, args.warmup, args.out, device,
-                                                          args.set)]
+                runs = [] if args.no_ours else [
+                    (lambda v=v: ours(args.colossal, n, args.steps, args.warmup, args.out, device, v[1], v[0]))
+                    for v in (variants if n > 1 else [("", [])])]
                 if not args.no_torch:
                     runs.append(lambda: torch_ddp(n, args.steps, args.warmup, args.out, device))
                 for run in runs:
@@ -133,21 +152,23 @@ def main():
         values = sorted(values)
         return values[len(values) // 2] if len(values) % 2 else 0.5 * (values[len(values) // 2 - 1] + values[len(values) // 2])
 
-    print(f"\n{'impl':10} {'GPUs':>4} {'on':>4} {'ms/step':>9} {'tokens/s':>11} {'scaling':>8}   (median of {args.rounds})")
+    print(f"\n{'impl':16} {'GPUs':>4} {'on':>4} {'ms/step':>9} {'tokens/s':>11} {'scaling':>8}   (median of {args.rounds})")
     for impl in ("colossal", "torch-ddp"):
         mine = [r for r in rows if r["impl"] == impl]
         if not mine:
             continue
-        keys = sorted({(r["gpus"], r.get("device")) for r in mine}, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
-        ms = {k: median([r["ms_per_step"] for r in mine if (r["gpus"], r.get("device")) == k]) for k in keys}
-        ones = [v for (n, _), v in ms.items() if n == 1]
+        key = lambda r: (r["gpus"], r.get("device"), r.get("variant", ""))
+        keys = sorted({key(r) for r in mine}, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2]))
+        ms = {k: median([r["ms_per_step"] for r in mine if key(r) == k]) for k in keys}
+        ones = [v for (n, _, _), v in ms.items() if n == 1]
         # The baseline: the one-GPU runs' mean throughput (their harmonic mean of ms/step).
         base = len(ones) / sum(1 / v for v in ones) if ones else float("nan")
-        for (n, device), v in ms.items():
+        for (n, device, variant), v in ms.items():
             where = "all" if device is None else f"gpu{device}"
-            print(f"{impl:10} {n:>4} {where:>4} {v:>9.2f} {n * 16 * 1024 / (v * 1e-3):>11.0f} {base / v:>8.3f}")
+            name = f"{impl} {variant}" if variant else impl
+            print(f"{name:16} {n:>4} {where:>4} {v:>9.2f} {n * 16 * 1024 / (v * 1e-3):>11.0f} {base / v:>8.3f}")
         if len(ones) > 1:
-            print(f"{impl:10} {1:>4} {'mean':>4} {base:>9.2f} {16 * 1024 / (base * 1e-3):>11.0f} {1:>8.3f}")
+            print(f"{impl:16} {1:>4} {'mean':>4} {base:>9.2f} {16 * 1024 / (base * 1e-3):>11.0f} {1:>8.3f}")
 
 
 if __name__ == "__main__":
