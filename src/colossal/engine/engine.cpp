@@ -111,16 +111,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimiz
   const bool under_forward =
       parallel::env_switch("COLOSSAL_UPDATE_UNDER_FORWARD").value_or(options_.update_under_forward.value_or(false));
   if (under_forward && !gradient_handler_ && dynamic_cast<const NonPipelineSchedule*>(schedule_.get()) != nullptr) {
-    std::vector<Tensor> model_params, stepped;
-    if (amp_) {
-      model_params = amp_->model_params();
-      stepped = amp_->master_params();
-    } else {
-      for (const optim::ParamGroup& group : optimizer_->param_groups()) {
-        model_params.insert(model_params.end(), group.params.begin(), group.params.end());
-      }
-      stepped = model_params;
-    }
+    const auto [stepped, model_params] = optimizer_tensors();
     update_under_forward_ = std::make_unique<UpdateUnderForward>(*model_, model_params, stepped);
   }
   if (amp_ && !gradient_statistics_->groups().empty()) {
@@ -195,9 +186,9 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
 // Adam's, SGD's and the other optimizers' updates are per element, so the parameters of every other
 // bucket can be stepped first while those reductions run on the communicator's stream, and the late
 // ones after: the same numbers, bit for bit, in two launches. The handler waits for all but the
-// last buckets (GradientHandler::finish_all_but_late; DataParallelOptions::late_buckets), the late
-// parameters' gradients are set aside while the rest step, then finish() waits for the late ones and
-// the others' gradients are set aside while they step. Only where nothing needs every gradient
+// last buckets (GradientHandler::finish_all_but_late; DataParallelOptions::late_buckets), and the
+// optimizer steps in two parts (Optimizer::step_next_in_parts: the early parameters, then, once
+// finish() has waited for the late ones, those). Only where nothing needs every gradient
 // before the step: no clipping (the global norm), no fp16 loss scale (the overflow check that may
 // skip it), no before_update hook, and under mixed precision only where its step is fused (the
 // three-pass step would copy every master into the model twice). ZeRO stages 1 and 2 on the device
@@ -262,33 +253,29 @@ void Engine::step_parameters_with_gradients() {
 }
 
 void Engine::step_in_two_parts(const std::vector<Tensor>& late) {
-  // Note [Update beside the last reductions]
+  // Note [Update beside the last reductions]: the early part, then the handler's last reductions, then
+  // the late part, in one step of the optimizer (Optimizer::step_next_in_parts).
   std::unordered_set<const core::TensorImpl*> is_late;
-  std::vector<std::pair<Tensor, Tensor>> aside;  // (parameter, its gradient) left out of a part
-  auto set_aside = [&](Tensor param) {
-    if (Tensor grad = param.grad(); grad.defined()) {
-      aside.emplace_back(param, grad);
-      param.set_grad(Tensor());
-    }
-  };
-  auto step_without_aside = [&] {
-    step_parameters_with_gradients();
-    for (auto& [param, grad] : aside) param.set_grad(grad);
-    aside.clear();
-  };
-  for (const Tensor& param : late) {
-    is_late.insert(param.impl());
-    set_aside(param);
-  }
-  step_without_aside();
-  {
+  for (const Tensor& t : late) is_late.insert(t.impl());
+  const auto [stepped, known_as] = optimizer_tensors();
+  std::vector<std::vector<Tensor>> parts(2);
+  for (size_t k = 0; k < stepped.size(); ++k) parts[is_late.contains(known_as[k].impl()) ? 1 : 0].push_back(stepped[k]);
+  optimizer_->step_next_in_parts(std::move(parts), [this](size_t part) {
+    if (part != 0) return;
     core::profiler::Scope scope("update: gradient handler finish", device_);
     gradient_handler_->finish();
+  });
+  step_parameters_with_gradients();
+}
+
+std::pair<std::vector<Tensor>, std::vector<Tensor>> Engine::optimizer_tensors() const {
+  const bool sharded = dynamic_cast<const parallel::zero::ZeroHandler*>(gradient_handler_.get()) != nullptr;
+  if (amp_ && !sharded) return {amp_->master_params(), amp_->model_params()};
+  std::vector<Tensor> stepped;
+  for (const optim::ParamGroup& group : optimizer_->param_groups()) {
+    stepped.insert(stepped.end(), group.params.begin(), group.params.end());
   }
-  for (const Tensor& param : stepped_tensors()) {
-    if (!is_late.contains(param.impl())) set_aside(param);
-  }
-  step_without_aside();
+  return {stepped, stepped};
 }
 
 void Engine::update() {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "colossal/amp/mixed_precision_optimizer.h"
@@ -211,6 +212,10 @@ class Engine {
   /// The optimizer step (through mixed precision where there is one) of the parameters with a
   /// gradient, without clipping: one part of a two-part update.
   void step_parameters_with_gradients();
+  /// The tensors the optimizer steps (first), each with the tensor the model and the gradient handler
+  /// know it by (second): under mixed precision without ZeRO the f32 masters and their 16-bit
+  /// parameters, else the same tensors twice (the model's parameters, or ZeRO's shards).
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> optimizer_tensors() const;
   /// Steps every parameter but `late`, waits for the handler's last reductions, then steps `late`.
   void step_in_two_parts(const std::vector<Tensor>& late);
   /// The update's step after every reduction: before_update, clipping, mixed precision, the optimizer.

@@ -98,8 +98,7 @@ UpdateUnderForward::~UpdateUnderForward() {
   }
 }
 
-void UpdateUnderForward::run(optim::Optimizer& optimizer, const std::function<void()>& update,
-                             std::vector<Tensor> held) {
+void UpdateUnderForward::run(optim::Optimizer& optimizer, const std::function<void()>& update) {
   wait();  // the last run's, should nothing have waited for it yet
   std::vector<std::vector<Tensor>> parts;
   for (const auto& part : parts_) {
@@ -111,7 +110,6 @@ void UpdateUnderForward::run(optim::Optimizer& optimizer, const std::function<vo
       }
     }
   }
-  held_ = std::move(held);
   pending_ = true;
   if (!device_.is_cuda()) {
     optimizer.step_next_in_parts(std::move(parts), [this](size_t p) { parts_[p]->recorded = true; });
@@ -150,7 +148,6 @@ void UpdateUnderForward::wait() {
     part->recorded = false;
     part->held.clear();
   }
-  held_.clear();
   pending_ = false;
 }
 

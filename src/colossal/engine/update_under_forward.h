@@ -35,9 +35,9 @@ class UpdateUnderForward {
   /// per unit in the order the forward reaches them. On a GPU it runs on the update stream, which
   /// first waits for the current stream's work; the current stream waits only in the units'
   /// pre-hooks, for each part, and at the end of the next forward, for everything. The gradients the
-  /// update reads (`held`, and the optimizer's and the model's .grad) are kept alive until then, so
+  /// update reads (the optimizer's and the model's .grad) are kept alive until then, so
   /// that the memory is not reused under it. On the CPU it runs in parts at once.
-  void run(optim::Optimizer& optimizer, const std::function<void()>& update, std::vector<Tensor> held = {});
+  void run(optim::Optimizer& optimizer, const std::function<void()>& update);
   /// The current stream waits for all of the last run (a no-op when nothing is pending).
   void wait();
   /// The host waits for all of the last run.
@@ -65,7 +65,6 @@ class UpdateUnderForward {
   bool checked_ = false;
   bool hooked_ = false;
   bool pending_ = false;                   // a run has not yet been waited for as a whole
-  std::vector<Tensor> held_;               // the run's tensors outside any part, released by wait()
   std::optional<core::cuda::Event> done_;  // after the whole run (made on a GPU only)
   int64_t parts_waited_in_hooks_ = 0;
 };

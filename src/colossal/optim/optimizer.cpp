@@ -197,23 +197,24 @@ void Optimizer::apply_grad_scale_in_place() {
 }
 
 void Optimizer::step_next_in_parts(std::vector<std::vector<Tensor>> parts, std::function<void(size_t)> after_part) {
-  std::unordered_map<const core::TensorImpl*, std::string> label;  // this optimizer's parameters
+  // This optimizer's parameters as (group, index), named only in an error (the Engine calls this
+  // every step).
+  std::unordered_map<const core::TensorImpl*, std::pair<size_t, size_t>> where;
   for (size_t g = 0; g < groups_.size(); ++g) {
-    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-      label.emplace(groups_[g].params[i].impl(),
-                    fmt::format("param group {}: parameter {}", g, groups_[g].param_label(i)));
-    }
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) where.emplace(groups_[g].params[i].impl(), std::pair{g, i});
   }
   std::unordered_map<const core::TensorImpl*, size_t> part_of;
   for (size_t part = 0; part < parts.size(); ++part) {
     for (size_t k = 0; k < parts[part].size(); ++k) {
       const Tensor& param = parts[part][k];
-      COLOSSAL_CHECK(param.defined() && label.contains(param.impl()),
+      const auto found = param.defined() ? where.find(param.impl()) : where.end();
+      COLOSSAL_CHECK(found != where.end(),
                      "{}: step_next_in_parts: tensor {} of part {} is not a parameter of this optimizer", name_, k,
                      part);
       const auto [it, inserted] = part_of.emplace(param.impl(), part);
-      COLOSSAL_CHECK(inserted, "{}: step_next_in_parts: {} is in part {} and in part {}", name_, label.at(param.impl()),
-                     it->second, part);
+      const auto [g, i] = found->second;
+      COLOSSAL_CHECK(inserted, "{}: step_next_in_parts: param group {}: parameter {} is in part {} and in part {}",
+                     name_, g, groups_[g].param_label(i), it->second, part);
     }
   }
   part_of_ = std::move(part_of);
