@@ -5,7 +5,7 @@ one machine (issue 17's table; docs/benchmarks.md).
     bench/compare/dp_scaling.py --colossal build-gpu/src/colossal/cli/colossal [--gpus 1,2]
                                 [--steps 300] [--warmup 100] [--no-torch] [--out DIR]
                                 [--rounds R] [--each-gpu] [--no-ours] [--set KEY=VALUE ...]
-                                [--variant NAME:KEY=VALUE,... ...]
+                                [--variant NAME:KEY=VALUE,... ...] [--baseline-set KEY=VALUE ...]
 
 Ours: `colossal train --config configs/gpt2_tokens.toml` (one GPU) and `colossal run --nproc_per_node
 N -- colossal train ...` with bf16 (fp32 masters), data.batch_size 16 x T 1024 per GPU,
@@ -25,7 +25,9 @@ mean throughput (N GPUs ideally give the sum of what each gives alone), and each
 one-GPU baseline staying the plain run. --variant NAME:KEY=VALUE,... (repeatable; "plain:" for none)
 runs each variant's multi-GPU runs in every round against the one shared one-GPU baseline, so that, e.g.,
 `--variant plain: --variant zero1:zero.stage=1` gives plain data parallelism, ZeRO-1 and (without
---no-torch) DDP in one table from one call; --set then applies to every variant."""
+--no-torch) DDP in one table from one call; --set then applies to every variant. --baseline-set
+KEY=VALUE (repeatable) is handed to the one-GPU runs only (`zero.stage=0` keeps the baseline plain where
+the config itself sets ZeRO; `zero.stage=1` times ZeRO-1 in one process against a plain run)."""
 import argparse
 import json
 import os
@@ -55,9 +57,8 @@ def ours(colossal, gpus, steps, warmup, out, device=None, sets=(), variant=""):
              "--set", "bf16=true", "--set", "model.options={ vocab_multiple = 64, dropout = 0.0 }",
              "--set", f"train.max_steps={steps}", "--set", "train.log_interval=10", "--set", "train.progress=false",
              "--set", "lr_scheduler.warmup_steps=10", "--metrics", metrics]
-    if gpus > 1:
-        for kv in sets:
-            train += ["--set", kv]
+    for kv in sets:
+        train += ["--set", kv]
     command = train if gpus == 1 else [colossal, "run", "--nproc_per_node", str(gpus), "--"] + train
     log = os.path.join(out, f"ours_{tag}.log")
     with open(log, "w") as f:
@@ -112,6 +113,8 @@ def main():
     parser.add_argument("--each-gpu", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for our runs on more than one GPU (repeatable)")
+    parser.add_argument("--baseline-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for our one-GPU runs (repeatable)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                         help="a named set of overrides for our multi-GPU runs (repeatable; 'plain:' for none)")
     args = parser.parse_args()
@@ -138,7 +141,7 @@ def main():
             for device in (singles if n == 1 else [None]):
                 runs = [] if args.no_ours else [
                     (lambda v=v: ours(args.colossal, n, args.steps, args.warmup, args.out, device, v[1], v[0]))
-                    for v in (variants if n > 1 else [("", [])])]
+                    for v in (variants if n > 1 else [("", args.baseline_set)])]
                 if not args.no_torch:
                     runs.append(lambda: torch_ddp(n, args.steps, args.warmup, args.out, device))
                 for run in runs:
