@@ -122,11 +122,16 @@ TEST(TrainingRun, AConfigTrainsFromCppWithTheContextInTheEngine) {
 }
 
 TEST(TrainingRun, ZeroStageReachesTheEngine) {
-  // One data rank: every stage, with and without the optimizer on the host, shards over a group of
-  // one and trains.
+  // One data rank: stages 1 and 2 have nothing to shard and train without ZeRO (Note [ZeRO over one
+  // data rank]); stage 3 and the optimizer on the host do something at any size and shard over a
+  // group of one.
+  for (const char* stage : {"zero.stage=1", "zero.stage=2"}) {
+    TrainingRun run(make_config({stage, "train.max_steps=2"}), RunOptions{.verbose = false});
+    EXPECT_EQ(run.engine().zero(), nullptr) << stage << " over one data rank";
+    EXPECT_EQ(run.engine().gradient_handler(), nullptr) << stage << " over one data rank";
+    EXPECT_EQ(run.fit().updates, 2) << stage;
+  }
   for (const std::vector<std::string>& sets : std::vector<std::vector<std::string>>{
-           {"zero.stage=1"},
-           {"zero.stage=2"},
            {"zero.stage=3"},
            {"zero.stage=2", "zero.offload_optimizer=true"},
            {"zero.stage=3", "zero.offload_optimizer=true", "zero.placement_policy=\"cpu\""}}) {

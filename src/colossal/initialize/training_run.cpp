@@ -386,7 +386,21 @@ void TrainingRun::build_engine() {
   eo.gradient_accumulation = c.gradient_accumulation;
   if (c.clip_grad_norm > 0) eo.clip_grad_norm = c.clip_grad_norm;
   eo.amp = make_amp_options(c);
-  if (c.zero.stage > 0) {
+  // Note [ZeRO over one data rank]
+  // Stages 1 and 2 shard the optimizer's states and the gradients over the data-parallel group. With a
+  // group of one there is nothing to shard, and the handler's buckets, shard gradient and gathers only
+  // cost time (GPT-2 124M, bf16, B16 T1024 on one H100: 32.70 ms a step with zero.stage = 1 against
+  // 31.73-31.91 without, session 20). So such a run trains without ZeRO, to the same numbers, and a
+  // config can set zero.stage = 1 for its data-parallel runs without slowing its one-GPU runs. Optimizer
+  // offload (host states) and stage 3 (parameters in chunks, their placement) do something at any size.
+  const bool nothing_to_shard = (c.zero.stage == 1 || c.zero.stage == 2) && !c.zero.offload_optimizer &&
+                                context_->layout().data_size() == 1;
+  if (nothing_to_shard && writer_) {
+    fmt::print("zero.stage = {} over a data-parallel group of one: nothing to shard, trained without ZeRO "
+               "(the same numbers)\n",
+               c.zero.stage);
+  }
+  if (c.zero.stage > 0 && !nothing_to_shard) {
     eo.zero = parallel::zero::ZeroOptions{.stage = c.zero.stage,
                                           .reduce_bucket_bytes = int64_t{c.zero.reduce_bucket_mb} << 20};
     eo.zero->offload_optimizer = c.zero.offload_optimizer;       // Note [Optimizer offload]
