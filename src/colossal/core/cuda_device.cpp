@@ -160,7 +160,6 @@ struct DeferredChecks {
     if (free_slots.empty()) {
       constexpr size_t kBlock = 512;
       void* block = nullptr;
-      open_gates();  // pinned allocation waits for the device (Note [Gates open before a device-wide wait])
       COLOSSAL_CUDA_CHECK(cudaMallocHost(&block, kBlock * sizeof(uint64_t)));
       for (size_t i = 0; i < kBlock; ++i) free_slots.push_back(static_cast<uint64_t*>(block) + i);
     }
@@ -289,13 +288,8 @@ float Event::elapsed_ms(const Event& end) const {
 Tensor pinned_empty(const Shape& shape, DType dtype) {
   const size_t nbytes = checked_nbytes(shape, dtype, "pinned_empty");
   void* ptr = nullptr;
-  // Pinning and unpinning wait for the device (Note [Gates open before a device-wide wait]).
-  open_gates();
   COLOSSAL_CUDA_CHECK(cudaHostAlloc(&ptr, std::max<size_t>(nbytes, 1), cudaHostAllocDefault));
-  Storage storage = Storage::wrap(ptr, nbytes, kCpu, [](void* p) {
-    open_gates();
-    cudaFreeHost(p);
-  });
+  Storage storage = Storage::wrap(ptr, nbytes, kCpu, [](void* p) { cudaFreeHost(p); });
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
 }
 
@@ -369,7 +363,6 @@ StreamValue64 driver_stream_value(const char* name) {
 }  // namespace
 
 DeviceWords::DeviceWords(Device device, size_t count) : count_(count), device_(device.index) {
-  open_gates();  // cudaMalloc and cudaFree wait for the device (Note [Gates open before a device-wide wait])
   DeviceGuard guard(device);
   COLOSSAL_CUDA_CHECK(cudaMalloc(&base_, std::max<size_t>(1, count) * sizeof(uint64_t)));
   COLOSSAL_CUDA_CHECK(cudaMemset(base_, 0, std::max<size_t>(1, count) * sizeof(uint64_t)));
@@ -377,7 +370,6 @@ DeviceWords::DeviceWords(Device device, size_t count) : count_(count), device_(d
 
 DeviceWords::~DeviceWords() {
   if (base_ == nullptr) return;
-  open_gates();
   DeviceGuard guard(Device(DeviceType::cuda, device_));
   cudaFree(base_);
 }

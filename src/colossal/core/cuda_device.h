@@ -131,12 +131,9 @@ void notify_idle(Stream stream);
 // Note [Gates open before a device-wide wait]
 // Work held back on a stream by wait_value until another stream writes a word (a gate) must not be
 // waited for while nothing will write it: a device-wide synchronisation then waits for ever. So
-// whoever shuts gates registers an opener, and every device-wide wait the library makes runs the
-// openers first, from any thread: synchronize(Device), the allocator's release of its cache, the kernel
-// trace's stop, and the calls the driver makes wait for the device (cudaMalloc and cudaFree of
-// DeviceWords, pinning and unpinning host memory: pinned_empty, the deferred checks' slots; the first
-// GPU run hung in cudaMallocHost). An opener writes its gates from a stream nothing holds. Whoever
-// adds such a call adds open_gates() before it.
+// whoever shuts gates registers an opener, and every device-wide wait the library makes
+// (synchronize(Device), the allocator's release of its cache, the kernel trace's stop) runs the
+// openers first, from any thread; an opener writes its gates from a stream nothing holds.
 
 /// Registers `open`; returns its id for remove_gate_opener.
 int64_t add_gate_opener(std::function<void()> open);

@@ -2,14 +2,9 @@
 // engine/engine.cpp.
 #include "colossal/engine/update_under_forward.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -27,15 +22,6 @@ struct UpdateUnderForward::Piece {
 };
 
 namespace {
-
-/// COLOSSAL_TRACE_GATES=1: each run, gate opening and wait on stderr (what a hang left undone).
-bool trace_gates() {
-  static const bool on = [] {
-    const char* v = std::getenv("COLOSSAL_TRACE_GATES");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
-  return on;
-}
 
 /// The stream the updates run on, one per device for the life of the process: the optimizer's state
 /// is made on it at the first update and freed in its order whenever the optimizer goes, so it must
@@ -199,7 +185,6 @@ void UpdateUnderForward::run(optim::Optimizer& optimizer, const std::function<vo
     opened_ = kPiecesPerUnit - 1;  // the model's own pieces go at once
     stepped_ = false;
   }
-  if (trace_gates()) fmt::print(stderr, "gates: run {} of {} pieces\n", runs_, pieces_.size());
   optimizer.step_next_in_parts(std::move(parts), [this, side](size_t p) {
     pieces_[p]->done->record(side);
     pieces_[p]->recorded = true;
@@ -219,7 +204,6 @@ void UpdateUnderForward::open(size_t piece, core::Stream stream) {
   if (!pending_ || !gates_) return;
   const size_t last = std::min(piece, pieces_.size() - 1);
   for (size_t p = opened_ + 1; p <= last; ++p) core::cuda::write_value(stream, gates_->address(p), runs_);
-  if (trace_gates() && last > opened_) fmt::print(stderr, "gates: run {} opened ({}, {}]\n", runs_, opened_, last);
   opened_ = std::max(opened_, last);
 }
 
@@ -228,7 +212,6 @@ bool UpdateUnderForward::open_next(core::Stream stream) {
   if (!pending_ || !gates_ || opened_ + 1 >= pieces_.size()) return false;
   ++opened_;
   core::cuda::write_value(stream, gates_->address(opened_), runs_);
-  if (trace_gates()) fmt::print(stderr, "gates: run {} opened {} at an idle point\n", runs_, opened_);
   return true;
 }
 
@@ -249,7 +232,6 @@ void UpdateUnderForward::wait_unit(size_t u) {
 
 void UpdateUnderForward::wait() {
   if (!pending_) return;
-  if (trace_gates()) fmt::print(stderr, "gates: run {} waited for as a whole\n", runs_);
   if (device_.is_cuda()) {
     const core::Stream current = core::cuda::current_stream(device_);
     open(pieces_.size() - 1, current);
@@ -264,14 +246,12 @@ void UpdateUnderForward::wait() {
 
 void UpdateUnderForward::synchronize() {
   if (!pending_ || !device_.is_cuda()) return;
-  if (trace_gates()) fmt::print(stderr, "gates: run {} synchronized\n", runs_);
   open(pieces_.size() - 1, gate_stream(device_));
   done_->synchronize();
 }
 
 void UpdateUnderForward::synchronize_first_pieces() const {
   if (!pending_ || !device_.is_cuda()) return;
-  if (trace_gates()) fmt::print(stderr, "gates: run {} first pieces synchronized (stepped {})\n", runs_, stepped_);
   // Without a step (an fp16 overflow skipped it) no piece waits for a gate.
   (stepped_ ? *pieces_[kPiecesPerUnit - 1]->done : *done_).synchronize();
 }

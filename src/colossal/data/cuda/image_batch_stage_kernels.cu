@@ -7,7 +7,6 @@
 
 #include "colossal/core/cuda/cuda_check.h"
 #include "colossal/core/cuda/launch.cuh"  // stream_of
-#include "colossal/core/cuda_device.h"    // DeviceGuard, open_gates
 #include "colossal/data/image_batch_stage.h"
 
 namespace colossal::data {
@@ -18,12 +17,8 @@ const void* ImageStagePlan::packed(Device device) const {
   const std::vector<uint32_t> words = packed_words();
   core::cuda::DeviceGuard guard(device);
   void* memory = nullptr;
-  core::cuda::open_gates();  // Note [Gates open before a device-wide wait]
   COLOSSAL_CUDA_CHECK(cudaMalloc(&memory, words.size() * sizeof(uint32_t)));
-  std::shared_ptr<void> owner(memory, [](void* p) {
-    core::cuda::open_gates();
-    (void)cudaFree(p);
-  });
+  std::shared_ptr<void> owner(memory, [](void* p) { (void)cudaFree(p); });
   COLOSSAL_CUDA_CHECK(cudaMemcpy(memory, words.data(), words.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
   // A pageable copy may still be in flight when cudaMemcpy returns, and the streams that read the
   // tables do not order after it: wait once, for the legacy stream the copy ran on only (a device-wide

@@ -145,7 +145,6 @@ class CublasLtState {
     std::lock_guard lock(mutex_);
     auto [it, inserted] = workspaces_.try_emplace({device, stream}, nullptr);
     if (inserted) {
-      core::cuda::open_gates();  // cudaMalloc waits for the device: Note [Gates open before a device-wide wait]
       const cudaError_t status = cudaMalloc(&it->second, kWorkspaceBytes);
       if (status != cudaSuccess) {
         workspaces_.erase(it);

@@ -101,10 +101,7 @@ struct CopyEnginePair::Shared {
     if (stream.handle != nullptr) cudaStreamSynchronize(as_cuda(stream));
     if (receive.handle != nullptr) cudaStreamSynchronize(as_cuda(receive));
     if (peer_base != nullptr) cudaIpcCloseMemHandle(peer_base);
-    if (base != nullptr) {
-      core::cuda::open_gates();  // Note [Gates open before a device-wide wait]
-      cudaFree(base);
-    }
+    if (base != nullptr) cudaFree(base);
     if (stream.handle != nullptr) core::cuda::destroy_stream(stream);
     if (receive.handle != nullptr) core::cuda::destroy_stream(receive);
   }
@@ -233,7 +230,6 @@ CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const 
   s.flags_offset = at;
   const size_t flag_bytes = numels.size() * kFlagKinds * sizeof(uint64_t);
   at += align_up(flag_bytes);
-  core::cuda::open_gates();  // Note [Gates open before a device-wide wait]
   COLOSSAL_CUDA_CHECK(cudaMalloc(&s.base, at));
   COLOSSAL_CUDA_CHECK(cudaMemset(static_cast<char*>(s.base) + s.flags_offset, 0, flag_bytes));
   COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());  // the flags are zero before the other rank can write them
