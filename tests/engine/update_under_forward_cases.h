@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "colossal/amp/mixed_precision_optimizer.h"  // AmpOptions
-#include "colossal/core/cuda_device.h"               // notify_idle, synchronize
 #include "colossal/core/random.h"                    // Generator
 #include "colossal/engine/engine.h"
 #include "colossal/nn/activation.h"  // GELU
@@ -54,10 +53,6 @@ struct CaseOptions {
   bool clip = true;
   int64_t accumulation = 1;
   bool evaluate_between = false;  // an evaluation forward between two steps
-  // GPU only: every module's forward pre-hook announces an idle point (Note [Idle points]), as a
-  // collective's wait would, after the Engine's own hooks.
-  bool idle_points = false;
-  bool synchronize_device = false;  // a device-wide synchronisation right after each step
 };
 
 struct CaseRun {
@@ -68,7 +63,6 @@ struct CaseRun {
   std::vector<double> evaluations;
   int64_t parts_waited = -1;  // -1: the Engine made no UpdateUnderForward
   size_t num_parts = 0;
-  int64_t opened_at_idle = -1;
 };
 
 inline CaseRun run_case(Device device, std::optional<bool> under_forward, const CaseOptions& c, int steps = 4) {
@@ -105,13 +99,6 @@ inline CaseRun run_case(Device device, std::optional<bool> under_forward, const 
       },
       options, scheduler);
   engine.train();
-  if (c.idle_points) {
-    for (const auto& [name, module] : model->named_modules()) {
-      module->register_forward_pre_hook([device](nn::Module&, const Tensor&) {
-        core::cuda::notify_idle(core::cuda::current_stream(device));
-      });
-    }
-  }
   CaseRun run;
   core::Generator data(1234);
   auto batch = [&] {
@@ -124,9 +111,7 @@ inline CaseRun run_case(Device device, std::optional<bool> under_forward, const 
   };
   for (int step = 0; step < steps * c.accumulation; ++step) {
     auto [x, y] = batch();
-    const Tensor loss = engine.step(x, y);
-    if (c.synchronize_device) core::cuda::synchronize(device);  // the update's gates opened first
-    run.losses.push_back(loss.item<double>());
+    run.losses.push_back(engine.step(x, y).item<double>());
     if (engine.last_step_updated() && c.clip) run.grad_norms.push_back(engine.last_grad_norm().value());
     if (c.evaluate_between && engine.last_step_updated()) {
       engine.eval();
@@ -142,7 +127,6 @@ inline CaseRun run_case(Device device, std::optional<bool> under_forward, const 
   if (const UpdateUnderForward* u = engine.update_under_forward()) {
     run.parts_waited = u->parts_waited_in_hooks();
     run.num_parts = u->num_parts();
-    run.opened_at_idle = u->pieces_opened_at_idle_points();
   }
   return run;
 }

@@ -33,24 +33,6 @@ TEST_F(UpdateUnderForwardGpu, F32AccumulationAndEvaluationBetweenSteps) {
   expect_same_as_at_the_step(kGpu, c, 6);
 }
 
-// The pieces after the model's own wait for gates (Note [Update under the next forward]): opened at the
-// forward's idle points, by the units' pre-hooks, and, where nothing else would open them, before a
-// device-wide synchronisation (Note [Gates open before a device-wide wait]), which must not hang.
-TEST_F(UpdateUnderForwardGpu, IdlePointsOpenTheGatesAndADeviceWideWaitOpensTheRest) {
-  CaseOptions c;
-  c.idle_points = true;
-  const CaseRun idle = expect_same_as_at_the_step(kGpu, c, 5);
-  EXPECT_GT(idle.opened_at_idle, 0) << "the idle points opened gates";
-  c.idle_points = false;
-  c.synchronize_device = true;
-  const CaseRun synced = expect_same_as_at_the_step(kGpu, c, 5);
-  EXPECT_EQ(synced.opened_at_idle, 0);
-  c.model = CaseModel::stack;
-  c.bf16 = false;
-  c.clip = false;
-  expect_same_as_at_the_step(kGpu, c, 5);
-}
-
 TEST_F(UpdateUnderForwardGpu, AModelThatSkipsItsUnitsHooksUpdatesAtTheStep) {
   CaseOptions c;
   c.model = CaseModel::direct_stack;

@@ -2,13 +2,9 @@
 // availability queries raises an error naming the build option.
 #include "colossal/core/cuda_device.h"
 
-#include <algorithm>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <utility>
-#include <vector>
 
 #include "colossal/core/build_config.h"
 
@@ -221,7 +217,6 @@ void defer_check(Stream stream, const void* slot, uint64_t ok, std::shared_ptr<c
 }
 
 void synchronize(Device device) {
-  open_gates();  // Note [Gates open before a device-wide wait]
   {
     DeviceGuard guard(device);
     COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());
@@ -362,18 +357,6 @@ StreamValue64 driver_stream_value(const char* name) {
 
 }  // namespace
 
-DeviceWords::DeviceWords(Device device, size_t count) : count_(count), device_(device.index) {
-  DeviceGuard guard(device);
-  COLOSSAL_CUDA_CHECK(cudaMalloc(&base_, std::max<size_t>(1, count) * sizeof(uint64_t)));
-  COLOSSAL_CUDA_CHECK(cudaMemset(base_, 0, std::max<size_t>(1, count) * sizeof(uint64_t)));
-}
-
-DeviceWords::~DeviceWords() {
-  if (base_ == nullptr) return;
-  DeviceGuard guard(Device(DeviceType::cuda, device_));
-  cudaFree(base_);
-}
-
 void write_value(Stream stream, void* address, uint64_t value) {
   static const StreamValue64 fn = driver_stream_value("cuStreamWriteValue64");
   const CUresult status = fn(static_cast<CUstream>(stream.handle), reinterpret_cast<CUdeviceptr>(address), value,
@@ -482,10 +465,6 @@ void copy_async(const Tensor&, const Tensor&, Stream) {
 void hold(Stream, double) {
   no_cuda("hold");
 }
-DeviceWords::DeviceWords(Device, size_t) {
-  no_cuda("DeviceWords");
-}
-DeviceWords::~DeviceWords() = default;
 void write_value(Stream, void*, uint64_t) {
   no_cuda("write_value");
 }
@@ -500,50 +479,5 @@ std::pair<int64_t, int64_t> memory_info(int) {
 }
 
 #endif
-
-namespace {
-thread_local std::function<void(Stream)> idle_listener;
-
-struct GateOpeners {
-  std::mutex mutex;
-  std::map<int64_t, std::function<void()>> openers;
-  int64_t next = 0;
-};
-GateOpeners& gate_openers() {
-  static GateOpeners* openers = new GateOpeners();  // never destroyed: openers may go at exit
-  return *openers;
-}
-}  // namespace
-
-std::function<void(Stream)> set_idle_listener(std::function<void(Stream)> listener) {
-  return std::exchange(idle_listener, std::move(listener));
-}
-
-void notify_idle(Stream stream) {
-  if (idle_listener) idle_listener(stream);
-}
-
-int64_t add_gate_opener(std::function<void()> open) {
-  GateOpeners& g = gate_openers();
-  std::lock_guard<std::mutex> lock(g.mutex);
-  g.openers.emplace(g.next, std::move(open));
-  return g.next++;
-}
-
-void remove_gate_opener(int64_t id) {
-  GateOpeners& g = gate_openers();
-  std::lock_guard<std::mutex> lock(g.mutex);
-  g.openers.erase(id);
-}
-
-void open_gates() {
-  std::vector<std::function<void()>> openers;
-  {
-    GateOpeners& g = gate_openers();
-    std::lock_guard<std::mutex> lock(g.mutex);
-    for (const auto& [id, open] : g.openers) openers.push_back(open);
-  }
-  for (const auto& open : openers) open();
-}
 
 }  // namespace colossal::core::cuda

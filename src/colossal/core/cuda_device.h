@@ -99,50 +99,7 @@ void write_value(Stream stream, void* address, uint64_t value);
 /// a value >= `value`. Something must write it: the stream waits for ever otherwise.
 void wait_value(Stream stream, const void* address, uint64_t value);
 
-/// Eight-byte words of device memory from cudaMalloc, zeroed, for write_value and wait_value (the
-/// driver's stream memory operations refuse memory of a stream-ordered pool, where tensors live).
-class DeviceWords {
- public:
-  DeviceWords(Device device, size_t count);
-  ~DeviceWords();
-  DeviceWords(const DeviceWords&) = delete;
-  DeviceWords& operator=(const DeviceWords&) = delete;
-  void* address(size_t i) const { return static_cast<uint64_t*>(base_) + i; }
-  size_t size() const { return count_; }
-
- private:
-  void* base_ = nullptr;
-  size_t count_ = 0;
-  int device_ = -1;
-};
-
-// Note [Idle points]
-// A stream made to wait for another stream's work (the compute stream for a collective's result) sits
-// idle until that work is done. Whoever can use such a moment registers a listener for the thread;
-// the NCCL backend calls notify_idle(stream) just before it makes a stream wait for a collective, so
-// the listener can queue on that stream what should start exactly there (the update under the next
-// forward opens its next part's gate: Note [Update under the next forward] in engine/engine.cpp).
-
-/// Sets this thread's idle listener (an empty function clears it); returns the one it replaces.
-std::function<void(Stream)> set_idle_listener(std::function<void(Stream)> listener);
-/// Tells this thread's idle listener, if any, that `stream` is about to wait for another stream.
-void notify_idle(Stream stream);
-
-// Note [Gates open before a device-wide wait]
-// Work held back on a stream by wait_value until another stream writes a word (a gate) must not be
-// waited for while nothing will write it: a device-wide synchronisation then waits for ever. So
-// whoever shuts gates registers an opener, and every device-wide wait the library makes
-// (synchronize(Device), the allocator's release of its cache, the kernel trace's stop) runs the
-// openers first, from any thread; an opener writes its gates from a stream nothing holds.
-
-/// Registers `open`; returns its id for remove_gate_opener.
-int64_t add_gate_opener(std::function<void()> open);
-void remove_gate_opener(int64_t id);
-/// Runs every registered opener.
-void open_gates();
-
-/// Waits for all work on the device (the gates opened first), then resolves the deferred checks
-/// (which may throw).
+/// Waits for all work on the device, then resolves the deferred checks (which may throw).
 void synchronize(Device device);
 /// Waits for the work queued on stream.
 void synchronize(Stream stream);

@@ -2,7 +2,6 @@
 #include "colossal/core/kernel_trace.h"
 
 #include "colossal/core/build_config.h"
-#include "colossal/core/cuda_device.h"  // open_gates
 #include "colossal/core/error.h"
 
 #if COLOSSAL_WITH_CUPTI
@@ -129,7 +128,6 @@ void KernelTrace::start() {
 }
 
 std::vector<KernelRecord> KernelTrace::stop() {
-  cuda::open_gates();  // Note [Gates open before a device-wide wait]
   cudaDeviceSynchronize();
   check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll");
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);

@@ -211,25 +211,20 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
 // runs on the CPU and a GPU). The gradients the update reads were made on the compute stream, whose
 // allocator would hand their memory out again as soon as zero_grad drops them, so they are held until
 // the compute stream has waited for their part. The host never waits: a read of the last norm
-// (last_grad_norm) synchronises with the update's first, ungated pieces (the norm comes before them), and whatever reads the parameters or the optimizer's
+// (last_grad_norm) synchronises with the update, and whatever reads the parameters or the optimizer's
 // state outside the forward goes through Engine::model() or Engine::wait_for_update() (checkpoints
 // do). Only where no gradient handler runs (DataParallel's and ZeRO's own schedules of their
 // reductions and gathers are left as they are), without a pipeline schedule (whose stages' forwards
 // the Engine does not run), and once the first forward has shown that every unit's pre-hook runs (a
 // model that calls its blocks through forward() updates at the step's end).
-// Left to run freely beside the forward (session 19, GPT 1.3B at tp=2 on 2 H100s: 85.7 against 86.0
-// ms a step; 86.1 against 86.6 with the compute stream's priority above the update stream's) the parts
-// took the SMs and the memory bandwidth from the forward's GEMMs as much as they saved: the forward's
-// device time grew from 30 to 36-38 ms. So each unit's part is stepped in two pieces of about equal
-// size, and every piece after the model's own waits on the update stream for a gate (a word of device
-// memory per piece, the driver's stream memory operations: core::cuda::wait_value), which the compute
-// stream opens (write_value) where it is about to idle: at the forward's waits for a collective (Note
-// [Idle points]: a tensor-parallel block's two all-reduces open the two pieces of the next block), and
-// at the latest in the pre-hook of the unit that needs it. A gate left shut would block every
-// device-wide synchronisation (the end of training, the allocator's out-of-memory retry; the first
-// try, session 19, hung there), so the gates are opened from a stream nothing holds before any of
-// those (Note [Gates open before a device-wide wait]), by wait_for_update() and by the destructor.
-// Off by default: EngineOptions::update_under_forward, COLOSSAL_UPDATE_UNDER_FORWARD=1.
+// Measured (GPT 1.3B at tp=2 on 2 H100s, session 19): 85.7 against 86.0 ms a step, and 86.1 against
+// 86.6 with the compute stream's priority above the update stream's: no gain. The parts run beside the
+// forward's GEMMs and take about as much from them as they save (the forward's device time grew from
+// 30 to 36-38 ms). Running each part only where the forward idles (its waits for the all-reduces)
+// needs the update stream to wait for a gate the forward opens; a gate left shut blocks every
+// device-wide synchronisation (the end of training, the allocator's out-of-memory retry), as the first
+// try did, so that is not built. Off by default: EngineOptions::update_under_forward,
+// COLOSSAL_UPDATE_UNDER_FORWARD=1.
 
 std::vector<Tensor> Engine::stepped_tensors() {
   if (const parallel::zero::ZeroHandler* z = zero()) return z->shards();
@@ -366,7 +361,7 @@ void Engine::wait_for_update() {
 
 std::optional<double> Engine::last_grad_norm() const {
   if (!last_grad_norm_.defined()) return std::nullopt;
-  if (update_under_forward_) update_under_forward_->synchronize_first_pieces();  // the norm comes before them
+  if (update_under_forward_) update_under_forward_->synchronize();  // the norm is the update's
   return last_grad_norm_.item<double>();
 }
 

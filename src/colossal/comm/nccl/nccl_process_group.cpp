@@ -272,7 +272,6 @@ class NcclWork final : public Work::Impl {
     check_async_error();
     core::cuda::DeviceGuard guard(state().device);
     const core::Stream current = core::cuda::current_stream(state().device);
-    core::cuda::notify_idle(current);  // Note [Idle points]
     operation_->done().block(current);
     if (current != caller_) operation_->done().block(caller_);
     tensors_.clear();

@@ -157,7 +157,6 @@ class CudaAllocator final : public Allocator {
   void release_cached(Device device) override {
     if (!pool_ready_[device.index].load()) return;
     free_to_pool(device, caches_[device.index].drain());
-    cuda::open_gates();  // Note [Gates open before a device-wide wait]
     cuda::DeviceGuard guard(device);
     COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());
     // The pool keeps what is freed (release threshold); give its unused memory back to the driver
