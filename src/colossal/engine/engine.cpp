@@ -221,10 +221,16 @@ Tensor Engine::step(const Tensor& input, const Tensor& target) {
 // 86.6 with the compute stream's priority above the update stream's: no gain. The parts run beside the
 // forward's GEMMs and take about as much from them as they save (the forward's device time grew from
 // 30 to 36-38 ms). Running each part only where the forward idles (its waits for the all-reduces)
-// needs the update stream to wait for a gate the forward opens; a gate left shut blocks every
-// device-wide synchronisation (the end of training, the allocator's out-of-memory retry), as the first
-// try did, so that is not built. Off by default: EngineOptions::update_under_forward,
-// COLOSSAL_UPDATE_UNDER_FORWARD=1.
+// needs the update stream to wait for a gate the forward opens, and a gate left shut blocks every
+// device-wide synchronisation. Two tries were built and taken out. The first (session 19) hung at the
+// end of training. The second (session 20: each unit in two pieces, one word of device memory per
+// piece, opened at the forward's waits for its collectives or in the unit's pre-hook, and opened from
+// an idle stream before every device-wide wait colossal makes and every driver call it makes that
+// waits for the device) was 0.5-0.7 ms a step faster (85.21-86.33 against 85.76-87.04 ms in two calls),
+// and it still hung: an evaluation forward between two steps stopped inside its first block, where
+// something below colossal (a library's lazy set-up) waited for the whole device while the later
+// pieces' gates were shut. A gate the program cannot see every waiter of is not safe, so the update
+// runs ungated, off by default: EngineOptions::update_under_forward, COLOSSAL_UPDATE_UNDER_FORWARD=1.
 
 std::vector<Tensor> Engine::stepped_tensors() {
   if (const parallel::zero::ZeroHandler* z = zero()) return z->shards();
