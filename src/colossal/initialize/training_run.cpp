@@ -393,12 +393,13 @@ void TrainingRun::build_engine() {
   // 31.73-31.91 without, session 20). So such a run trains without ZeRO, to the same numbers, and a
   // config can set zero.stage = 1 for its data-parallel runs without slowing its one-GPU runs. Optimizer
   // offload (host states) and stage 3 (parameters in chunks, their placement) do something at any size.
-  const bool nothing_to_shard = (c.zero.stage == 1 || c.zero.stage == 2) && !c.zero.offload_optimizer &&
-                                context_->layout().data_size() == 1;
+  const bool nothing_to_shard =
+      (c.zero.stage == 1 || c.zero.stage == 2) && !c.zero.offload_optimizer && context_->layout().data_size() == 1;
   if (nothing_to_shard && writer_) {
-    fmt::print("zero.stage = {} over a data-parallel group of one: nothing to shard, trained without ZeRO "
-               "(the same numbers)\n",
-               c.zero.stage);
+    fmt::print(
+        "zero.stage = {} over a data-parallel group of one: nothing to shard, trained without ZeRO "
+        "(the same numbers)\n",
+        c.zero.stage);
   }
   if (c.zero.stage > 0 && !nothing_to_shard) {
     eo.zero = parallel::zero::ZeroOptions{.stage = c.zero.stage,

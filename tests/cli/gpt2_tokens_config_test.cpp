@@ -1,0 +1,100 @@
+// configs/gpt2_tokens.toml, as a user runs it for data parallelism:
+//   colossal run --nproc_per_node 2 -- colossal train --config configs/gpt2_tokens.toml
+// shards the optimizer over the two ranks (the config's zero.stage = 1) and gives, step by step, the
+// losses of one process with the two ranks' batches together, which trains without ZeRO (Note [ZeRO
+// over one data rank]: nothing to shard) and says so. The model is shrunk by --set; everything else
+// is the config's: accumulation 4, clipping 1.0, AdamW, the cosine warmup, the padded 50304-entry
+// vocabulary. Tolerance 1e-5 relative, the layout harness's f32 bound: the same sums in another order.
+#include <gtest/gtest.h>
+
+#include <unistd.h>  // getpid
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "metrics_jsonl.h"
+
+#include "colossal/initialize/training_run.h"  // load_run_config
+
+namespace {
+
+using colossal::testing::step_losses;
+namespace fs = std::filesystem;
+
+const fs::path kConfig = fs::path(COLOSSAL_TEST_DATA_DIR) / ".." / ".." / "configs" / "gpt2_tokens.toml";
+constexpr const char* kNothingToShard = "nothing to shard, trained without ZeRO";
+
+int run(const std::string& command, const fs::path& log) {
+  return std::system((command + " > '" + log.string() + "' 2>&1").c_str());
+}
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_tokens(const fs::path& path, int count) {
+  std::ofstream out(path, std::ios::binary);
+  for (int i = 0; i < count; ++i) {
+    const auto t = static_cast<uint16_t>((i * 7919 + (i * i) % 31) % 50257);
+    const char bytes[2] = {static_cast<char>(t & 0xFF), static_cast<char>(t >> 8)};
+    out.write(bytes, 2);
+  }
+}
+
+TEST(Gpt2TokensConfig, ShardsTheOptimizerOverTheDataParallelRanks) {
+  const colossal::config::TrainConfig c = colossal::initialize::load_run_config(kConfig);
+  EXPECT_EQ(c.zero.stage, 1);
+  EXPECT_FALSE(c.zero.offload_optimizer);
+}
+
+TEST(Gpt2TokensConfig, TwoCpuRanksGiveTheOneProcessRunsLosses) {
+  const fs::path dir = fs::temp_directory_path() / ("colossal_gpt2_tokens_config_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_tokens(dir / "train.bin", 3000);
+  write_tokens(dir / "val.bin", 400);
+  ASSERT_EQ(::setenv("DATA", dir.c_str(), 1), 0);  // the config's $DATA, inherited by the ranks
+  const std::string bin = COLOSSAL_BINARY;
+  // Two layers 32 wide with 4 heads, windows of 16 tokens; 3 updates of 4 micro-steps.
+  const std::string tiny =
+      " --set train.device='\"cpu\"' --set data.seq_len=16 --set model.options.n_layer=2"
+      " --set model.options.n_embd=32 --set model.options.n_head=4 --set model.options.dropout=0.0"
+      " --set data.options.test_num_samples=4 --set train.max_steps=3 --set train.log_interval=1"
+      " --set train.progress=false --set lr_scheduler.warmup_steps=2 --set train.checkpoint_dir='\"\"'";
+  const std::string common = " train --config " + kConfig.string() + tiny;
+  ASSERT_EQ(run(bin + common + " --set data.batch_size=4 --metrics " + (dir / "one.jsonl").string(), dir / "one.log"),
+            0)
+      << read(dir / "one.log");
+  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common + " --set data.batch_size=2 --metrics " +
+                    (dir / "dp2.jsonl").string(),
+                dir / "dp2.log"),
+            0)
+      << read(dir / "dp2.log");
+  EXPECT_NE(read(dir / "one.log").find(kNothingToShard), std::string::npos) << read(dir / "one.log");
+  EXPECT_EQ(read(dir / "dp2.log").find(kNothingToShard), std::string::npos)
+      << "two ranks shard: " << read(dir / "dp2.log");
+
+  const std::map<int64_t, double> one = step_losses(dir / "one.jsonl"), dp = step_losses(dir / "dp2.jsonl");
+  ASSERT_EQ(one.size(), 12u) << read(dir / "one.log");  // 3 updates of 4 micro-steps
+  ASSERT_EQ(dp.size(), one.size()) << read(dir / "dp2.log");
+  double worst = 0;
+  for (const auto& [step, loss] : one) {
+    const double error = std::abs(dp.at(step) - loss) / std::abs(loss);
+    worst = std::max(worst, error);
+    EXPECT_LE(error, 1e-5) << "step " << step << ": dp2 (ZeRO-1) " << dp.at(step) << ", one process " << loss;
+  }
+  EXPECT_NE(one.begin()->second, one.rbegin()->second) << "the steps should train";
+  std::printf(
+      "configs/gpt2_tokens.toml at dp2 (ZeRO-1) against one process: %zu steps, largest relative "
+      "difference %.2e\n",
+      one.size(), worst);
+  ASSERT_EQ(::unsetenv("DATA"), 0);
+  fs::remove_all(dir);
+}
+
+}  // namespace
