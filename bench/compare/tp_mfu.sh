@@ -10,6 +10,8 @@
 #        [1.3b-prof]                        (a profile of steps 20-22: $OUT/tp2_prof*.json and their summaries)
 #        [1.3b-ufwd] [serial-ufwd]          (COLOSSAL_UPDATE_UNDER_FORWARD=1: the update under the next forward,
 #                                           Note [Update under the next forward] in engine/engine.cpp)
+#        [1.3b-ch32]                        (NCCL_MIN_NCHANNELS=32 NCCL_MIN_CTAS=32: NCCL's collectives on 32
+#                                           channels; docs/benchmarks.md, session 20)
 #        [torch-1.3b-tpN]                   (PyTorch's DTensor plans on N GPUs, bench/compare/torch_tp.py)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -64,6 +66,7 @@ for part in "${parts[@]}"; do
     serial) run gpt1.3b_1gpu 1 24 2048 16 ;;
     1.3b-prof) run gpt1.3b_tp2_prof 2 24 2048 16 --profile "$out/tp2_prof.json" --profile-steps 20:3 ;;
     1.3b-ufwd) (export COLOSSAL_UPDATE_UNDER_FORWARD=1; run gpt1.3b_tp2_ufwd 2 24 2048 16) ;;
+    1.3b-ch32) (export NCCL_MIN_NCHANNELS=32 NCCL_MIN_CTAS=32; run gpt1.3b_tp2_ch32 2 24 2048 16) ;;
     1.3b-ufwd-prof) (export COLOSSAL_UPDATE_UNDER_FORWARD=1
                      run gpt1.3b_tp2_ufwd_prof 2 24 2048 16 --profile "$out/tp2_ufwd_prof.json" --profile-steps 20:3) ;;
     serial-ufwd) (export COLOSSAL_UPDATE_UNDER_FORWARD=1; run gpt1.3b_1gpu_ufwd 1 24 2048 16) ;;
@@ -78,7 +81,7 @@ for part in "${parts[@]}"; do
     torch-1.3b-tp*) torchrun --standalone --nproc_per_node "${part#torch-1.3b-tp}" bench/compare/torch_tp.py \
           --layers 24 --width 2048 --heads 16 --batch 8 2>&1 | grep -E "torch DTensor|Error" ;;
     *) echo "unknown part '$part' (1.3b, 350m, serial, serial350m, 1.3b-sp, 1.3b-tp4, 1.3b-chunks, 1.3b-tp4-chunks," \
-         "1.3b-prof, 1.3b-ufwd, 1.3b-ufwd-prof, serial-ufwd," \
+         "1.3b-prof, 1.3b-ufwd, 1.3b-ufwd-prof, serial-ufwd, 1.3b-ch32," \
          "1.3b-rowsN, 350m-rowsN, torch-1.3b-tpN)"; exit 2 ;;
   esac
 done
