@@ -16,35 +16,21 @@
 #include <map>
 #include <string>
 
+#include "cli_runs.h"
 #include "metrics_jsonl.h"
 
 #include "colossal/initialize/training_run.h"  // load_run_config
 
 namespace {
 
+using colossal::testing::read_text;
+using colossal::testing::run_logged;
 using colossal::testing::step_losses;
+using colossal::testing::write_tokens;
 namespace fs = std::filesystem;
 
 const fs::path kConfig = fs::path(COLOSSAL_TEST_DATA_DIR) / ".." / ".." / "configs" / "gpt2_tokens.toml";
 constexpr const char* kNothingToShard = "nothing to shard, trained without ZeRO";
-
-int run(const std::string& command, const fs::path& log) {
-  return std::system((command + " > '" + log.string() + "' 2>&1").c_str());
-}
-
-std::string read(const fs::path& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_tokens(const fs::path& path, int count) {
-  std::ofstream out(path, std::ios::binary);
-  for (int i = 0; i < count; ++i) {
-    const auto t = static_cast<uint16_t>((i * 7919 + (i * i) % 31) % 50257);
-    const char bytes[2] = {static_cast<char>(t & 0xFF), static_cast<char>(t >> 8)};
-    out.write(bytes, 2);
-  }
-}
 
 TEST(Gpt2TokensConfig, ShardsTheOptimizerOverTheDataParallelRanks) {
   const colossal::config::TrainConfig c = colossal::initialize::load_run_config(kConfig);
@@ -67,27 +53,23 @@ TEST(Gpt2TokensConfig, TwoCpuRanksGiveTheOneProcessRunsLosses) {
       " --set data.options.test_num_samples=4 --set train.max_steps=3 --set train.log_interval=1"
       " --set train.progress=false --set lr_scheduler.warmup_steps=2 --set train.checkpoint_dir='\"\"'";
   const std::string common = " train --config " + kConfig.string() + tiny;
-  ASSERT_EQ(run(bin + common + " --set data.batch_size=4 --metrics " + (dir / "one.jsonl").string(), dir / "one.log"),
+  ASSERT_EQ(
+      run_logged(bin + common + " --set data.batch_size=4 --metrics " + (dir / "one.jsonl").string(), dir / "one.log"),
+      0)
+      << read_text(dir / "one.log");
+  ASSERT_EQ(run_logged(bin + " run --nproc_per_node 2 -- " + bin + common + " --set data.batch_size=2 --metrics " +
+                           (dir / "dp2.jsonl").string(),
+                       dir / "dp2.log"),
             0)
-      << read(dir / "one.log");
-  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common + " --set data.batch_size=2 --metrics " +
-                    (dir / "dp2.jsonl").string(),
-                dir / "dp2.log"),
-            0)
-      << read(dir / "dp2.log");
-  EXPECT_NE(read(dir / "one.log").find(kNothingToShard), std::string::npos) << read(dir / "one.log");
-  EXPECT_EQ(read(dir / "dp2.log").find(kNothingToShard), std::string::npos)
-      << "two ranks shard: " << read(dir / "dp2.log");
+      << read_text(dir / "dp2.log");
+  EXPECT_NE(read_text(dir / "one.log").find(kNothingToShard), std::string::npos) << read_text(dir / "one.log");
+  EXPECT_EQ(read_text(dir / "dp2.log").find(kNothingToShard), std::string::npos)
+      << "two ranks shard: " << read_text(dir / "dp2.log");
 
   const std::map<int64_t, double> one = step_losses(dir / "one.jsonl"), dp = step_losses(dir / "dp2.jsonl");
-  ASSERT_EQ(one.size(), 12u) << read(dir / "one.log");  // 3 updates of 4 micro-steps
-  ASSERT_EQ(dp.size(), one.size()) << read(dir / "dp2.log");
-  double worst = 0;
-  for (const auto& [step, loss] : one) {
-    const double error = std::abs(dp.at(step) - loss) / std::abs(loss);
-    worst = std::max(worst, error);
-    EXPECT_LE(error, 1e-5) << "step " << step << ": dp2 (ZeRO-1) " << dp.at(step) << ", one process " << loss;
-  }
+  ASSERT_EQ(one.size(), 12u) << read_text(dir / "one.log");  // 3 updates of 4 micro-steps
+  ASSERT_EQ(dp.size(), one.size()) << read_text(dir / "dp2.log");
+  const double worst = colossal::testing::expect_losses_within(one, dp, 1e-5, "dp2 (ZeRO-1)");
   EXPECT_NE(one.begin()->second, one.rbegin()->second) << "the steps should train";
   std::printf(
       "configs/gpt2_tokens.toml at dp2 (ZeRO-1) against one process: %zu steps, largest relative "

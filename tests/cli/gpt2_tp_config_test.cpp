@@ -16,6 +16,7 @@
 #include <map>
 #include <string>
 
+#include "cli_runs.h"
 #include "metrics_jsonl.h"
 
 #include "colossal/initialize/training_run.h"  // load_run_config
@@ -23,29 +24,13 @@
 
 namespace {
 
+using colossal::testing::read_text;
+using colossal::testing::run_logged;
 using colossal::testing::step_losses;
+using colossal::testing::write_tokens;
 namespace fs = std::filesystem;
 
 const fs::path kConfig = fs::path(COLOSSAL_TEST_DATA_DIR) / ".." / ".." / "configs" / "gpt2_tp.toml";
-
-int run(const std::string& command, const fs::path& log) {
-  return std::system((command + " > '" + log.string() + "' 2>&1").c_str());
-}
-
-std::string read(const fs::path& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_tokens(const fs::path& path, int count) {
-  std::ofstream out(path, std::ios::binary);
-  for (int i = 0; i < count; ++i) {
-    // Ids spread over GPT-2's vocabulary, so both halves of the split wte are looked up.
-    const auto t = static_cast<uint16_t>((i * 7919 + (i * i) % 31) % 50257);
-    const char bytes[2] = {static_cast<char>(t & 0xFF), static_cast<char>(t >> 8)};
-    out.write(bytes, 2);
-  }
-}
 
 TEST(Gpt2TpConfig, LoadsWithTheBuiltInPolicyOverTwoRanks) {
   const colossal::config::TrainConfig c = colossal::initialize::load_run_config(kConfig);
@@ -71,26 +56,21 @@ TEST(Gpt2TpConfig, TwoCpuRanksGiveTheSerialRunsLosses) {
       " --set data.options.test_num_samples=4 --set train.max_steps=3 --set train.log_interval=1"
       " --set train.progress=false --set lr_scheduler.warmup_steps=2 --set train.checkpoint_steps=3";
   const std::string common = " train --config " + kConfig.string() + tiny;
-  ASSERT_EQ(run(bin + common + " --set parallel.tensor.size=1 --set train.checkpoint_dir='\"" +
-                    (dir / "serial").string() + "\"' --metrics " + (dir / "serial.jsonl").string(),
-                dir / "serial.log"),
+  ASSERT_EQ(run_logged(bin + common + " --set parallel.tensor.size=1 --set train.checkpoint_dir='\"" +
+                           (dir / "serial").string() + "\"' --metrics " + (dir / "serial.jsonl").string(),
+                       dir / "serial.log"),
             0)
-      << read(dir / "serial.log");
-  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common + " --set train.checkpoint_dir='\"" +
-                    (dir / "tp2").string() + "\"' --metrics " + (dir / "tp2.jsonl").string(),
-                dir / "tp2.log"),
+      << read_text(dir / "serial.log");
+  ASSERT_EQ(run_logged(bin + " run --nproc_per_node 2 -- " + bin + common + " --set train.checkpoint_dir='\"" +
+                           (dir / "tp2").string() + "\"' --metrics " + (dir / "tp2.jsonl").string(),
+                       dir / "tp2.log"),
             0)
-      << read(dir / "tp2.log");
+      << read_text(dir / "tp2.log");
 
   const std::map<int64_t, double> serial = step_losses(dir / "serial.jsonl"), tp = step_losses(dir / "tp2.jsonl");
-  ASSERT_EQ(serial.size(), 12u) << read(dir / "serial.log");  // 3 updates of 4 micro-steps
-  ASSERT_EQ(tp.size(), serial.size()) << read(dir / "tp2.log");
-  double worst = 0;
-  for (const auto& [step, loss] : serial) {
-    const double error = std::abs(tp.at(step) - loss) / std::abs(loss);
-    worst = std::max(worst, error);
-    EXPECT_LE(error, 1e-5) << "step " << step << ": tp2 " << tp.at(step) << ", serial " << loss;
-  }
+  ASSERT_EQ(serial.size(), 12u) << read_text(dir / "serial.log");  // 3 updates of 4 micro-steps
+  ASSERT_EQ(tp.size(), serial.size()) << read_text(dir / "tp2.log");
+  const double worst = colossal::testing::expect_losses_within(serial, tp, 1e-5, "tp2");
   std::printf("configs/gpt2_tp.toml at tp2 against serial: %zu steps, largest relative difference %.2e\n",
               serial.size(), worst);
 
@@ -102,13 +82,14 @@ TEST(Gpt2TpConfig, TwoCpuRanksGiveTheSerialRunsLosses) {
                                                           {"rows", "parallel.tensor.row_blocks=3"}};
   for (const auto& [name, setting] : variants) {
     const fs::path log = dir / (std::string(name) + ".log"), metrics = dir / (std::string(name) + ".jsonl");
-    ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common + " --set " + setting +
-                      " --set train.checkpoint_dir='\"" + (dir / name).string() + "\"' --metrics " + metrics.string(),
-                  log),
-              0)
-        << read(log);
+    ASSERT_EQ(
+        run_logged(bin + " run --nproc_per_node 2 -- " + bin + common + " --set " + setting +
+                       " --set train.checkpoint_dir='\"" + (dir / name).string() + "\"' --metrics " + metrics.string(),
+                   log),
+        0)
+        << read_text(log);
     const std::map<int64_t, double> losses = step_losses(metrics);
-    ASSERT_EQ(losses.size(), serial.size()) << read(log);
+    ASSERT_EQ(losses.size(), serial.size()) << read_text(log);
     for (const auto& [step, loss] : serial) {
       EXPECT_LE(std::abs(losses.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": " << setting;
     }

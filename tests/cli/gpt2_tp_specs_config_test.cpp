@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_runs.h"
 #include "metrics_jsonl.h"
 
 #include "colossal/initialize/training_run.h"  // load_run_config
@@ -26,7 +27,10 @@
 
 namespace {
 
+using colossal::testing::read_text;
+using colossal::testing::run_logged;
 using colossal::testing::step_losses;
+using colossal::testing::write_tokens;
 namespace fs = std::filesystem;
 
 const fs::path kConfigs = fs::path(COLOSSAL_TEST_DATA_DIR) / ".." / ".." / "configs";
@@ -38,24 +42,6 @@ std::string colossal_binary() {
       fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "src" / "colossal" / "cli" / "colossal";
   if (!fs::exists(program)) throw std::runtime_error("build the colossal program first: " + program.string());
   return program.string();
-}
-
-int run(const std::string& command, const fs::path& log) {
-  return std::system((command + " > '" + log.string() + "' 2>&1").c_str());
-}
-
-std::string read(const fs::path& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_tokens(const fs::path& path, int count) {
-  std::ofstream out(path, std::ios::binary);
-  for (int i = 0; i < count; ++i) {
-    const auto t = static_cast<uint16_t>((i * 7919 + (i * i) % 31) % 50257);
-    const char bytes[2] = {static_cast<char>(t & 0xFF), static_cast<char>(t >> 8)};
-    out.write(bytes, 2);
-  }
 }
 
 TEST(Gpt2TpSpecsConfig, LoadsWithTheTutorialsRules) {
@@ -86,23 +72,26 @@ TEST(Gpt2TpSpecsConfig, TwoCpuRanksGiveTheSerialRunsAndTheBuiltInPolicysLosses) 
     return " train --config " + (kConfigs / config).string() + tiny + extra + " --set train.checkpoint_dir='\"" +
            (dir / name).string() + "\"' --metrics " + (dir / (name + ".jsonl")).string();
   };
-  ASSERT_EQ(run(bin + train("gpt2_tp_specs.toml", "serial", " --set parallel.tensor.size=1"), dir / "serial.log"), 0)
-      << read(dir / "serial.log");
   ASSERT_EQ(
-      run(bin + " run --nproc_per_node 2 -- " + bin + train("gpt2_tp_specs.toml", "specs", ""), dir / "specs.log"), 0)
-      << read(dir / "specs.log");
-  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + train("gpt2_tp.toml", "builtin", ""), dir / "builtin.log"),
+      run_logged(bin + train("gpt2_tp_specs.toml", "serial", " --set parallel.tensor.size=1"), dir / "serial.log"), 0)
+      << read_text(dir / "serial.log");
+  ASSERT_EQ(run_logged(bin + " run --nproc_per_node 2 -- " + bin + train("gpt2_tp_specs.toml", "specs", ""),
+                       dir / "specs.log"),
             0)
-      << read(dir / "builtin.log");
-  EXPECT_NE(read(dir / "specs.log").find("tensor parallel: 2 ranks (6 rules of parallel.tensor.specs)"),
+      << read_text(dir / "specs.log");
+  ASSERT_EQ(
+      run_logged(bin + " run --nproc_per_node 2 -- " + bin + train("gpt2_tp.toml", "builtin", ""), dir / "builtin.log"),
+      0)
+      << read_text(dir / "builtin.log");
+  EXPECT_NE(read_text(dir / "specs.log").find("tensor parallel: 2 ranks (6 rules of parallel.tensor.specs)"),
             std::string::npos)
-      << read(dir / "specs.log");
+      << read_text(dir / "specs.log");
 
   const std::map<int64_t, double> serial = step_losses(dir / "serial.jsonl"), specs = step_losses(dir / "specs.jsonl"),
                                   builtin = step_losses(dir / "builtin.jsonl");
-  ASSERT_EQ(serial.size(), 12u) << read(dir / "serial.log");  // 3 updates of 4 micro-steps
-  ASSERT_EQ(specs.size(), serial.size()) << read(dir / "specs.log");
-  ASSERT_EQ(builtin.size(), serial.size()) << read(dir / "builtin.log");
+  ASSERT_EQ(serial.size(), 12u) << read_text(dir / "serial.log");  // 3 updates of 4 micro-steps
+  ASSERT_EQ(specs.size(), serial.size()) << read_text(dir / "specs.log");
+  ASSERT_EQ(builtin.size(), serial.size()) << read_text(dir / "builtin.log");
   double worst = 0;
   for (const auto& [step, loss] : serial) {
     const double against_serial = std::abs(specs.at(step) - loss) / std::abs(loss);
@@ -126,25 +115,26 @@ TEST(Gpt2TpSpecsConfig, TwoCpuRanksGiveTheSerialRunsAndTheBuiltInPolicysLosses) 
 
   // The specs run's checkpoint after 2 updates resumes under the built-in policy (another split of
   // every layer but the layer norms) with the uninterrupted serial run's losses.
-  ASSERT_EQ(
-      run(bin + " run --nproc_per_node 2 -- " + bin +
-              train("gpt2_tp.toml", "specs_to_builtin",
-                    " --set train.resume_from='\"" + (dir / "specs" / "epoch0-step8.safetensors").string() + "\"'"),
-          dir / "specs_to_builtin.log"),
-      0)
-      << read(dir / "specs_to_builtin.log");
+  ASSERT_EQ(run_logged(bin + " run --nproc_per_node 2 -- " + bin +
+                           train("gpt2_tp.toml", "specs_to_builtin",
+                                 " --set train.resume_from='\"" +
+                                     (dir / "specs" / "epoch0-step8.safetensors").string() + "\"'"),
+                       dir / "specs_to_builtin.log"),
+            0)
+      << read_text(dir / "specs_to_builtin.log");
   const std::map<int64_t, double> resumed = step_losses(dir / "specs_to_builtin.jsonl");
-  ASSERT_EQ(resumed.size(), 4u) << read(dir / "specs_to_builtin.log");  // steps 9 to 12
+  ASSERT_EQ(resumed.size(), 4u) << read_text(dir / "specs_to_builtin.log");  // steps 9 to 12
   for (const auto& [step, loss] : resumed) {
     EXPECT_LE(std::abs(loss - serial.at(step)), 1e-5 * std::abs(serial.at(step)))
         << "resumed under the built-in policy: step " << step << " " << loss << ", uninterrupted " << serial.at(step);
   }
 
   // `colossal describe` names each parameter's spec and its rule.
-  ASSERT_EQ(run(bin + " describe --config " + (kConfigs / "gpt2_tp_specs.toml").string() + tiny, dir / "describe.log"),
-            0)
-      << read(dir / "describe.log");
-  const std::string text = read(dir / "describe.log");
+  ASSERT_EQ(
+      run_logged(bin + " describe --config " + (kConfigs / "gpt2_tp_specs.toml").string() + tiny, dir / "describe.log"),
+      0)
+      << read_text(dir / "describe.log");
+  const std::string text = read_text(dir / "describe.log");
   const auto line_of = [&](const std::string& name) {
     const size_t at = text.find("\n" + name + " ");
     return at == std::string::npos ? std::string() : text.substr(at + 1, text.find('\n', at + 1) - at - 1);
@@ -162,12 +152,12 @@ TEST(Gpt2TpSpecsConfig, TwoCpuRanksGiveTheSerialRunsAndTheBuiltInPolicysLosses) 
   // And a pipeline's stages as colossal train cuts them (initialize/pipeline_stage.h): the embedding's
   // pieces, blocks and head balanced by parameters, the tied wte counted once (in the head, whose GEMM
   // it is).
-  ASSERT_EQ(run(bin + " describe --config " + (kConfigs / "gpt2_tp.toml").string() + tiny +
-                    " --set parallel.tensor.size=1 --set parallel.pipeline=2 --set parallel.num_microbatches=2",
-                dir / "describe_pp.log"),
+  ASSERT_EQ(run_logged(bin + " describe --config " + (kConfigs / "gpt2_tp.toml").string() + tiny +
+                           " --set parallel.tensor.size=1 --set parallel.pipeline=2 --set parallel.num_microbatches=2",
+                       dir / "describe_pp.log"),
             0)
-      << read(dir / "describe_pp.log");
-  const std::string pp = read(dir / "describe_pp.log");
+      << read_text(dir / "describe_pp.log");
+  const std::string pp = read_text(dir / "describe_pp.log");
   EXPECT_NE(pp.find("# pipeline: 2 stages x 1 chunk(s), 4 pieces balanced by parameters, 2 microbatches"),
             std::string::npos)
       << pp;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_runs.h"
 #include "metrics_jsonl.h"
 
 #include "colossal/config/train_config.h"  // parse_config
@@ -28,7 +29,10 @@
 
 namespace {
 
+using colossal::testing::read_text;
+using colossal::testing::run_logged;
 using colossal::testing::step_losses;
+using colossal::testing::write_tokens;
 namespace fs = std::filesystem;
 
 /// The colossal program of this build (tests/CMakeLists.txt names no COLOSSAL_BINARY for this test;
@@ -40,30 +44,12 @@ std::string colossal_binary() {
   return program.string();
 }
 
-int run(const std::string& command, const fs::path& log) {
-  return std::system((command + " > '" + log.string() + "' 2>&1").c_str());
-}
-
-std::string read(const fs::path& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 fs::path fresh_dir(const std::string& name) {
   const fs::path dir =
       fs::temp_directory_path() / ("colossal_train_activation_checkpoint_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
-}
-
-void write_tokens(const fs::path& path, int count, int vocab) {
-  std::ofstream out(path, std::ios::binary);
-  for (int i = 0; i < count; ++i) {
-    const auto t = static_cast<uint16_t>((i * 7919 + (i * i) % 31) % vocab);
-    const char bytes[2] = {static_cast<char>(t & 0xFF), static_cast<char>(t >> 8)};
-    out.write(bytes, 2);
-  }
 }
 
 /// Trains `config` with the option off and on (`launcher` before the program: "" or a `colossal
@@ -75,16 +61,17 @@ void expect_same_losses(const fs::path& dir, const std::string& config, const st
   std::map<std::string, std::map<int64_t, double>> losses;
   for (const std::string value : {"false", "true"}) {
     const fs::path log = dir / (value + ".log"), metrics = dir / (value + ".jsonl");
-    ASSERT_EQ(run(launcher + bin + " train --config " + (dir / "c.toml").string() +
-                      " --set model.options.checkpoint_activations=" + value + " --metrics " + metrics.string(),
-                  log),
+    ASSERT_EQ(run_logged(launcher + bin + " train --config " + (dir / "c.toml").string() +
+                             " --set model.options.checkpoint_activations=" + value + " --metrics " + metrics.string(),
+                         log),
               0)
-        << read(log);
-    EXPECT_EQ(read(log).find("activation checkpointing on") != std::string::npos, value == "true") << read(log);
+        << read_text(log);
+    EXPECT_EQ(read_text(log).find("activation checkpointing on") != std::string::npos, value == "true")
+        << read_text(log);
     losses[value] = step_losses(metrics);
   }
-  ASSERT_EQ(losses["false"].size(), expected_steps) << read(dir / "false.log");
-  ASSERT_EQ(losses["true"].size(), expected_steps) << read(dir / "true.log");
+  ASSERT_EQ(losses["false"].size(), expected_steps) << read_text(dir / "false.log");
+  ASSERT_EQ(losses["true"].size(), expected_steps) << read_text(dir / "true.log");
   for (const auto& [step, loss] : losses["false"]) {
     EXPECT_EQ(losses["true"].at(step), loss) << "step " << step;
   }
@@ -242,11 +229,11 @@ TEST(TrainActivationCheckpoint, TheOptionIsABooleanNamedInItsErrors) {
   for (const auto& [name, model] : models) {
     std::ofstream(dir / (name + ".toml")) << model << data;
     const fs::path log = dir / (name + ".log");
-    EXPECT_NE(run(bin + " train --config " + (dir / (name + ".toml")).string(), log), 0) << read(log);
+    EXPECT_NE(run_logged(bin + " train --config " + (dir / (name + ".toml")).string(), log), 0) << read_text(log);
     const std::string expected = name == "vit" ? "model.options.checkpoint_activations = \"yes\": expected a boolean"
                                                : "model.options.checkpoint: colossal calls activation checkpointing "
                                                  "checkpoint_activations";
-    EXPECT_NE(read(log).find(expected), std::string::npos) << read(log);
+    EXPECT_NE(read_text(log).find(expected), std::string::npos) << read_text(log);
   }
 }
 

@@ -17,11 +17,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_runs.h"
 #include "metrics_jsonl.h"
 
 namespace {
 
 using colossal::testing::read_jsonl;
+using colossal::testing::read_text;
+using colossal::testing::run_logged;
 using colossal::testing::step_losses;
 
 namespace fs = std::filesystem;
@@ -52,15 +55,6 @@ log_interval = 1
 test_interval = 0
 )";
 
-int run(const std::string& command, const fs::path& log) {
-  return std::system((command + " > '" + log.string() + "' 2>&1").c_str());
-}
-
-std::string read(const fs::path& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 TEST(TrainLayout, TwoDataParallelRanksGiveTheSerialRunsLosses) {
   const fs::path dir = fs::temp_directory_path() / ("colossal_train_layout_test_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -69,26 +63,21 @@ TEST(TrainLayout, TwoDataParallelRanksGiveTheSerialRunsLosses) {
   const std::string bin = COLOSSAL_BINARY;
   const std::string config = (dir / "c.toml").string();
 
-  ASSERT_EQ(
-      run(bin + " train --config " + config + " --set data.batch_size=16 --metrics " + (dir / "serial.jsonl").string(),
-          dir / "serial.log"),
-      0)
-      << read(dir / "serial.log");
-  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + " train --config " + config +
-                    " --set parallel.data=2 --set data.batch_size=8 --metrics " + (dir / "dp2.jsonl").string(),
-                dir / "dp2.log"),
+  ASSERT_EQ(run_logged(bin + " train --config " + config + " --set data.batch_size=16 --metrics " +
+                           (dir / "serial.jsonl").string(),
+                       dir / "serial.log"),
             0)
-      << read(dir / "dp2.log");
+      << read_text(dir / "serial.log");
+  ASSERT_EQ(run_logged(bin + " run --nproc_per_node 2 -- " + bin + " train --config " + config +
+                           " --set parallel.data=2 --set data.batch_size=8 --metrics " + (dir / "dp2.jsonl").string(),
+                       dir / "dp2.log"),
+            0)
+      << read_text(dir / "dp2.log");
 
   const std::map<int64_t, double> serial = step_losses(dir / "serial.jsonl"), dp = step_losses(dir / "dp2.jsonl");
-  ASSERT_EQ(serial.size(), 12u) << read(dir / "serial.log");  // 96 / 16 = 6 steps an epoch, 2 epochs
-  ASSERT_EQ(dp.size(), serial.size()) << read(dir / "dp2.log");
-  double worst = 0;
-  for (const auto& [step, loss] : serial) {
-    const double error = std::abs(dp.at(step) - loss) / std::abs(loss);
-    worst = std::max(worst, error);
-    EXPECT_LE(error, 1e-5) << "step " << step << ": dp2 " << dp.at(step) << ", serial " << loss;
-  }
+  ASSERT_EQ(serial.size(), 12u) << read_text(dir / "serial.log");  // 96 / 16 = 6 steps an epoch, 2 epochs
+  ASSERT_EQ(dp.size(), serial.size()) << read_text(dir / "dp2.log");
+  const double worst = colossal::testing::expect_losses_within(serial, dp, 1e-5, "dp2");
   std::printf("dp2 x B8 against B16: %zu steps, largest relative difference %.2e\n", serial.size(), worst);
   fs::remove_all(dir);
 }
@@ -124,23 +113,19 @@ void expect_two_ranks_give_the_serial_losses(const std::string& sets, const std:
              "log_interval = 1\n";
   const std::string bin = COLOSSAL_BINARY;
   const std::string config = (dir / "c.toml").string();
-  ASSERT_EQ(
-      run(bin + " train --config " + config + " --metrics " + (dir / "serial.jsonl").string(), dir / "serial.log"), 0)
-      << read(dir / "serial.log");
-  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + " train --config " + config + " " + sets + " --metrics " +
-                    (dir / (name + ".jsonl")).string(),
-                dir / (name + ".log")),
+  ASSERT_EQ(run_logged(bin + " train --config " + config + " --metrics " + (dir / "serial.jsonl").string(),
+                       dir / "serial.log"),
             0)
-      << read(dir / (name + ".log"));
+      << read_text(dir / "serial.log");
+  ASSERT_EQ(run_logged(bin + " run --nproc_per_node 2 -- " + bin + " train --config " + config + " " + sets +
+                           " --metrics " + (dir / (name + ".jsonl")).string(),
+                       dir / (name + ".log")),
+            0)
+      << read_text(dir / (name + ".log"));
   const std::map<int64_t, double> serial = step_losses(dir / "serial.jsonl"), tp = step_losses(dir / (name + ".jsonl"));
-  ASSERT_EQ(serial.size(), 12u) << read(dir / "serial.log");  // 6 updates of 2 micro-steps
-  ASSERT_EQ(tp.size(), serial.size()) << read(dir / (name + ".log"));
-  double worst = 0;
-  for (const auto& [step, loss] : serial) {
-    const double error = std::abs(tp.at(step) - loss) / std::abs(loss);
-    worst = std::max(worst, error);
-    EXPECT_LE(error, 1e-5) << "step " << step << ": " << name << " " << tp.at(step) << ", serial " << loss;
-  }
+  ASSERT_EQ(serial.size(), 12u) << read_text(dir / "serial.log");  // 6 updates of 2 micro-steps
+  ASSERT_EQ(tp.size(), serial.size()) << read_text(dir / (name + ".log"));
+  const double worst = colossal::testing::expect_losses_within(serial, tp, 1e-5, name);
   std::printf("%s against serial: %zu steps, largest relative difference %.2e\n", name.c_str(), serial.size(), worst);
   fs::remove_all(dir);
 }
