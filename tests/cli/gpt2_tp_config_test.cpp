@@ -7,8 +7,6 @@
 // the same sums in another order.
 #include <gtest/gtest.h>
 
-#include <unistd.h>  // getpid
-
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -27,7 +25,6 @@ namespace {
 using colossal::testing::read_text;
 using colossal::testing::run_logged;
 using colossal::testing::step_losses;
-using colossal::testing::write_tokens;
 namespace fs = std::filesystem;
 
 const fs::path kConfig = fs::path(COLOSSAL_TEST_DATA_DIR) / ".." / ".." / "configs" / "gpt2_tp.toml";
@@ -40,21 +37,12 @@ TEST(Gpt2TpConfig, LoadsWithTheBuiltInPolicyOverTwoRanks) {
 }
 
 TEST(Gpt2TpConfig, TwoCpuRanksGiveTheSerialRunsLosses) {
-  const fs::path dir = fs::temp_directory_path() / ("colossal_gpt2_tp_config_test_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  write_tokens(dir / "train.bin", 3000);
-  write_tokens(dir / "val.bin", 400);
-  ASSERT_EQ(::setenv("DATA", dir.c_str(), 1), 0);  // the config's $DATA, inherited by the ranks
+  const fs::path dir = colossal::testing::token_run_dir("colossal_gpt2_tp_config_test");
   const std::string bin = COLOSSAL_BINARY;
-  // Two layers 32 wide with the config's 12 heads... of width 32 they would not divide, so 4 heads;
-  // 4 windows of 16 tokens a micro-batch, 3 updates of 4 micro-batches; dropout off, since the
-  // tensor ranks draw their own attention masks.
+  // The tiny GPT-2 (4 heads where the config's 12 would not divide a width of 32); 4 windows a
+  // micro-batch, 3 updates of 4 micro-batches.
   const std::string tiny =
-      " --set train.device='\"cpu\"' --set data.batch_size=4 --set data.seq_len=16 --set model.options.n_layer=2"
-      " --set model.options.n_embd=32 --set model.options.n_head=4 --set model.options.dropout=0.0"
-      " --set data.options.test_num_samples=4 --set train.max_steps=3 --set train.log_interval=1"
-      " --set train.progress=false --set lr_scheduler.warmup_steps=2 --set train.checkpoint_steps=3";
+      std::string(colossal::testing::kTinyGpt2Sets) + " --set data.batch_size=4 --set train.checkpoint_steps=3";
   const std::string common = " train --config " + kConfig.string() + tiny;
   ASSERT_EQ(run_logged(bin + common + " --set parallel.tensor.size=1 --set train.checkpoint_dir='\"" +
                            (dir / "serial").string() + "\"' --metrics " + (dir / "serial.jsonl").string(),

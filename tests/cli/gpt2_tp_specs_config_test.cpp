@@ -8,8 +8,6 @@
 // Tolerance 1e-5 relative, the layout harness's f32 bound: the same sums in another order.
 #include <gtest/gtest.h>
 
-#include <unistd.h>  // getpid
-
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -30,7 +28,6 @@ namespace {
 using colossal::testing::read_text;
 using colossal::testing::run_logged;
 using colossal::testing::step_losses;
-using colossal::testing::write_tokens;
 namespace fs = std::filesystem;
 
 const fs::path kConfigs = fs::path(COLOSSAL_TEST_DATA_DIR) / ".." / ".." / "configs";
@@ -54,20 +51,11 @@ TEST(Gpt2TpSpecsConfig, LoadsWithTheTutorialsRules) {
 }
 
 TEST(Gpt2TpSpecsConfig, TwoCpuRanksGiveTheSerialRunsAndTheBuiltInPolicysLosses) {
-  const fs::path dir = fs::temp_directory_path() / ("colossal_gpt2_tp_specs_config_test_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  write_tokens(dir / "train.bin", 3000);
-  write_tokens(dir / "val.bin", 400);
-  ASSERT_EQ(::setenv("DATA", dir.c_str(), 1), 0);  // the configs' $DATA, inherited by the ranks
+  const fs::path dir = colossal::testing::token_run_dir("colossal_gpt2_tp_specs_config_test");
   const std::string bin = colossal_binary();
-  // As gpt2_tp_config_test: two layers 32 wide with 4 heads, windows of 16 tokens, 3 updates of 4
-  // micro-batches, dropout off (the tensor ranks draw their own attention masks).
+  // The tiny GPT-2, as gpt2_tp_config_test: 4 windows a micro-batch, 3 updates of 4 micro-batches.
   const std::string tiny =
-      " --set train.device='\"cpu\"' --set data.batch_size=4 --set data.seq_len=16 --set model.options.n_layer=2"
-      " --set model.options.n_embd=32 --set model.options.n_head=4 --set model.options.dropout=0.0"
-      " --set data.options.test_num_samples=4 --set train.max_steps=3 --set train.log_interval=1"
-      " --set train.progress=false --set lr_scheduler.warmup_steps=2 --set train.checkpoint_steps=1";
+      std::string(colossal::testing::kTinyGpt2Sets) + " --set data.batch_size=4 --set train.checkpoint_steps=1";
   const auto train = [&](const std::string& config, const std::string& name, const std::string& extra) {
     return " train --config " + (kConfigs / config).string() + tiny + extra + " --set train.checkpoint_dir='\"" +
            (dir / name).string() + "\"' --metrics " + (dir / (name + ".jsonl")).string();

@@ -13,6 +13,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <unistd.h>  // getpid
 
 namespace colossal::testing {
 
@@ -36,6 +37,28 @@ inline void write_tokens(const std::filesystem::path& path, int count, int vocab
     const char bytes[2] = {static_cast<char>(t & 0xFF), static_cast<char>(t >> 8)};
     out.write(bytes, 2);
   }
+}
+
+/// The --set options that shrink a GPT-2 config for a CPU run: two layers 32 wide with 4 heads (they
+/// divide over 2 tensor ranks), windows of 16 tokens, dropout off (tensor ranks draw their own attention
+/// masks), 4 test windows, 3 updates with every step logged and no progress bar, a warmup of 2.
+inline constexpr const char* kTinyGpt2Sets =
+    " --set train.device='\"cpu\"' --set data.seq_len=16 --set model.options.n_layer=2"
+    " --set model.options.n_embd=32 --set model.options.n_head=4 --set model.options.dropout=0.0"
+    " --set data.options.test_num_samples=4 --set train.max_steps=3 --set train.log_interval=1"
+    " --set train.progress=false --set lr_scheduler.warmup_steps=2";
+
+/// A fresh folder `name`_<pid> under the temporary directory holding train.bin (3000 tokens) and
+/// val.bin (400) over GPT-2's vocabulary, with $DATA pointed at it: the token configs' data paths,
+/// which ranks started by colossal run inherit.
+inline std::filesystem::path token_run_dir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  write_tokens(dir / "train.bin", 3000);
+  write_tokens(dir / "val.bin", 400);
+  EXPECT_EQ(::setenv("DATA", dir.c_str(), 1), 0);
+  return dir;
 }
 
 /// Expects every step of `reference` (step -> loss, metrics_jsonl.h's step_losses) to have a loss in
