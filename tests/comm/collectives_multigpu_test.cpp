@@ -9,11 +9,13 @@
 #include <chrono>
 #include <thread>
 
-#include "collective_reference.h"        // input_value, input_slice, make_input, reference_values, values_equal
-#include "colossal/core/build_config.h"  // COLOSSAL_WITH_MPI
-#include "colossal/core/cuda_device.h"   // device_count, StreamGuard, create_stream
-#include "gradcheck.h"                   // EXPECT_ERROR_CONTAINS
-#include "multigpu_main.h"               // world, gpu, run_multigpu_tests
+#include "collective_reference.h"           // input_value, input_slice, make_input, reference_values, values_equal
+#include "colossal/comm/pair_all_reduce.h"  // use_pair_all_reduce
+#include "colossal/core/build_config.h"     // COLOSSAL_WITH_MPI
+#include "colossal/core/cuda_device.h"      // device_count, StreamGuard, create_stream
+#include "colossal/core/random.h"           // uniform_, Generator
+#include "gradcheck.h"                      // EXPECT_ERROR_CONTAINS
+#include "multigpu_main.h"                  // world, gpu, run_multigpu_tests
 
 namespace colossal::comm::testing {
 namespace {
@@ -619,6 +621,64 @@ TEST(NcclPointToPoint, AsyncBatchOfMixedDtypes) {
   for (size_t d = 0; d < all_dtypes().size(); ++d) {
     SCOPED_TRACE(fmt::format("{}", all_dtypes()[d]));
     EXPECT_TRUE(values_equal(received[d], input_slice(all_dtypes()[d], previous, 21)));
+  }
+}
+
+// ---- the copy-engine all-reduce of a pair (Note [Pair all-reduce by the copy engines]) ------------
+
+/// A group of the world's two ranks whose sums of at least 4 KiB go through the copy engines, with a
+/// window of 1 MiB (so larger tensors go in pieces).
+std::shared_ptr<ProcessGroup> pair_group() {
+  std::shared_ptr<ProcessGroup> pair = world().new_group({0, 1});
+  std::string why;
+  EXPECT_TRUE(use_pair_all_reduce(*pair, int64_t{1} << 20, 4096, &why)) << why;
+  return pair;
+}
+
+TEST(NcclPairAllReduce, EverySizeAndDtypeGivesNcclsBits) {
+  if (world().size() != 2) GTEST_SKIP() << "a pair of ranks";
+  std::shared_ptr<ProcessGroup> pair = pair_group();
+  core::Generator gen(1234 + static_cast<uint64_t>(world().rank()));
+  // Below the 4 KiB threshold (NCCL's), one piece with odd halves, exactly the window, several
+  // pieces with a ragged tail.
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (int64_t n : {int64_t{7}, int64_t{100003}, int64_t{1} << 18, int64_t{2'500'009}}) {
+      SCOPED_TRACE(fmt::format("{} of {} elements", dtype, n));
+      Tensor x = core::empty({n}, TensorOptions(DType::f32, core::kCpu));
+      core::uniform_(x, -4.0, 4.0, &gen);
+      const Tensor by_pair = x.to(dtype).to(gpu());
+      const Tensor by_nccl = x.to(dtype).to(gpu());
+      pair->all_reduce(by_pair, ReduceOp::sum);
+      world().all_reduce(by_nccl, ReduceOp::sum);
+      EXPECT_TRUE(values_equal(by_pair.to(core::kCpu), by_nccl.to(core::kCpu).to(DType::f64).to_vector<double>()));
+    }
+  }
+}
+
+TEST(NcclPairAllReduce, BackToBackAsyncSumsBesideNcclOnesAndTheCallersWork) {
+  if (world().size() != 2) GTEST_SKIP() << "a pair of ranks";
+  std::shared_ptr<ProcessGroup> pair = pair_group();
+  const int rank = world().rank();
+  // Twelve sums in flight at once through one window, every third an average (NCCL's), each filled
+  // on the caller's stream just before: the window is reused only once both ranks are done with it.
+  std::vector<Tensor> tensors;
+  std::vector<Work> works;
+  for (int i = 0; i < 12; ++i) {
+    Tensor t = core::empty({(int64_t{1} << 19) + 13 * i}, TensorOptions(DType::f32, gpu()));
+    t.fill_(rank + i + 0.5);
+    works.push_back(pair->all_reduce(t, i % 3 == 2 ? ReduceOp::avg : ReduceOp::sum, /*async=*/true));
+    tensors.push_back(t);
+  }
+  for (Work& w : works) w.wait();
+  for (int i = 0; i < 12; ++i) {
+    SCOPED_TRACE(i);
+    const double sum = (0 + i + 0.5) + (1 + i + 0.5);
+    const float expected = static_cast<float>(i % 3 == 2 ? sum / 2 : sum);
+    const std::vector<float> host = tensors[static_cast<size_t>(i)].to(core::kCpu).to_vector<float>();
+    EXPECT_EQ(host.front(), expected);
+    EXPECT_EQ(host[host.size() / 2], expected);
+    EXPECT_EQ(host.back(), expected);
+    EXPECT_EQ(std::count(host.begin(), host.end(), expected), static_cast<std::ptrdiff_t>(host.size()));
   }
 }
 

@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 
+#include "colossal/comm/pair_all_reduce.h"  // use_pair_all_reduce
 #include "colossal/ops/linalg.h"
 #include "layout_harness.h"
 #include "multigpu_main.h"
@@ -105,6 +106,33 @@ TEST(LayoutEquivalenceNccl, TensorParallelGpt2SequenceParallel) {
   c.accumulation = 2;
   c.clip = 0.1;
   run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off)", Layout{.tensor = world()->size()});
+}
+
+TEST(LayoutEquivalenceNccl, TensorParallelThroughTheCopyEngines) {
+  // The tensor group's sums of 256 bytes and more (every activation and input gradient of these
+  // small models) moved by the copy engines of the GPU pair (COLOSSAL_TP_COPY_ENGINE's path, Note
+  // [Pair all-reduce by the copy engines]) through a window of 64 KiB, so the larger ones go in
+  // pieces: GPT-2 and ViT at the f32 tolerance, GPT-2 in bf16.
+  if (world()->size() != 2) GTEST_SKIP() << "the copy-engine all-reduce serves a pair of GPUs";
+  auto through_copy_engines = [](HarnessCase c) {
+    c.parallelize = [split = c.parallelize](nn::Module& serial, const parallel::ParallelContext& context) {
+      std::string why;
+      EXPECT_TRUE(comm::use_pair_all_reduce(*context.group(parallel::GroupKind::kTensor), int64_t{64} << 10, 256, &why))
+          << why;
+      return split(serial, context);
+    };
+    c.accumulation = 2;
+    c.clip = 0.1;
+    return c;
+  };
+  run_case(through_copy_engines(gpt2_tp_case()), ops::Float32MatmulPrecision::highest, "f32 (TF32 off), copy engines",
+           Layout{.tensor = 2});
+  HarnessCase vit = through_copy_engines(vit_tp_case());
+  run_case(vit, ops::Float32MatmulPrecision::highest, "f32 (TF32 off), copy engines", Layout{.tensor = 2});
+  HarnessCase bf16 = through_copy_engines(gpt2_tp_case());
+  bf16.precision = Precision::bf16;
+  bf16.tolerance = 3e-2;
+  run_case(bf16, ops::Float32MatmulPrecision::high, "bf16, copy engines", Layout{.tensor = 2});
 }
 
 TEST(LayoutEquivalenceNccl, TensorParallelVit) {

@@ -19,6 +19,7 @@
 #include "colossal/amp/mixed_precision_optimizer.h"
 #include "colossal/comm/bootstrap.h"
 #include "colossal/comm/init.h"
+#include "colossal/comm/pair_all_reduce.h"
 #include "colossal/comm/single_process_group.h"
 #include "colossal/comm/watchdog.h"   // stop_transports
 #include "colossal/core/allocator.h"  // empty_cache
@@ -31,7 +32,8 @@
 #include "colossal/engine/pipeline_report.h"
 #include "colossal/initialize/pipeline_stage.h"
 #include "colossal/nn/hub_weights.h"
-#include "colossal/nn/safetensors.h"  // read_safetensors_header
+#include "colossal/nn/safetensors.h"         // read_safetensors_header
+#include "colossal/parallel/env_override.h"  // env_switch
 #include "colossal/parallel/layout_rules.h"
 #include "colossal/parallel/tp/gpt2_1d.h"
 #include "colossal/parallel/tp/gpt2_plan.h"  // resolve_gpt2_specs
@@ -275,6 +277,17 @@ void TrainingRun::build_data_and_model() {
     }
   }
   model_->to(device_);
+  // COLOSSAL_TP_COPY_ENGINE=1: the tensor group's large sums (the row layers' outputs, the column
+  // layers' input gradients, the vocab-parallel embedding's output) moved by the copy engines between
+  // its two GPUs instead of by NCCL's kernels (Note [Pair all-reduce by the copy engines]).
+  if (context_->layout().tensor_size() == 2 && parallel::env_switch("COLOSSAL_TP_COPY_ENGINE").value_or(false)) {
+    std::string why;
+    COLOSSAL_CHECK(comm::use_pair_all_reduce(*context_->group(parallel::GroupKind::kTensor), int64_t{32} << 20,
+                                             int64_t{1} << 20, &why),
+                   "COLOSSAL_TP_COPY_ENGINE=1 needs a tensor group of two GPUs of one host that can map each other's "
+                   "memory, but {}; unset it to sum with NCCL",
+                   why);
+  }
   // Under a pipeline the stage splits its own blocks (make_pipeline_stage below).
   if (context_->layout().tensor_size() > 1 && context_->layout().pipeline_size() == 1) {
     // The serial model split over the tensor group (reject_unsupported let GPT-2 and ViT through).

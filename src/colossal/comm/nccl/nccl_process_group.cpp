@@ -3,6 +3,7 @@
 #include "colossal/comm/nccl/nccl_process_group.h"
 
 #include "colossal/comm/launch_env.h"
+#include "colossal/comm/nccl/pair_all_reduce.h"
 #include "colossal/comm/timeout.h"   // resolve_collective_timeout
 #include "colossal/comm/watchdog.h"  // WatchedOperation, watch, add_stop_hook
 
@@ -71,6 +72,8 @@ struct NcclCommState {
   /// ncclCommAbort frees the communicator: the calls that read it from any thread besides enqueuing
   /// (the async-error checks, the watchdog's included) hold this and test `aborted` first.
   std::mutex abort_mutex;
+  /// Large sums between two GPUs by the copy engines, once use_pair_all_reduce turned it on.
+  std::unique_ptr<PairAllReduce> pair;
 
   NcclCommState(ncclComm_t c, Device d) : comm(c), device(d) {
     core::cuda::DeviceGuard guard(device);
@@ -81,6 +84,10 @@ struct NcclCommState {
   ~NcclCommState() {
     try {
       core::cuda::DeviceGuard guard(device);
+      if (pair) {
+        if (!aborted.load()) cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle));
+        pair.reset();
+      }
       // Destroy waits for the communicator's enqueued work; an aborted one is already gone.
       if (!aborted.load()) ncclCommDestroy(comm);
       core::cuda::destroy_stream(stream);
@@ -496,7 +503,23 @@ void NcclProcessGroup::abort() {
   state_->abort();
 }
 
+bool NcclProcessGroup::use_pair_all_reduce(int64_t window_bytes, int64_t min_bytes, std::string* why_not) {
+  if (!PairWindow::available(*this, why_not)) return false;
+  core::cuda::DeviceGuard guard(state_->device);
+  // Nothing of this group's may still be using a window being replaced.
+  COLOSSAL_CUDA_CHECK(cudaStreamSynchronize(as_cuda(state_->stream)));
+  state_->pair.reset();
+  state_->pair = std::make_unique<PairAllReduce>(*this, window_bytes, min_bytes);
+  return true;
+}
+
 Work NcclProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
+  if (state_->pair && state_->pair->takes(tensor, op)) {  // Note [Pair all-reduce by the copy engines]
+    const std::string what =
+        fmt::format("all_reduce (sum, by the copy engines) of a {} tensor of shape {}", tensor.dtype(), tensor.shape());
+    return launch(*this, state_, what, {tensor},
+                  [&](ncclComm_t, cudaStream_t) { state_->pair->enqueue(tensor, state_->stream); });
+  }
   const std::string what =
       fmt::format("all_reduce ({}) of a {} tensor of shape {}", reduce_op_name(op), tensor.dtype(), tensor.shape());
   return launch(*this, state_, what, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "colossal/comm/bootstrap.h"
 #include "colossal/comm/process_group.h"
@@ -37,6 +39,11 @@ class NcclProcessGroup final : public ProcessGroup {
   /// Aborts the communicator (ncclCommAbort): in-flight work is dropped and later calls fail. For a
   /// rank that learned a peer died and must not hang.
   void abort();
+  /// From now on, sums of f32, bf16 and f16 tensors of at least `min_bytes` over this group of two
+  /// GPUs of one host are moved by the copy engines through a window of `window_bytes` on each GPU
+  /// (PairAllReduce, Note [Pair all-reduce by the copy engines]); the rest stays NCCL's. Collective
+  /// over the group. Returns false, saying why in `why_not`, where the group is not such a pair.
+  bool use_pair_all_reduce(int64_t window_bytes, int64_t min_bytes, std::string* why_not = nullptr);
 
  protected:
   Work do_all_reduce(const Tensor& tensor, ReduceOp op) override;

@@ -90,7 +90,7 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
                                              : PairReduction::direct_loads;
   }
   if (options_.pair_reduction != PairReduction::nccl) {
-#if COLOSSAL_WITH_CUDA
+#if COLOSSAL_WITH_NCCL
     std::string why;
     COLOSSAL_CHECK(CopyEnginePair::available(*group_, &why),
                    "DataParallel: reducing without NCCL (COLOSSAL_DP_COPY_ENGINE) needs two GPUs of one host that can "
@@ -146,7 +146,7 @@ void DataParallel::build_buckets(const std::vector<size_t>& order) {
   // With the copy engines, once the layout is final: every bucket (a lone parameter's too) in the
   // pair's shared allocation.
   copy_engine_.reset();
-#if COLOSSAL_WITH_CUDA
+#if COLOSSAL_WITH_NCCL
   if (options_.pair_reduction != PairReduction::nccl && (rebuilt_ || !options_.rebuild_buckets)) {
     std::vector<int64_t> numels;
     std::vector<DType> dtypes;
@@ -279,7 +279,7 @@ void DataParallel::launch(size_t b) {
       parts[i] = grad.dtype() == param.dtype() && grad.is_contiguous() ? grad : grad.to(param.dtype()).contiguous();
     param.set_grad(slice.view(param.shape()));  // Note [Gradients as bucket views]
   }
-#if COLOSSAL_WITH_CUDA
+#if COLOSSAL_WITH_NCCL
   if (copy_engine_) {
     bucket.work = copy_engine_->all_reduce_avg(b, std::move(parts), bucket.offsets);
     bucket.launched = true;

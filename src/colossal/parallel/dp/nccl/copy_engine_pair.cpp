@@ -10,12 +10,13 @@
 #include <thread>
 #include <utility>
 
+#include "colossal/comm/nccl/pair_reduce.h"
+#include "colossal/comm/nccl/pair_window.h"
 #include "colossal/comm/watchdog.h"  // WatchedOperation, watch, check_deadline
 #include "colossal/core/cuda/cuda_check.h"
 #include "colossal/core/cuda_device.h"
 #include "colossal/core/error.h"
 #include "colossal/core/profiler.h"
-#include "colossal/parallel/dp/cuda/pair_average.h"
 
 namespace colossal::parallel {
 
@@ -66,56 +67,29 @@ cudaStream_t as_cuda(core::Stream s) {
   return static_cast<cudaStream_t>(s.handle);
 }
 
-/// A device's identity for the pair: its PCI bus id, and the IPC handle of its allocation.
-struct Identity {
-  char bus_id[32] = {};
-  cudaIpcMemHandle_t handle{};
-};
-
-/// Exchanges `mine` with the other rank of `group` (through an all_gather on the group's device).
-Identity exchange(comm::ProcessGroup& group, const Identity& mine) {
-  Tensor local = core::empty({static_cast<int64_t>(sizeof(Identity))}, TensorOptions(DType::u8, core::kCpu));
-  std::memcpy(local.raw_data(), &mine, sizeof(Identity));
-  Tensor sent = local.to(group.device());
-  Tensor all = core::empty({static_cast<int64_t>(2 * sizeof(Identity))}, TensorOptions(DType::u8, group.device()));
-  group.all_gather(all, sent);
-  const Tensor host = all.to(core::kCpu);
-  Identity other;
-  std::memcpy(&other, static_cast<const char*>(host.raw_data()) + (1 - group.rank()) * sizeof(Identity),
-              sizeof(Identity));
-  return other;
-}
-
 }  // namespace
 
 struct CopyEnginePair::Shared {
   core::Device device;
-  core::Stream stream;        // sends: packing, the copy of the other's half, its arrival flag
-  core::Stream receive;       // the rest: the average, the copy back, the wait for the other's half
-  void* base = nullptr;       // this rank's allocation
-  void* peer_base = nullptr;  // the other rank's, mapped here
-  size_t flags_offset = 0;
+  core::Stream stream;                       // sends: packing, the copy of the other's half, its arrival flag
+  core::Stream receive;                      // the rest: the average, the copy back, the wait for the other's half
+  std::unique_ptr<comm::PairWindow> window;  // every bucket, the receive buffers; the flags
 
   ~Shared() {
     core::cuda::DeviceGuard guard(device);
     if (stream.handle != nullptr) cudaStreamSynchronize(as_cuda(stream));
     if (receive.handle != nullptr) cudaStreamSynchronize(as_cuda(receive));
-    if (peer_base != nullptr) cudaIpcCloseMemHandle(peer_base);
-    if (base != nullptr) cudaFree(base);
+    window.reset();
     if (stream.handle != nullptr) core::cuda::destroy_stream(stream);
     if (receive.handle != nullptr) core::cuda::destroy_stream(receive);
   }
-  CUdeviceptr flag(bool peer, Flag kind, size_t b) const {
-    const char* at = static_cast<const char*>(peer ? peer_base : base) + flags_offset;
-    return reinterpret_cast<CUdeviceptr>(at + (b * kFlagKinds + kind) * sizeof(uint64_t));
-  }
   /// Sets the other rank's flag `kind` of bucket b to `value` after `on`'s earlier work (fenced).
   void signal(core::Stream on, Flag kind, size_t b, uint64_t value) const {
-    core::cuda::write_value(on, reinterpret_cast<void*>(flag(true, kind, b)), value);
+    window->signal(on, b * kFlagKinds + kind, value);
   }
   /// Holds `on` until this rank's flag `kind` of bucket b reaches `value`.
   void await(core::Stream on, Flag kind, size_t b, uint64_t value) const {
-    core::cuda::wait_value(on, reinterpret_cast<const void*>(flag(false, kind, b)), value);
+    window->await(on, b * kFlagKinds + kind, value);
   }
 };
 
@@ -186,25 +160,7 @@ class PairWork final : public comm::Work::Impl {
 }  // namespace
 
 bool CopyEnginePair::available(comm::ProcessGroup& group, std::string* why_not) {
-  auto no = [&](std::string why) {
-    if (why_not != nullptr) *why_not = std::move(why);
-    return false;
-  };
-  if (group.size() != 2) return no(fmt::format("the group has {} ranks, not 2", group.size()));
-  if (group.backend_name() != "nccl" || !group.device().is_cuda())
-    return no(fmt::format("the group is {} on {}, not NCCL on a GPU", group.backend_name(), group.device()));
-  Identity mine;
-  COLOSSAL_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.bus_id, sizeof mine.bus_id, group.device().index));
-  const Identity other = exchange(group, mine);
-  int other_device = -1;
-  if (cudaDeviceGetByPCIBusId(&other_device, other.bus_id) != cudaSuccess) {
-    cudaGetLastError();
-    return no(fmt::format("the other rank's GPU ({}) is not visible here (another host, or hidden)", other.bus_id));
-  }
-  int can = 0;
-  COLOSSAL_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, group.device().index, other_device));
-  if (can == 0) return no(fmt::format("GPU {} cannot map GPU {}'s memory", group.device().index, other_device));
-  return true;
+  return comm::PairWindow::available(group, why_not);
 }
 
 CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const std::vector<int64_t>& numels,
@@ -227,22 +183,13 @@ CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const 
     recv_offsets_.push_back(static_cast<int64_t>(at));
     at += align_up(static_cast<size_t>(numels[b] - numels[b] / 2) * core::element_size(dtypes[b]));
   }
-  s.flags_offset = at;
-  const size_t flag_bytes = numels.size() * kFlagKinds * sizeof(uint64_t);
-  at += align_up(flag_bytes);
-  COLOSSAL_CUDA_CHECK(cudaMalloc(&s.base, at));
-  COLOSSAL_CUDA_CHECK(cudaMemset(static_cast<char*>(s.base) + s.flags_offset, 0, flag_bytes));
-  COLOSSAL_CUDA_CHECK(cudaDeviceSynchronize());  // the flags are zero before the other rank can write them
-  Identity mine;
-  COLOSSAL_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, s.base));
-  const Identity other = exchange(*group_, mine);
-  COLOSSAL_CUDA_CHECK(cudaIpcOpenMemHandle(&s.peer_base, other.handle, cudaIpcMemLazyEnablePeerAccess));
+  s.window = std::make_unique<comm::PairWindow>(*group_, at, numels.size() * kFlagKinds);
   s.stream = core::cuda::create_stream(s.device);
   s.receive = core::cuda::create_stream(s.device);
   // The buckets' tensors view the allocation; Shared (which frees it) outlives them through their
   // release.
   for (size_t b = 0; b < numels.size(); ++b) {
-    core::Storage storage = core::Storage::wrap(static_cast<char*>(s.base) + flat_offsets_[b],
+    core::Storage storage = core::Storage::wrap(s.window->mine() + flat_offsets_[b],
                                                 static_cast<size_t>(numels[b]) * core::element_size(dtypes[b]),
                                                 s.device, [keep = shared_](void*) { (void)keep; });
     flats_.push_back(
@@ -273,8 +220,8 @@ comm::Work CopyEnginePair::all_reduce_avg(size_t b, std::vector<Tensor> parts, c
   ready.block(s.stream);
   comm::watch(operation);
   const bool copies = mode_ == PairReduction::copy_engines;
-  char* const base = static_cast<char*>(s.base) + flat_offsets_[b];
-  char* const peer = static_cast<char*>(s.peer_base) + flat_offsets_[b];
+  char* const base = s.window->mine() + flat_offsets_[b];
+  char* const peer = s.window->other() + flat_offsets_[b];
   core::cuda::Event packed;
   {
     // The sends, on a stream of their own, so that the next bucket's go out while this one's
@@ -286,9 +233,9 @@ comm::Work CopyEnginePair::all_reduce_avg(size_t b, std::vector<Tensor> parts, c
     if (copies) {
       // 1-2: the other's half of my values into its receive buffer, once it has used the last ones.
       if (step > 1) s.await(s.stream, kFree, b, step - 1);
-      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(s.peer_base) + recv_offsets_[b],
-                                          base + other_begin * element, static_cast<size_t>(other_numel) * element,
-                                          cudaMemcpyDeviceToDevice, as_cuda(s.stream)));
+      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(s.window->other() + recv_offsets_[b], base + other_begin * element,
+                                          static_cast<size_t>(other_numel) * element, cudaMemcpyDeviceToDevice,
+                                          as_cuda(s.stream)));
     }
     s.signal(s.stream, kArrived, b, step);  // 3 (direct mode: my bucket is there to read)
     core::profiler::end_stream_range(range, s.stream);
@@ -302,16 +249,16 @@ comm::Work CopyEnginePair::all_reduce_avg(size_t b, std::vector<Tensor> parts, c
     if (copies) {
       // 4-6: my half averaged with what arrived; the receive buffer is free again; the average
       // into the same half of the other's bucket.
-      cuda_detail::pair_average(base + mine_begin * element, static_cast<char*>(s.base) + recv_offsets_[b], nullptr,
-                                mine_numel, flat.dtype(), receive);
+      comm::cuda_detail::pair_reduce(base + mine_begin * element, s.window->mine() + recv_offsets_[b], nullptr,
+                                     mine_numel, flat.dtype(), /*average=*/true, receive);
       s.signal(s.receive, kFree, b, step);
       COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(peer + mine_begin * element, base + mine_begin * element,
                                           static_cast<size_t>(mine_numel) * element, cudaMemcpyDeviceToDevice,
                                           receive));
     } else {
       // My half averaged with the other's values of it, into both buckets.
-      cuda_detail::pair_average(base + mine_begin * element, peer + mine_begin * element, peer + mine_begin * element,
-                                mine_numel, flat.dtype(), receive);
+      comm::cuda_detail::pair_reduce(base + mine_begin * element, peer + mine_begin * element,
+                                     peer + mine_begin * element, mine_numel, flat.dtype(), /*average=*/true, receive);
     }
     // 7: the other's half is in my bucket once it says so.
     s.signal(s.receive, kDone, b, step);

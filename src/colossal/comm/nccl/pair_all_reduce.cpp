@@ -1,0 +1,99 @@
+// PairAllReduce: see pair_all_reduce.h.
+#include "colossal/comm/nccl/pair_all_reduce.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "colossal/comm/nccl/pair_reduce.h"
+#include "colossal/core/cuda/cuda_check.h"
+#include "colossal/core/cuda_device.h"  // DeviceGuard
+#include "colossal/core/error.h"
+#include "colossal/core/tensor.h"
+
+namespace colossal::comm {
+
+// Note [Pair all-reduce by the copy engines]
+// NCCL's kernels hold SMs while they run, and the GEMMs beside them lose a third to a half of their
+// speed (bench/nccl_overlap_bench, session 17). Between two GPUs of one host the copy engines can move
+// the data instead: each rank has a PairWindow of two halves, A and B, mapped into the other's
+// process. For the g-th piece (a tensor larger than the window goes in pieces), split at a multiple of
+// 8 elements into half 0 (rank 0's) and half 1 (rank 1's), each rank, on one stream:
+//   1. copies its values of the other's half into the other's A and raises the other's counter
+//      arrived_A to g;
+//   2. waits for its own arrived_A >= g and adds A into its half (pair_reduce: a few SMs);
+//   3. copies its summed half into the other's B and raises the other's arrived_B to g;
+//   4. waits for its own arrived_B >= g and copies B into its other half.
+// Every element is summed once, on the rank that owns it, and copied to the other: both ranks hold
+// the same bits, NCCL's a + b rounded to the dtype. The window is reused without "free" counters
+// because each rank runs its pieces one after another on one stream: a rank writes the other's A for
+// piece g only after its piece g - 1 waited for arrived_B(g - 1), which the other raised after adding
+// its A of g - 1; it writes the other's B for piece g only after arrived_A(g), which the other raised
+// after its piece g - 1 had copied its B out. The counters are the driver's stream memory operations
+// (no kernel spins; a stream waiting on one holds no SM); a rank whose peer never raises one holds
+// the group's stream until the watchdog ends it at the group's timeout, as it would a hung NCCL call.
+
+namespace {
+
+enum Counter : size_t { kArrivedA = 0, kArrivedB = 1, kCounters = 2 };
+/// The halves split at a multiple of this many elements, so the adding kernel reads 16-byte vectors.
+constexpr int64_t kSplitAlign = 8;
+
+}  // namespace
+
+PairAllReduce::PairAllReduce(ProcessGroup& group, int64_t window_bytes, int64_t min_bytes)
+    : window_(group, static_cast<size_t>(window_bytes / 1024 * 1024), kCounters),
+      rank_(group.rank()),
+      half_bytes_(window_bytes / 1024 * 512),
+      min_bytes_(min_bytes) {
+  COLOSSAL_CHECK(window_bytes >= 4096, "PairAllReduce: a window of {} bytes; it needs at least 4096", window_bytes);
+}
+
+bool PairAllReduce::takes(const Tensor& tensor, ReduceOp op) const {
+  const DType d = tensor.dtype();
+  return op == ReduceOp::sum && (d == DType::f32 || d == DType::bf16 || d == DType::f16) && tensor.is_contiguous() &&
+         static_cast<int64_t>(tensor.nbytes()) >= min_bytes_;
+}
+
+void PairAllReduce::enqueue(const Tensor& tensor, core::Stream stream) {
+  core::cuda::DeviceGuard guard(window_.device());
+  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const int64_t element = static_cast<int64_t>(core::element_size(tensor.dtype()));
+  // A piece's halves are at most piece / 2 + kSplitAlign elements: each fits a half of the window.
+  const int64_t piece = 2 * (half_bytes_ / element - kSplitAlign);
+  char* const data = static_cast<char*>(tensor.raw_data());
+  char* const a_mine = window_.mine();
+  char* const b_mine = window_.mine() + half_bytes_;
+  char* const a_other = window_.other();
+  char* const b_other = window_.other() + half_bytes_;
+  const int64_t n = tensor.numel();
+  for (int64_t begin = 0; begin < n; begin += piece) {
+    const int64_t len = std::min(piece, n - begin);
+    char* const p = data + begin * element;
+    const int64_t half0 = len / 2 / kSplitAlign * kSplitAlign;
+    const int64_t mine_begin = rank_ == 0 ? 0 : half0, mine_numel = rank_ == 0 ? half0 : len - half0;
+    const int64_t other_begin = rank_ == 0 ? half0 : 0, other_numel = len - mine_numel;
+    const uint64_t g = ++generation_;
+    // 1. my values of the other's half into its A (copy engine, over NVLink).
+    if (other_numel > 0)
+      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(a_other, p + other_begin * element,
+                                          static_cast<size_t>(other_numel * element), cudaMemcpyDeviceToDevice, s));
+    window_.signal(stream, kArrivedA, g);
+    // 2. the other's values of my half, arrived in my A, added into it.
+    window_.await(stream, kArrivedA, g);
+    cuda_detail::pair_reduce(p + mine_begin * element, a_mine, nullptr, mine_numel, tensor.dtype(),
+                             /*average=*/false, s);
+    // 3. my summed half into the other's B.
+    if (mine_numel > 0)
+      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(b_other, p + mine_begin * element, static_cast<size_t>(mine_numel * element),
+                                          cudaMemcpyDeviceToDevice, s));
+    window_.signal(stream, kArrivedB, g);
+    // 4. its summed half, arrived in my B, into my other half.
+    window_.await(stream, kArrivedB, g);
+    if (other_numel > 0)
+      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(p + other_begin * element, b_mine, static_cast<size_t>(other_numel * element),
+                                          cudaMemcpyDeviceToDevice, s));
+  }
+}
+
+}  // namespace colossal::comm

@@ -1,0 +1,24 @@
+// use_pair_all_reduce: see pair_all_reduce.h.
+#include "colossal/comm/pair_all_reduce.h"
+
+#include "colossal/core/build_config.h"
+
+#if COLOSSAL_WITH_NCCL
+#include "colossal/comm/nccl/nccl_process_group.h"
+#endif
+
+namespace colossal::comm {
+
+bool use_pair_all_reduce(ProcessGroup& group, int64_t window_bytes, int64_t min_bytes, std::string* why_not) {
+#if COLOSSAL_WITH_NCCL
+  if (auto* nccl = dynamic_cast<NcclProcessGroup*>(&group))
+    return nccl->use_pair_all_reduce(window_bytes, min_bytes, why_not);
+#else
+  (void)window_bytes;
+  (void)min_bytes;
+#endif
+  if (why_not != nullptr) *why_not = std::string("the group is ") + std::string(group.backend_name()) + ", not NCCL";
+  return false;
+}
+
+}  // namespace colossal::comm
