@@ -18,6 +18,7 @@
 
 #include "colossal/comm/init.h"              // init_process_group, read_dist_env
 #include "colossal/comm/library_versions.h"  // nccl_version
+#include "colossal/comm/pair_all_reduce.h"   // use_pair_all_reduce
 #include "colossal/core/cuda_device.h"       // Event, current_stream, set_device, properties
 
 using namespace colossal;
@@ -30,6 +31,7 @@ struct Options {
   std::vector<std::string> ops{"all_reduce", "reduce_scatter", "all_gather"};
   int warmup = 10;
   int iters = 50;
+  int64_t pair_window_mib = 0;  ///< > 0: all_reduce by the copy engines of a GPU pair through this window
   std::string jsonl;
 };
 
@@ -38,12 +40,14 @@ struct Options {
                "comm_bench: %s\n"
                "usage: colossal run --nproc_per_node N --backend processes -- comm_bench [--sizes-mib 1,16,256]\n"
                "           [--dtypes bf16,f32] [--ops all_reduce,reduce_scatter,all_gather] [--warmup 10]\n"
-               "           [--iters 50] [--jsonl FILE]\n"
+               "           [--iters 50] [--jsonl FILE] [--pair-window-mib N]\n"
                "  Times each collective over the NCCL world of the launcher's ranks (one GPU each): --warmup\n"
                "  untimed calls, then --iters calls between two CUDA events on the caller's stream. Rank 0\n"
                "  prints the slowest rank's time per call, algbw = bytes / time and busbw (all_reduce:\n"
                "  algbw * 2(n-1)/n; reduce_scatter, all_gather: algbw * (n-1)/n), bytes being the full,\n"
-               "  unsharded buffer; --jsonl FILE also writes them as JSON lines.\n",
+               "  unsharded buffer; --jsonl FILE also writes them as JSON lines. --pair-window-mib N (2 ranks):\n"
+               "  all_reduce of 1 MiB and more by the copy engines through a window of N MiB (Note [Pair\n"
+               "  all-reduce by the copy engines]).\n",
                problem.c_str());
   std::exit(2);
 }
@@ -97,6 +101,8 @@ Options parse(int argc, char** argv) {
       o.warmup = static_cast<int>(parse_int(flag, value, 1));
     } else if (flag == "--iters") {
       o.iters = static_cast<int>(parse_int(flag, value, 1));
+    } else if (flag == "--pair-window-mib") {
+      o.pair_window_mib = parse_int(flag, value, 0);
     } else if (flag == "--jsonl") {
       o.jsonl = value;
     } else {
@@ -183,6 +189,13 @@ int main(int argc, char** argv) {
     // Events and the current stream belong to the current device: make it this rank's GPU.
     core::cuda::set_device(world->device().index);
     const bool printer = world->rank() == 0;
+    if (o.pair_window_mib > 0) {
+      std::string why;
+      if (!comm::use_pair_all_reduce(*world, o.pair_window_mib << 20, int64_t{1} << 20, &why))
+        usage(fmt::format("--pair-window-mib: {}", why));
+      if (printer)
+        fmt::print("comm_bench: all_reduce of 1 MiB and more by the copy engines ({} MiB window)\n", o.pair_window_mib);
+    }
     std::ofstream jsonl;
     if (printer && !o.jsonl.empty()) {
       jsonl.open(o.jsonl);

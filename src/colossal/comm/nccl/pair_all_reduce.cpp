@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "colossal/comm/nccl/pair_reduce.h"
 #include "colossal/core/cuda/cuda_check.h"
@@ -22,7 +24,8 @@ namespace colossal::comm {
 //   1. copies its values of the other's half into the other's A and raises the other's counter
 //      arrived_A to g;
 //   2. waits for its own arrived_A >= g and adds A into its half (pair_reduce: a few SMs);
-//   3. copies its summed half into the other's B and raises the other's arrived_B to g;
+//   3. writes its summed half into the other's B (the adding kernel's stores, over NVLink) and
+//      raises the other's arrived_B to g;
 //   4. waits for its own arrived_B >= g and copies B into its other half.
 // Every element is summed once, on the rank that owns it, and copied to the other: both ranks hold
 // the same bits, NCCL's a + b rounded to the dtype. The window is reused without "free" counters
@@ -47,6 +50,20 @@ PairAllReduce::PairAllReduce(ProcessGroup& group, int64_t window_bytes, int64_t 
       half_bytes_(window_bytes / 1024 * 512),
       min_bytes_(min_bytes) {
   COLOSSAL_CHECK(window_bytes >= 4096, "PairAllReduce: a window of {} bytes; it needs at least 4096", window_bytes);
+  // Measurement switches: COLOSSAL_PAIR_PUSH=0 copies the sums by the copy engine instead of
+  // writing them from the adding kernel; COLOSSAL_PAIR_BLOCKS the adding kernel's most blocks.
+  if (const char* push = std::getenv("COLOSSAL_PAIR_PUSH"); push != nullptr && *push != '\0') {
+    COLOSSAL_CHECK(std::string_view(push) == "0" || std::string_view(push) == "1",
+                   "COLOSSAL_PAIR_PUSH must be 0 or 1, got '{}'", push);
+    push_ = std::string_view(push) == "1";
+  }
+  if (const char* blocks = std::getenv("COLOSSAL_PAIR_BLOCKS"); blocks != nullptr && *blocks != '\0') {
+    char* end = nullptr;
+    const long value = std::strtol(blocks, &end, 10);
+    COLOSSAL_CHECK(end != blocks && *end == '\0' && value >= 1 && value <= 4096,
+                   "COLOSSAL_PAIR_BLOCKS must be a whole number of blocks from 1 to 4096, got '{}'", blocks);
+    blocks_ = static_cast<int>(value);
+  }
 }
 
 bool PairAllReduce::takes(const Tensor& tensor, ReduceOp op) const {
@@ -79,12 +96,12 @@ void PairAllReduce::enqueue(const Tensor& tensor, core::Stream stream) {
       COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(a_other, p + other_begin * element,
                                           static_cast<size_t>(other_numel * element), cudaMemcpyDeviceToDevice, s));
     window_.signal(stream, kArrivedA, g);
-    // 2. the other's values of my half, arrived in my A, added into it.
+    // 2-3. the other's values of my half, arrived in my A, added into it; the sum also written into
+    // the other's B, over NVLink by the same kernel (push_), or copied there by the copy engine.
     window_.await(stream, kArrivedA, g);
-    cuda_detail::pair_reduce(p + mine_begin * element, a_mine, nullptr, mine_numel, tensor.dtype(),
-                             /*average=*/false, s);
-    // 3. my summed half into the other's B.
-    if (mine_numel > 0)
+    cuda_detail::pair_reduce(p + mine_begin * element, a_mine, push_ ? b_other : nullptr, mine_numel, tensor.dtype(),
+                             /*average=*/false, s, blocks_);
+    if (!push_ && mine_numel > 0)
       COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(b_other, p + mine_begin * element, static_cast<size_t>(mine_numel * element),
                                           cudaMemcpyDeviceToDevice, s));
     window_.signal(stream, kArrivedB, g);

@@ -32,6 +32,8 @@ class PairAllReduce {
   int64_t half_bytes_ = 0;
   int64_t min_bytes_ = 0;
   uint64_t generation_ = 0;
+  bool push_ = true;  ///< the adding kernel writes the sums into the other's B (else a copy)
+  int blocks_ = 128;  ///< the adding kernel's most blocks
 };
 
 }  // namespace colossal::comm

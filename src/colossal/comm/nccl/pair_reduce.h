@@ -13,8 +13,8 @@ namespace colossal::comm::cuda_detail {
 /// For i < numel: v = round(mine[i] + other[i]) in `dtype`, halved exactly when `average` (NCCL's sum
 /// and average of two), written to mine[i] and, where `also` is not null, to also[i]. `other` and
 /// `also` may be the other GPU's memory, mapped here, and may be the same. Queued on `stream` with at
-/// most 64 blocks: a few SMs, leaving the rest to the kernels beside it.
+/// most `max_blocks` blocks of 512 threads: a few SMs, leaving the rest to the kernels beside it.
 void pair_reduce(void* mine, const void* other, void* also, int64_t numel, core::DType dtype, bool average,
-                 cudaStream_t stream);
+                 cudaStream_t stream, int max_blocks = 64);
 
 }  // namespace colossal::comm::cuda_detail

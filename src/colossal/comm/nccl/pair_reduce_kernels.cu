@@ -53,7 +53,7 @@ __global__ void pair_reduce_kernel(T* __restrict__ mine, const T* other, T* also
 }  // namespace
 
 void pair_reduce(void* mine, const void* other, void* also, int64_t numel, core::DType dtype, bool average,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, int max_blocks) {
   if (numel == 0) return;
   core::dispatch_floating(dtype, "the pair reduction", [&]<class T>() {
     constexpr int kVec = 16 / sizeof(T);
@@ -63,7 +63,8 @@ void pair_reduce(void* mine, const void* other, void* also, int64_t numel, core:
     // A few blocks per SM at most: the loads may wait on NVLink, and the kernel should leave the SMs
     // to the kernels beside it.
     const int64_t work = vectorised ? numel / kVec + numel % kVec : numel;
-    const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 64));
+    const unsigned blocks =
+        static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, std::max(max_blocks, 1)));
     pair_reduce_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(mine), static_cast<const T*>(other),
                                                            static_cast<T*>(also), numel, average, vectorised);
     COLOSSAL_CUDA_CHECK_LAUNCH();
