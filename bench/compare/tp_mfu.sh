@@ -12,7 +12,7 @@
 #                                           Note [Update under the next forward] in engine/engine.cpp)
 #        [1.3b-ch32]                        (NCCL_MIN_NCHANNELS=32 NCCL_MIN_CTAS=32: NCCL's collectives on 32
 #                                           channels; docs/benchmarks.md, session 20)
-#        [1.3b-ce] [1.3b-ce-rowsN] [1.3b-ce-chunks] [350m-ce]
+#        [1.3b-ce] [1.3b-ce-rowsN] [1.3b-ce-chunks[N]] [1.3b-ce-chunks-prof] [350m-ce] [350m-ce-chunks]
 #                                           (COLOSSAL_TP_COPY_ENGINE=1: the tensor group's sums moved by the
 #                                           copy engines, Note [Pair all-reduce by the copy engines])
 #        [torch-1.3b-tpN]                   (PyTorch's DTensor plans on N GPUs, bench/compare/torch_tp.py)
@@ -75,11 +75,16 @@ for part in "${parts[@]}"; do
     1.3b-ce) (export COLOSSAL_TP_COPY_ENGINE=1; run gpt1.3b_tp2_ce 2 24 2048 16) ;;
     1.3b-ce-rows*) (export COLOSSAL_TP_COPY_ENGINE=1
                     run "gpt1.3b_tp2_ce_rows${part#1.3b-ce-rows}" 2 24 2048 16 --set parallel.tensor.row_blocks="${part#1.3b-ce-rows}") ;;
-    1.3b-ce-chunks) (export COLOSSAL_TP_COPY_ENGINE=1
-                     run gpt1.3b_tp2_ce_chunks2 2 24 2048 16 --set parallel.tensor.overlap_chunks=2) ;;
     1.3b-ce-prof) (export COLOSSAL_TP_COPY_ENGINE=1
                    run gpt1.3b_tp2_ce_prof 2 24 2048 16 --profile "$out/tp2_ce_prof.json" --profile-steps 20:3) ;;
+    1.3b-ce-chunks-prof) (export COLOSSAL_TP_COPY_ENGINE=1
+                   run gpt1.3b_tp2_ce_chunks_prof 2 24 2048 16 --set parallel.tensor.overlap_chunks=2 --profile "$out/tp2_ce_chunks_prof.json" --profile-steps 20:3
+                   python3 bench/compare/stream_gaps.py "$out"/tp2_ce_chunks_prof*.json | head -60) ;;
+    1.3b-ce-chunks*) (export COLOSSAL_TP_COPY_ENGINE=1; n=${part#1.3b-ce-chunks}; n=${n:-2}
+                      run "gpt1.3b_tp2_ce_chunks$n" 2 24 2048 16 --set parallel.tensor.overlap_chunks="$n") ;;
     350m-ce) (export COLOSSAL_TP_COPY_ENGINE=1; run gpt350m_tp2_ce 2 24 1024 16) ;;
+    350m-ce-chunks) (export COLOSSAL_TP_COPY_ENGINE=1
+                     run gpt350m_tp2_ce_chunks2 2 24 1024 16 --set parallel.tensor.overlap_chunks=2) ;;
     serial-ufwd) (export COLOSSAL_UPDATE_UNDER_FORWARD=1; run gpt1.3b_1gpu_ufwd 1 24 2048 16) ;;
     serial350m) run gpt350m_1gpu 1 24 1024 16 ;;
     1.3b-sp) run gpt1.3b_tp2_sp 2 24 2048 16 --set parallel.tensor.sequence_parallel=true ;;

@@ -50,12 +50,13 @@ PairAllReduce::PairAllReduce(ProcessGroup& group, int64_t window_bytes, int64_t 
       half_bytes_(window_bytes / 1024 * 512),
       min_bytes_(min_bytes) {
   COLOSSAL_CHECK(window_bytes >= 4096, "PairAllReduce: a window of {} bytes; it needs at least 4096", window_bytes);
-  // Measurement switches: COLOSSAL_PAIR_PUSH=0 copies the sums by the copy engine instead of
-  // writing them from the adding kernel; COLOSSAL_PAIR_BLOCKS the adding kernel's most blocks.
-  if (const char* push = std::getenv("COLOSSAL_PAIR_PUSH"); push != nullptr && *push != '\0') {
-    COLOSSAL_CHECK(std::string_view(push) == "0" || std::string_view(push) == "1",
-                   "COLOSSAL_PAIR_PUSH must be 0 or 1, got '{}'", push);
-    push_ = std::string_view(push) == "1";
+  // Measurement switches: COLOSSAL_PAIR_MODE (PairAllReduce::Mode), COLOSSAL_PAIR_BLOCKS (the
+  // kernels' most blocks).
+  if (const char* mode = std::getenv("COLOSSAL_PAIR_MODE"); mode != nullptr && *mode != '\0') {
+    const std::string_view m(mode);
+    COLOSSAL_CHECK(m == "copy_engines" || m == "push" || m == "kernels",
+                   "COLOSSAL_PAIR_MODE must be copy_engines, push or kernels, got '{}'", m);
+    mode_ = m == "copy_engines" ? Mode::copy_engines : m == "push" ? Mode::push : Mode::kernels;
   }
   if (const char* blocks = std::getenv("COLOSSAL_PAIR_BLOCKS"); blocks != nullptr && *blocks != '\0') {
     char* end = nullptr;
@@ -70,6 +71,17 @@ bool PairAllReduce::takes(const Tensor& tensor, ReduceOp op) const {
   const DType d = tensor.dtype();
   return op == ReduceOp::sum && (d == DType::f32 || d == DType::bf16 || d == DType::f16) && tensor.is_contiguous() &&
          static_cast<int64_t>(tensor.nbytes()) >= min_bytes_;
+}
+
+void PairAllReduce::copy(void* dst, const void* src, int64_t bytes, cudaStream_t s, bool by_kernel) const {
+  if (bytes == 0) return;
+  const bool aligned =
+      bytes % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (by_kernel && aligned) {
+    cuda_detail::pair_copy(dst, src, bytes, s, blocks_);
+  } else {
+    COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, s));
+  }
 }
 
 void PairAllReduce::enqueue(const Tensor& tensor, core::Stream stream) {
@@ -91,25 +103,21 @@ void PairAllReduce::enqueue(const Tensor& tensor, core::Stream stream) {
     const int64_t mine_begin = rank_ == 0 ? 0 : half0, mine_numel = rank_ == 0 ? half0 : len - half0;
     const int64_t other_begin = rank_ == 0 ? half0 : 0, other_numel = len - mine_numel;
     const uint64_t g = ++generation_;
-    // 1. my values of the other's half into its A (copy engine, over NVLink).
-    if (other_numel > 0)
-      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(a_other, p + other_begin * element,
-                                          static_cast<size_t>(other_numel * element), cudaMemcpyDeviceToDevice, s));
+    // 1. my values of the other's half into its A (a copy engine, over NVLink; with kernels, the
+    // SMs' stores).
+    copy(a_other, p + other_begin * element, other_numel * element, s, mode_ == Mode::kernels);
     window_.signal(stream, kArrivedA, g);
     // 2-3. the other's values of my half, arrived in my A, added into it; the sum also written into
-    // the other's B, over NVLink by the same kernel (push_), or copied there by the copy engine.
+    // the other's B, by the same kernel's stores over NVLink, or by a copy engine.
     window_.await(stream, kArrivedA, g);
-    cuda_detail::pair_reduce(p + mine_begin * element, a_mine, push_ ? b_other : nullptr, mine_numel, tensor.dtype(),
+    const bool push = mode_ != Mode::copy_engines;
+    cuda_detail::pair_reduce(p + mine_begin * element, a_mine, push ? b_other : nullptr, mine_numel, tensor.dtype(),
                              /*average=*/false, s, blocks_);
-    if (!push_ && mine_numel > 0)
-      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(b_other, p + mine_begin * element, static_cast<size_t>(mine_numel * element),
-                                          cudaMemcpyDeviceToDevice, s));
+    if (!push) copy(b_other, p + mine_begin * element, mine_numel * element, s, /*by_kernel=*/false);
     window_.signal(stream, kArrivedB, g);
     // 4. its summed half, arrived in my B, into my other half.
     window_.await(stream, kArrivedB, g);
-    if (other_numel > 0)
-      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(p + other_begin * element, b_mine, static_cast<size_t>(other_numel * element),
-                                          cudaMemcpyDeviceToDevice, s));
+    copy(p + other_begin * element, b_mine, other_numel * element, s, mode_ == Mode::kernels);
   }
 }
 

@@ -4,6 +4,8 @@
 // use_pair_all_reduce (comm/pair_all_reduce.h) turned it on.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 #include "colossal/comm/nccl/pair_window.h"
@@ -32,8 +34,14 @@ class PairAllReduce {
   int64_t half_bytes_ = 0;
   int64_t min_bytes_ = 0;
   uint64_t generation_ = 0;
-  bool push_ = true;  ///< the adding kernel writes the sums into the other's B (else a copy)
-  int blocks_ = 128;  ///< the adding kernel's most blocks
+  /// Who moves the data over NVLink: copy_engines, both phases by the copy engines; push, the first
+  /// by a copy engine, the sums by the adding kernel's stores; kernels, every copy by the SMs'
+  /// stores (the fastest, taking SMs for as long as the copies run).
+  enum class Mode { copy_engines, push, kernels };
+  /// `bytes` from src to dst on `s`: the SMs' stores (by_kernel, where aligned) or a copy engine.
+  void copy(void* dst, const void* src, int64_t bytes, cudaStream_t s, bool by_kernel) const;
+  Mode mode_ = Mode::push;
+  int blocks_ = 128;  ///< the kernels' most blocks
 };
 
 }  // namespace colossal::comm

@@ -17,4 +17,9 @@ namespace colossal::comm::cuda_detail {
 void pair_reduce(void* mine, const void* other, void* also, int64_t numel, core::DType dtype, bool average,
                  cudaStream_t stream, int max_blocks = 64);
 
+/// Copies `bytes` (a multiple of 16, both pointers 16-byte aligned) from `src` to `dst` with at most
+/// `max_blocks` blocks of 512 threads: the SMs' stores, for a destination in the other GPU's memory
+/// (over NVLink) where they are faster than a copy engine. Queued on `stream`.
+void pair_copy(void* dst, const void* src, int64_t bytes, cudaStream_t stream, int max_blocks = 64);
+
 }  // namespace colossal::comm::cuda_detail

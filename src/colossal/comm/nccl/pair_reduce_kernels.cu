@@ -50,7 +50,25 @@ __global__ void pair_reduce_kernel(T* __restrict__ mine, const T* other, T* also
   }
 }
 
+__global__ void pair_copy_kernel(uint4* __restrict__ dst, const uint4* __restrict__ src, int64_t vectors) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t v = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; v < vectors; v += stride) dst[v] = src[v];
+}
+
 }  // namespace
+
+void pair_copy(void* dst, const void* src, int64_t bytes, cudaStream_t stream, int max_blocks) {
+  if (bytes == 0) return;
+  COLOSSAL_CHECK(
+      bytes % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0,
+      "pair_copy: {} bytes between {} and {}: needs 16-byte multiples", bytes, dst, src);
+  constexpr int kThreads = 512;
+  const int64_t vectors = bytes / 16;
+  const unsigned blocks =
+      static_cast<unsigned>(std::clamp<int64_t>((vectors + kThreads - 1) / kThreads, 1, std::max(max_blocks, 1)));
+  pair_copy_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), vectors);
+  COLOSSAL_CUDA_CHECK_LAUNCH();
+}
 
 void pair_reduce(void* mine, const void* other, void* also, int64_t numel, core::DType dtype, bool average,
                  cudaStream_t stream, int max_blocks) {
