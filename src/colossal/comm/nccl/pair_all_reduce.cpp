@@ -41,13 +41,18 @@ namespace {
 enum Counter : size_t { kArrivedA = 0, kArrivedB = 1, kCounters = 2 };
 /// The halves split at a multiple of this many elements, so the adding kernel reads 16-byte vectors.
 constexpr int64_t kSplitAlign = 8;
+/// Each half of a window of `window_bytes`: half of it and the split's slack (kSplitAlign elements of
+/// up to 8 bytes), in 256-byte units, so that a tensor of window_bytes goes in one piece.
+int64_t half_of(int64_t window_bytes) {
+  return (window_bytes / 2 + kSplitAlign * 8 + 255) / 256 * 256;
+}
 
 }  // namespace
 
 PairAllReduce::PairAllReduce(ProcessGroup& group, int64_t window_bytes, int64_t min_bytes)
-    : window_(group, static_cast<size_t>(window_bytes / 1024 * 1024), kCounters),
+    : window_(group, static_cast<size_t>(2 * half_of(window_bytes)), kCounters),
       rank_(group.rank()),
-      half_bytes_(window_bytes / 1024 * 512),
+      half_bytes_(half_of(window_bytes)),
       min_bytes_(min_bytes) {
   COLOSSAL_CHECK(window_bytes >= 4096, "PairAllReduce: a window of {} bytes; it needs at least 4096", window_bytes);
   // Measurement switches: COLOSSAL_PAIR_MODE (PairAllReduce::Mode), COLOSSAL_PAIR_BLOCKS (the
