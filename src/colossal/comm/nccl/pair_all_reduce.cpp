@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
 
@@ -55,14 +56,18 @@ PairAllReduce::PairAllReduce(ProcessGroup& group, int64_t window_bytes, int64_t 
       half_bytes_(half_of(window_bytes)),
       min_bytes_(min_bytes) {
   COLOSSAL_CHECK(window_bytes >= 4096, "PairAllReduce: a window of {} bytes; it needs at least 4096", window_bytes);
-  // Measurement switches: COLOSSAL_PAIR_MODE (PairAllReduce::Mode), COLOSSAL_PAIR_BLOCKS (the
+  // Measurement switches: COLOSSAL_PAIR_MODE (by_kernel_), COLOSSAL_PAIR_BLOCKS (the
   // kernels' most blocks).
   if (const char* mode = std::getenv("COLOSSAL_PAIR_MODE"); mode != nullptr && *mode != '\0') {
     const std::string_view m(mode);
-    COLOSSAL_CHECK(m == "copy_engines" || m == "push" || m == "kernels",
-                   "COLOSSAL_PAIR_MODE must be copy_engines, push or kernels, got '{}'", m);
-    mode_ = m == "copy_engines" ? Mode::copy_engines : m == "push" ? Mode::push : Mode::kernels;
+    const std::string_view named = m == "copy_engines" ? "ccc" : m == "push" ? "csc" : m == "kernels" ? "sss" : m;
+    COLOSSAL_CHECK(named.size() == 3 && named.find_first_not_of("cs") == std::string_view::npos,
+                   "COLOSSAL_PAIR_MODE must be copy_engines, push, kernels or three letters c (a copy engine) or s "
+                   "(the SMs) for the first copy, the sums' copy and the last copy, got '{}'",
+                   m);
+    by_kernel_ = {named[0] == 's', named[1] == 's', named[2] == 's'};
   }
+  trace_ = std::getenv("COLOSSAL_TRACE_COMM") != nullptr && *std::getenv("COLOSSAL_TRACE_COMM") != '\0';
   if (const char* blocks = std::getenv("COLOSSAL_PAIR_BLOCKS"); blocks != nullptr && *blocks != '\0') {
     char* end = nullptr;
     const long value = std::strtol(blocks, &end, 10);
@@ -108,21 +113,27 @@ void PairAllReduce::enqueue(const Tensor& tensor, core::Stream stream) {
     const int64_t mine_begin = rank_ == 0 ? 0 : half0, mine_numel = rank_ == 0 ? half0 : len - half0;
     const int64_t other_begin = rank_ == 0 ? half0 : 0, other_numel = len - mine_numel;
     const uint64_t g = ++generation_;
-    // 1. my values of the other's half into its A (a copy engine, over NVLink; with kernels, the
-    // SMs' stores).
-    copy(a_other, p + other_begin * element, other_numel * element, s, mode_ == Mode::kernels);
+    auto trace = [&](const char* what) {
+      if (trace_)
+        std::fprintf(stderr, "[pair trace] rank %d piece %llu: %s\n", rank_, static_cast<unsigned long long>(g), what);
+    };
+    // 1. my values of the other's half into its A (a copy engine over NVLink, or the SMs' stores).
+    trace("copy A");
+    copy(a_other, p + other_begin * element, other_numel * element, s, by_kernel_[0]);
     window_.signal(stream, kArrivedA, g);
     // 2-3. the other's values of my half, arrived in my A, added into it; the sum also written into
     // the other's B, by the same kernel's stores over NVLink, or by a copy engine.
     window_.await(stream, kArrivedA, g);
-    const bool push = mode_ != Mode::copy_engines;
-    cuda_detail::pair_reduce(p + mine_begin * element, a_mine, push ? b_other : nullptr, mine_numel, tensor.dtype(),
-                             /*average=*/false, s, blocks_);
-    if (!push) copy(b_other, p + mine_begin * element, mine_numel * element, s, /*by_kernel=*/false);
+    trace("add");
+    cuda_detail::pair_reduce(p + mine_begin * element, a_mine, by_kernel_[1] ? b_other : nullptr, mine_numel,
+                             tensor.dtype(), /*average=*/false, s, blocks_);
+    if (!by_kernel_[1]) copy(b_other, p + mine_begin * element, mine_numel * element, s, /*by_kernel=*/false);
     window_.signal(stream, kArrivedB, g);
     // 4. its summed half, arrived in my B, into my other half.
     window_.await(stream, kArrivedB, g);
-    copy(p + other_begin * element, b_mine, other_numel * element, s, mode_ == Mode::kernels);
+    trace("copy B");
+    copy(p + other_begin * element, b_mine, other_numel * element, s, by_kernel_[2]);
+    trace("enqueued");
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 
 #include "colossal/comm/nccl/pair_window.h"
@@ -34,14 +35,15 @@ class PairAllReduce {
   int64_t half_bytes_ = 0;
   int64_t min_bytes_ = 0;
   uint64_t generation_ = 0;
-  /// Who moves the data over NVLink: copy_engines, both phases by the copy engines; push, the first
-  /// by a copy engine, the sums by the adding kernel's stores; kernels, every copy by the SMs'
-  /// stores (the fastest, taking SMs for as long as the copies run).
-  enum class Mode { copy_engines, push, kernels };
   /// `bytes` from src to dst on `s`: the SMs' stores (by_kernel, where aligned) or a copy engine.
   void copy(void* dst, const void* src, int64_t bytes, cudaStream_t s, bool by_kernel) const;
-  Mode mode_ = Mode::push;
-  int blocks_ = 128;  ///< the kernels' most blocks
+  /// Who moves the data of the first copy (into the other's A), of the sums (into the other's B)
+  /// and of the last copy (B into the tensor): the SMs' stores (true) or a copy engine. The sums by
+  /// the adding kernel itself, the rest by copy engines: the fastest that leaves the SMs alone
+  /// (COLOSSAL_PAIR_MODE to measure the others).
+  std::array<bool, 3> by_kernel_{false, true, false};
+  bool trace_ = false;  ///< COLOSSAL_TRACE_COMM: each piece's enqueueing on stderr
+  int blocks_ = 128;    ///< the kernels' most blocks
 };
 
 }  // namespace colossal::comm
