@@ -60,6 +60,9 @@
 
 namespace colossal::comm {
 
+/// How long a rank tearing down a PairAllReduce waits for the other (Note [Pair window teardown]).
+constexpr std::chrono::seconds kPairTeardownDeadline{30};
+
 namespace detail {
 /// Lives as long as the group or any of its Work: the communicator and its stream.
 struct NcclCommState {
@@ -84,16 +87,55 @@ struct NcclCommState {
   ~NcclCommState() {
     try {
       core::cuda::DeviceGuard guard(device);
-      if (pair) {
-        if (!aborted.load()) cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle));
-        pair.reset();
-      }
+      release_pair();
       // Destroy waits for the communicator's enqueued work; an aborted one is already gone.
       if (!aborted.load()) ncclCommDestroy(comm);
       core::cuda::destroy_stream(stream);
     } catch (...) {
       // Nothing useful to do about a failing teardown in a destructor.
     }
+  }
+
+  // Note [Pair window teardown]
+  // Each rank of a PairAllReduce maps the other's window (CUDA IPC). A rank that frees its window
+  // while the other still maps it (the other tearing down later) left the later rank's close hanging
+  // on 2 H100s once kernels had written through the mapping (the tests hung at the group's end, each
+  // time in the rank that tore down second). So each rank waits for its stream, closes its mapping
+  // of the other's window, then meets the other in a one-element all-reduce (bounded by
+  // kPairTeardownDeadline), and only then frees its own. A rank that cannot meet the other (it died,
+  // or the communicator was aborted) leaves its window allocated rather than risk the hang, and aborts
+  // the communicator that still holds the unfinished all-reduce.
+  void release_pair() noexcept {
+    if (!pair) return;
+    if (aborted.load()) {
+      (void)pair.release();  // left allocated: the other rank may still map it
+      return;
+    }
+    const auto s = static_cast<cudaStream_t>(stream.handle);
+    bool met = cudaStreamSynchronize(s) == cudaSuccess;
+    pair->close_peer();
+    if (met) {
+      auto* word = static_cast<int32_t*>(pair->scratch());
+      met = ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm, s) == ncclSuccess;
+      const auto deadline = std::chrono::steady_clock::now() + kPairTeardownDeadline;
+      while (met) {
+        const cudaError_t query = cudaStreamQuery(s);
+        if (query == cudaSuccess) break;
+        ncclResult_t async = ncclSuccess;
+        if (query != cudaErrorNotReady || ncclCommGetAsyncError(comm, &async) != ncclSuccess ||
+            (async != ncclSuccess && async != ncclInProgress) || std::chrono::steady_clock::now() > deadline) {
+          met = false;
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+      }
+    }
+    if (!met) {
+      (void)pair.release();  // left allocated: the other rank may still map it
+      abort();
+      return;
+    }
+    pair.reset();
   }
 
   /// Any thread: the watchdog's stop hook calls it while the owner may be blocked in CUDA.
@@ -506,9 +548,7 @@ void NcclProcessGroup::abort() {
 bool NcclProcessGroup::use_pair_all_reduce(int64_t window_bytes, int64_t min_bytes, std::string* why_not) {
   if (!PairWindow::available(*this, why_not)) return false;
   core::cuda::DeviceGuard guard(state_->device);
-  // Nothing of this group's may still be using a window being replaced.
-  COLOSSAL_CUDA_CHECK(cudaStreamSynchronize(as_cuda(state_->stream)));
-  state_->pair.reset();
+  state_->release_pair();  // a window being replaced (Note [Pair window teardown])
   state_->pair = std::make_unique<PairAllReduce>(*this, window_bytes, min_bytes);
   return true;
 }

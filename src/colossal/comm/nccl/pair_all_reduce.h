@@ -29,6 +29,11 @@ class PairAllReduce {
   /// (the window is reused without further flags: the Note says why that is safe).
   void enqueue(const Tensor& tensor, core::Stream stream);
 
+  /// Teardown (Note [Pair window teardown] in nccl_process_group.cpp): closes this rank's mapping of
+  /// the other's window; and 4 bytes of this rank's window, free once no piece is in flight.
+  void close_peer() { window_.close_peer(); }
+  void* scratch() const { return window_.mine(); }
+
  private:
   PairWindow window_;
   int rank_ = 0;

@@ -81,10 +81,17 @@ PairWindow::PairWindow(ProcessGroup& group, size_t data_bytes, size_t counters)
   COLOSSAL_CUDA_CHECK(cudaIpcOpenMemHandle(&peer_base_, other.handle, cudaIpcMemLazyEnablePeerAccess));
 }
 
+void PairWindow::close_peer() {
+  if (peer_base_ == nullptr) return;
+  core::cuda::DeviceGuard guard(device_);
+  cudaIpcCloseMemHandle(peer_base_);
+  peer_base_ = nullptr;
+}
+
 PairWindow::~PairWindow() {
   try {
+    close_peer();
     core::cuda::DeviceGuard guard(device_);
-    if (peer_base_ != nullptr) cudaIpcCloseMemHandle(peer_base_);
     if (base_ != nullptr) cudaFree(base_);
   } catch (...) {
     // Nothing useful to do about a failing teardown in a destructor.

@@ -36,6 +36,10 @@ class PairWindow {
   char* mine() const { return static_cast<char*>(base_); }
   char* other() const { return static_cast<char*>(peer_base_); }
 
+  /// Closes this rank's mapping of the other's memory (other() is null after). The other must not
+  /// free its allocation before this: Note [Pair window teardown] in nccl_process_group.cpp.
+  void close_peer();
+
   /// Queues on `stream`: once its earlier work is done and visible, the other rank's counter `c`
   /// becomes `value` (the driver's stream memory operation, no kernel).
   void signal(core::Stream stream, size_t c, uint64_t value) const;
