@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>  // uncaught_exceptions
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -61,7 +62,7 @@
 namespace colossal::comm {
 
 /// How long a rank tearing down a PairAllReduce waits for the other (Note [Pair window teardown]).
-constexpr std::chrono::seconds kPairTeardownDeadline{30};
+constexpr std::chrono::seconds kPairTeardownDeadline{10};
 
 namespace detail {
 /// Lives as long as the group or any of its Work: the communicator and its stream.
@@ -107,7 +108,9 @@ struct NcclCommState {
   // the communicator that still holds the unfinished all-reduce.
   void release_pair() noexcept {
     if (!pair) return;
-    if (aborted.load()) {
+    // Unwinding from an error, the other rank is not coming: its message goes out now, not after
+    // the deadline.
+    if (aborted.load() || std::uncaught_exceptions() > 0) {
       (void)pair.release();  // left allocated: the other rank may still map it
       return;
     }
