@@ -37,6 +37,12 @@ class CopyEnginePair {
   CopyEnginePair(const CopyEnginePair&) = delete;
   CopyEnginePair& operator=(const CopyEnginePair&) = delete;
 
+  /// Before it goes (NCCL builds; collective over the group): waits for its streams, closes this
+  /// rank's mapping of the other's allocation and meets the other rank in a barrier, so that neither
+  /// frees its allocation while the other still maps it (Note [Pair window teardown]). Unwinding
+  /// from an error, it skips the barrier and leaves the allocation to the process's end.
+  void release() noexcept;
+
   /// Bucket b's buffer (the gradients become views of it).
   const Tensor& flat(size_t b) const { return flats_.at(b); }
 

@@ -145,6 +145,9 @@ void DataParallel::build_buckets(const std::vector<size_t>& order) {
   }
   // With the copy engines, once the layout is final: every bucket (a lone parameter's too) in the
   // pair's shared allocation.
+#if COLOSSAL_WITH_NCCL
+  if (copy_engine_) copy_engine_->release();
+#endif
   copy_engine_.reset();
 #if COLOSSAL_WITH_NCCL
   if (options_.pair_reduction != PairReduction::nccl && (rebuilt_ || !options_.rebuild_buckets)) {
@@ -207,7 +210,11 @@ void DataParallel::rebuild_in_arrival_order() {
   }
 }
 
-DataParallel::~DataParallel() = default;
+DataParallel::~DataParallel() {
+#if COLOSSAL_WITH_NCCL
+  if (copy_engine_) copy_engine_->release();
+#endif
+}
 
 void DataParallel::broadcast_parameters() {
   autograd::NoGradGuard no_grad;

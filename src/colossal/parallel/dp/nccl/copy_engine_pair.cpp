@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <exception>  // uncaught_exceptions
 #include <thread>
 #include <utility>
 
@@ -74,11 +75,13 @@ struct CopyEnginePair::Shared {
   core::Stream stream;                       // sends: packing, the copy of the other's half, its arrival flag
   core::Stream receive;                      // the rest: the average, the copy back, the wait for the other's half
   std::unique_ptr<comm::PairWindow> window;  // every bucket, the receive buffers; the flags
+  bool keep_allocated = false;               // the other rank may still map it (CopyEnginePair::release)
 
   ~Shared() {
     core::cuda::DeviceGuard guard(device);
     if (stream.handle != nullptr) cudaStreamSynchronize(as_cuda(stream));
     if (receive.handle != nullptr) cudaStreamSynchronize(as_cuda(receive));
+    if (keep_allocated) (void)window.release();
     window.reset();
     if (stream.handle != nullptr) core::cuda::destroy_stream(stream);
     if (receive.handle != nullptr) core::cuda::destroy_stream(receive);
@@ -196,6 +199,24 @@ CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const 
         Tensor(std::make_shared<core::TensorImpl>(std::move(storage), Shape{numels[b]}, Shape{1}, 0, dtypes[b])));
   }
   steps_.assign(numels.size(), 0);
+}
+
+void CopyEnginePair::release() noexcept {
+  Shared& s = *shared_;
+  if (!s.window) return;
+  try {
+    core::cuda::DeviceGuard guard(s.device);
+    cudaStreamSynchronize(as_cuda(s.stream));
+    cudaStreamSynchronize(as_cuda(s.receive));
+    s.window->close_peer();
+    if (std::uncaught_exceptions() > 0) {
+      s.keep_allocated = true;
+      return;
+    }
+    group_->barrier();
+  } catch (...) {
+    s.keep_allocated = true;
+  }
 }
 
 comm::Work CopyEnginePair::all_reduce_avg(size_t b, std::vector<Tensor> parts, const std::vector<int64_t>& offsets) {
