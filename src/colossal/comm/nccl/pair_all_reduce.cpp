@@ -53,6 +53,7 @@ constexpr int64_t kSplitAlign = 8;
 /// Each half of a window of `window_bytes`: half of it and the split's slack (kSplitAlign elements of
 /// up to 8 bytes), in 256-byte units, so that a tensor of window_bytes goes in one piece.
 int64_t half_of(int64_t window_bytes) {
+  COLOSSAL_CHECK(window_bytes >= 4096, "PairAllReduce: a window of {} bytes; it needs at least 4096", window_bytes);
   return (window_bytes / 2 + kSplitAlign * 8 + 255) / 256 * 256;
 }
 
@@ -63,7 +64,6 @@ PairAllReduce::PairAllReduce(ProcessGroup& group, int64_t window_bytes, int64_t 
       rank_(group.rank()),
       half_bytes_(half_of(window_bytes)),
       min_bytes_(min_bytes) {
-  COLOSSAL_CHECK(window_bytes >= 4096, "PairAllReduce: a window of {} bytes; it needs at least 4096", window_bytes);
   // Measurement switches: COLOSSAL_PAIR_MODE (by_kernel_), COLOSSAL_PAIR_BLOCKS (the
   // kernels' most blocks).
   if (const char* mode = std::getenv("COLOSSAL_PAIR_MODE"); mode != nullptr && *mode != '\0') {
