@@ -12,6 +12,9 @@
 #                                           Note [Update under the next forward] in engine/engine.cpp)
 #        [1.3b-ch32]                        (NCCL_MIN_NCHANNELS=32 NCCL_MIN_CTAS=32: NCCL's collectives on 32
 #                                           channels; docs/benchmarks.md, session 20)
+#        [1.3b-fused] [1.3b-ce-fused] [350m-ce-fused]
+#                                           (COLOSSAL_TP_FUSED_RESIDUAL=1: the blocks' residual and c_proj bias
+#                                           in the row layers' GEMMs, Note [A row-parallel layer's residual in its GEMM])
 #        [1.3b-ce] [1.3b-ce-rowsN] [1.3b-ce-chunks[N]] [1.3b-ce-chunks-prof] [350m-ce] [350m-ce-chunks]
 #                                           (COLOSSAL_TP_COPY_ENGINE=1: the tensor group's sums moved by the
 #                                           copy engines, Note [Pair all-reduce by the copy engines])
@@ -83,6 +86,9 @@ for part in "${parts[@]}"; do
     1.3b-ce-chunks*) (export COLOSSAL_TP_COPY_ENGINE=1; n=${part#1.3b-ce-chunks}; n=${n:-2}
                       run "gpt1.3b_tp2_ce_chunks$n" 2 24 2048 16 --set parallel.tensor.overlap_chunks="$n") ;;
     350m-ce) (export COLOSSAL_TP_COPY_ENGINE=1; run gpt350m_tp2_ce 2 24 1024 16) ;;
+    1.3b-fused) (export COLOSSAL_TP_FUSED_RESIDUAL=1; run gpt1.3b_tp2_fused 2 24 2048 16) ;;
+    1.3b-ce-fused) (export COLOSSAL_TP_COPY_ENGINE=1 COLOSSAL_TP_FUSED_RESIDUAL=1; run gpt1.3b_tp2_ce_fused 2 24 2048 16) ;;
+    350m-ce-fused) (export COLOSSAL_TP_COPY_ENGINE=1 COLOSSAL_TP_FUSED_RESIDUAL=1; run gpt350m_tp2_ce_fused 2 24 1024 16) ;;
     350m-ce-chunks) (export COLOSSAL_TP_COPY_ENGINE=1
                      run gpt350m_tp2_ce_chunks2 2 24 1024 16 --set parallel.tensor.overlap_chunks=2) ;;
     serial-ufwd) (export COLOSSAL_UPDATE_UNDER_FORWARD=1; run gpt1.3b_1gpu_ufwd 1 24 2048 16) ;;

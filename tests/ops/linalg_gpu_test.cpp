@@ -307,6 +307,28 @@ TEST(LinalgGpu, LinearOddSizes) {
                        "linear with a transposed weight (Conv1D)");
 }
 
+TEST(LinalgGpu, LinearAddPartOddSizes) {
+  // Note [A row-parallel layer's residual in its GEMM]: the residual and bias written into one part
+  // of the rows, the GEMM adding onto them (beta = 1) and writing the rest; every part of 3 over 37
+  // rows (13, 12, 12), and the backward's gradients, against the CPU in every precision.
+  COLOSSAL_REQUIRE_GPU();
+  const double s = weight_scale(129);
+  for (int64_t part = 0; part < 3; ++part) {
+    check_all_precisions({.make_inputs =
+                              [=](DType d) {
+                                return std::vector<Tensor>{random_input({37, 129}, 27, d),
+                                                           random_input({65, 129}, 28, d, -s, s),
+                                                           random_input({65}, 29, d, -0.5, 0.5),
+                                                           random_input({37, 65}, 30, d)};
+                              },
+                          .fn =
+                              [part](const std::vector<Tensor>& in) {
+                                return ops::linear_add_part(in[0], in[1], in[2], in[3], part, 3);
+                              }},
+                         fmt::format("linear_add_part [37, 129] -> 65, part {} of 3", part));
+  }
+}
+
 TEST(LinalgGpu, LinearGeluOddSizes) {
   COLOSSAL_REQUIRE_GPU();
   // 65 outputs: the kept pre-activation's rows are padded to 72 for cuBLASLt.

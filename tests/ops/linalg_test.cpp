@@ -275,6 +275,53 @@ TEST(Linear, MatchesMatmulInHalfPrecision) {
   expect_close(y, reference, 0.05, 0, "bf16 linear");
 }
 
+TEST(LinearAddPart, OnePartIsLinearPlusTheResidualWithItsGradients) {
+  // With one part the op is x W^T + b + r, a true function of all four: central differences in f64.
+  check_gradients(
+      {.make_inputs =
+           [] {
+             return std::vector<Tensor>{random_leaf({2, 3, 5}, 301), random_leaf({4, 5}, 302), random_leaf({4}, 303),
+                                        random_leaf({2, 3, 4}, 304)};
+           },
+       .fn = [](const std::vector<Tensor>& in) { return ops::linear_add_part(in[0], in[1], in[2], in[3], 0, 1); }});
+  const Tensor x = random_tensor({2, 3, 5}, 311), w = random_tensor({4, 5}, 312), b = random_tensor({4}, 313),
+               r = random_tensor({2, 3, 4}, 314);
+  expect_close(ops::linear_add_part(x, w, b, r, 0, 1), ops::add(ops::linear(x, w, b), r), 1e-12, 0);
+}
+
+TEST(LinearAddPart, ThePartsSumToTheLayerWithTheResidualOnceAndGiveItTheWholeGradient) {
+  // Three ranks of a row-parallel layer: rank p holds W_p (its input features) and adds b + r to its
+  // third of the 7 rows; the sum of the three outputs is r + b + sum_p x_p W_p^T, and each rank's
+  // backward gives b and r the whole output gradient (they are replicated), x_p and W_p linear's.
+  const Tensor r = random_tensor({7, 4}, 320), b = random_tensor({4}, 321), upstream = random_tensor({7, 4}, 322);
+  Tensor total = core::zeros({7, 4}, TensorOptions(DType::f64, core::kCpu));
+  Tensor expected = ops::add(r, b);
+  for (int64_t part = 0; part < 3; ++part) {
+    SCOPED_TRACE(part);
+    const Tensor x = random_leaf({7, 2}, 330 + static_cast<uint64_t>(part));
+    const Tensor w = random_leaf({4, 2}, 340 + static_cast<uint64_t>(part));
+    Tensor bias = b.detach(), residual = r.detach();
+    bias.set_requires_grad(true);
+    residual.set_requires_grad(true);
+    const Tensor y = ops::linear_add_part(x, w, bias, residual, part, 3);
+    total = ops::add(total, y.detach());
+    expected = ops::add(expected, ops::linear(x.detach(), w.detach()));
+    autograd::backward(y, upstream);
+    expect_close(residual.grad(), upstream, 0, 0, "residual gradient");
+    expect_close(bias.grad(), ops::sum(upstream, {0}), 1e-12, 0, "bias gradient");
+    expect_close(x.grad(), ops::matmul(upstream, w.detach()), 1e-12, 0, "input gradient");
+    expect_close(w.grad(), ops::matmul(upstream.t(), x.detach()), 1e-12, 0, "weight gradient");
+  }
+  expect_close(total, expected, 1e-12, 0, "the parts' sum");
+}
+
+TEST(LinearAddPart, BadOperandsAreClearErrors) {
+  const Tensor x = random_tensor({2, 3, 5}, 350), w = random_tensor({4, 5}, 351), b = random_tensor({4}, 352);
+  EXPECT_ERROR_CONTAINS(ops::linear_add_part(x, w, b, random_tensor({2, 3, 5}, 353), 0, 2),
+                        "the residual must have the output's shape [2, 3, 4]");
+  EXPECT_ERROR_CONTAINS(ops::linear_add_part(x, w, b, random_tensor({2, 3, 4}, 354), 2, 2), "part 2 of 2");
+}
+
 TEST(Bmm, MatchesPerBatchMatmul) {
   Tensor a = random_tensor({3, 2, 5}, 70);
   Tensor b = random_tensor({3, 5, 4}, 71);

@@ -95,8 +95,9 @@ TEST(LayoutEquivalence, DataParallelGpt2Bf16) {
 // must sum the shards and count the replicated parameters (layer norms, wpe, row-parallel biases)
 // once: counted once per rank, the clip factor and every update would differ.
 void expect_tensor_parallel(Layout layout, int64_t accumulation, std::optional<double> clip = std::nullopt,
-                            bool sequence_parallel = false, std::optional<int64_t> global_batch = std::nullopt) {
-  HarnessCase c = gpt2_tp_case(sequence_parallel);
+                            bool sequence_parallel = false, std::optional<int64_t> global_batch = std::nullopt,
+                            bool fused_residual = false) {
+  HarnessCase c = gpt2_tp_case(sequence_parallel, fused_residual);
   if (global_batch) c.global_batch = *global_batch;
   c.accumulation = accumulation;
   c.clip = clip;
@@ -119,6 +120,13 @@ TEST(LayoutEquivalence, TensorParallelGpt2WithAccumulation) {
 
 TEST(LayoutEquivalence, TensorParallelGpt2WithClipping) {
   expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 2, /*clip=*/0.1);
+}
+
+TEST(LayoutEquivalence, TensorParallelGpt2WithTheResidualInTheRowLayersGemm) {
+  // Note [A row-parallel layer's residual in its GEMM]: each rank adds the residual and c_proj's
+  // bias to its share of the rows inside its GEMM; with accumulation and a clip below the norm.
+  expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 2, /*clip=*/0.1,
+                         /*sequence_parallel=*/false, std::nullopt, /*fused_residual=*/true);
 }
 
 TEST(LayoutEquivalence, DataTimesTensorParallelGpt2) {

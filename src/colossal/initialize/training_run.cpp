@@ -301,9 +301,11 @@ void TrainingRun::build_data_and_model() {
     } else {
       auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model_.get());
       COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model built is neither a GPT-2 nor a ViT");
-      parallel::tp::ParallelGPT2Options options{.dropout = dropout,
-                                                .sequence_parallel = c.parallel.tensor.sequence_parallel,
-                                                .overlap_chunks = c.parallel.tensor.overlap_chunks};
+      parallel::tp::ParallelGPT2Options options{
+          .dropout = dropout,
+          .sequence_parallel = c.parallel.tensor.sequence_parallel,
+          .overlap_chunks = c.parallel.tensor.overlap_chunks,
+          .fused_residual = parallel::env_switch("COLOSSAL_TP_FUSED_RESIDUAL").value_or(false)};
       // parallel.tensor.specs in place of the built-in policy (parallel/tp/gpt2_plan.h): resolved
       // against the serial model's parameter names, an assignment the layers cannot compute an
       // error naming the parameter before anything is split.

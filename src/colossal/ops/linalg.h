@@ -28,6 +28,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 /// of a linear's output] in ops/linalg.cpp). Recorded as one linear: the same backward.
 Tensor linear_in_row_blocks(const Tensor& x, const Tensor& weight, int64_t blocks,
                             const std::function<void(const Tensor& block)>& on_block);
+/// Rank `part` of `parts` of a row-parallel linear layer whose outputs the group sums, with the bias
+/// [out] (optional) and the residual [..., out] (the output's shape) that follow the sum folded in:
+/// x W^T, plus bias + residual in the part-th of `parts` equal blocks of the rows only, so that the
+/// group's sum is residual + bias + sum_r x_r W_r^T (Note [A row-parallel layer's residual in its
+/// GEMM]). Backward: x's and weight's gradients as linear's; bias and residual, replicated over the
+/// group, get the whole output gradient (its column sums, and itself) on every rank.
+Tensor linear_add_part(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual, int64_t part,
+                       int64_t parts);
 /// gelu(linear(x, weight, bias)) with the tanh approximation (GPT-2's MLP). On the GPU one cuBLASLt
 /// GEMM whose epilogue adds the bias, applies GELU and keeps the pre-activation for backward.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), InputGradHook hook = {});

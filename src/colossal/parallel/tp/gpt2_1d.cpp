@@ -134,6 +134,17 @@ Tensor ParallelGPT2Attention::forward(const Tensor& x) {
   return resid_dropout_->forward(c_proj_->forward(attended));
 }
 
+bool ParallelGPT2Attention::fuses_residual() const {
+  const auto proj = c_proj();
+  return proj != nullptr && proj->fuses_residual() && !gather_heads_ &&
+         (resid_dropout_->p() == 0.0 || !resid_dropout_->is_training());
+}
+
+Tensor ParallelGPT2Attention::forward_add(const Tensor& x, const Tensor& residual) {
+  COLOSSAL_CHECK(fuses_residual(), "ParallelGPT2Attention::forward_add: c_proj cannot take the residual here");
+  return c_proj()->forward_add(heads(x), residual);
+}
+
 bool ParallelGPT2Attention::splittable() const {
   const auto proj = c_proj();
   return proj != nullptr && !proj->sequence_parallel() && !gather_heads_;
@@ -173,6 +184,17 @@ Tensor ParallelGPT2MLP::forward(const Tensor& x) {
   return dropout_->forward(c_proj_->forward(hidden));
 }
 
+bool ParallelGPT2MLP::fuses_residual() const {
+  const auto proj = c_proj();
+  return proj != nullptr && proj->fuses_residual() && !gather_hidden_ &&
+         (dropout_->p() == 0.0 || !dropout_->is_training());
+}
+
+Tensor ParallelGPT2MLP::forward_add(const Tensor& x, const Tensor& residual) {
+  COLOSSAL_CHECK(fuses_residual(), "ParallelGPT2MLP::forward_add: c_proj cannot take the residual here");
+  return c_proj()->forward_add(activated(x), residual);
+}
+
 bool ParallelGPT2MLP::splittable() const {
   const auto proj = c_proj();
   return proj != nullptr && !proj->sequence_parallel() && !gather_hidden_;
@@ -190,7 +212,10 @@ Tensor ParallelGPT2MLP::finish(PendingSum pending) {
 ParallelGPT2Block::ParallelGPT2Block(const nn::models::GPT2Block& serial, const nn::models::GPT2Config& config,
                                      std::shared_ptr<comm::ProcessGroup> group, const ParallelGPT2Options& options,
                                      const Gpt2BlockPlan& plan)
-    : Module("ParallelGPT2Block"), dropout_(options.dropout), checkpoint_activations_(serial.checkpoint_activations()) {
+    : Module("ParallelGPT2Block"),
+      dropout_(options.dropout),
+      checkpoint_activations_(serial.checkpoint_activations()),
+      fused_residual_(options.fused_residual) {
   ln_1_ = register_module("ln_1", copy_of(*serial.ln_1(), config.n_embd, group, options));
   attn_ =
       register_module("attn", std::make_shared<ParallelGPT2Attention>(*serial.attn(), config, group, options, plan));
@@ -225,6 +250,11 @@ Tensor ParallelGPT2Block::mlp_finish(const Tensor& h, PendingSum pending) {
 }
 
 Tensor ParallelGPT2Block::forward_block(const Tensor& x) {
+  if (fused_residual_ && attn_->fuses_residual() && mlp_->fuses_residual()) {
+    // Note [A row-parallel layer's residual in its GEMM]
+    const Tensor h = attn_->forward_add(ln_1_->forward(x), x);
+    return mlp_->forward_add(ln_2_->forward(h), h);
+  }
   const Tensor h = ops::add(x, attn_->forward(ln_1_->forward(x)));
   return ops::add(h, mlp_->forward(ln_2_->forward(h)));
 }

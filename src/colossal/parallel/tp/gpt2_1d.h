@@ -57,6 +57,11 @@ struct ParallelGPT2Options {
   /// Used with row-parallel c_proj layers (the built-in policy) and neither sequence parallelism nor
   /// activation checkpointing; otherwise the blocks run whole.
   int overlap_chunks = 1;
+  /// The blocks' residual adds and c_proj biases folded into the row-parallel c_proj GEMMs
+  /// (RowParallelLinear::forward_add; COLOSSAL_TP_FUSED_RESIDUAL=1 from `colossal train`): where
+  /// c_proj is row-parallel without sequence parallelism or row blocks and its dropout draws nothing
+  /// (p = 0, or evaluation); elsewhere the block adds as usual.
+  bool fused_residual = false;
   /// Set by ParallelGPT2 for its layers (leave it empty): the dimension sequence parallelism splits
   /// the activations along in the current forward (Note [Token shards] in gpt2_1d.cpp).
   std::shared_ptr<SequenceShard> sequence_shard;
@@ -80,6 +85,11 @@ class ParallelGPT2Attention : public nn::Module {
   PendingSum start(const Tensor& x);
   Tensor finish(PendingSum pending);
   bool splittable() const;
+  /// residual + forward(x) with the residual added in c_proj's GEMM, where fuses_residual():
+  /// a row-parallel c_proj that can (RowParallelLinear::fuses_residual), its input not gathered,
+  /// and a dropout that draws nothing now.
+  Tensor forward_add(const Tensor& x, const Tensor& residual);
+  bool fuses_residual() const;
 
   /// The columns of the serial c_attn ([n_embd, 3 n_embd]: q, then k, then v, each head's n_embd /
   /// n_head columns in head order) that rank `rank` of `size` holds, in its order: its heads' q, then
@@ -121,6 +131,8 @@ class ParallelGPT2MLP : public nn::Module {
   PendingSum start(const Tensor& x);
   Tensor finish(PendingSum pending);
   bool splittable() const;
+  Tensor forward_add(const Tensor& x, const Tensor& residual);
+  bool fuses_residual() const;
 
   std::shared_ptr<ColumnParallelLinear> c_fc() const { return std::dynamic_pointer_cast<ColumnParallelLinear>(c_fc_); }
   std::shared_ptr<RowParallelLinear> c_proj() const { return std::dynamic_pointer_cast<RowParallelLinear>(c_proj_); }
@@ -173,6 +185,7 @@ class ParallelGPT2Block : public nn::Module {
   std::shared_ptr<ParallelGPT2MLP> mlp_;
   DropoutGenerators dropout_;
   bool checkpoint_activations_;
+  bool fused_residual_;  ///< ParallelGPT2Options::fused_residual
 
   Tensor forward_block(const Tensor& x);
 };

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "colossal/core/error.h"
+#include "colossal/ops/autocast.h"     // autocast_dtype
 #include "colossal/ops/elementwise.h"  // add
 #include "colossal/ops/linalg.h"       // linear
 #include "colossal/parallel/tp/mappings.h"
@@ -197,6 +198,23 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
   }
   Tensor y = reduce_from_region(partial, *group_, /*consume_input=*/true);
   return bias_->defined() ? ops::add(y, *bias_) : y;
+}
+
+Tensor RowParallelLinear::forward_add(const Tensor& x, const Tensor& residual) {
+  COLOSSAL_CHECK(fuses_residual(),
+                 "RowParallelLinear::forward_add: the residual goes into the GEMM only without sequence "
+                 "parallelism and row blocks");
+  // Under autocast the product is 16-bit while the residual stream stays f32 (the add promotes): folded
+  // into the GEMM, the sum would come out 16-bit. So then, and for mixed dtypes, the adds stay apart.
+  if (ops::autocast_dtype() || residual.dtype() != x.dtype()) return ops::add(residual, forward(x));
+  const Tensor local = input_is_parallel_ ? x : scatter_to_region(x, -1, *group_);
+  COLOSSAL_CHECK(local.shape().back() == in_features_per_rank(),
+                 "RowParallelLinear: this rank's input has {} features in its last dimension (shape {}), but its "
+                 "shard takes {} of the layer's {}",
+                 local.shape().back(), local.shape(), in_features_per_rank(), in_features_);
+  const Tensor w = layout_ == WeightLayout::kOutIn ? *weight_ : weight_->t();
+  const Tensor partial = ops::linear_add_part(local, w, *bias_, residual, group_->rank(), group_->size());
+  return reduce_from_region(partial, *group_, /*consume_input=*/true);
 }
 
 void RowParallelLinear::set_row_blocks(int64_t blocks) {
