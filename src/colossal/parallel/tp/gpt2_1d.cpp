@@ -89,6 +89,13 @@ std::shared_ptr<nn::Module> embedding_for(const nn::Embedding& serial, TensorSpl
   COLOSSAL_FAIL("tensor-parallel GPT-2: an embedding cannot take spec \"row\" (check_gpt2_plan)");
 }
 
+/// Whether a sublayer's c_proj can take the block's residual into its GEMM (Note [A row-parallel
+/// layer's residual in its GEMM]): row-parallel and able to, its input not gathered first, and the
+/// dropout after it drawing nothing now (p = 0, or evaluation).
+bool takes_residual(const RowParallelLinear* proj, bool gathered_input, const nn::Dropout& dropout) {
+  return proj != nullptr && proj->fuses_residual() && !gathered_input && (dropout.p() == 0.0 || !dropout.is_training());
+}
+
 }  // namespace
 
 std::vector<int64_t> ParallelGPT2Attention::qkv_columns(int64_t n_embd, int64_t n_head, int rank, int size) {
@@ -135,9 +142,7 @@ Tensor ParallelGPT2Attention::forward(const Tensor& x) {
 }
 
 bool ParallelGPT2Attention::fuses_residual() const {
-  const auto proj = c_proj();
-  return proj != nullptr && proj->fuses_residual() && !gather_heads_ &&
-         (resid_dropout_->p() == 0.0 || !resid_dropout_->is_training());
+  return takes_residual(c_proj().get(), gather_heads_, *resid_dropout_);
 }
 
 Tensor ParallelGPT2Attention::forward_add(const Tensor& x, const Tensor& residual) {
@@ -185,9 +190,7 @@ Tensor ParallelGPT2MLP::forward(const Tensor& x) {
 }
 
 bool ParallelGPT2MLP::fuses_residual() const {
-  const auto proj = c_proj();
-  return proj != nullptr && proj->fuses_residual() && !gather_hidden_ &&
-         (dropout_->p() == 0.0 || !dropout_->is_training());
+  return takes_residual(c_proj().get(), gather_hidden_, *dropout_);
 }
 
 Tensor ParallelGPT2MLP::forward_add(const Tensor& x, const Tensor& residual) {
