@@ -97,7 +97,8 @@ DataParallel::DataParallel(nn::Module& model, std::shared_ptr<comm::ProcessGroup
                    "map each other's memory, but {} ({}); unset it to reduce with NCCL",
                    why, group_->describe());
 #else
-    COLOSSAL_CHECK(false, "DataParallel: reducing without NCCL (COLOSSAL_DP_COPY_ENGINE) needs a CUDA build");
+    COLOSSAL_CHECK(false,
+                   "DataParallel: reducing without NCCL (COLOSSAL_DP_COPY_ENGINE) needs a build with CUDA and NCCL");
 #endif
   }
   COLOSSAL_CHECK(options_.bucket_bytes > 0, "DataParallel: bucket_bytes must be > 0, got {}", options_.bucket_bytes);
