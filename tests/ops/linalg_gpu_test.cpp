@@ -316,10 +316,9 @@ TEST(LinalgGpu, LinearAddPartOddSizes) {
   for (int64_t part = 0; part < 3; ++part) {
     check_all_precisions({.make_inputs =
                               [=](DType d) {
-                                return std::vector<Tensor>{random_input({37, 129}, 27, d),
-                                                           random_input({65, 129}, 28, d, -s, s),
-                                                           random_input({65}, 29, d, -0.5, 0.5),
-                                                           random_input({37, 65}, 30, d)};
+                                return std::vector<Tensor>{
+                                    random_input({37, 129}, 27, d), random_input({65, 129}, 28, d, -s, s),
+                                    random_input({65}, 29, d, -0.5, 0.5), random_input({37, 65}, 30, d)};
                               },
                           .fn =
                               [part](const std::vector<Tensor>& in) {
