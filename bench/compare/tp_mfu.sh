@@ -4,21 +4,22 @@
 # model on one GPU: ms/step (the metrics' wall_s slope over logged steps 10-40) and MFU per GPU,
 # counting each GPU's share of (6N + 12 L C T) FLOPs per token (N without wpe), against 989.4 TFLOP/s.
 #
-#   tools/gpu-check --run bench/compare/tp_mfu.sh [1.3b] [350m] [serial] [serial350m] [1.3b-sp] [1.3b-tp4]
-#        [1.3b-chunks] [1.3b-tp4-chunks]   (parallel.tensor.overlap_chunks = 2)
-#        [1.3b-rowsN] [350m-rowsN]         (parallel.tensor.row_blocks = N)
-#        [1.3b-prof]                        (a profile of steps 20-22: $OUT/tp2_prof*.json and their summaries)
-#        [1.3b-ufwd] [serial-ufwd]          (COLOSSAL_UPDATE_UNDER_FORWARD=1: the update under the next forward,
-#                                           Note [Update under the next forward] in engine/engine.cpp)
-#        [1.3b-ch32]                        (NCCL_MIN_NCHANNELS=32 NCCL_MIN_CTAS=32: NCCL's collectives on 32
-#                                           channels; docs/benchmarks.md, session 20)
-#        [1.3b-fused] [1.3b-ce-fused] [350m-ce-fused]
-#                                           (COLOSSAL_TP_FUSED_RESIDUAL=1: the blocks' residual and c_proj bias
-#                                           in the row layers' GEMMs, Note [A row-parallel layer's residual in its GEMM])
-#        [1.3b-ce] [1.3b-ce-rowsN] [1.3b-ce-chunks[N]] [1.3b-ce-chunks-prof] [350m-ce] [350m-ce-chunks]
-#                                           (COLOSSAL_TP_COPY_ENGINE=1: the tensor group's sums moved by the
-#                                           copy engines, Note [Pair all-reduce by the copy engines])
-#        [torch-1.3b-tpN]                   (PyTorch's DTensor plans on N GPUs, bench/compare/torch_tp.py)
+#   tools/gpu-check --run bench/compare/tp_mfu.sh [PART...]   (default: 1.3b 350m)
+#
+# A part is a model, then any of the modifiers, joined by '-' (1.3b-nccl-unfused, 1.3b-rows2-ufwd):
+#   models:    1.3b (GPT 1.3B at tp=2), 350m (GPT-2 350M at tp=2), serial (GPT 1.3B on one GPU),
+#              serial350m (GPT-2 350M on one GPU)
+#   nccl       parallel.tensor.all_reduce = "nccl" (the default "auto" sums by the copy engines on a
+#              GPU pair, Note [Pair all-reduce by the copy engines])
+#   ce         parallel.tensor.all_reduce = "copy_engines" (an error where they cannot)
+#   unfused    parallel.tensor.fused_residual = false (the residual and c_proj bias added after the
+#              all-reduce, not in the row layers' GEMMs: Note [A row-parallel layer's residual in its GEMM])
+#   rowsN      parallel.tensor.row_blocks = N        chunksN   parallel.tensor.overlap_chunks = N
+#   sp         parallel.tensor.sequence_parallel      tp4       4 GPUs instead of 2
+#   ufwd       COLOSSAL_UPDATE_UNDER_FORWARD=1 (Note [Update under the next forward] in engine/engine.cpp)
+#   ch32       NCCL_MIN_NCHANNELS=32 NCCL_MIN_CTAS=32 (docs/benchmarks.md, session 20)
+#   prof       a profile of steps 20-22: $OUT/<name>_prof*.json and stream_gaps.py's summary
+# and torch-1.3b-tpN: PyTorch's DTensor plans on N GPUs (bench/compare/torch_tp.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -66,44 +67,41 @@ run() {  # name, gpus (= tensor-parallel size), layers, width, heads, [extra --s
 }
 
 for part in "${parts[@]}"; do
-  case $part in
-    1.3b) run gpt1.3b_tp2 2 24 2048 16 ;;
-    350m) run gpt350m_tp2 2 24 1024 16 ;;
-    serial) run gpt1.3b_1gpu 1 24 2048 16 ;;
-    1.3b-prof) run gpt1.3b_tp2_prof 2 24 2048 16 --profile "$out/tp2_prof.json" --profile-steps 20:3 ;;
-    1.3b-ufwd) (export COLOSSAL_UPDATE_UNDER_FORWARD=1; run gpt1.3b_tp2_ufwd 2 24 2048 16) ;;
-    1.3b-ch32) (export NCCL_MIN_NCHANNELS=32 NCCL_MIN_CTAS=32; run gpt1.3b_tp2_ch32 2 24 2048 16) ;;
-    1.3b-ufwd-prof) (export COLOSSAL_UPDATE_UNDER_FORWARD=1
-                     run gpt1.3b_tp2_ufwd_prof 2 24 2048 16 --profile "$out/tp2_ufwd_prof.json" --profile-steps 20:3) ;;
-    1.3b-ce) (export COLOSSAL_TP_COPY_ENGINE=1; run gpt1.3b_tp2_ce 2 24 2048 16) ;;
-    1.3b-ce-rows*) (export COLOSSAL_TP_COPY_ENGINE=1
-                    run "gpt1.3b_tp2_ce_rows${part#1.3b-ce-rows}" 2 24 2048 16 --set parallel.tensor.row_blocks="${part#1.3b-ce-rows}") ;;
-    1.3b-ce-prof) (export COLOSSAL_TP_COPY_ENGINE=1
-                   run gpt1.3b_tp2_ce_prof 2 24 2048 16 --profile "$out/tp2_ce_prof.json" --profile-steps 20:3) ;;
-    1.3b-ce-chunks-prof) (export COLOSSAL_TP_COPY_ENGINE=1
-                   run gpt1.3b_tp2_ce_chunks_prof 2 24 2048 16 --set parallel.tensor.overlap_chunks=2 --profile "$out/tp2_ce_chunks_prof.json" --profile-steps 20:3
-                   python3 bench/compare/stream_gaps.py "$out"/tp2_ce_chunks_prof*.json | head -60) ;;
-    1.3b-ce-chunks*) (export COLOSSAL_TP_COPY_ENGINE=1; n=${part#1.3b-ce-chunks}; n=${n:-2}
-                      run "gpt1.3b_tp2_ce_chunks$n" 2 24 2048 16 --set parallel.tensor.overlap_chunks="$n") ;;
-    350m-ce) (export COLOSSAL_TP_COPY_ENGINE=1; run gpt350m_tp2_ce 2 24 1024 16) ;;
-    1.3b-fused) (export COLOSSAL_TP_FUSED_RESIDUAL=1; run gpt1.3b_tp2_fused 2 24 2048 16) ;;
-    1.3b-ce-fused) (export COLOSSAL_TP_COPY_ENGINE=1 COLOSSAL_TP_FUSED_RESIDUAL=1; run gpt1.3b_tp2_ce_fused 2 24 2048 16) ;;
-    350m-ce-fused) (export COLOSSAL_TP_COPY_ENGINE=1 COLOSSAL_TP_FUSED_RESIDUAL=1; run gpt350m_tp2_ce_fused 2 24 1024 16) ;;
-    350m-ce-chunks) (export COLOSSAL_TP_COPY_ENGINE=1
-                     run gpt350m_tp2_ce_chunks2 2 24 1024 16 --set parallel.tensor.overlap_chunks=2) ;;
-    serial-ufwd) (export COLOSSAL_UPDATE_UNDER_FORWARD=1; run gpt1.3b_1gpu_ufwd 1 24 2048 16) ;;
-    serial350m) run gpt350m_1gpu 1 24 1024 16 ;;
-    1.3b-sp) run gpt1.3b_tp2_sp 2 24 2048 16 --set parallel.tensor.sequence_parallel=true ;;
-    1.3b-tp4) run gpt1.3b_tp4 4 24 2048 16 ;;
-    1.3b-chunks) run gpt1.3b_tp2_chunks2 2 24 2048 16 --set parallel.tensor.overlap_chunks=2 ;;
-    1.3b-tp4-chunks) run gpt1.3b_tp4_chunks2 4 24 2048 16 --set parallel.tensor.overlap_chunks=2 ;;
-    1.3b-rows*) run "gpt1.3b_tp2_rows${part#1.3b-rows}" 2 24 2048 16 --set parallel.tensor.row_blocks="${part#1.3b-rows}" ;;
-    350m-rows*) run "gpt350m_tp2_rows${part#350m-rows}" 2 24 1024 16 --set parallel.tensor.row_blocks="${part#350m-rows}" ;;
-    # PyTorch's DTensor tensor parallelism on the same shapes (bench/compare/torch_tp.py).
-    torch-1.3b-tp*) torchrun --standalone --nproc_per_node "${part#torch-1.3b-tp}" bench/compare/torch_tp.py \
-          --layers 24 --width 2048 --heads 16 --batch 8 2>&1 | grep -E "torch DTensor|Error" ;;
-    *) echo "unknown part '$part' (1.3b, 350m, serial, serial350m, 1.3b-sp, 1.3b-tp4, 1.3b-chunks, 1.3b-tp4-chunks," \
-         "1.3b-prof, 1.3b-ufwd, 1.3b-ufwd-prof, serial-ufwd, 1.3b-ch32," \
-         "1.3b-rowsN, 350m-rowsN, torch-1.3b-tpN)"; exit 2 ;;
+  if [[ $part == torch-1.3b-tp* ]]; then  # PyTorch's DTensor tensor parallelism on the same shapes
+    torchrun --standalone --nproc_per_node "${part#torch-1.3b-tp}" bench/compare/torch_tp.py \
+      --layers 24 --width 2048 --heads 16 --batch 8 2>&1 | grep -E "torch DTensor|Error"
+    continue
+  fi
+  IFS=- read -r -a words <<< "$part"
+  case ${words[0]} in
+    1.3b) name=gpt1.3b_tp2 gpus=2 shape=(24 2048 16) ;;
+    350m) name=gpt350m_tp2 gpus=2 shape=(24 1024 16) ;;
+    serial) name=gpt1.3b_1gpu gpus=1 shape=(24 2048 16) ;;
+    serial350m) name=gpt350m_1gpu gpus=1 shape=(24 1024 16) ;;
+    *) echo "unknown part '$part': a model (1.3b, 350m, serial, serial350m) and modifiers, see the head of $0"; exit 2 ;;
   esac
+  sets=() envs=() profile=0
+  for word in "${words[@]:1}"; do
+    case $word in
+      nccl) sets+=(--set 'parallel.tensor.all_reduce="nccl"') ;;
+      ce) sets+=(--set 'parallel.tensor.all_reduce="copy_engines"') ;;
+      unfused) sets+=(--set parallel.tensor.fused_residual=false) ;;
+      rows[0-9]*) sets+=(--set "parallel.tensor.row_blocks=${word#rows}") ;;
+      chunks[0-9]*) sets+=(--set "parallel.tensor.overlap_chunks=${word#chunks}") ;;
+      chunks) sets+=(--set parallel.tensor.overlap_chunks=2) ;;
+      sp) sets+=(--set parallel.tensor.sequence_parallel=true) ;;
+      tp4) gpus=4 name=${name/_tp2/_tp4} ;;
+      ufwd) envs+=(COLOSSAL_UPDATE_UNDER_FORWARD=1) ;;
+      ch32) envs+=(NCCL_MIN_NCHANNELS=32 NCCL_MIN_CTAS=32) ;;
+      prof) profile=1 ;;
+      *) echo "unknown modifier '$word' in '$part' (nccl ce unfused rowsN chunksN sp tp4 ufwd ch32 prof)"; exit 2 ;;
+    esac
+    name+="_$word"
+  done
+  (( profile )) && sets+=(--profile "$out/${name}_prof.json" --profile-steps 20:3)
+  (if [[ ${#envs[@]} -gt 0 ]]; then export "${envs[@]}"; fi
+   run "$name" "$gpus" "${shape[@]}" "${sets[@]}")
+  if (( profile )) && compgen -G "$out/${name}_prof*.json" > /dev/null; then
+    python3 bench/compare/stream_gaps.py "$out/${name}"_prof*.json | head -60
+  fi
 done

@@ -64,10 +64,12 @@ TEST(Gpt2TpConfig, TwoCpuRanksGiveTheSerialRunsLosses) {
 
   // The same with, each switched on from the command line: sequence parallelism; the blocks' batch in 2
   // chunks whose all-reduces overlap (parallel.tensor.overlap_chunks); each row-parallel GEMM in 3 blocks
-  // of rows, each all-reduced as it is made (parallel.tensor.row_blocks).
+  // of rows, each all-reduced as it is made (parallel.tensor.row_blocks); the residual and c_proj's bias
+  // added after the all-reduce rather than in the row layers' GEMMs (the default run's way).
   const std::pair<const char*, const char*> variants[] = {{"sp", "parallel.tensor.sequence_parallel=true"},
                                                           {"chunks", "parallel.tensor.overlap_chunks=2"},
-                                                          {"rows", "parallel.tensor.row_blocks=3"}};
+                                                          {"rows", "parallel.tensor.row_blocks=3"},
+                                                          {"unfused", "parallel.tensor.fused_residual=false"}};
   for (const auto& [name, setting] : variants) {
     const fs::path log = dir / (std::string(name) + ".log"), metrics = dir / (std::string(name) + ".jsonl");
     ASSERT_EQ(
@@ -82,6 +84,20 @@ TEST(Gpt2TpConfig, TwoCpuRanksGiveTheSerialRunsLosses) {
       EXPECT_LE(std::abs(losses.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": " << setting;
     }
   }
+
+  // The copy engines asked for where there are none (CPU ranks talk through MPI): refused before any
+  // step, naming the key, why, and what would do.
+  const fs::path refused = dir / "copy_engines.log";
+  EXPECT_NE(run_logged(bin + " run --nproc_per_node 2 -- " + bin + common +
+                           " --set 'parallel.tensor.all_reduce=\"copy_engines\"' --set 'train.checkpoint_dir=\"\"'",
+                       refused),
+            0);
+  const std::string said = read_text(refused);
+  EXPECT_NE(said.find("parallel.tensor.all_reduce = \"copy_engines\" needs a tensor group of two GPUs"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("not NCCL on a GPU"), std::string::npos) << said;
+  EXPECT_NE(said.find("\"nccl\""), std::string::npos) << said;
 
   // The tensor-parallel checkpoint is the serial one: same names, the whole padded vocabulary.
   const colossal::nn::SafetensorsFile a = colossal::nn::load_safetensors(dir / "tp2" / "epoch0-step12.safetensors");

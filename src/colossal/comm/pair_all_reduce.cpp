@@ -1,6 +1,8 @@
 // use_pair_all_reduce: see pair_all_reduce.h.
 #include "colossal/comm/pair_all_reduce.h"
 
+#include <fmt/format.h>
+
 #include "colossal/core/build_config.h"
 
 #if COLOSSAL_WITH_NCCL
@@ -17,7 +19,7 @@ bool use_pair_all_reduce(ProcessGroup& group, int64_t window_bytes, int64_t min_
   (void)window_bytes;
   (void)min_bytes;
 #endif
-  if (why_not != nullptr) *why_not = std::string("the group is ") + std::string(group.backend_name()) + ", not NCCL";
+  if (why_not != nullptr) *why_not = fmt::format("the group is {} on {}, not NCCL on a GPU", group.backend_name(), group.device());
   return false;
 }
 

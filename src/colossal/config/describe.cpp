@@ -157,6 +157,9 @@ std::string_view to_string(TensorSplit value) {
 std::string_view to_string(TensorParallelMode value) {
   return enum_name(value);
 }
+std::string_view to_string(TensorAllReduce value) {
+  return enum_name(value);
+}
 std::string_view to_string(AmpMode value) {
   return enum_name(value);
 }

@@ -56,6 +56,9 @@ inline constexpr EnumEntry<TensorParallelMode> kTensorParallelModes[] = {
     {TensorParallelMode::k2p5d, "2.5d"},
     {TensorParallelMode::k3d, "3d"},
 };
+inline constexpr EnumEntry<TensorAllReduce> kTensorAllReduces[] = {{TensorAllReduce::kAuto, "auto"},
+                                                                   {TensorAllReduce::kCopyEngines, "copy_engines"},
+                                                                   {TensorAllReduce::kNccl, "nccl"}};
 inline constexpr EnumEntry<TensorSplit> kTensorSplits[] = {{TensorSplit::kColumn, "column"},
                                                            {TensorSplit::kRow, "row"},
                                                            {TensorSplit::kReplicate, "replicate"},
@@ -90,6 +93,9 @@ inline constexpr EnumEntry<DeviceKind> kDeviceKinds[] = {
 // enum_entries(E{}) finds an enum's table by overload.
 inline std::span<const EnumEntry<TensorParallelMode>> enum_entries(TensorParallelMode) {
   return kTensorParallelModes;
+}
+inline std::span<const EnumEntry<TensorAllReduce>> enum_entries(TensorAllReduce) {
+  return kTensorAllReduces;
 }
 inline std::span<const EnumEntry<TensorSplit>> enum_entries(TensorSplit) {
   return kTensorSplits;
@@ -168,6 +174,8 @@ void visit_fields(Config& c, Visitor& v) {
   v("parallel.tensor.sequence_parallel", c.parallel.tensor.sequence_parallel);
   v("parallel.tensor.overlap_chunks", c.parallel.tensor.overlap_chunks, IntRange{1, 64});
   v("parallel.tensor.row_blocks", c.parallel.tensor.row_blocks, IntRange{1, 64});
+  v("parallel.tensor.all_reduce", c.parallel.tensor.all_reduce);
+  v("parallel.tensor.fused_residual", c.parallel.tensor.fused_residual);
   v("parallel.tensor.specs", c.parallel.tensor.specs);
   // Up to a week (comm::kMaxCollectiveTimeoutSeconds): anything longer is a typo, not a wait.
   v("parallel.timeout_s", c.parallel.timeout_s, FloatRange{0, 7 * 24 * 3600, /*min_open=*/true});
@@ -234,6 +242,7 @@ void visit_fields(Config& c, Visitor& v) {
   v("train.log_dir", c.train.log_dir);
   v("train.label_smoothing", c.train.label_smoothing, FloatRange{0, 1, false, true});
   v("train.device", c.train.device);
+  v("train.tf32", c.train.tf32);
   v("train.progress", c.train.progress);
 }
 

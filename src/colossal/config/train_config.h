@@ -23,6 +23,14 @@ enum class TensorParallelMode {
   k3d,    ///< "3d": a d x d x d cube; tensor.size = d*d*d
 };
 
+/// parallel.tensor.all_reduce: what sums the tensor group's large tensors (the row layers' outputs,
+/// the column layers' input gradients, the vocabulary-parallel embedding's output).
+enum class TensorAllReduce {
+  kAuto,         ///< "auto": the copy engines where the group is two GPUs of one host that map each other's memory, else NCCL
+  kCopyEngines,  ///< "copy_engines": the copy engines (Note [Pair all-reduce by the copy engines]); an error where they cannot
+  kNccl,         ///< "nccl": NCCL's kernels
+};
+
 /// fp16.mode: Colossal-AI's AMP_TYPE, plus "off".
 enum class AmpMode {
   kOff,    ///< "off": fp32 (or bf16, see TrainConfig::bf16)
@@ -85,6 +93,7 @@ struct TensorSpecRule {
 /// The config-file spelling of each enum value ("2.5d", "adamw", ...).
 std::string_view to_string(TensorSplit value);
 std::string_view to_string(TensorParallelMode value);
+std::string_view to_string(TensorAllReduce value);
 std::string_view to_string(AmpMode value);
 std::string_view to_string(ZeroPlacement value);
 std::string_view to_string(ModelName value);
@@ -111,6 +120,15 @@ struct TensorParallelConfig {
   /// the last block's all-reduce waits in forward (Note [Row blocks of a linear's output] in
   /// ops/linalg.cpp). 1: one GEMM, then its all-reduce.
   int row_blocks = 1;
+  /// Mode "1d" on GPUs (NCCL): "auto" sums 1 MiB and more by the copy engines over NVLink when the
+  /// tensor group is two GPUs of one host, leaving the SMs to the GEMMs beside them, with the same
+  /// bits as NCCL's sum; "copy_engines" insists (an error naming why it cannot), "nccl" never.
+  TensorAllReduce all_reduce = TensorAllReduce::kAuto;
+  /// GPT-2's blocks (mode "1d", no sequence parallelism, row_blocks 1): each row-parallel c_proj adds
+  /// the block's residual and its bias in its GEMM, on each rank's share of the rows, before the
+  /// all-reduce, instead of two passes over the activation after it (Note [A row-parallel layer's
+  /// residual in its GEMM]). Under fp16.mode = "torch" (autocast) the adds stay apart.
+  bool fused_residual = true;
   /// Per-parameter sharding specs (Colossal-AI's "parallelize your training like Megatron"
   /// tutorial): each parameter takes the spec of the first rule whose pattern matches its name;
   /// one no rule matches is replicated, but a bias follows its weight. Empty: the model's built-in
@@ -278,6 +296,9 @@ struct TrainLoopConfig {
   std::string log_dir;         ///< TensorBoard event files (JSON-lines metrics: --metrics FILE); empty: console only
   double label_smoothing = 0;  ///< cross-entropy label smoothing
   DeviceKind device = DeviceKind::kAuto;
+  /// f32 matrix products on GPUs with their inputs rounded to TF32 (PyTorch's allow_tf32; about 7x
+  /// the f32 rate on H100); false: f32 throughout, as the CPU computes them (for comparing the two).
+  bool tf32 = true;
   bool progress = true;  ///< a progress bar per pass on stderr (redrawn on a terminal, every 10% otherwise)
 
   friend bool operator==(const TrainLoopConfig&, const TrainLoopConfig&) = default;

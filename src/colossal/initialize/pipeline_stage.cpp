@@ -357,7 +357,8 @@ namespace {
 /// pieces stay as they are.
 std::shared_ptr<nn::Module> tensor_parallel_piece(nn::Module& model, const std::shared_ptr<nn::Module>& piece,
                                                   size_t index, std::shared_ptr<comm::ProcessGroup> group,
-                                                  const parallel::tp::DropoutGenerators& dropout) {
+                                                  const parallel::tp::DropoutGenerators& dropout,
+                                                  const config::TensorParallelConfig& tensor) {
   if (auto* gpt2 = dynamic_cast<nn::models::GPT2*>(&model)) {
     const size_t blocks = gpt2->h()->size();
     if (index == 0 || index > blocks) return piece;  // embed, head
@@ -365,7 +366,7 @@ std::shared_ptr<nn::Module> tensor_parallel_piece(nn::Module& model, const std::
     const auto serial = std::dynamic_pointer_cast<nn::models::GPT2Block>((*gpt2->h())[b]);
     COLOSSAL_CHECK(serial != nullptr, "pipeline x tensor parallelism: h.{} of the GPT-2 is not a GPT2Block", b);
     auto block = std::make_shared<parallel::tp::ParallelGPT2Block>(
-        *serial, gpt2->config(), std::move(group), parallel::tp::ParallelGPT2Options{.dropout = dropout});
+        *serial, gpt2->config(), std::move(group), parallel::tp::ParallelGPT2Options{.dropout = dropout, .fused_residual = tensor.fused_residual});
     auto view = std::make_shared<nn::models::LayerView>(
         "ParallelGPT2Block", [block](nn::models::LayerView&, const Tensor& x) { return block->forward(x); });
     view->share_module("h." + std::to_string(b), block);
@@ -434,7 +435,7 @@ std::vector<double> time_probe(const config::TrainConfig& c, const Datasets& d, 
   const bool tensor_parallel = tensor_group != nullptr && tensor_group->size() > 1;
   std::vector<std::shared_ptr<nn::Module>> timed;
   for (const size_t i : whole) {
-    timed.push_back(tensor_parallel ? tensor_parallel_piece(*probe, pieces[i], i, tensor_group, setup.dropout)
+    timed.push_back(tensor_parallel ? tensor_parallel_piece(*probe, pieces[i], i, tensor_group, setup.dropout, c.parallel.tensor)
                                     : pieces[i]);
   }
   const Tensor sample = pipeline_sample_microbatch(*probe, c, setup.first_example, setup.device);
@@ -468,7 +469,7 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     std::vector<std::shared_ptr<nn::Module>> timed = pieces;
     if (tensor_parallel) {
       for (size_t i = 0; i < timed.size(); ++i)
-        timed[i] = tensor_parallel_piece(model, pieces[i], i, tensor_group, dropout);
+        timed[i] = tensor_parallel_piece(model, pieces[i], i, tensor_group, dropout, c.parallel.tensor);
     }
     measured = measure_and_agree(timed, sample, c, context, dropout);
   }
@@ -521,7 +522,8 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     for (int64_t i = r.begin; i < r.end; ++i) {
       const std::shared_ptr<nn::Module>& piece = pieces[static_cast<size_t>(i)];
       chunk->push_back(
-          tensor_parallel ? tensor_parallel_piece(model, piece, static_cast<size_t>(i), tensor_group, dropout) : piece);
+          tensor_parallel ? tensor_parallel_piece(model, piece, static_cast<size_t>(i), tensor_group, dropout,
+                                                  c.parallel.tensor) : piece);
     }
     chunks.push_back(chunk);
     module->push_back(chunk);

@@ -32,8 +32,8 @@
 #include "colossal/engine/pipeline_report.h"
 #include "colossal/initialize/pipeline_stage.h"
 #include "colossal/nn/hub_weights.h"
+#include "colossal/ops/linalg.h"  // set_float32_matmul_precision
 #include "colossal/nn/safetensors.h"         // read_safetensors_header
-#include "colossal/parallel/env_override.h"  // env_switch
 #include "colossal/parallel/layout_rules.h"
 #include "colossal/parallel/tp/gpt2_1d.h"
 #include "colossal/parallel/tp/gpt2_plan.h"  // resolve_gpt2_specs
@@ -175,6 +175,28 @@ std::shared_ptr<comm::ProcessGroup> make_world(const TrainConfig& c, const RunOp
   return comm::init_process_group(init, env);
 }
 
+/// parallel.tensor.all_reduce: the tensor group's sums of 1 MiB and more (the row layers' outputs,
+/// the column layers' input gradients, the vocabulary-parallel embedding's output) moved by the copy
+/// engines between its two GPUs instead of by NCCL's kernels (Note [Pair all-reduce by the copy
+/// engines]), through a 32 MiB window on each GPU. Collective over the tensor group; says on the
+/// writer's console which way the sums go.
+void choose_tensor_all_reduce(const config::TensorParallelConfig& tensor, const parallel::ParallelContext& context,
+                              bool writer) {
+  if (tensor.size != 2 || tensor.all_reduce == config::TensorAllReduce::kNccl) return;
+  const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kTensor);
+  std::string why;
+  const bool on = comm::use_pair_all_reduce(*group, int64_t{32} << 20, int64_t{1} << 20, &why);
+  COLOSSAL_CHECK(on || tensor.all_reduce != config::TensorAllReduce::kCopyEngines,
+                 "parallel.tensor.all_reduce = \"copy_engines\" needs a tensor group of two GPUs of one host that can "
+                 "map each other's memory, but {}; use \"auto\" (the copy engines where they can, else NCCL) or "
+                 "\"nccl\"",
+                 why);
+  if (writer && group->device().is_cuda()) {
+    fmt::print("parallel.tensor.all_reduce = \"{}\": {}\n", config::to_string(tensor.all_reduce),
+               on ? "the tensor group's sums by the copy engines" : fmt::format("NCCL ({})", why));
+  }
+}
+
 }  // namespace
 
 config::TrainConfig load_run_config(const fs::path& path, const std::vector<std::string>& overrides) {
@@ -207,6 +229,8 @@ void TrainingRun::assemble() {
   // Each rank works where its groups' tensors live: its GPU under NCCL, the CPU under MPI, and
   // train.device for a single process (make_world).
   device_ = world->device();
+  ops::set_float32_matmul_precision(c.train.tf32 ? ops::Float32MatmulPrecision::high
+                                                 : ops::Float32MatmulPrecision::highest);
   build_data_and_model();
   build_engine();
   resume();
@@ -277,17 +301,7 @@ void TrainingRun::build_data_and_model() {
     }
   }
   model_->to(device_);
-  // COLOSSAL_TP_COPY_ENGINE=1: the tensor group's large sums (the row layers' outputs, the column
-  // layers' input gradients, the vocab-parallel embedding's output) moved by the copy engines between
-  // its two GPUs instead of by NCCL's kernels (Note [Pair all-reduce by the copy engines]).
-  if (context_->layout().tensor_size() == 2 && parallel::env_switch("COLOSSAL_TP_COPY_ENGINE").value_or(false)) {
-    std::string why;
-    COLOSSAL_CHECK(comm::use_pair_all_reduce(*context_->group(parallel::GroupKind::kTensor), int64_t{32} << 20,
-                                             int64_t{1} << 20, &why),
-                   "COLOSSAL_TP_COPY_ENGINE=1 needs a tensor group of two GPUs of one host that can map each other's "
-                   "memory, but {}; unset it to sum with NCCL",
-                   why);
-  }
+  choose_tensor_all_reduce(c.parallel.tensor, *context_, writer_);
   // Under a pipeline the stage splits its own blocks (make_pipeline_stage below).
   if (context_->layout().tensor_size() > 1 && context_->layout().pipeline_size() == 1) {
     // The serial model split over the tensor group (reject_unsupported let GPT-2 and ViT through).
@@ -305,7 +319,7 @@ void TrainingRun::build_data_and_model() {
           .dropout = dropout,
           .sequence_parallel = c.parallel.tensor.sequence_parallel,
           .overlap_chunks = c.parallel.tensor.overlap_chunks,
-          .fused_residual = parallel::env_switch("COLOSSAL_TP_FUSED_RESIDUAL").value_or(false)};
+          .fused_residual = c.parallel.tensor.fused_residual};
       // parallel.tensor.specs in place of the built-in policy (parallel/tp/gpt2_plan.h): resolved
       // against the serial model's parameter names, an assignment the layers cannot compute an
       // error naming the parameter before anything is split.

@@ -8,6 +8,7 @@
 #include "colossal/comm/watchdog.h"  // WatchedOperation, watch, add_stop_hook
 
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 #include <nccl.h>
 
 #include <atomic>
@@ -65,6 +66,23 @@ namespace colossal::comm {
 constexpr std::chrono::seconds kPairTeardownDeadline{10};
 
 namespace detail {
+/// COLOSSAL_TRACE_COMM set (and not "0").
+bool comm_trace_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("COLOSSAL_TRACE_COMM");
+    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+  }();
+  return enabled;
+}
+/// One trace line on stderr: "[comm trace] rank R T us <text>" (T from the steady clock).
+void comm_trace_line(int rank, std::string_view text) {
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch());
+  std::fprintf(stderr, "[comm trace] rank %d %lld us %.*s\n", rank, static_cast<long long>(us.count()),
+               static_cast<int>(text.size()), text.data());
+  std::fflush(stderr);
+}
+
 /// Lives as long as the group or any of its Work: the communicator and its stream.
 struct NcclCommState {
   ncclComm_t comm = nullptr;
@@ -108,25 +126,38 @@ struct NcclCommState {
   // the communicator that still holds the unfinished all-reduce.
   void release_pair() noexcept {
     if (!pair) return;
+    auto trace = [&](std::string_view what) {
+      if (comm_trace_enabled()) comm_trace_line(rank, fmt::format("pair teardown: {}", what));
+    };
     // Unwinding from an error, the other rank is not coming: its message goes out now, not after
     // the deadline.
     if (aborted.load() || std::uncaught_exceptions() > 0) {
+      trace("left allocated (aborted or unwinding)");
       (void)pair.release();  // left allocated: the other rank may still map it
       return;
     }
     const auto s = static_cast<cudaStream_t>(stream.handle);
-    bool met = cudaStreamSynchronize(s) == cudaSuccess;
+    const cudaError_t synced = cudaStreamSynchronize(s);
+    trace(fmt::format("stream synchronized ({})", cudaGetErrorName(synced)));
+    bool met = synced == cudaSuccess;
     pair->close_peer();
+    trace("closed the mapping of the other's window");
     if (met) {
       auto* word = static_cast<int32_t*>(pair->scratch());
-      met = ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm, s) == ncclSuccess;
+      const ncclResult_t enqueued = ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm, s);
+      trace(fmt::format("meeting enqueued ({})", ncclGetErrorString(enqueued)));
+      met = enqueued == ncclSuccess;
       const auto deadline = std::chrono::steady_clock::now() + kPairTeardownDeadline;
       while (met) {
         const cudaError_t query = cudaStreamQuery(s);
         if (query == cudaSuccess) break;
         ncclResult_t async = ncclSuccess;
-        if (query != cudaErrorNotReady || ncclCommGetAsyncError(comm, &async) != ncclSuccess ||
-            (async != ncclSuccess && async != ncclInProgress) || std::chrono::steady_clock::now() > deadline) {
+        const ncclResult_t asked = ncclCommGetAsyncError(comm, &async);
+        if (query != cudaErrorNotReady || asked != ncclSuccess || (async != ncclSuccess && async != ncclInProgress) ||
+            std::chrono::steady_clock::now() > deadline) {
+          trace(fmt::format("meeting failed: stream {}, NCCL {} / {}{}", cudaGetErrorName(query),
+                            ncclGetErrorString(asked), ncclGetErrorString(async),
+                            std::chrono::steady_clock::now() > deadline ? ", past the deadline" : ""));
           met = false;
         } else {
           std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -134,11 +165,14 @@ struct NcclCommState {
       }
     }
     if (!met) {
+      trace("left allocated, communicator aborted");
       (void)pair.release();  // left allocated: the other rank may still map it
       abort();
       return;
     }
+    trace("met; freeing the window");
     pair.reset();
+    trace("freed");
   }
 
   /// Any thread: the watchdog's stop hook calls it while the owner may be blocked in CUDA.
@@ -371,16 +405,9 @@ class HostCall final : public WatchedOperation {
 /// COLOSSAL_TRACE_COMM=1: every operation's enqueue, on stderr with the rank and a timestamp, for
 /// finding where ranks part ways (the watchdog names only the operation that timed out).
 void trace_comm(const char* phase, const WatchedOperation& operation) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("COLOSSAL_TRACE_COMM");
-    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
-  }();
-  if (!enabled) return;
-  const auto us =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch());
-  std::fprintf(stderr, "[comm trace] rank %d %lld us %s: %s [%s]\n", operation.world_rank(),
-               static_cast<long long>(us.count()), phase, operation.operation().c_str(), operation.group().c_str());
-  std::fflush(stderr);
+  if (!detail::comm_trace_enabled()) return;
+  detail::comm_trace_line(operation.world_rank(),
+                          fmt::format("{}: {} [{}]", phase, operation.operation(), operation.group()));
 }
 
 /// Runs `enqueue(comm, stream)` on the group's stream between the two events of Note [NCCL stream

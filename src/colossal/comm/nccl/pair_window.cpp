@@ -55,14 +55,23 @@ bool PairWindow::available(ProcessGroup& group, std::string* why_not) {
   Identity mine;
   COLOSSAL_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.bus_id, sizeof mine.bus_id, group.device().index));
   const Identity other = exchange(group, mine);
+  std::string why;
   int other_device = -1;
   if (cudaDeviceGetByPCIBusId(&other_device, other.bus_id) != cudaSuccess) {
     cudaGetLastError();
-    return no(fmt::format("the other rank's GPU ({}) is not visible here (another host, or hidden)", other.bus_id));
+    why = fmt::format("the other rank's GPU ({}) is not visible to rank {} (another host, or hidden by "
+                      "CUDA_VISIBLE_DEVICES)",
+                      other.bus_id, group.rank());
+  } else {
+    int can = 0;
+    COLOSSAL_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, group.device().index, other_device));
+    if (can == 0) why = fmt::format("GPU {} cannot map GPU {}'s memory", group.device().index, other_device);
   }
-  int can = 0;
-  COLOSSAL_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, group.device().index, other_device));
-  if (can == 0) return no(fmt::format("GPU {} cannot map GPU {}'s memory", group.device().index, other_device));
+  // Both ranks answer alike (the window is built by both or neither): the verdict is agreed on.
+  Tensor both = core::full({1}, why.empty() ? 1.0 : 0.0, TensorOptions(DType::i32, group.device()));
+  group.all_reduce(both, ReduceOp::min);
+  if (!why.empty()) return no(std::move(why));
+  if (both.item<int32_t>() == 0) return no("the other rank cannot map this rank's GPU memory");
   return true;
 }
 

@@ -58,7 +58,7 @@ struct ParallelGPT2Options {
   /// activation checkpointing; otherwise the blocks run whole.
   int overlap_chunks = 1;
   /// The blocks' residual adds and c_proj biases folded into the row-parallel c_proj GEMMs
-  /// (RowParallelLinear::forward_add; COLOSSAL_TP_FUSED_RESIDUAL=1 from `colossal train`): where
+  /// (RowParallelLinear::forward_add; parallel.tensor.fused_residual, on by default in `colossal train`): where
   /// c_proj is row-parallel without sequence parallelism or row blocks and its dropout draws nothing
   /// (p = 0, or evaluation); elsewhere the block adds as usual.
   bool fused_residual = false;
