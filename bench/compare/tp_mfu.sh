@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPT at tensor parallelism 2 through `colossal train` (configs/gpt2_tp.toml's built-in 1D policy,
 # bf16 with fp32 masters, AdamW, clip 1.0, B8 T1024, dropout 0, random tokens) on 2 GPUs, and the same
-# model on one GPU: ms/step (the metrics' wall_s slope over logged steps 10-40) and MFU per GPU,
+# model on one GPU: ms/step (the metrics' wall_s slope over logged steps 10-40, and the median of its
+# 5-step intervals) and MFU per GPU,
 # counting each GPU's share of (6N + 12 L C T) FLOPs per token (N without wpe), against 989.4 TFLOP/s.
 #
 #   tools/gpu-check --run bench/compare/tp_mfu.sh [PART...]   (default: 1.3b 350m)
@@ -39,10 +40,15 @@ pts = [p for p in pts if 10 <= p[0] <= 40]
 if len(pts) < 2:
     print(f"{name}: too few steps"); sys.exit()
 ms = 1e3 * (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+# The logged intervals' median beside the slope: one slow step (the host, a hiccup) moves the slope.
+rates = sorted(1e3 * (b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(pts, pts[1:]))
+median = rates[len(rates) // 2] if len(rates) % 2 else (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2
 V, T, B = 50304, 1024, 8
 n = L * (12 * C * C + 13 * C) + V * C + 2 * C  # without wpe
 flops = (6 * n + 12 * L * C * T) * B * T
-print(f"{name}: {ms:.2f} ms/step, {B * T / ms * 1e3:.0f} tokens/s, MFU per GPU {flops / gpus / (ms * 1e-3) / 989.4e12:.1%}")
+mfu = lambda t: flops / gpus / (t * 1e-3) / 989.4e12
+print(f"{name}: {ms:.2f} ms/step, {B * T / ms * 1e3:.0f} tokens/s, MFU per GPU {mfu(ms):.1%}"
+      f" (median interval {median:.2f} ms, {mfu(median):.1%}; intervals {rates[0]:.2f}-{rates[-1]:.2f})")
 EOF
 }
 

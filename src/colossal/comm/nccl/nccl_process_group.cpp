@@ -63,7 +63,7 @@
 namespace colossal::comm {
 
 /// How long a rank tearing down a PairAllReduce waits for the other (Note [Pair window teardown]).
-constexpr std::chrono::seconds kPairTeardownDeadline{10};
+constexpr std::chrono::seconds kPairTeardownDeadline{30};
 
 namespace detail {
 /// COLOSSAL_TRACE_COMM set (and not "0").
@@ -115,64 +115,26 @@ struct NcclCommState {
     }
   }
 
-  // Note [Pair window teardown]
-  // Each rank of a PairAllReduce maps the other's window (CUDA IPC). A rank that frees its window
-  // while the other still maps it (the other tearing down later) left the later rank's close hanging
-  // on 2 H100s once kernels had written through the mapping (the tests hung at the group's end, each
-  // time in the rank that tore down second). So each rank waits for its stream, closes its mapping
-  // of the other's window, then meets the other in a one-element all-reduce (bounded by
-  // kPairTeardownDeadline), and only then frees its own. A rank that cannot meet the other (it died,
-  // or the communicator was aborted) leaves its window allocated rather than risk the hang, and aborts
-  // the communicator that still holds the unfinished all-reduce.
+  // The pair's window is closed as Note [Pair window teardown] (comm/nccl/pair_window.cpp) says: met
+  // on the host, never by a collective. A rank the other does not meet within kPairTeardownDeadline
+  // (it died, or gave up) leaves its window allocated and aborts the communicator; unwinding from an
+  // error, or after an abort, it does that at once.
   void release_pair() noexcept {
     if (!pair) return;
     auto trace = [&](std::string_view what) {
       if (comm_trace_enabled()) comm_trace_line(rank, fmt::format("pair teardown: {}", what));
     };
-    // Unwinding from an error, the other rank is not coming: its message goes out now, not after
-    // the deadline.
     if (aborted.load() || std::uncaught_exceptions() > 0) {
       trace("left allocated (aborted or unwinding)");
-      (void)pair.release();  // left allocated: the other rank may still map it
+      pair.reset();  // leaves the window allocated and mapped, and tells the other
       return;
     }
-    const auto s = static_cast<cudaStream_t>(stream.handle);
-    const cudaError_t synced = cudaStreamSynchronize(s);
+    const cudaError_t synced = cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle));
     trace(fmt::format("stream synchronized ({})", cudaGetErrorName(synced)));
-    bool met = synced == cudaSuccess;
-    pair->close_peer();
-    trace("closed the mapping of the other's window");
-    if (met) {
-      auto* word = static_cast<int32_t*>(pair->scratch());
-      const ncclResult_t enqueued = ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm, s);
-      trace(fmt::format("meeting enqueued ({})", ncclGetErrorString(enqueued)));
-      met = enqueued == ncclSuccess;
-      const auto deadline = std::chrono::steady_clock::now() + kPairTeardownDeadline;
-      while (met) {
-        const cudaError_t query = cudaStreamQuery(s);
-        if (query == cudaSuccess) break;
-        ncclResult_t async = ncclSuccess;
-        const ncclResult_t asked = ncclCommGetAsyncError(comm, &async);
-        if (query != cudaErrorNotReady || asked != ncclSuccess || (async != ncclSuccess && async != ncclInProgress) ||
-            std::chrono::steady_clock::now() > deadline) {
-          trace(fmt::format("meeting failed: stream {}, NCCL {} / {}{}", cudaGetErrorName(query),
-                            ncclGetErrorString(asked), ncclGetErrorString(async),
-                            std::chrono::steady_clock::now() > deadline ? ", past the deadline" : ""));
-          met = false;
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(100));
-        }
-      }
-    }
-    if (!met) {
-      trace("left allocated, communicator aborted");
-      (void)pair.release();  // left allocated: the other rank may still map it
-      abort();
-      return;
-    }
-    trace("met; freeing the window");
+    const bool closed = synced == cudaSuccess && pair->close(kPairTeardownDeadline);
+    trace(closed ? "met, closed and freed" : "the other rank did not come: left allocated, communicator aborted");
     pair.reset();
-    trace("freed");
+    if (!closed) abort();
   }
 
   /// Any thread: the watchdog's stop hook calls it while the owner may be blocked in CUDA.

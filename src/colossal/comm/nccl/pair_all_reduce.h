@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 
 #include "colossal/comm/nccl/pair_window.h"
@@ -29,10 +30,8 @@ class PairAllReduce {
   /// (the window is reused without further flags: the Note says why that is safe).
   void enqueue(const Tensor& tensor, core::Stream stream);
 
-  /// Teardown (Note [Pair window teardown] in nccl_process_group.cpp): closes this rank's mapping of
-  /// the other's window; and 4 bytes of this rank's window, free once no piece is in flight.
-  void close_peer() { window_.close_peer(); }
-  void* scratch() const { return window_.mine(); }
+  /// Teardown, once no piece is in flight on either GPU: PairWindow::close.
+  bool close(std::chrono::milliseconds deadline) { return window_.close(deadline); }
 
  private:
   PairWindow window_;

@@ -6,6 +6,7 @@
 // engines]). Built with NCCL (and so CUDA) only.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -23,9 +24,12 @@ class PairWindow {
   static bool available(ProcessGroup& group, std::string* why_not = nullptr);
 
   /// `data_bytes` of device memory on this rank's GPU and `counters` 8-byte counters after it, all
-  /// zero, mapped into the other rank's process and the other's mapped here. Collective over
-  /// `group` (two ranks, available()).
+  /// zero, mapped into the other rank's process and the other's mapped here, and a few bytes of host
+  /// memory both processes share (the place close() meets in). Collective over `group` (two ranks,
+  /// available()); throws on both ranks if either cannot map the other's.
   PairWindow(ProcessGroup& group, size_t data_bytes, size_t counters);
+  /// Frees nothing unless close() succeeded: the other rank may still map this rank's memory, and
+  /// closing the mapping of the other's could wait for the other's GPU (Note [Pair window teardown]).
   ~PairWindow();
   PairWindow(const PairWindow&) = delete;
   PairWindow& operator=(const PairWindow&) = delete;
@@ -36,9 +40,15 @@ class PairWindow {
   char* mine() const { return static_cast<char*>(base_); }
   char* other() const { return static_cast<char*>(peer_base_); }
 
-  /// Closes this rank's mapping of the other's memory (other() is null after). The other must not
-  /// free its allocation before this: Note [Pair window teardown] in nccl_process_group.cpp.
-  void close_peer();
+  /// Note [Pair window teardown]: meets the other rank on the host, closes this rank's mapping of the
+  /// other's memory, meets it again, then frees this rank's. Both ranks call it, once nothing queued
+  /// on either GPU uses the window any more (each synchronized its streams that do) and neither will
+  /// launch work that waits for the other before returning from it. False, with nothing freed, when
+  /// the other does not come within `deadline` or has given up: it then leaves (and says so to the
+  /// other, which stops waiting).
+  bool close(std::chrono::milliseconds deadline);
+  /// Once close() has given up (or instead of it): tells the other rank not to wait for this one.
+  void leave();
 
   /// Queues on `stream`: once its earlier work is done and visible, the other rank's counter `c`
   /// becomes `value` (the driver's stream memory operation, no kernel).
@@ -53,6 +63,14 @@ class PairWindow {
   size_t counters_offset_ = 0;
   void* base_ = nullptr;
   void* peer_base_ = nullptr;
+  int rank_ = 0;
+  struct Meeting;
+  /// Host memory both processes map (POSIX shared memory): each rank's phase in close().
+  Meeting* meeting_ = nullptr;
+  bool closed_ = false;
+
+  /// Sets this rank's phase and waits (on the host) for the other's to reach it.
+  bool meet(uint64_t phase, std::chrono::steady_clock::time_point until);
 };
 
 }  // namespace colossal::comm

@@ -37,10 +37,10 @@ class CopyEnginePair {
   CopyEnginePair(const CopyEnginePair&) = delete;
   CopyEnginePair& operator=(const CopyEnginePair&) = delete;
 
-  /// Before it goes (NCCL builds; collective over the group): waits for its streams, closes this
-  /// rank's mapping of the other's allocation and meets the other rank in a barrier, so that neither
-  /// frees its allocation while the other still maps it (Note [Pair window teardown]). Unwinding
-  /// from an error, it skips the barrier and leaves the allocation to the process's end.
+  /// Before it goes (NCCL builds; both ranks): waits for its streams and closes the window, meeting
+  /// the other rank on the host (comm::PairWindow::close, Note [Pair window teardown]), so that
+  /// neither frees its allocation while the other still maps it. Unwinding from an error, or when
+  /// the other does not come within 30 s, it leaves the allocation to the process's end.
   void release() noexcept;
 
   /// Bucket b's buffer (the gradients become views of it).

@@ -75,14 +75,12 @@ struct CopyEnginePair::Shared {
   core::Stream stream;                       // sends: packing, the copy of the other's half, its arrival flag
   core::Stream receive;                      // the rest: the average, the copy back, the wait for the other's half
   std::unique_ptr<comm::PairWindow> window;  // every bucket, the receive buffers; the flags
-  bool keep_allocated = false;               // the other rank may still map it (CopyEnginePair::release)
 
   ~Shared() {
     core::cuda::DeviceGuard guard(device);
     if (stream.handle != nullptr) cudaStreamSynchronize(as_cuda(stream));
     if (receive.handle != nullptr) cudaStreamSynchronize(as_cuda(receive));
-    if (keep_allocated) (void)window.release();
-    window.reset();
+    window.reset();  // left allocated unless CopyEnginePair::release closed it
     if (stream.handle != nullptr) core::cuda::destroy_stream(stream);
     if (receive.handle != nullptr) core::cuda::destroy_stream(receive);
   }
@@ -203,19 +201,15 @@ CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const 
 
 void CopyEnginePair::release() noexcept {
   Shared& s = *shared_;
-  if (!s.window) return;
+  if (!s.window || std::uncaught_exceptions() > 0) return;  // unwinding: left allocated
   try {
     core::cuda::DeviceGuard guard(s.device);
-    cudaStreamSynchronize(as_cuda(s.stream));
-    cudaStreamSynchronize(as_cuda(s.receive));
-    s.window->close_peer();
-    if (std::uncaught_exceptions() > 0) {
-      s.keep_allocated = true;
-      return;
-    }
-    group_->barrier();
+    const bool synced = cudaStreamSynchronize(as_cuda(s.stream)) == cudaSuccess &&
+                        cudaStreamSynchronize(as_cuda(s.receive)) == cudaSuccess;
+    // Note [Pair window teardown] in comm/nccl/nccl_process_group.cpp: met on the host.
+    if (synced) (void)s.window->close(std::chrono::seconds(30));
   } catch (...) {
-    s.keep_allocated = true;
+    // Left allocated: the window's destructor frees nothing that was not closed.
   }
 }
 
