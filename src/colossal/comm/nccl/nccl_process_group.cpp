@@ -62,9 +62,6 @@
 
 namespace colossal::comm {
 
-/// How long a rank tearing down a PairAllReduce waits for the other (Note [Pair window teardown]).
-constexpr std::chrono::seconds kPairTeardownDeadline{30};
-
 namespace detail {
 /// COLOSSAL_TRACE_COMM set (and not "0").
 bool comm_trace_enabled() {
@@ -115,26 +112,14 @@ struct NcclCommState {
     }
   }
 
-  // The pair's window is closed as Note [Pair window teardown] (comm/nccl/pair_window.cpp) says: met
-  // on the host, never by a collective. A rank the other does not meet within kPairTeardownDeadline
-  // (it died, or gave up) leaves its window allocated and aborts the communicator; unwinding from an
-  // error, or after an abort, it does that at once.
+  /// The pair's window stays allocated and mapped until the process ends (Note [Pair window teardown]
+  /// in comm/nccl/pair_window.cpp); its stream's work is waited for first, so that the communicator's
+  /// teardown finds nothing of the pair's in flight.
   void release_pair() noexcept {
     if (!pair) return;
-    auto trace = [&](std::string_view what) {
-      if (comm_trace_enabled()) comm_trace_line(rank, fmt::format("pair teardown: {}", what));
-    };
-    if (aborted.load() || std::uncaught_exceptions() > 0) {
-      trace("left allocated (aborted or unwinding)");
-      pair.reset();  // leaves the window allocated and mapped, and tells the other
-      return;
-    }
-    const cudaError_t synced = cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle));
-    trace(fmt::format("stream synchronized ({})", cudaGetErrorName(synced)));
-    const bool closed = synced == cudaSuccess && pair->close(kPairTeardownDeadline);
-    trace(closed ? "met, closed and freed" : "the other rank did not come: left allocated, communicator aborted");
+    // Not after an abort, nor while unwinding from an error: a piece may wait for a peer that is gone.
+    if (!aborted.load() && std::uncaught_exceptions() == 0) cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle));
     pair.reset();
-    if (!closed) abort();
   }
 
   /// Any thread: the watchdog's stop hook calls it while the owner may be blocked in CUDA.

@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <array>
-#include <chrono>
 #include <cstdint>
 
 #include "colossal/comm/nccl/pair_window.h"
@@ -29,9 +28,6 @@ class PairAllReduce {
   /// same order with tensors of the same size, and `stream` must run the calls one after another
   /// (the window is reused without further flags: the Note says why that is safe).
   void enqueue(const Tensor& tensor, core::Stream stream);
-
-  /// Teardown, once no piece is in flight on either GPU: PairWindow::close.
-  bool close(std::chrono::milliseconds deadline) { return window_.close(deadline); }
 
  private:
   PairWindow window_;

@@ -6,7 +6,6 @@
 // engines]). Built with NCCL (and so CUDA) only.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -24,12 +23,11 @@ class PairWindow {
   static bool available(ProcessGroup& group, std::string* why_not = nullptr);
 
   /// `data_bytes` of device memory on this rank's GPU and `counters` 8-byte counters after it, all
-  /// zero, mapped into the other rank's process and the other's mapped here, and a few bytes of host
-  /// memory both processes share (the place close() meets in). Collective over `group` (two ranks,
-  /// available()); throws on both ranks if either cannot map the other's.
+  /// zero, mapped into the other rank's process and the other's mapped here. Collective over `group`
+  /// (two ranks, available()); throws on both ranks if either cannot map the other's.
   PairWindow(ProcessGroup& group, size_t data_bytes, size_t counters);
-  /// Frees nothing unless close() succeeded: the other rank may still map this rank's memory, and
-  /// closing the mapping of the other's could wait for the other's GPU (Note [Pair window teardown]).
+  /// Frees nothing: both allocations and both mappings stay until the process ends (Note [Pair window
+  /// teardown] in pair_window.cpp says why).
   ~PairWindow();
   PairWindow(const PairWindow&) = delete;
   PairWindow& operator=(const PairWindow&) = delete;
@@ -39,16 +37,6 @@ class PairWindow {
   /// This rank's data, and the other rank's as mapped here (writes through it cross NVLink).
   char* mine() const { return static_cast<char*>(base_); }
   char* other() const { return static_cast<char*>(peer_base_); }
-
-  /// Note [Pair window teardown]: meets the other rank on the host, closes this rank's mapping of the
-  /// other's memory, meets it again, then frees this rank's. Both ranks call it, once nothing queued
-  /// on either GPU uses the window any more (each synchronized its streams that do) and neither will
-  /// launch work that waits for the other before returning from it. False, with nothing freed, when
-  /// the other does not come within `deadline` or has given up: it then leaves (and says so to the
-  /// other, which stops waiting).
-  bool close(std::chrono::milliseconds deadline);
-  /// Once close() has given up (or instead of it): tells the other rank not to wait for this one.
-  void leave();
 
   /// Queues on `stream`: once its earlier work is done and visible, the other rank's counter `c`
   /// becomes `value` (the driver's stream memory operation, no kernel).
@@ -63,14 +51,6 @@ class PairWindow {
   size_t counters_offset_ = 0;
   void* base_ = nullptr;
   void* peer_base_ = nullptr;
-  int rank_ = 0;
-  struct Meeting;
-  /// Host memory both processes map (POSIX shared memory): each rank's phase in close().
-  Meeting* meeting_ = nullptr;
-  bool closed_ = false;
-
-  /// Sets this rank's phase and waits (on the host) for the other's to reach it.
-  bool meet(uint64_t phase, std::chrono::steady_clock::time_point until);
 };
 
 }  // namespace colossal::comm

@@ -37,12 +37,6 @@ class CopyEnginePair {
   CopyEnginePair(const CopyEnginePair&) = delete;
   CopyEnginePair& operator=(const CopyEnginePair&) = delete;
 
-  /// Before it goes (NCCL builds; both ranks): waits for its streams and closes the window, meeting
-  /// the other rank on the host (comm::PairWindow::close, Note [Pair window teardown]), so that
-  /// neither frees its allocation while the other still maps it. Unwinding from an error, or when
-  /// the other does not come within 30 s, it leaves the allocation to the process's end.
-  void release() noexcept;
-
   /// Bucket b's buffer (the gradients become views of it).
   const Tensor& flat(size_t b) const { return flats_.at(b); }
 

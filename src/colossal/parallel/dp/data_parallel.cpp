@@ -146,10 +146,7 @@ void DataParallel::build_buckets(const std::vector<size_t>& order) {
   }
   // With the copy engines, once the layout is final: every bucket (a lone parameter's too) in the
   // pair's shared allocation.
-#if COLOSSAL_WITH_NCCL
-  if (copy_engine_) copy_engine_->release();
-#endif
-  copy_engine_.reset();
+  copy_engine_.reset();  // its window stays until the process ends (Note [Pair window teardown])
 #if COLOSSAL_WITH_NCCL
   if (options_.pair_reduction != PairReduction::nccl && (rebuilt_ || !options_.rebuild_buckets)) {
     std::vector<int64_t> numels;
@@ -211,11 +208,7 @@ void DataParallel::rebuild_in_arrival_order() {
   }
 }
 
-DataParallel::~DataParallel() {
-#if COLOSSAL_WITH_NCCL
-  if (copy_engine_) copy_engine_->release();
-#endif
-}
+DataParallel::~DataParallel() = default;
 
 void DataParallel::broadcast_parameters() {
   autograd::NoGradGuard no_grad;

@@ -80,7 +80,7 @@ struct CopyEnginePair::Shared {
     core::cuda::DeviceGuard guard(device);
     if (stream.handle != nullptr) cudaStreamSynchronize(as_cuda(stream));
     if (receive.handle != nullptr) cudaStreamSynchronize(as_cuda(receive));
-    window.reset();  // left allocated unless CopyEnginePair::release closed it
+    window.reset();  // left allocated and mapped until the process ends (Note [Pair window teardown])
     if (stream.handle != nullptr) core::cuda::destroy_stream(stream);
     if (receive.handle != nullptr) core::cuda::destroy_stream(receive);
   }
@@ -197,20 +197,6 @@ CopyEnginePair::CopyEnginePair(std::shared_ptr<comm::ProcessGroup> group, const 
         Tensor(std::make_shared<core::TensorImpl>(std::move(storage), Shape{numels[b]}, Shape{1}, 0, dtypes[b])));
   }
   steps_.assign(numels.size(), 0);
-}
-
-void CopyEnginePair::release() noexcept {
-  Shared& s = *shared_;
-  if (!s.window || std::uncaught_exceptions() > 0) return;  // unwinding: left allocated
-  try {
-    core::cuda::DeviceGuard guard(s.device);
-    const bool synced = cudaStreamSynchronize(as_cuda(s.stream)) == cudaSuccess &&
-                        cudaStreamSynchronize(as_cuda(s.receive)) == cudaSuccess;
-    // Note [Pair window teardown] in comm/nccl/nccl_process_group.cpp: met on the host.
-    if (synced) (void)s.window->close(std::chrono::seconds(30));
-  } catch (...) {
-    // Left allocated: the window's destructor frees nothing that was not closed.
-  }
 }
 
 comm::Work CopyEnginePair::all_reduce_avg(size_t b, std::vector<Tensor> parts, const std::vector<int64_t>& offsets) {
