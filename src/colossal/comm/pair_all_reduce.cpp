@@ -19,7 +19,8 @@ bool use_pair_all_reduce(ProcessGroup& group, int64_t window_bytes, int64_t min_
   (void)window_bytes;
   (void)min_bytes;
 #endif
-  if (why_not != nullptr) *why_not = fmt::format("the group is {} on {}, not NCCL on a GPU", group.backend_name(), group.device());
+  if (why_not != nullptr)
+    *why_not = fmt::format("the group is {} on {}, not NCCL on a GPU", group.backend_name(), group.device());
   return false;
 }
 

@@ -26,8 +26,9 @@ enum class TensorParallelMode {
 /// parallel.tensor.all_reduce: what sums the tensor group's large tensors (the row layers' outputs,
 /// the column layers' input gradients, the vocabulary-parallel embedding's output).
 enum class TensorAllReduce {
-  kAuto,         ///< "auto": the copy engines where the group is two GPUs of one host that map each other's memory, else NCCL
-  kCopyEngines,  ///< "copy_engines": the copy engines (Note [Pair all-reduce by the copy engines]); an error where they cannot
+  kAuto,  ///< "auto": the copy engines where the group is two GPUs of one host that map each other's memory, else NCCL
+  kCopyEngines,  ///< "copy_engines": the copy engines (Note [Pair all-reduce by the copy engines]); an error where they
+                 ///< cannot
   kNccl,         ///< "nccl": NCCL's kernels
 };
 

@@ -366,7 +366,8 @@ std::shared_ptr<nn::Module> tensor_parallel_piece(nn::Module& model, const std::
     const auto serial = std::dynamic_pointer_cast<nn::models::GPT2Block>((*gpt2->h())[b]);
     COLOSSAL_CHECK(serial != nullptr, "pipeline x tensor parallelism: h.{} of the GPT-2 is not a GPT2Block", b);
     auto block = std::make_shared<parallel::tp::ParallelGPT2Block>(
-        *serial, gpt2->config(), std::move(group), parallel::tp::ParallelGPT2Options{.dropout = dropout, .fused_residual = tensor.fused_residual});
+        *serial, gpt2->config(), std::move(group),
+        parallel::tp::ParallelGPT2Options{.dropout = dropout, .fused_residual = tensor.fused_residual});
     auto view = std::make_shared<nn::models::LayerView>(
         "ParallelGPT2Block", [block](nn::models::LayerView&, const Tensor& x) { return block->forward(x); });
     view->share_module("h." + std::to_string(b), block);
@@ -435,8 +436,9 @@ std::vector<double> time_probe(const config::TrainConfig& c, const Datasets& d, 
   const bool tensor_parallel = tensor_group != nullptr && tensor_group->size() > 1;
   std::vector<std::shared_ptr<nn::Module>> timed;
   for (const size_t i : whole) {
-    timed.push_back(tensor_parallel ? tensor_parallel_piece(*probe, pieces[i], i, tensor_group, setup.dropout, c.parallel.tensor)
-                                    : pieces[i]);
+    timed.push_back(tensor_parallel
+                        ? tensor_parallel_piece(*probe, pieces[i], i, tensor_group, setup.dropout, c.parallel.tensor)
+                        : pieces[i]);
   }
   const Tensor sample = pipeline_sample_microbatch(*probe, c, setup.first_example, setup.device);
   const std::vector<double> measured = measure_and_agree(timed, sample, c, *setup.context, setup.dropout);
@@ -521,9 +523,9 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
     auto chunk = std::make_shared<nn::Sequential>();
     for (int64_t i = r.begin; i < r.end; ++i) {
       const std::shared_ptr<nn::Module>& piece = pieces[static_cast<size_t>(i)];
-      chunk->push_back(
-          tensor_parallel ? tensor_parallel_piece(model, piece, static_cast<size_t>(i), tensor_group, dropout,
-                                                  c.parallel.tensor) : piece);
+      chunk->push_back(tensor_parallel ? tensor_parallel_piece(model, piece, static_cast<size_t>(i), tensor_group,
+                                                               dropout, c.parallel.tensor)
+                                       : piece);
     }
     chunks.push_back(chunk);
     module->push_back(chunk);

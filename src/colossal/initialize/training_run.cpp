@@ -32,8 +32,8 @@
 #include "colossal/engine/pipeline_report.h"
 #include "colossal/initialize/pipeline_stage.h"
 #include "colossal/nn/hub_weights.h"
-#include "colossal/ops/linalg.h"  // set_float32_matmul_precision
-#include "colossal/nn/safetensors.h"         // read_safetensors_header
+#include "colossal/nn/safetensors.h"  // read_safetensors_header
+#include "colossal/ops/linalg.h"      // set_float32_matmul_precision
 #include "colossal/parallel/layout_rules.h"
 #include "colossal/parallel/tp/gpt2_1d.h"
 #include "colossal/parallel/tp/gpt2_plan.h"  // resolve_gpt2_specs
@@ -315,11 +315,10 @@ void TrainingRun::build_data_and_model() {
     } else {
       auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model_.get());
       COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model built is neither a GPT-2 nor a ViT");
-      parallel::tp::ParallelGPT2Options options{
-          .dropout = dropout,
-          .sequence_parallel = c.parallel.tensor.sequence_parallel,
-          .overlap_chunks = c.parallel.tensor.overlap_chunks,
-          .fused_residual = c.parallel.tensor.fused_residual};
+      parallel::tp::ParallelGPT2Options options{.dropout = dropout,
+                                                .sequence_parallel = c.parallel.tensor.sequence_parallel,
+                                                .overlap_chunks = c.parallel.tensor.overlap_chunks,
+                                                .fused_residual = c.parallel.tensor.fused_residual};
       // parallel.tensor.specs in place of the built-in policy (parallel/tp/gpt2_plan.h): resolved
       // against the serial model's parameter names, an assignment the layers cannot compute an
       // error naming the parameter before anything is split.

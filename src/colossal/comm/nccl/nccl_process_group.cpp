@@ -118,7 +118,8 @@ struct NcclCommState {
   void release_pair() noexcept {
     if (!pair) return;
     // Not after an abort, nor while unwinding from an error: a piece may wait for a peer that is gone.
-    if (!aborted.load() && std::uncaught_exceptions() == 0) cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle));
+    if (!aborted.load() && std::uncaught_exceptions() == 0)
+      cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle));
     pair.reset();
   }
 

@@ -79,9 +79,10 @@ bool PairWindow::available(ProcessGroup& group, std::string* why_not) {
     why = fmt::format("the two ranks run on different hosts (boot ids {} and {})", mine.host, other.host);
   } else if (cudaDeviceGetByPCIBusId(&other_device, other.bus_id) != cudaSuccess) {
     cudaGetLastError();
-    why = fmt::format("the other rank's GPU ({}) is not visible to rank {} (another host, or hidden by "
-                      "CUDA_VISIBLE_DEVICES)",
-                      other.bus_id, group.rank());
+    why = fmt::format(
+        "the other rank's GPU ({}) is not visible to rank {} (another host, or hidden by "
+        "CUDA_VISIBLE_DEVICES)",
+        other.bus_id, group.rank());
   } else {
     int can = 0;
     COLOSSAL_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, group.device().index, other_device));
