@@ -321,6 +321,24 @@ TEST(TrainConfigErrors, BadChoicesListTheChoicesAndSuggest) {
                       "test.toml:3: model.preset = \"gpt2-medum\" is not one of \"gpt2\", \"gpt2-medium\", "
                       "\"gpt2-large\", \"gpt2-xl\"; did you mean \"gpt2-medium\"? (the presets of model \"gpt2\")");
   EXPECT_CONFIG_ERROR("[model]\npreset = \"tiny\"\n", {}, "model \"mlp\" has no presets");
+  EXPECT_CONFIG_ERROR("[parallel.tensor]\nall_reduce = \"copy_engine\"\n", {},
+                      "parallel.tensor.all_reduce = \"copy_engine\" is not one of \"auto\", \"copy_engines\", "
+                      "\"nccl\"; did you mean \"copy_engines\"?");
+}
+
+TEST(TrainConfig, TensorSumsAndResidualDefaultToTheFastWays) {
+  // Unset: the copy engines where they can (else NCCL), the residual in the row layers' GEMMs, TF32.
+  const TrainConfig defaults = parse("");
+  EXPECT_EQ(defaults.parallel.tensor.all_reduce, TensorAllReduce::kAuto);
+  EXPECT_TRUE(defaults.parallel.tensor.fused_residual);
+  EXPECT_TRUE(defaults.train.tf32);
+  const TrainConfig set =
+      parse("[parallel.tensor]\nall_reduce = \"nccl\"\nfused_residual = false\n", Overrides{"train.tf32=false"});
+  EXPECT_EQ(set.parallel.tensor.all_reduce, TensorAllReduce::kNccl);
+  EXPECT_FALSE(set.parallel.tensor.fused_residual);
+  EXPECT_FALSE(set.train.tf32);
+  EXPECT_EQ(parse("", Overrides{"parallel.tensor.all_reduce=\"copy_engines\""}).parallel.tensor.all_reduce,
+            TensorAllReduce::kCopyEngines);
 }
 
 TEST(TrainConfigErrors, RulesBetweenKeys) {
@@ -406,6 +424,7 @@ TEST(TrainConfigErrors, RulesOwnedByOtherLayersRunAfterConfigsOwnWithTheKeysOrig
 
 TEST(TrainConfig, EnumNames) {
   EXPECT_EQ(to_string(TensorParallelMode::k2p5d), "2.5d");
+  EXPECT_EQ(to_string(TensorAllReduce::kCopyEngines), "copy_engines");
   EXPECT_EQ(to_string(AmpMode::kNaive), "naive");
   EXPECT_EQ(to_string(ZeroPlacement::kAuto), "auto");
   EXPECT_EQ(to_string(ModelName::kResnet), "resnet");

@@ -19,6 +19,7 @@
 #include "metrics_jsonl.h"
 
 #include "colossal/core/error.h"
+#include "colossal/ops/linalg.h"  // float32_matmul_precision
 #include "colossal/parallel/layout_rules.h"
 
 namespace colossal::initialize {
@@ -119,6 +120,16 @@ TEST(TrainingRun, AConfigTrainsFromCppWithTheContextInTheEngine) {
   const RunResult result = run.fit();
   EXPECT_EQ(result.updates, 3);
   EXPECT_EQ(result.steps, 3);
+}
+
+TEST(TrainingRun, Tf32IsTheConfigsChoice) {
+  // train.tf32 sets how the process's f32 matrix products run on GPUs (the CPU's are f32 either way).
+  {
+    TrainingRun run(make_config({"train.tf32=false", "train.max_steps=1"}), RunOptions{.verbose = false});
+    EXPECT_EQ(ops::float32_matmul_precision(), ops::Float32MatmulPrecision::highest);
+  }
+  TrainingRun run(make_config({"train.max_steps=1"}), RunOptions{.verbose = false});
+  EXPECT_EQ(ops::float32_matmul_precision(), ops::Float32MatmulPrecision::high);
 }
 
 TEST(TrainingRun, ZeroStageReachesTheEngine) {
