@@ -4,7 +4,7 @@
 // step, with gradient accumulation and clipping on; the logits are whole on every rank, so the
 // accuracy hook reports the serial run's test accuracy; the checkpoint holds the serial tensors
 // under timm's names and resumes serially (and the serial file at tp2) with the uninterrupted run's
-// losses. Heads that do not split are an error naming both.
+// losses; so does the run with sequence parallelism. Heads that do not split are an error naming both.
 // Tolerance 1e-5 relative, the layout harness's f32 bound: the same sums in another order.
 #include <gtest/gtest.h>
 
@@ -115,6 +115,22 @@ TEST(TrainVitTp, TwoTensorParallelRanksGiveTheSerialRunsLossesAndAccuracy) {
     EXPECT_LE(error, 1e-5) << "step " << step << ": tp2 " << tp.at(step) << ", serial " << loss;
   }
   std::printf("ViT tp2 against serial: %zu steps, largest relative difference %.2e\n", serial.size(), worst);
+
+  // The same with sequence parallelism (parallel.tensor.sequence_parallel): the norms, residuals and
+  // drop path on each rank's half of the batch between the tensor-parallel regions.
+  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common +
+                    " --set parallel.tensor.size=2 --set parallel.tensor.sequence_parallel=true"
+                    " --set train.checkpoint_dir='\"\"' --metrics " +
+                    (dir / "sp.jsonl").string(),
+                dir / "sp.log"),
+            0)
+      << read(dir / "sp.log");
+  const std::map<int64_t, double> sp = step_losses(dir / "sp.jsonl");
+  ASSERT_EQ(sp.size(), serial.size()) << read(dir / "sp.log");
+  for (const auto& [step, loss] : serial) {
+    EXPECT_LE(std::abs(sp.at(step) - loss), 1e-5 * std::abs(loss)) << "step " << step << ": sequence parallel";
+  }
+  EXPECT_EQ(per_epoch(dir / "sp.jsonl", "test_accuracy"), per_epoch(dir / "serial.jsonl", "test_accuracy"));
 
   // Test accuracy is reported under tensor parallelism and is the serial run's, as is the test loss.
   const std::vector<double> serial_accuracy = per_epoch(dir / "serial.jsonl", "test_accuracy");

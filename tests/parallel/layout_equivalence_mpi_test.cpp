@@ -136,8 +136,10 @@ TEST(LayoutEquivalence, DataTimesTensorParallelGpt2) {
 
 // ViT under 1D tensor parallelism (heads and MLP split, patch embedding, tokens, norms and head
 // replicated), at tp = world and dp2 x tp2, with accumulation and a clip below the gradients' norm.
-void expect_tensor_parallel_vit(Layout layout, int64_t accumulation, std::optional<double> clip = std::nullopt) {
-  HarnessCase c = vit_tp_case();
+void expect_tensor_parallel_vit(Layout layout, int64_t accumulation, std::optional<double> clip = std::nullopt,
+                                bool sequence_parallel = false, int64_t global_batch = 8) {
+  HarnessCase c = vit_tp_case(sequence_parallel);
+  c.global_batch = global_batch;
   c.accumulation = accumulation;
   c.clip = clip;
   if (clip) c.tolerance = kClippedVitTolerance;
@@ -161,6 +163,32 @@ TEST(LayoutEquivalence, TensorParallelVitWithAccumulationAndClipping) {
 TEST(LayoutEquivalence, DataTimesTensorParallelVit) {
   if (comm::testing::world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
   expect_tensor_parallel_vit(Layout{.data = 2, .tensor = 2}, 2, /*clip=*/0.1);
+}
+
+// ViT with sequence parallelism (tp = world): the layer norms, residuals and drop path on each rank's
+// share of the batch between the regions, the final norm's output gathered for the replicated head.
+// The norms' and the row layers' biases' gradients, each rank's from its own tokens, summed over the
+// group; clipping counts them once.
+TEST(LayoutEquivalence, TensorParallelVitWithSequenceParallelism) {
+  expect_tensor_parallel_vit(Layout{.tensor = comm::testing::world().size()}, 1, std::nullopt,
+                             /*sequence_parallel=*/true);
+}
+
+TEST(LayoutEquivalence, TensorParallelVitWithSequenceParallelismAccumulationAndClipping) {
+  expect_tensor_parallel_vit(Layout{.tensor = comm::testing::world().size()}, 2, /*clip=*/0.1,
+                             /*sequence_parallel=*/true);
+}
+
+TEST(LayoutEquivalence, TensorParallelVitWithSequenceParallelismOnAPaddedBatch) {
+  // Neither a batch of 3 nor the 5 tokens split over 2 or 4 ranks: the batch is padded with zero rows
+  // for the blocks and the padding dropped before the head.
+  expect_tensor_parallel_vit(Layout{.tensor = comm::testing::world().size()}, 1, /*clip=*/0.1,
+                             /*sequence_parallel=*/true, /*global_batch=*/3);
+}
+
+TEST(LayoutEquivalence, DataTimesTensorParallelVitWithSequenceParallelism) {
+  if (comm::testing::world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  expect_tensor_parallel_vit(Layout{.data = 2, .tensor = 2}, 2, /*clip=*/0.1, /*sequence_parallel=*/true);
 }
 
 // GPT-2 split by per-parameter sharding specs (parallel.tensor.specs, the tutorial's way) rather than

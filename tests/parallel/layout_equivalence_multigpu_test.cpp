@@ -110,7 +110,7 @@ TEST(LayoutEquivalenceNccl, TensorParallelGpt2SequenceParallel) {
 
 TEST(LayoutEquivalenceNccl, TensorParallelThroughTheCopyEngines) {
   // The tensor group's sums of 256 bytes and more (every activation and input gradient of these
-  // small models) moved by the copy engines of the GPU pair (COLOSSAL_TP_COPY_ENGINE's path, Note
+  // small models) moved by the copy engines of the GPU pair (parallel.tensor.all_reduce's path, Note
   // [Pair all-reduce by the copy engines]) through a window of 64 KiB, so the larger ones go in
   // pieces: GPT-2 and ViT at the f32 tolerance, GPT-2 in bf16.
   if (world()->size() != 2) GTEST_SKIP() << "the copy-engine all-reduce serves a pair of GPUs";
@@ -153,6 +153,16 @@ TEST(LayoutEquivalenceNccl, TensorParallelVit) {
   c.accumulation = 2;
   c.clip = 0.1;
   run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off)", Layout{.tensor = world()->size()});
+}
+
+TEST(LayoutEquivalenceNccl, TensorParallelVitSequenceParallel) {
+  for (const int64_t batch : {int64_t{8}, int64_t{3}}) {  // the batch split, and padded (3 splits neither way)
+    HarnessCase c = vit_tp_case(/*sequence_parallel=*/true);
+    c.accumulation = 2;
+    c.clip = 0.1;
+    c.global_batch = batch;
+    run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off)", Layout{.tensor = world()->size()});
+  }
 }
 
 TEST(LayoutEquivalenceNccl, TensorParallelGpt2Bf16) {

@@ -314,13 +314,17 @@ HarnessCase vit_case() {
   return c;
 }
 
-HarnessCase vit_tp_case() {
+HarnessCase vit_tp_case(bool sequence_parallel) {
   HarnessCase c = vit_case();
+  if (sequence_parallel) c.name = "vit (sequence parallel)";
   c.build_model = [](core::Generator& init) -> std::shared_ptr<nn::Module> { return tiny_vit(init, /*heads=*/4); };
-  c.parallelize = [](nn::Module& serial, const parallel::ParallelContext& context) -> std::shared_ptr<nn::Module> {
+  c.parallelize = [sequence_parallel](nn::Module& serial,
+                                      const parallel::ParallelContext& context) -> std::shared_ptr<nn::Module> {
     auto* vit = dynamic_cast<nn::models::VisionTransformer*>(&serial);
     if (vit == nullptr) throw Error("vit_tp_case: the serial model is not a VisionTransformer");
-    return std::make_shared<parallel::tp::ParallelViT>(*vit, context.group(parallel::GroupKind::kTensor));
+    return std::make_shared<parallel::tp::ParallelViT>(
+        *vit, context.group(parallel::GroupKind::kTensor),
+        parallel::tp::ParallelViTOptions{.sequence_parallel = sequence_parallel});
   };
   // The logits are whole on every rank: the serial criterion applies (parallel_criterion unset).
   return c;

@@ -118,8 +118,9 @@ HarnessReport expect_layout_matches_serial(const HarnessCase& c, const Layout& l
 HarnessCase mlp_case();
 HarnessCase vit_case();
 /// vit_case with four heads (splits over 2 and 4 ranks), parallelized by parallel::tp::ParallelViT;
-/// its logits are whole on every rank, so the serial criterion stays.
-HarnessCase vit_tp_case();
+/// its logits are whole on every rank, so the serial criterion stays. With sequence_parallel,
+/// Megatron's sequence parallelism (the batch's share of the 5 tokens' sequences on each rank).
+HarnessCase vit_tp_case(bool sequence_parallel = false);
 HarnessCase gpt2_case();
 /// gpt2_case with four heads (splits over 2 and 4 ranks), parallelized by parallel::tp::ParallelGPT2
 /// with the vocab-parallel cross-entropy; with sequence_parallel, Megatron's sequence parallelism

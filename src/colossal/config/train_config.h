@@ -107,9 +107,9 @@ struct TensorParallelConfig {
   int size = 1;                                       ///< ranks each layer is split over; 1: none
   TensorParallelMode mode = TensorParallelMode::k1d;  ///< the split; its rule on size is checked at load
   int depth = 1;                                      ///< 2.5d only: the number of stacked q x q grids
-  /// Megatron's sequence parallelism (mode "1d", size > 1): layer norms, dropout and residual adds
-  /// work on each rank's 1/size of the sequence (data.seq_len must divide by size), all-gathered
-  /// before each column-parallel layer and reduce-scattered after each row-parallel one.
+  /// Megatron's sequence parallelism (mode "1d", size > 1; GPT-2 and ViT): layer norms, dropout and
+  /// residual adds work on each rank's share of the tokens (data.seq_len must divide by size),
+  /// all-gathered before each column-parallel layer and reduce-scattered after each row-parallel one.
   bool sequence_parallel = false;
   /// GPT-2 under the built-in policy (mode "1d", no sequence parallelism, no activation
   /// checkpointing): the blocks run each batch as this many chunks, so that one chunk's all-reduces

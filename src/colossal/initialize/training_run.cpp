@@ -87,11 +87,6 @@ void reject_unsupported(const TrainConfig& c) {
           "parallelism is built for model.name = \"gpt2\" and \"vit\" in mode \"1d\" so far",
           c.parallel.tensor.size, config::to_string(c.model.name), config::to_string(c.parallel.tensor.mode)));
     }
-    if (c.model.name == config::ModelName::kVit && c.parallel.tensor.sequence_parallel) {
-      unsupported(
-          "parallel.tensor.sequence_parallel = true with model.name = \"vit\": sequence parallelism is built for "
-          "GPT-2 so far; set it to false");
-    }
   }
   if (c.zero.stage > 0) {
     // ZeRO stages 1 and 2 (parallel/zero/low_level_zero.h) and 3 (parallel/zero/zero3.h), over the
@@ -310,8 +305,10 @@ void TrainingRun::build_data_and_model() {
     const parallel::tp::DropoutGenerators dropout{.data = dropout_generator_.get(), .tensor = tensor_generator_.get()};
     const std::shared_ptr<comm::ProcessGroup> tensor_group = context_->group(parallel::GroupKind::kTensor);
     if (auto* vit = dynamic_cast<nn::models::VisionTransformer*>(model_.get())) {
-      model_ = std::make_shared<parallel::tp::ParallelViT>(*vit, tensor_group,
-                                                           parallel::tp::ParallelViTOptions{.dropout = dropout});
+      model_ = std::make_shared<parallel::tp::ParallelViT>(
+          *vit, tensor_group,
+          parallel::tp::ParallelViTOptions{.dropout = dropout,
+                                           .sequence_parallel = c.parallel.tensor.sequence_parallel});
     } else {
       auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model_.get());
       COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model built is neither a GPT-2 nor a ViT");

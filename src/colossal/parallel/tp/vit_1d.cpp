@@ -10,13 +10,25 @@
 #include "colossal/ops/elementwise.h"  // add
 #include "colossal/ops/indexing.h"     // cat
 #include "colossal/parallel/tp/heads.h"
+#include "colossal/parallel/tp/layer_norm_sp.h"
+#include "colossal/parallel/tp/mappings.h"
 #include "colossal/parallel/tp/replicated.h"
 
 namespace colossal::parallel::tp {
 namespace {
 
-std::shared_ptr<nn::LayerNorm> copy_of(const nn::LayerNorm& serial, int64_t width) {
+/// A replicated copy of a serial layer norm; under sequence parallelism one that works on token shards.
+std::shared_ptr<nn::LayerNorm> copy_of(const nn::LayerNorm& serial, int64_t width,
+                                       const std::shared_ptr<comm::ProcessGroup>& group,
+                                       const ParallelViTOptions& options) {
+  if (options.sequence_parallel) return std::make_shared<SequenceParallelLayerNorm>(serial, group);
   return replicated_copy(serial, std::make_shared<nn::LayerNorm>(width, serial.eps()));
+}
+
+/// The generator of dropout and drop path between the tensor-parallel regions: the data's on whole
+/// activations, the tensor-parallel one on token shards (each rank's tokens its own).
+core::Generator* outside_generator(const ParallelViTOptions& options) {
+  return options.sequence_parallel ? options.dropout.tensor_or_data() : options.dropout.data;
 }
 
 }  // namespace
@@ -35,7 +47,10 @@ ParallelViTAttention::ParallelViTAttention(const nn::MultiheadSelfAttention& ser
                  head_qkv_order(config.embed_dim, config.num_heads, group->size(), "the ViT's num_heads")));
   // The heads' outputs concatenate in head order: proj's input features split as the heads do.
   proj_ = register_module("proj", RowParallelLinear::from(*serial.proj(), group, /*input_is_parallel=*/true));
-  proj_drop_ = register_module("proj_drop", std::make_shared<nn::Dropout>(config.proj_drop_rate, options.dropout.data));
+  qkv_->set_sequence_parallel(options.sequence_parallel, options.sequence_shard);
+  proj_->set_sequence_parallel(options.sequence_parallel, options.sequence_shard);
+  proj_drop_ =
+      register_module("proj_drop", std::make_shared<nn::Dropout>(config.proj_drop_rate, outside_generator(options)));
 }
 
 Tensor ParallelViTAttention::forward(const Tensor& x) {
@@ -53,7 +68,9 @@ ParallelViTMLP::ParallelViTMLP(const nn::MLP& serial, const nn::models::ViTConfi
   drop1_ =
       register_module("drop1", std::make_shared<nn::Dropout>(config.proj_drop_rate, options.dropout.tensor_or_data()));
   fc2_ = register_module("fc2", RowParallelLinear::from(*serial.fc2(), group, /*input_is_parallel=*/true));
-  drop2_ = register_module("drop2", std::make_shared<nn::Dropout>(config.proj_drop_rate, options.dropout.data));
+  fc1_->set_sequence_parallel(options.sequence_parallel, options.sequence_shard);
+  fc2_->set_sequence_parallel(options.sequence_parallel, options.sequence_shard);
+  drop2_ = register_module("drop2", std::make_shared<nn::Dropout>(config.proj_drop_rate, outside_generator(options)));
 }
 
 Tensor ParallelViTMLP::forward(const Tensor& x) {
@@ -64,12 +81,12 @@ ParallelViTBlock::ParallelViTBlock(const nn::TransformerBlock& serial, const nn:
                                    double drop_path, std::shared_ptr<comm::ProcessGroup> group,
                                    const ParallelViTOptions& options)
     : Module("ParallelViTBlock"), dropout_(options.dropout), checkpoint_activations_(serial.checkpoint_activations()) {
-  norm1_ = register_module("norm1", copy_of(*serial.norm1(), config.embed_dim));
+  norm1_ = register_module("norm1", copy_of(*serial.norm1(), config.embed_dim, group, options));
   attn_ = register_module("attn", std::make_shared<ParallelViTAttention>(*serial.attn(), config, group, options));
-  drop_path1_ = register_module("drop_path1", std::make_shared<nn::DropPath>(drop_path, options.dropout.data));
-  norm2_ = register_module("norm2", copy_of(*serial.norm2(), config.embed_dim));
+  drop_path1_ = register_module("drop_path1", std::make_shared<nn::DropPath>(drop_path, outside_generator(options)));
+  norm2_ = register_module("norm2", copy_of(*serial.norm2(), config.embed_dim, group, options));
   mlp_ = register_module("mlp", std::make_shared<ParallelViTMLP>(*serial.mlp(), config, group, options));
-  drop_path2_ = register_module("drop_path2", std::make_shared<nn::DropPath>(drop_path, options.dropout.data));
+  drop_path2_ = register_module("drop_path2", std::make_shared<nn::DropPath>(drop_path, outside_generator(options)));
 }
 
 Tensor ParallelViTBlock::forward(const Tensor& x) {
@@ -84,9 +101,14 @@ Tensor ParallelViTBlock::forward_block(const Tensor& x) {
 }
 
 ParallelViT::ParallelViT(const nn::models::VisionTransformer& serial, std::shared_ptr<comm::ProcessGroup> group,
-                         const ParallelViTOptions& options)
-    : Module("ParallelViT"), config_(serial.config()) {
+                         ParallelViTOptions options)
+    : Module("ParallelViT"),
+      config_(serial.config()),
+      group_(group),
+      sequence_parallel_(options.sequence_parallel),
+      shard_(std::make_shared<SequenceShard>()) {
   COLOSSAL_CHECK(group != nullptr, "ParallelViT needs the tensor-parallel group");
+  options.sequence_shard = shard_;  // the layers read what forward() decides (Note [Token shards])
   const nn::models::ViTConfig& c = config_;
   // Checked first, so a bad size is named as the heads rather than as a layer's features.
   head_qkv_columns(c.embed_dim, c.num_heads, group->rank(), group->size(), "the ViT's num_heads");
@@ -112,7 +134,7 @@ ParallelViT::ParallelViT(const nn::models::VisionTransformer& serial, std::share
                                          : 0.0;  // as VisionTransformer
     blocks_->push_back(std::make_shared<ParallelViTBlock>(*block, c, drop_path, group, options));
   }
-  norm_ = register_module("norm", copy_of(*serial.norm(), c.embed_dim));
+  norm_ = register_module("norm", copy_of(*serial.norm(), c.embed_dim, group, options));
   head_drop_ = register_module("head_drop", std::make_shared<nn::Dropout>(c.drop_rate, options.dropout.data));
   head_ = register_module(
       "head", replicated_copy(*serial.head(), std::make_shared<nn::Linear>(c.embed_dim, c.num_classes,
@@ -129,8 +151,32 @@ Tensor ParallelViT::forward(const Tensor& images) {
   const Tensor patches = patch_embed_->forward(images);  // [B, N, C]
   const Tensor cls = cls_token_->expand({patches.size(0), 1, cls_token_->size(2)});
   Tensor tokens = pos_drop_->forward(ops::add(ops::cat({cls, patches}, 1), *pos_embed_));
+  const int64_t batch = tokens.size(0);
+  if (sequence_parallel_) {
+    // Note [Token shards] in gpt2_1d.cpp: this rank's share of the batch where it divides, else of the
+    // tokens where they do, else of the batch padded with zero images' rows to a multiple of the
+    // group's size (a test set's last batch, say: every op works per image, and the padding's outputs
+    // are dropped before the head, so no gradient comes from them). The embedding before is
+    // replicated: the split's backward all-gathers its gradient.
+    const int64_t size = group_->size();
+    shard_->batch = batch % size == 0 || tokens.size(1) % size != 0;
+    if (batch % size != 0 && shard_->batch) {
+      const int64_t padding = size - batch % size;
+      tokens = ops::cat({tokens, core::zeros({padding, tokens.size(1), tokens.size(2)},
+                                             TensorOptions(tokens.dtype(), tokens.device()))},
+                        0);
+    }
+    tokens = scatter_to_region(tokens, shard_->dim(tokens), *group_);
+  }
   for (const auto& block : *blocks_) tokens = (*block)(tokens);  // operator(): its hooks run (ZeRO-3's)
-  return head_->forward(head_drop_->forward(norm_->forward(tokens).select(1, 0)));
+  Tensor normed = norm_->forward(tokens);
+  if (sequence_parallel_) {
+    // The shards gathered whole on every rank for the replicated head (the gather's backward keeps
+    // this rank's share of the gradient, which every rank holds whole); any padding dropped.
+    normed = gather_from_region(normed, shard_->dim(normed), *group_);
+    if (normed.size(0) != batch) normed = normed.narrow(0, 0, batch);
+  }
+  return head_->forward(head_drop_->forward(normed.select(1, 0)));
 }
 
 config::TensorSplit ParallelViT::split_of(const std::string& name) {

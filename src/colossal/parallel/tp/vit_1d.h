@@ -16,6 +16,16 @@
 // heads) and the MLP's dropout after the activation (this rank's hidden features) draw from the
 // tensor-parallel generator; the position, projection, MLP-output and head dropouts and drop path
 // (whole activations, after a row-parallel all-reduce) from the data generator.
+//
+// Sequence parallelism (ParallelViTOptions::sequence_parallel, parallel.tensor.sequence_parallel):
+// between the tensor-parallel regions each rank keeps only its share of the tokens, as GPT-2's does
+// (Note [Token shards] in gpt2_1d.cpp: the batch's share where B divides by the group's size, else the
+// sequence's where the tokens do, else the batch's padded with zero rows): the tokens are split after the position
+// embedding and its dropout (replicated), the blocks' layer norms, residual adds, projection and MLP-output dropouts
+// and drop path work on the shards (those dropouts then drawing from the tensor-parallel generator: each rank's tokens
+// are its own), qkv and fc1 all-gather their input and proj and fc2 reduce-scatter their output, and the final norm's
+// output is all-gathered before the class token is taken, so the head and the logits are whole and replicated as
+// without it.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +49,11 @@ namespace colossal::parallel::tp {
 struct ParallelViTOptions {
   /// Where dropout draws its masks (random.h; the file's head).
   DropoutGenerators dropout;
+  /// Megatron's sequence parallelism (the file's head).
+  bool sequence_parallel = false;
+  /// Set by ParallelViT for its layers (leave it empty): which tokens the shards hold in the current
+  /// forward (Note [Token shards] in gpt2_1d.cpp).
+  std::shared_ptr<SequenceShard> sequence_shard;
 };
 
 /// timm's Attention with num_heads / tp heads on each rank: qkv column-parallel (this rank's heads'
@@ -119,8 +134,10 @@ class ParallelViT : public nn::Module {
  public:
   /// Throws naming both when the heads do not split over the group, or the MLP's hidden width does not.
   ParallelViT(const nn::models::VisionTransformer& serial, std::shared_ptr<comm::ProcessGroup> group,
-              const ParallelViTOptions& options = {});
+              ParallelViTOptions options = {});
   /// images [B, in_chans, img_size, img_size] -> logits [B, num_classes], the same on every rank.
+  /// Under sequence parallelism a batch that does not divide by the group's size, with a token count
+  /// (patches + 1) that does not either, is padded for the blocks (the file's head).
   Tensor forward(const Tensor& images) override;
   /// Every block's activation checkpointing on or off (built as the serial model's blocks are).
   void set_checkpoint_activations(bool on);
@@ -134,6 +151,9 @@ class ParallelViT : public nn::Module {
 
  private:
   nn::models::ViTConfig config_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  bool sequence_parallel_;
+  std::shared_ptr<SequenceShard> shard_;
   Tensor* cls_token_;
   Tensor* pos_embed_;
   std::shared_ptr<nn::PatchEmbedding> patch_embed_;
