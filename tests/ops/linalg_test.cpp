@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numeric>
 
 #include "colossal/ops/linalg_kernels.h"  // fused_gelu_backward_count
 #include "gradcheck.h"
@@ -313,6 +314,29 @@ TEST(LinearAddPart, ThePartsSumToTheLayerWithTheResidualOnceAndGiveItTheWholeGra
     expect_close(w.grad(), ops::matmul(upstream.t(), x.detach()), 1e-12, 0, "weight gradient");
   }
   expect_close(total, expected, 1e-12, 0, "the parts' sum");
+}
+
+TEST(LinearAddPart, RowBlocksGiveTheSameValuesBlockByBlock) {
+  // With blocks, the GEMMs run over blocks of rows that cut across the part's rows; each finished
+  // block is handed over in order, a view of the output's rows, and the values are those of one block.
+  const Tensor x = random_tensor({2, 7, 5}, 360), w = random_tensor({4, 5}, 361), b = random_tensor({4}, 362),
+               r = random_tensor({2, 7, 4}, 363);
+  for (int64_t part = 0; part < 3; ++part) {
+    const Tensor whole = ops::linear_add_part(x, w, b, r, part, 3);
+    for (int64_t blocks : {2, 5, 14, 30}) {
+      SCOPED_TRACE(fmt::format("part {}, {} blocks", part, blocks));
+      std::vector<int64_t> sizes;
+      const Tensor y = ops::linear_add_part(x, w, b, r, part, 3, blocks, [&](const Tensor& block) {
+        EXPECT_EQ(block.dim(), 2);
+        EXPECT_EQ(block.size(1), 4);
+        sizes.push_back(block.size(0));
+      });
+      expect_close(y, whole, 0, 0, "blocked against whole");
+      EXPECT_EQ(static_cast<int64_t>(sizes.size()), std::min<int64_t>(blocks, 14));
+      EXPECT_EQ(std::accumulate(sizes.begin(), sizes.end(), int64_t{0}), 14);
+    }
+  }
+  EXPECT_ERROR_CONTAINS(ops::linear_add_part(x, w, b, r, 0, 3, 0), "blocks must be >= 1, got 0");
 }
 
 TEST(LinearAddPart, BadOperandsAreClearErrors) {

@@ -96,8 +96,8 @@ TEST(LayoutEquivalence, DataParallelGpt2Bf16) {
 // once: counted once per rank, the clip factor and every update would differ.
 void expect_tensor_parallel(Layout layout, int64_t accumulation, std::optional<double> clip = std::nullopt,
                             bool sequence_parallel = false, std::optional<int64_t> global_batch = std::nullopt,
-                            bool fused_residual = false) {
-  HarnessCase c = gpt2_tp_case(sequence_parallel, fused_residual);
+                            bool fused_residual = false, int64_t row_blocks = 1) {
+  HarnessCase c = gpt2_tp_case(sequence_parallel, fused_residual, row_blocks);
   if (global_batch) c.global_batch = *global_batch;
   c.accumulation = accumulation;
   c.clip = clip;
@@ -127,6 +127,14 @@ TEST(LayoutEquivalence, TensorParallelGpt2WithTheResidualInTheRowLayersGemm) {
   // bias to its share of the rows inside its GEMM; with accumulation and a clip below the norm.
   expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 2, /*clip=*/0.1,
                          /*sequence_parallel=*/false, std::nullopt, /*fused_residual=*/true);
+}
+
+TEST(LayoutEquivalence, TensorParallelGpt2WithTheResidualInTheRowLayersGemmInRowBlocks) {
+  // The same with each row layer's GEMMs over 3 blocks of rows (parallel.tensor.row_blocks), each
+  // block all-reduced while the next one's GEMMs run: the blocks and the ranks' shares cut the rows
+  // differently (16 tokens a sequence, a batch of 4 a rank).
+  expect_tensor_parallel(Layout{.tensor = comm::testing::world().size()}, 2, /*clip=*/0.1,
+                         /*sequence_parallel=*/false, std::nullopt, /*fused_residual=*/true, /*row_blocks=*/3);
 }
 
 TEST(LayoutEquivalence, DataTimesTensorParallelGpt2) {

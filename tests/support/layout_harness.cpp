@@ -367,18 +367,21 @@ HarnessCase gpt2_case() {
   return c;
 }
 
-HarnessCase gpt2_tp_case(bool sequence_parallel, bool fused_residual) {
+HarnessCase gpt2_tp_case(bool sequence_parallel, bool fused_residual, int64_t row_blocks) {
   HarnessCase c = gpt2_case();
   c.name = sequence_parallel ? "gpt2 (sequence parallel)" : fused_residual ? "gpt2 (residual in c_proj)" : "gpt2";
+  if (row_blocks > 1) c.name += fmt::format(" in {} row blocks", row_blocks);
   c.build_model = [](core::Generator& init) { return tiny_gpt2(init, /*heads=*/4); };  // splits over 2 and 4
 
-  c.parallelize = [sequence_parallel, fused_residual](
+  c.parallelize = [sequence_parallel, fused_residual, row_blocks](
                       nn::Module& serial, const parallel::ParallelContext& context) -> std::shared_ptr<nn::Module> {
     auto* gpt2 = dynamic_cast<nn::models::GPT2*>(&serial);
     if (gpt2 == nullptr) throw Error("gpt2_tp_case: the serial model is not a GPT2");
-    return std::make_shared<parallel::tp::ParallelGPT2>(
+    auto model = std::make_shared<parallel::tp::ParallelGPT2>(
         *gpt2, context.group(parallel::GroupKind::kTensor),
         parallel::tp::ParallelGPT2Options{.sequence_parallel = sequence_parallel, .fused_residual = fused_residual});
+    if (row_blocks > 1) parallel::tp::set_row_blocks(*model, row_blocks);
+    return model;
   };
   c.parallel_criterion = [](const parallel::ParallelContext& context) -> engine::Criterion {
     std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kTensor);

@@ -125,7 +125,9 @@ HarnessCase gpt2_case();
 /// gpt2_case with four heads (splits over 2 and 4 ranks), parallelized by parallel::tp::ParallelGPT2
 /// with the vocab-parallel cross-entropy; with sequence_parallel, Megatron's sequence parallelism
 /// (the 16-token windows split over 2 and 4 ranks too).
-HarnessCase gpt2_tp_case(bool sequence_parallel = false, bool fused_residual = false);
+/// fused_residual: the residual and c_proj's bias in the row layers' GEMMs; row_blocks: each row
+/// layer's GEMM over that many blocks of rows, each all-reduced under the next (parallel.tensor.row_blocks).
+HarnessCase gpt2_tp_case(bool sequence_parallel = false, bool fused_residual = false, int64_t row_blocks = 1);
 /// gpt2_tp_case's model split as the per-parameter sharding specs `rules` say (parallel.tensor.specs,
 /// resolved by parallel::tp::resolve_gpt2_specs), with the loss the split model computes.
 HarnessCase gpt2_tp_specs_case(std::string name, std::vector<config::TensorSpecRule> rules);

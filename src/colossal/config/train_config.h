@@ -125,7 +125,7 @@ struct TensorParallelConfig {
   /// tensor group is two GPUs of one host, leaving the SMs to the GEMMs beside them, with the same
   /// bits as NCCL's sum; "copy_engines" insists (an error naming why it cannot), "nccl" never.
   TensorAllReduce all_reduce = TensorAllReduce::kAuto;
-  /// GPT-2's blocks (mode "1d", no sequence parallelism, row_blocks 1): each row-parallel c_proj adds
+  /// GPT-2's blocks (mode "1d", no sequence parallelism): each row-parallel c_proj adds
   /// the block's residual and its bias in its GEMM, on each rank's share of the rows, before the
   /// all-reduce, instead of two passes over the activation after it (Note [A row-parallel layer's
   /// residual in its GEMM]). Under fp16.mode = "torch" (autocast) the adds stay apart.

@@ -351,16 +351,20 @@ Tensor linear_in_row_blocks(const Tensor& x, const Tensor& weight, int64_t block
 // 1/p of the activation) and its GEMM adds onto those rows (beta = 1, the accumulation the weight
 // gradients already use); the group's sum then holds x + b once in every row. The bias and the
 // residual are replicated, so every rank's backward gives them the whole output gradient, as the
-// separate adds did; the partial product's own gradients are linear's.
+// separate adds did; the partial product's own gradients are linear's. With row blocks (Note [Row
+// blocks of a linear's output]) each block's rows are made by up to three GEMMs, those in this rank's
+// part with beta = 1, and the block is handed on before the next block's GEMMs.
 Tensor linear_add_part(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual, int64_t part,
-                       int64_t parts) {
+                       int64_t parts, int64_t blocks, const std::function<void(const Tensor& block)>& on_block) {
   if (const auto dtype = autocast_dtype()) {
     const AutocastGuard off(std::nullopt);
     return linear_add_part(autocast::to_lower(x, *dtype), autocast::to_lower(weight, *dtype),
-                           autocast::to_lower(bias, *dtype), autocast::to_lower(residual, *dtype), part, parts);
+                           autocast::to_lower(bias, *dtype), autocast::to_lower(residual, *dtype), part, parts, blocks,
+                           on_block);
   }
   check_linear("linear_add_part", x, weight, bias);
   COLOSSAL_CHECK(parts >= 1 && part >= 0 && part < parts, "linear_add_part: part {} of {}", part, parts);
+  COLOSSAL_CHECK(blocks >= 1, "linear_add_part: blocks must be >= 1, got {}", blocks);
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(weight.size(0));
   COLOSSAL_CHECK(residual.defined() && residual.shape() == out_shape,
@@ -386,9 +390,17 @@ Tensor linear_add_part(const Tensor& x, const Tensor& weight, const Tensor& bias
       mine.copy_(residual_rows);
     }
   }
-  product(0, begin, 0.0);
-  product(begin, end, 1.0);
-  product(end, rows, 0.0);
+  // Each block of rows: its rows outside this rank's part made afresh (beta = 0), those inside added
+  // onto the residual and bias written there (beta = 1); then the block is whole.
+  const int64_t n = std::max<int64_t>(1, std::min(blocks, rows));
+  for (int64_t k = 0, from = 0; k < n; ++k) {
+    const int64_t to = rows * (k + 1) / n;
+    product(from, std::min(to, begin), 0.0);
+    product(std::max(from, begin), std::min(to, end), 1.0);
+    product(std::max(from, end), to, 0.0);
+    if (on_block && to > from) on_block(out.narrow(0, from, to - from));
+    from = to;
+  }
   const Tensor y = linear_output(out, x);
   autograd::record("linear_add_part", {x, weight, bias, residual}, {y},
                    [x_shape = x.shape(), x_mat = x_mat.detach(), weight = weight.detach(), rows, out_shape](

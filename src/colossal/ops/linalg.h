@@ -34,8 +34,12 @@ Tensor linear_in_row_blocks(const Tensor& x, const Tensor& weight, int64_t block
 /// group's sum is residual + bias + sum_r x_r W_r^T (Note [A row-parallel layer's residual in its
 /// GEMM]). Backward: x's and weight's gradients as linear's; bias and residual, replicated over the
 /// group, get the whole output gradient (its column sums, and itself) on every rank.
+/// With `blocks` > 1 the GEMMs run over that many blocks of rows, and `on_block` gets each finished
+/// block as linear_in_row_blocks does (tensor parallelism's row blocks, each all-reduced while the
+/// next one's GEMM runs); the result is the same.
 Tensor linear_add_part(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual, int64_t part,
-                       int64_t parts);
+                       int64_t parts, int64_t blocks = 1,
+                       const std::function<void(const Tensor& block)>& on_block = {});
 /// gelu(linear(x, weight, bias)) with the tanh approximation (GPT-2's MLP). On the GPU one cuBLASLt
 /// GEMM whose epilogue adds the bias, applies GELU and keeps the pre-activation for backward.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), InputGradHook hook = {});

@@ -59,7 +59,7 @@ struct ParallelGPT2Options {
   int overlap_chunks = 1;
   /// The blocks' residual adds and c_proj biases folded into the row-parallel c_proj GEMMs
   /// (RowParallelLinear::forward_add; parallel.tensor.fused_residual, on by default in `colossal train`): where
-  /// c_proj is row-parallel without sequence parallelism or row blocks and its dropout draws nothing
+  /// c_proj is row-parallel without sequence parallelism (row blocks too) and its dropout draws nothing
   /// (p = 0, or evaluation); elsewhere the block adds as usual.
   bool fused_residual = false;
   /// Set by ParallelGPT2 for its layers (leave it empty): the dimension sequence parallelism splits

@@ -203,7 +203,7 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
 Tensor RowParallelLinear::forward_add(const Tensor& x, const Tensor& residual) {
   COLOSSAL_CHECK(fuses_residual(),
                  "RowParallelLinear::forward_add: the residual goes into the GEMM only without sequence "
-                 "parallelism and row blocks");
+                 "parallelism");
   // Under autocast the product is 16-bit while the residual stream stays f32 (the add promotes): folded
   // into the GEMM, the sum would come out 16-bit. So then, and for mixed dtypes, the adds stay apart.
   if (ops::autocast_dtype() || residual.dtype() != x.dtype()) return ops::add(residual, forward(x));
@@ -213,6 +213,18 @@ Tensor RowParallelLinear::forward_add(const Tensor& x, const Tensor& residual) {
                  "shard takes {} of the layer's {}",
                  local.shape().back(), local.shape(), in_features_per_rank(), in_features_);
   const Tensor w = layout_ == WeightLayout::kOutIn ? *weight_ : weight_->t();
+  if (row_blocks_ > 1 && group_->size() > 1) {
+    // As forward_in_row_blocks: each block's all-reduce under the next block's GEMMs, in place in
+    // the output, which the backward does not read (the gradient flows through as through
+    // reduce_from_region's identity backward).
+    std::vector<comm::Work> pending;
+    Tensor y = ops::linear_add_part(local, w, *bias_, residual, group_->rank(), group_->size(), row_blocks_,
+                                    [&](const Tensor& block) {
+                                      pending.push_back(group_->all_reduce(block, comm::ReduceOp::sum, /*async=*/true));
+                                    });
+    for (comm::Work& work : pending) work.wait();
+    return y;
+  }
   const Tensor partial = ops::linear_add_part(local, w, *bias_, residual, group_->rank(), group_->size());
   return reduce_from_region(partial, *group_, /*consume_input=*/true);
 }

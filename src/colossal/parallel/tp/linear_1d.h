@@ -126,10 +126,10 @@ class RowParallelLinear : public nn::Module, public Sharded {
   Tensor finish(PendingSum pending);
   /// residual + forward(x), the residual [..., out] replicated over the group, with the bias and the
   /// residual added inside this rank's GEMM on its share of the rows before the all-reduce
-  /// (ops::linear_add_part, Note [A row-parallel layer's residual in its GEMM]). Needs neither sequence
-  /// parallelism nor row blocks (fuses_residual()).
+  /// (ops::linear_add_part, Note [A row-parallel layer's residual in its GEMM]); with row blocks, each
+  /// block all-reduced under the next one's GEMMs. Not under sequence parallelism (fuses_residual()).
   Tensor forward_add(const Tensor& x, const Tensor& residual);
-  bool fuses_residual() const { return !sequence_parallel_ && row_blocks_ == 1; }
+  bool fuses_residual() const { return !sequence_parallel_; }
   /// `shard`: the dimension the activations are split along (the sequence when null).
   void set_sequence_parallel(bool on, std::shared_ptr<const SequenceShard> shard = nullptr) {
     sequence_parallel_ = on;
