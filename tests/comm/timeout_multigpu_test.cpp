@@ -128,7 +128,9 @@ void run_and_check(const std::string& scenario, std::string_view operation, int 
   // The watchdog's ncclCommAbort can release a host stuck in CUDA behind the hung collective, so
   // the scenario may print that it returned; the process must still end with the watchdog's code
   // (checked below), which the exit path waits for.
-  if (env.rank != 1) EXPECT_TRUE(r.exited && r.exit_code != 0) << "exit code " << r.exit_code << "\n" << r.output;
+  if (env.rank != 1) {
+    EXPECT_TRUE(r.exited && r.exit_code != 0) << "exit code " << r.exit_code << "\n" << r.output;
+  }
   const std::optional<Clock::time_point> issued = issue_time(r.output);
   ASSERT_TRUE(issued.has_value()) << r.output;
   const double seconds_after_issue = std::chrono::duration<double>(ended - *issued).count();
