@@ -8,7 +8,6 @@
 #include "colossal/comm/watchdog.h"  // WatchedOperation, watch, add_stop_hook
 
 #include <cuda_runtime_api.h>
-#include <fmt/format.h>
 #include <nccl.h>
 
 #include <atomic>
@@ -63,23 +62,6 @@
 namespace colossal::comm {
 
 namespace detail {
-/// COLOSSAL_TRACE_COMM set (and not "0").
-bool comm_trace_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("COLOSSAL_TRACE_COMM");
-    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
-  }();
-  return enabled;
-}
-/// One trace line on stderr: "[comm trace] rank R T us <text>" (T from the steady clock).
-void comm_trace_line(int rank, std::string_view text) {
-  const auto us =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch());
-  std::fprintf(stderr, "[comm trace] rank %d %lld us %.*s\n", rank, static_cast<long long>(us.count()),
-               static_cast<int>(text.size()), text.data());
-  std::fflush(stderr);
-}
-
 /// Lives as long as the group or any of its Work: the communicator and its stream.
 struct NcclCommState {
   ncclComm_t comm = nullptr;
@@ -353,9 +335,16 @@ class HostCall final : public WatchedOperation {
 /// COLOSSAL_TRACE_COMM=1: every operation's enqueue, on stderr with the rank and a timestamp, for
 /// finding where ranks part ways (the watchdog names only the operation that timed out).
 void trace_comm(const char* phase, const WatchedOperation& operation) {
-  if (!detail::comm_trace_enabled()) return;
-  detail::comm_trace_line(operation.world_rank(),
-                          fmt::format("{}: {} [{}]", phase, operation.operation(), operation.group()));
+  static const bool enabled = [] {
+    const char* v = std::getenv("COLOSSAL_TRACE_COMM");
+    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+  }();
+  if (!enabled) return;
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch());
+  std::fprintf(stderr, "[comm trace] rank %d %lld us %s: %s [%s]\n", operation.world_rank(),
+               static_cast<long long>(us.count()), phase, operation.operation().c_str(), operation.group().c_str());
+  std::fflush(stderr);
 }
 
 /// Runs `enqueue(comm, stream)` on the group's stream between the two events of Note [NCCL stream

@@ -58,6 +58,13 @@ Identity exchange(ProcessGroup& group, const Identity& mine) {
   return other;
 }
 
+/// `ok` on both ranks of `group` (an all-reduce of one flag).
+bool agree(ProcessGroup& group, bool ok) {
+  Tensor both = core::full({1}, ok ? 1.0 : 0.0, TensorOptions(DType::i32, group.device()));
+  group.all_reduce(both, ReduceOp::min);
+  return both.item<int32_t>() == 1;
+}
+
 }  // namespace
 
 bool PairWindow::available(ProcessGroup& group, std::string* why_not) {
@@ -89,22 +96,11 @@ bool PairWindow::available(ProcessGroup& group, std::string* why_not) {
     if (can == 0) why = fmt::format("GPU {} cannot map GPU {}'s memory", group.device().index, other_device);
   }
   // Both ranks answer alike (the window is built by both or neither): the verdict is agreed on.
-  Tensor both = core::full({1}, why.empty() ? 1.0 : 0.0, TensorOptions(DType::i32, group.device()));
-  group.all_reduce(both, ReduceOp::min);
+  const bool both = agree(group, why.empty());
   if (!why.empty()) return no(std::move(why));
-  if (both.item<int32_t>() == 0) return no("the other rank cannot map this rank's GPU memory");
+  if (!both) return no("the other rank cannot map this rank's GPU memory");
   return true;
 }
-
-namespace {
-/// `ok` on both ranks of `group` (an all-reduce of one flag).
-bool agree(ProcessGroup& group, bool ok) {
-  Tensor both = core::full({1}, ok ? 1.0 : 0.0, TensorOptions(DType::i32, group.device()));
-  group.all_reduce(both, ReduceOp::min);
-  return both.item<int32_t>() == 1;
-}
-
-}  // namespace
 
 PairWindow::PairWindow(ProcessGroup& group, size_t data_bytes, size_t counters)
     : device_(group.device()), data_bytes_(data_bytes), counters_(counters) {

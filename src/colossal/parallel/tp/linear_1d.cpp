@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -168,11 +169,7 @@ PendingSum RowParallelLinear::start(const Tensor& x) {
   COLOSSAL_CHECK(!sequence_parallel_,
                  "RowParallelLinear::start: the split forward is built without sequence "
                  "parallelism (its output is a reduce-scatter, not an all-reduce)");
-  const Tensor local = input_is_parallel_ ? x : scatter_to_region(x, -1, *group_);
-  COLOSSAL_CHECK(local.shape().back() == in_features_per_rank(),
-                 "RowParallelLinear: this rank's input has {} features in its last dimension (shape {}), but its "
-                 "shard takes {} of the layer's {}",
-                 local.shape().back(), local.shape(), in_features_per_rank(), in_features_);
+  const Tensor local = local_input(x);
   return reduce_from_region_async(affine(local, *weight_, Tensor(), layout_), *group_, /*consume_input=*/true);
 }
 
@@ -182,12 +179,7 @@ Tensor RowParallelLinear::finish(PendingSum pending) {
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) {
-  const Tensor local = input_is_parallel_ ? x : scatter_to_region(x, -1, *group_);
-  COLOSSAL_CHECK(local.shape().back() == in_features_per_rank(),
-                 "RowParallelLinear: this rank's input has {} features in its last dimension (shape {}), but its "
-                 "shard takes {} of the layer's {}{}",
-                 local.shape().back(), local.shape(), in_features_per_rank(), in_features_,
-                 input_is_parallel_ ? " (input_is_parallel: pass the column layer's split output)" : "");
+  const Tensor local = local_input(x);
   if (row_blocks_ > 1 && !sequence_parallel_ && group_->size() > 1) return forward_in_row_blocks(local);
   // The partial products sum over the group; the bias is added once, after the sum.
   const Tensor partial = affine(local, *weight_, Tensor(), layout_);
@@ -200,6 +192,26 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
   return bias_->defined() ? ops::add(y, *bias_) : y;
 }
 
+namespace {
+
+/// `gemms(on_block)` makes a row layer's output block by block, handing each finished block to
+/// on_block: each is all-reduced at once, under the next block's GEMMs, and all are waited for
+/// before the output is returned (Note [Row blocks of a linear's output] in ops/linalg.cpp). The sum
+/// happens in place in the output, which the linear's backward does not read: the gradient flows
+/// through as through reduce_from_region's identity backward.
+template <class Gemms>
+Tensor summed_by_block(comm::ProcessGroup& group, Gemms&& gemms) {
+  std::vector<comm::Work> pending;
+  const std::function<void(const Tensor&)> on_block = [&](const Tensor& block) {
+    pending.push_back(group.all_reduce(block, comm::ReduceOp::sum, /*async=*/true));
+  };
+  Tensor y = gemms(on_block);
+  for (comm::Work& work : pending) work.wait();
+  return y;
+}
+
+}  // namespace
+
 Tensor RowParallelLinear::forward_add(const Tensor& x, const Tensor& residual) {
   COLOSSAL_CHECK(fuses_residual(),
                  "RowParallelLinear::forward_add: the residual goes into the GEMM only without sequence "
@@ -207,25 +219,14 @@ Tensor RowParallelLinear::forward_add(const Tensor& x, const Tensor& residual) {
   // Under autocast the product is 16-bit while the residual stream stays f32 (the add promotes): folded
   // into the GEMM, the sum would come out 16-bit. So then, and for mixed dtypes, the adds stay apart.
   if (ops::autocast_dtype() || residual.dtype() != x.dtype()) return ops::add(residual, forward(x));
-  const Tensor local = input_is_parallel_ ? x : scatter_to_region(x, -1, *group_);
-  COLOSSAL_CHECK(local.shape().back() == in_features_per_rank(),
-                 "RowParallelLinear: this rank's input has {} features in its last dimension (shape {}), but its "
-                 "shard takes {} of the layer's {}",
-                 local.shape().back(), local.shape(), in_features_per_rank(), in_features_);
-  const Tensor w = layout_ == WeightLayout::kOutIn ? *weight_ : weight_->t();
-  if (row_blocks_ > 1 && group_->size() > 1) {
-    // As forward_in_row_blocks: each block's all-reduce under the next block's GEMMs, in place in
-    // the output, which the backward does not read (the gradient flows through as through
-    // reduce_from_region's identity backward).
-    std::vector<comm::Work> pending;
-    Tensor y = ops::linear_add_part(local, w, *bias_, residual, group_->rank(), group_->size(), row_blocks_,
-                                    [&](const Tensor& block) {
-                                      pending.push_back(group_->all_reduce(block, comm::ReduceOp::sum, /*async=*/true));
-                                    });
-    for (comm::Work& work : pending) work.wait();
-    return y;
+  const Tensor local = local_input(x);
+  const int rank = group_->rank(), size = group_->size();
+  if (row_blocks_ > 1 && size > 1) {
+    return summed_by_block(*group_, [&](const auto& on_block) {
+      return ops::linear_add_part(local, weight_out_in(), *bias_, residual, rank, size, row_blocks_, on_block);
+    });
   }
-  const Tensor partial = ops::linear_add_part(local, w, *bias_, residual, group_->rank(), group_->size());
+  const Tensor partial = ops::linear_add_part(local, weight_out_in(), *bias_, residual, rank, size);
   return reduce_from_region(partial, *group_, /*consume_input=*/true);
 }
 
@@ -238,16 +239,24 @@ void RowParallelLinear::set_row_blocks(int64_t blocks) {
 }
 
 Tensor RowParallelLinear::forward_in_row_blocks(const Tensor& local) {
-  // Note [Row blocks of a linear's output] in ops/linalg.cpp: each block's all-reduce runs under the
-  // next block's GEMM. The sum happens in the linear's output, which its backward does not read: the
-  // gradient flows through as through reduce_from_region's identity backward.
-  std::vector<comm::Work> pending;
-  const Tensor w = layout_ == WeightLayout::kOutIn ? *weight_ : weight_->t();
-  Tensor y = ops::linear_in_row_blocks(local, w, row_blocks_, [&](const Tensor& block) {
-    pending.push_back(group_->all_reduce(block, comm::ReduceOp::sum, /*async=*/true));
+  const Tensor y = summed_by_block(*group_, [&](const auto& on_block) {
+    return ops::linear_in_row_blocks(local, weight_out_in(), row_blocks_, on_block);
   });
-  for (comm::Work& work : pending) work.wait();
   return bias_->defined() ? ops::add(y, *bias_) : y;
+}
+
+Tensor RowParallelLinear::local_input(const Tensor& x) const {
+  const Tensor local = input_is_parallel_ ? x : scatter_to_region(x, -1, *group_);
+  COLOSSAL_CHECK(local.shape().back() == in_features_per_rank(),
+                 "RowParallelLinear: this rank's input has {} features in its last dimension (shape {}), but its "
+                 "shard takes {} of the layer's {}{}",
+                 local.shape().back(), local.shape(), in_features_per_rank(), in_features_,
+                 input_is_parallel_ ? " (input_is_parallel: pass the column layer's split output)" : "");
+  return local;
+}
+
+Tensor RowParallelLinear::weight_out_in() const {
+  return layout_ == WeightLayout::kOutIn ? *weight_ : weight_->t();
 }
 
 std::string RowParallelLinear::extra_repr() const {

@@ -153,6 +153,10 @@ class RowParallelLinear : public nn::Module, public Sharded {
 
  private:
   Tensor forward_in_row_blocks(const Tensor& local);
+  /// This rank's slice of the input's features (x itself when input_is_parallel), checked.
+  Tensor local_input(const Tensor& x) const;
+  /// The weight shard as [out, in], a view either way it is held.
+  Tensor weight_out_in() const;
 
   std::shared_ptr<comm::ProcessGroup> group_;
   WeightLayout layout_;
