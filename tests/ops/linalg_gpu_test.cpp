@@ -308,23 +308,36 @@ TEST(LinalgGpu, LinearOddSizes) {
 }
 
 TEST(LinalgGpu, LinearAddPartOddSizes) {
-  // Note [A row-parallel layer's residual in its GEMM]: the residual and bias written into one part
-  // of the rows, the GEMM adding onto them (beta = 1) and writing the rest; every part of 3 over 37
-  // rows (13, 12, 12), and the backward's gradients, against the CPU in every precision.
+  // Note [A row-parallel layer's residual in its GEMM]: one part of the rows made by a GEMM reading
+  // the residual as its C and the bias in its epilogue (or, at alignments cuBLASLt refuses, the
+  // residual and bias written first and the GEMM adding onto them), the rest by plain GEMMs; every
+  // part of 3 over 37 rows (13, 12, 12), whole and in 4 row blocks, with and without the bias, and
+  // the backward's gradients, against the CPU in every precision. 64 outputs keep every part's rows
+  // 128-byte aligned in bf16, so the fused GEMM runs there.
   COLOSSAL_REQUIRE_GPU();
   const double s = weight_scale(129);
-  for (int64_t part = 0; part < 3; ++part) {
-    check_all_precisions({.make_inputs =
-                              [=](DType d) {
-                                return std::vector<Tensor>{
-                                    random_input({37, 129}, 27, d), random_input({65, 129}, 28, d, -s, s),
-                                    random_input({65}, 29, d, -0.5, 0.5), random_input({37, 65}, 30, d)};
-                              },
-                          .fn =
-                              [part](const std::vector<Tensor>& in) {
-                                return ops::linear_add_part(in[0], in[1], in[2], in[3], part, 3);
-                              }},
-                         fmt::format("linear_add_part [37, 129] -> 65, part {} of 3", part));
+  for (const int64_t out_features : {65, 64}) {
+    for (int64_t part = 0; part < 3; ++part) {
+      for (const int64_t blocks : {1, 4}) {
+        for (const bool with_bias : {true, false}) {
+          check_all_precisions(
+              {.make_inputs =
+                   [=](DType d) {
+                     std::vector<Tensor> in{random_input({37, 129}, 27, d),
+                                            random_input({out_features, 129}, 28, d, -s, s),
+                                            random_input({37, out_features}, 30, d)};
+                     if (with_bias) in.push_back(random_input({out_features}, 29, d, -0.5, 0.5));
+                     return in;
+                   },
+               .fn =
+                   [=](const std::vector<Tensor>& in) {
+                     return ops::linear_add_part(in[0], in[1], with_bias ? in[3] : Tensor(), in[2], part, 3, blocks);
+                   }},
+              fmt::format("linear_add_part [37, 129] -> {}, part {} of 3, {} blocks, {}", out_features, part, blocks,
+                          with_bias ? "bias" : "no bias"));
+        }
+      }
+    }
   }
 }
 
@@ -449,6 +462,16 @@ void check_fused(DType dtype, int64_t rows, int64_t in_features, int64_t out_fea
   Tensor out = core::empty({rows, out_features}, TensorOptions(dtype, gpu));
   const bool bias_fused = ops::fused_gemm_stub(gpu, out, xg, wg.t(), ops::GemmEpilogue{.bias = bg});
   if (bias_fused) expect_gemm_close(out, pre_cpu, tol, what + " bias");
+  // an addend (cuBLASLt's C apart from D), with and without the bias; the addend is left as it was
+  const Tensor addend = random_input({rows, out_features}, 36, dtype, -1, 1, false);
+  const Tensor addend_g = addend.to(gpu), addend_before = addend_g.clone();
+  const bool addend_bias_fused =
+      ops::fused_gemm_stub(gpu, out, xg, wg.t(), ops::GemmEpilogue{.bias = bg, .addend = addend_g});
+  if (addend_bias_fused) expect_gemm_close(out, ops::add(pre_cpu, addend), tol, what + " bias + addend");
+  const bool addend_fused = ops::fused_gemm_stub(gpu, out, xg, wg.t(), ops::GemmEpilogue{.addend = addend_g});
+  if (addend_fused) expect_gemm_close(out, ops::add(ops::matmul(x, w.t()), addend), tol, what + " addend");
+  EXPECT_EQ(addend_g.to(core::kCpu).to_vector<double>(), addend_before.to(core::kCpu).to_vector<double>())
+      << what << ": the addend was written";
   // bias + GELU, keeping the pre-activation
   Tensor pre;
   const bool gelu_fused = ops::fused_gemm_stub(
@@ -492,12 +515,16 @@ void check_fused(DType dtype, int64_t rows, int64_t in_features, int64_t out_fea
     dgelu_fused = ops::fused_gemm_stub(gpu, grad_pre, dyg, wg.t(), ops::GemmEpilogue{.gelu_grad_pre_activation = pre});
     if (dgelu_fused) expect_gemm_close(grad_pre, grad_pre_cpu, tol, what + " GELU gradient");
   }
-  std::printf("[ info ] %s: bias %s, bias+gelu %s, bias gradient %s, gelu gradient %s, gelu+bias gradient %s\n",
-              what.c_str(), bias_fused ? "fused" : "composed", gelu_fused ? "fused" : "composed",
-              bgrad_fused ? "fused" : "composed", dgelu_fused ? "fused" : "composed",
-              dgelu_bgrad_fused ? "fused" : "composed");
+  std::printf(
+      "[ info ] %s: bias %s, bias+addend %s, addend %s, bias+gelu %s, bias gradient %s, gelu gradient %s, gelu+bias "
+      "gradient %s\n",
+      what.c_str(), bias_fused ? "fused" : "composed", addend_bias_fused ? "fused" : "composed",
+      addend_fused ? "fused" : "composed", gelu_fused ? "fused" : "composed", bgrad_fused ? "fused" : "composed",
+      dgelu_fused ? "fused" : "composed", dgelu_bgrad_fused ? "fused" : "composed");
   if (must_fuse) {
     EXPECT_TRUE(bias_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_BIAS";
+    EXPECT_TRUE(addend_bias_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_BIAS with C apart from D";
+    EXPECT_TRUE(addend_fused) << what << ": cuBLASLt refused C apart from D";
     EXPECT_TRUE(gelu_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_GELU_AUX_BIAS";
     EXPECT_TRUE(bgrad_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_BGRADB";
     EXPECT_TRUE(dgelu_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_DGELU";

@@ -347,9 +347,10 @@ Tensor linear_in_row_blocks(const Tensor& x, const Tensor& weight, int64_t block
 // Done as written, each rank all-reduces its partial product, then adds the bias (a pass over the
 // activation) and the residual (another, reading two), about 60 us each for GPT 1.3B's [8, 1024,
 // 2048] bf16 on an H100, twice a block. linear_add_part folds both into the GEMM that makes the
-// partial product: rank r of p writes x + b into its output's r-th part of the rows (one pass over
-// 1/p of the activation) and its GEMM adds onto those rows (beta = 1, the accumulation the weight
-// gradients already use); the group's sum then holds x + b once in every row. The bias and the
+// partial product: rank r of p adds x + b to its output's r-th part of the rows, so the group's sum
+// holds x + b once in every row. On cuBLASLt that part's GEMM reads the residual as its C (beta = 1,
+// C apart from D) and the bias through its epilogue: no pass of its own. Elsewhere x + b is written
+// into those rows first (a pass over 1/p of the activation) and the GEMM adds onto them. The bias and the
 // residual are replicated, so every rank's backward gives them the whole output gradient, as the
 // separate adds did; the partial product's own gradients are linear's. With row blocks (Note [Row
 // blocks of a linear's output]) each block's rows are made by up to three GEMMs, those in this rank's
@@ -377,27 +378,32 @@ Tensor linear_add_part(const Tensor& x, const Tensor& weight, const Tensor& bias
   Tensor out = core::empty({rows, weight.size(0)}, TensorOptions(x_mat.dtype(), x_mat.device()));
   const Tensor weight_t = transpose_last(weight);
   const int64_t begin = rows * part / parts, end = rows * (part + 1) / parts;
-  auto product = [&](int64_t from, int64_t to, double beta) {
+  auto product = [&](int64_t from, int64_t to) {
     if (to > from)
-      batched_gemm_stub(out.device(), out.narrow(0, from, to - from), x_mat.narrow(0, from, to - from), weight_t, beta);
+      batched_gemm_stub(out.device(), out.narrow(0, from, to - from), x_mat.narrow(0, from, to - from), weight_t, 0.0);
   };
-  if (end > begin) {
-    const Tensor mine = out.narrow(0, begin, end - begin);
-    const Tensor residual_rows = residual_mat.narrow(0, begin, end - begin);
+  // Rows of this rank's part: one fused GEMM reading the residual (and the bias) where the backend
+  // has it; else the residual and bias written into the output and the GEMM adding onto them.
+  auto product_plus_residual = [&](int64_t from, int64_t to) {
+    if (to <= from) return;
+    const Tensor rows_out = out.narrow(0, from, to - from), rows_x = x_mat.narrow(0, from, to - from);
+    const Tensor rows_residual = residual_mat.narrow(0, from, to - from);
+    if (try_fused_gemm(rows_out, rows_x, weight_t, {.bias = bias, .addend = rows_residual})) return;
     if (bias.defined()) {
-      binary_stub(out.device(), BinaryOp::add, mine, residual_rows, core::expand_raw(bias, mine.shape()), 1.0);
+      binary_stub(out.device(), BinaryOp::add, rows_out, rows_residual, core::expand_raw(bias, rows_out.shape()), 1.0);
     } else {
-      mine.copy_(residual_rows);
+      rows_out.copy_(rows_residual);
     }
-  }
-  // Each block of rows: its rows outside this rank's part made afresh (beta = 0), those inside added
-  // onto the residual and bias written there (beta = 1); then the block is whole.
+    batched_gemm_stub(out.device(), rows_out, rows_x, weight_t, 1.0);
+  };
+  // Each block of rows: its rows outside this rank's part made afresh, those inside with the
+  // residual and bias; then the block is whole.
   const int64_t n = std::max<int64_t>(1, std::min(blocks, rows));
   for (int64_t k = 0, from = 0; k < n; ++k) {
     const int64_t to = rows * (k + 1) / n;
-    product(from, std::min(to, begin), 0.0);
-    product(std::max(from, begin), std::min(to, end), 1.0);
-    product(std::max(from, end), to, 0.0);
+    product(from, std::min(to, begin));
+    product_plus_residual(std::max(from, begin), std::min(to, end));
+    product(std::max(from, end), to);
     if (on_block && to > from) on_block(out.narrow(0, from, to - from));
     from = to;
   }

@@ -21,11 +21,14 @@ using BatchedGemmKernel = void(const Tensor& out, const Tensor& a, const Tensor&
 extern core::DispatchStub<BatchedGemmKernel> batched_gemm_stub;
 
 /// What a fused GEMM does to the product before storing it (cuBLASLt epilogues). Either the
-/// forward part (bias, gelu_tanh, pre_activation) or the backward part (gelu_grad_pre_activation,
-/// bias_grad), not both.
+/// forward part (bias, addend, gelu_tanh, pre_activation) or the backward part
+/// (gelu_grad_pre_activation, bias_grad), not both.
 struct GemmEpilogue {
   /// [N], contiguous: added to every row of the product when defined.
   Tensor bias;
+  /// [M, N], contiguous, not the output: added to the product when defined (cuBLASLt's C with beta
+  /// = 1, read while the output is written). Not with gelu_tanh.
+  Tensor addend;
   /// GELU with the tanh approximation after the bias (GPT-2's "gelu_new").
   bool gelu_tanh = false;
   /// With gelu_tanh: when not null, receives the pre-activation a @ b + bias, [M, N], freshly

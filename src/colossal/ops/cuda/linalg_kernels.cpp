@@ -315,6 +315,8 @@ struct GemmProblem {
   int64_t m = 0, n = 0, k = 0, ldd = 0, d_batch_stride = 0;
   int64_t batch_count = 1;
   double beta = 0.0;
+  /// C when it is not D (same layout as D), read with beta; null: C = D.
+  const void* c = nullptr;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   void* bias = nullptr;  // bias (read) or bias gradient (written)
   void* aux = nullptr;   // GELU pre-activation (written by GELU_AUX*, read by DGELU*)
@@ -368,7 +370,7 @@ AlgoKey key_of(int device, const GemmProblem& p) {
           p.aux_ld,
           alignment_of(p.a.data),
           alignment_of(p.b.data),
-          alignment_of(p.d),
+          std::min(alignment_of(p.d), alignment_of(p.c != nullptr ? p.c : p.d)),
           alignment_of(p.bias),
           alignment_of(p.aux),
           p.a.rows,
@@ -415,7 +417,7 @@ std::vector<cublasLtMatmulHeuristicResult_t> heuristic_algos(cublasLtHandle_t ha
   const std::array<std::pair<cublasLtMatmulPreferenceAttributes_t, const void*>, 4> alignments = {
       {{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.a.data},
        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.b.data},
-       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.d},
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.c != nullptr ? p.c : p.d},
        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.d}}};
   for (const auto& [attribute, ptr] : alignments) {
     const uint32_t alignment = alignment_of(ptr);
@@ -465,7 +467,8 @@ class RelaxedCaptureMode {
   cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
 };
 
-/// One prepared cublasLtMatmul: everything but the algorithm, beta and the output (C = D).
+/// One prepared cublasLtMatmul: everything but the algorithm, beta, C and the output D (C has D's
+/// layout).
 struct MatmulLaunch {
   cublasLtHandle_t handle;
   cublasLtMatmulDesc_t desc;
@@ -476,8 +479,8 @@ struct MatmulLaunch {
   void* workspace;
   cudaStream_t stream;
 
-  cublasStatus_t operator()(const cublasLtMatmulAlgo_t& algo, const void* beta, void* d) const {
-    return cublasLtMatmul(handle, desc, alpha, a, a_layout, b, b_layout, beta, d, d_layout, d, d_layout, &algo,
+  cublasStatus_t operator()(const cublasLtMatmulAlgo_t& algo, const void* beta, const void* c, void* d) const {
+    return cublasLtMatmul(handle, desc, alpha, a, a_layout, b, b_layout, beta, c, d_layout, d, d_layout, &algo,
                           workspace, kWorkspaceBytes, stream);
   }
 };
@@ -500,7 +503,7 @@ cublasLtMatmulAlgo_t fastest_algo(const MatmulLaunch& launch, const void* zero, 
   // Warm-ups: a candidate that cannot run is left out of the rounds.
   std::vector<size_t> runnable;
   for (size_t i = 0; i < candidates.size(); ++i) {
-    if (launch(candidates[i].algo, zero, d) == CUBLAS_STATUS_SUCCESS) runnable.push_back(i);
+    if (launch(candidates[i].algo, zero, d, d) == CUBLAS_STATUS_SUCCESS) runnable.push_back(i);
   }
   // marks[r][j], marks[r][j + 1]: round r's events around runnable[j]'s run (a failed run marks
   // its candidate out).
@@ -510,7 +513,7 @@ cublasLtMatmulAlgo_t fastest_algo(const MatmulLaunch& launch, const void* zero, 
     round.reserve(runnable.size() + 1);
     round.emplace_back(true).record(stream);
     for (size_t j = 0; j < runnable.size(); ++j) {
-      if (launch(candidates[runnable[j]].algo, zero, d) != CUBLAS_STATUS_SUCCESS) failed[j] = true;
+      if (launch(candidates[runnable[j]].algo, zero, d, d) != CUBLAS_STATUS_SUCCESS) failed[j] = true;
       round.emplace_back(true).record(stream);
     }
   }
@@ -619,7 +622,7 @@ bool run_gemm(Device device, const GemmProblem& p) {
     }
   }
   if (!cached.algo) return false;
-  COLOSSAL_CUBLASLT_CHECK(launch(*cached.algo, beta, p.d));
+  COLOSSAL_CUBLASLT_CHECK(launch(*cached.algo, beta, p.c != nullptr ? p.c : p.d, p.d));
   return true;
 }
 
@@ -734,7 +737,7 @@ void batched_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in
 
 bool fused_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const GemmEpilogue& epilogue) {
   check_operands("linear", out, {{"a", &a_in}, {"b", &b_in}});
-  const bool forward = epilogue.bias.defined() || epilogue.gelu_tanh;
+  const bool forward = epilogue.bias.defined() || epilogue.addend.defined() || epilogue.gelu_tanh;
   const bool gelu_backward = epilogue.gelu_grad_pre_activation.defined();
   if (forward && (epilogue.bias_grad.defined() || gelu_backward)) return false;  // no cuBLASLt epilogue does both
   if (!forward && !gelu_backward && !epilogue.bias_grad.defined()) return false;
@@ -745,6 +748,16 @@ bool fused_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, 
   const int64_t m = out.size(0), n = out.size(1), k = a_in.size(1);
   if (m == 0 || n == 0 || k == 0) return false;  // nothing worth fusing; the composite handles it
   if (epilogue.bias.defined()) check_operands("linear", out, {{"bias", &epilogue.bias}});
+  if (epilogue.addend.defined()) {
+    check_operands("linear", out, {{"addend", &epilogue.addend}});
+    COLOSSAL_CHECK(epilogue.addend.shape() == out.shape(), "linear (cuBLASLt): the addend {} must match the output {}",
+                   epilogue.addend.shape(), out.shape());
+    // cuBLASLt reads C with D's layout; GELU would apply to the sum with C, not what gelu_tanh means.
+    if (!epilogue.addend.is_contiguous() || epilogue.gelu_tanh) return false;
+    COLOSSAL_CHECK(epilogue.addend.raw_data() != out.raw_data(),
+                   "linear (cuBLASLt): the addend must not be the output {}; accumulate with beta instead",
+                   out.shape());
+  }
   if (epilogue.bias_grad.defined()) {
     check_operands("linear", out, {{"bias gradient", &epilogue.bias_grad}});
     // BGRADB reduces a's rows, DGELU_BGRAD the output's columns (see GemmEpilogue::bias_grad).
@@ -782,6 +795,10 @@ bool fused_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, 
   p.n = m;
   p.k = k;
   p.ldd = n;
+  if (epilogue.addend.defined()) {  // C [n, m] column-major is the addend, as D is our out
+    p.c = epilogue.addend.raw_data();
+    p.beta = 1.0;
+  }
 
   Tensor aux;  // the pre-activation's storage, [M, round_up(N, 8)]
   if (gelu_backward) {
@@ -795,8 +812,10 @@ bool fused_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, 
     p.epilogue = CUBLASLT_EPILOGUE_BGRADB;
     p.bias = epilogue.bias_grad.raw_data();
   } else if (!epilogue.gelu_tanh) {
-    p.epilogue = CUBLASLT_EPILOGUE_BIAS;
-    p.bias = bias.raw_data();
+    if (bias.defined()) {  // else the default epilogue: the product plus the addend
+      p.epilogue = CUBLASLT_EPILOGUE_BIAS;
+      p.bias = bias.raw_data();
+    }
   } else {
     const bool keep = epilogue.pre_activation != nullptr;
     if (bias.defined()) {
