@@ -173,7 +173,7 @@ void visit_fields(Config& c, Visitor& v) {
   v("parallel.tensor.depth", c.parallel.tensor.depth, IntRange{1, kMaxRanks});
   v("parallel.tensor.sequence_parallel", c.parallel.tensor.sequence_parallel);
   v("parallel.tensor.overlap_chunks", c.parallel.tensor.overlap_chunks, IntRange{1, 64});
-  v("parallel.tensor.row_blocks", c.parallel.tensor.row_blocks, IntRange{1, 64});
+  v("parallel.tensor.row_blocks", c.parallel.tensor.row_blocks, IntRange{0, 64});
   v("parallel.tensor.all_reduce", c.parallel.tensor.all_reduce);
   v("parallel.tensor.fused_residual", c.parallel.tensor.fused_residual);
   v("parallel.tensor.specs", c.parallel.tensor.specs);

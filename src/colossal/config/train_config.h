@@ -119,10 +119,12 @@ struct TensorParallelConfig {
   /// Without sequence parallelism (mode "1d", size > 1): each row-parallel layer runs its GEMM over
   /// this many blocks of rows and all-reduces each block while the next one's GEMM runs, so that only
   /// the last block's all-reduce waits in forward (Note [Row blocks of a linear's output] in
-  /// ops/linalg.cpp). 1: one GEMM, then its all-reduce. The values are the same either way; 2 (the
-  /// default) measured 1.4 ms a step faster than 1 for GPT 1.3B at tp=2 on 2 H100s, where the sums go
-  /// by the copy engines (docs/benchmarks.md, session 23).
-  int row_blocks = 2;
+  /// ops/linalg.cpp). 1: one GEMM, then its all-reduce. The values are the same either way. 0 (the
+  /// default): chosen per layer and batch, 2 blocks where the layer's output is 32 MiB or more, else 1
+  /// (parallel::tp::kAutoRowBlocksBytes: on 2 H100s with the sums by the copy engines, 2 blocks were
+  /// 1.4 ms a step faster than 1 for GPT 1.3B at tp=2, whose row layers make 32 MiB, and 1.1 ms slower
+  /// for GPT-2 350M, whose make 16 MiB; docs/benchmarks.md, session 23).
+  int row_blocks = 0;
   /// Mode "1d" on GPUs (NCCL): "auto" sums 1 MiB and more by the copy engines over NVLink when the
   /// tensor group is two GPUs of one host, leaving the SMs to the GEMMs beside them, with the same
   /// bits as NCCL's sum; "copy_engines" insists (an error naming why it cannot), "nccl" never.

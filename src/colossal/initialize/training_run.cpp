@@ -46,8 +46,21 @@ namespace {
 namespace fs = std::filesystem;
 using config::TrainConfig;
 
-/// What the config asks for that this assembly cannot build yet, named by key.
-void reject_unsupported(const TrainConfig& c) {
+/// Note [ZeRO over one data rank]
+/// Stages 1 and 2 shard the optimizer's states and the gradients over the data-parallel group. With a
+/// group of one there is nothing to shard, and the handler's buckets, shard gradient and gathers only
+/// cost time (GPT-2 124M, bf16, B16 T1024 on one H100: 32.70 ms a step with zero.stage = 1 against
+/// 31.73-31.91 without, session 20). So such a run trains without ZeRO, to the same numbers, and a
+/// config can set zero.stage = 1 for its data-parallel runs without slowing its one-GPU runs or its
+/// pipelines of one data rank. Optimizer offload (host states) and stage 3 (parameters in chunks,
+/// their placement) do something at any size.
+bool zero_has_nothing_to_shard(const TrainConfig& c, int64_t data_size) {
+  return (c.zero.stage == 1 || c.zero.stage == 2) && !c.zero.offload_optimizer && data_size == 1;
+}
+
+/// What the config asks for that this assembly cannot build yet, named by key. `world_size`: the
+/// processes of the run.
+void reject_unsupported(const TrainConfig& c, int64_t world_size) {
   if (c.parallel.pipeline > 1) {
     // The pipeline schedule runs a stage's chunks (initialize/pipeline_stage.h); what it does not
     // combine with yet is refused here, by key.
@@ -88,7 +101,9 @@ void reject_unsupported(const TrainConfig& c) {
           c.parallel.tensor.size, config::to_string(c.model.name), config::to_string(c.parallel.tensor.mode)));
     }
   }
-  if (c.zero.stage > 0) {
+  const int64_t model_ranks = int64_t{std::max(1, c.parallel.pipeline)} * std::max(1, c.parallel.tensor.size);
+  const int64_t data_size = c.parallel.data > 0 ? c.parallel.data : world_size / model_ranks;
+  if (c.zero.stage > 0 && !zero_has_nothing_to_shard(c, data_size)) {
     // ZeRO stages 1 and 2 (parallel/zero/low_level_zero.h) and 3 (parallel/zero/zero3.h), over the
     // data group, of each tensor rank's parameters under tensor parallelism.
     if (c.parallel.pipeline > 1) {
@@ -212,10 +227,11 @@ TrainingRun::TrainingRun(config::TrainConfig config, RunOptions options)
 
 void TrainingRun::assemble() {
   const TrainConfig& c = config_;
-  reject_unsupported(c);
+  const comm::DistEnv env = comm::read_dist_env();
+  reject_unsupported(c, options_.world ? options_.world->size() : env.world_size);
   // The writer is the world's rank 0, known from the environment before any group exists: check
   // its outputs before the processes wait on each other.
-  writer_ = options_.world ? options_.world->rank() == 0 : comm::read_dist_env().rank == 0;
+  writer_ = options_.world ? options_.world->rank() == 0 : env.rank == 0;
   if (writer_) check_outputs();
 
   std::shared_ptr<comm::ProcessGroup> world = make_world(c, options_);
@@ -412,14 +428,7 @@ void TrainingRun::build_engine() {
   if (c.clip_grad_norm > 0) eo.clip_grad_norm = c.clip_grad_norm;
   eo.amp = make_amp_options(c);
   // Note [ZeRO over one data rank]
-  // Stages 1 and 2 shard the optimizer's states and the gradients over the data-parallel group. With a
-  // group of one there is nothing to shard, and the handler's buckets, shard gradient and gathers only
-  // cost time (GPT-2 124M, bf16, B16 T1024 on one H100: 32.70 ms a step with zero.stage = 1 against
-  // 31.73-31.91 without, session 20). So such a run trains without ZeRO, to the same numbers, and a
-  // config can set zero.stage = 1 for its data-parallel runs without slowing its one-GPU runs. Optimizer
-  // offload (host states) and stage 3 (parameters in chunks, their placement) do something at any size.
-  const bool nothing_to_shard =
-      (c.zero.stage == 1 || c.zero.stage == 2) && !c.zero.offload_optimizer && context_->layout().data_size() == 1;
+  const bool nothing_to_shard = zero_has_nothing_to_shard(c, context_->layout().data_size());
   if (nothing_to_shard && writer_) {
     fmt::print(
         "zero.stage = {} over a data-parallel group of one: nothing to shard, trained without ZeRO "

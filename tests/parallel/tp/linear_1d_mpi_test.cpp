@@ -107,14 +107,32 @@ TEST(Linear1d, ColumnThenRowEqualsTheSerialMlpInConv1dLayout) {
 // blocks of the 6 rows, each all-reduced as it is made, gives the serial MLP's output and gradients;
 // 7 blocks of 6 rows are 6.
 TEST(Linear1d, RowBlocksEqualTheSerialMlp) {
-  for (int64_t blocks : {2, 4, 6, 7}) {
+  for (int64_t blocks : {0, 2, 4, 6, 7}) {  // 0: chosen by size, 1 block for so small an output
     SCOPED_TRACE(blocks);
     expect_mlp_equals_serial<nn::Linear>(/*out_dim_of_weight=*/0, blocks);
     expect_mlp_equals_serial<nn::Conv1D>(/*out_dim_of_weight=*/1, blocks);
   }
   auto proj = serial_layer<nn::Linear>(kHidden, kOut, 12);
   auto row = RowParallelLinear::from(*proj, tp_group());
-  EXPECT_ERROR_CONTAINS(row->set_row_blocks(0), "parallel.tensor.row_blocks must be from 1 to 64");
+  EXPECT_ERROR_CONTAINS(row->set_row_blocks(-1), "parallel.tensor.row_blocks must be from 0 to 64");
+  EXPECT_ERROR_CONTAINS(row->set_row_blocks(65), "parallel.tensor.row_blocks must be from 0 to 64");
+}
+
+// parallel.tensor.row_blocks = 0: 2 blocks from kAutoRowBlocksBytes of output on (GPT 1.3B's row
+// layers at B8 T1024 in bf16 make exactly 32 MiB; GPT-2 350M's 16 MiB), else 1; an explicit count
+// is kept whatever the size.
+TEST(Linear1d, AutoRowBlocksByTheOutputsBytes) {
+  EXPECT_EQ(auto_row_blocks(int64_t{8} * 1024 * 2048 * 2), 2);
+  EXPECT_EQ(auto_row_blocks(int64_t{8} * 1024 * 1024 * 2), 1);
+  EXPECT_EQ(auto_row_blocks(kAutoRowBlocksBytes - 1), 1);
+  auto proj = serial_layer<nn::Linear>(kHidden, kOut, 12);
+  auto row = RowParallelLinear::from(*proj, tp_group());
+  const Tensor local = core::zeros({(kAutoRowBlocksBytes / 4 + kOut - 1) / kOut, row->in_features_per_rank()});
+  row->set_row_blocks(0);
+  EXPECT_EQ(row->blocks_for(local), 2);  // f32 rows of kOut features: just past 32 MiB
+  EXPECT_EQ(row->blocks_for(local.narrow(0, 0, 3)), 1);
+  row->set_row_blocks(3);
+  EXPECT_EQ(row->blocks_for(local.narrow(0, 0, 3)), 3);
 }
 
 TEST(Linear1d, ColumnGatheringItsOutputEqualsTheSerialLayer) {

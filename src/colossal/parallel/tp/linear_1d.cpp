@@ -180,7 +180,7 @@ Tensor RowParallelLinear::finish(PendingSum pending) {
 
 Tensor RowParallelLinear::forward(const Tensor& x) {
   const Tensor local = local_input(x);
-  if (row_blocks_ > 1 && !sequence_parallel_ && group_->size() > 1) return forward_in_row_blocks(local);
+  if (!sequence_parallel_ && group_->size() > 1 && blocks_for(local) > 1) return forward_in_row_blocks(local);
   // The partial products sum over the group; the bias is added once, after the sum.
   const Tensor partial = affine(local, *weight_, Tensor(), layout_);
   if (sequence_parallel_) {
@@ -221,9 +221,9 @@ Tensor RowParallelLinear::forward_add(const Tensor& x, const Tensor& residual) {
   if (ops::autocast_dtype() || residual.dtype() != x.dtype()) return ops::add(residual, forward(x));
   const Tensor local = local_input(x);
   const int rank = group_->rank(), size = group_->size();
-  if (row_blocks_ > 1 && size > 1) {
+  if (const int64_t blocks = blocks_for(local); blocks > 1 && size > 1) {
     return summed_by_block(*group_, [&](const auto& on_block) {
-      return ops::linear_add_part(local, weight_out_in(), *bias_, residual, rank, size, row_blocks_, on_block);
+      return ops::linear_add_part(local, weight_out_in(), *bias_, residual, rank, size, blocks, on_block);
     });
   }
   const Tensor partial = ops::linear_add_part(local, weight_out_in(), *bias_, residual, rank, size);
@@ -231,16 +231,28 @@ Tensor RowParallelLinear::forward_add(const Tensor& x, const Tensor& residual) {
 }
 
 void RowParallelLinear::set_row_blocks(int64_t blocks) {
-  COLOSSAL_CHECK(blocks >= 1 && blocks <= 64,
-                 "RowParallelLinear: parallel.tensor.row_blocks must be from 1 to 64 (1: one GEMM, then its "
-                 "all-reduce), got {}",
+  COLOSSAL_CHECK(blocks >= 0 && blocks <= 64,
+                 "RowParallelLinear: parallel.tensor.row_blocks must be from 0 to 64 (1: one GEMM, then its "
+                 "all-reduce; 0: chosen by the output's size), got {}",
                  blocks);
   row_blocks_ = blocks;
 }
 
+int64_t auto_row_blocks(int64_t output_bytes) {
+  return output_bytes >= kAutoRowBlocksBytes ? 2 : 1;
+}
+
+int64_t RowParallelLinear::blocks_for(const Tensor& local) const {
+  if (row_blocks_ > 0) return row_blocks_;
+  // The GEMM writes the autocast dtype where autocast is on, else the input's.
+  const DType dtype = ops::autocast_dtype().value_or(local.dtype());
+  const int64_t rows = local.dim() == 0 ? 1 : local.numel() / std::max<int64_t>(1, local.shape().back());
+  return auto_row_blocks(rows * out_features_ * static_cast<int64_t>(core::element_size(dtype)));
+}
+
 Tensor RowParallelLinear::forward_in_row_blocks(const Tensor& local) {
   const Tensor y = summed_by_block(*group_, [&](const auto& on_block) {
-    return ops::linear_in_row_blocks(local, weight_out_in(), row_blocks_, on_block);
+    return ops::linear_in_row_blocks(local, weight_out_in(), blocks_for(local), on_block);
   });
   return bias_->defined() ? ops::add(y, *bias_) : y;
 }

@@ -137,9 +137,13 @@ class RowParallelLinear : public nn::Module, public Sharded {
   }
   /// parallel.tensor.row_blocks: without sequence parallelism, forward runs its GEMM over this many
   /// blocks of rows and all-reduces each block while the next one's GEMM runs (ops::
-  /// linear_in_row_blocks, Note [Row blocks of a linear's output]); 1: one GEMM, then the all-reduce.
+  /// linear_in_row_blocks, Note [Row blocks of a linear's output]); 1: one GEMM, then the all-reduce;
+  /// 0: auto_row_blocks() at each forward.
   void set_row_blocks(int64_t blocks);
   int64_t row_blocks() const { return row_blocks_; }
+  /// The blocks a forward on this rank's input `local` runs: row_blocks(), or for 0,
+  /// auto_row_blocks() of its output's bytes.
+  int64_t blocks_for(const Tensor& local) const;
   bool sequence_parallel() const { return sequence_parallel_; }
   std::string extra_repr() const override;
   /// weight along its input dimension; the bias replicated.
@@ -163,11 +167,19 @@ class RowParallelLinear : public nn::Module, public Sharded {
   bool input_is_parallel_;
   bool sequence_parallel_ = false;
   std::shared_ptr<const SequenceShard> shard_;
-  int64_t row_blocks_ = 1;
+  int64_t row_blocks_ = 1;  // 0: auto
   int64_t in_features_, out_features_;
   Tensor* weight_;
   Tensor* bias_;
 };
+
+/// parallel.tensor.row_blocks = 0: a row layer whose output (in the dtype its GEMM writes) is this
+/// many bytes or more runs in 2 blocks, a smaller one in 1. Measured on 2 H100s beside the copy
+/// engines' sums (docs/benchmarks.md, session 23): GPT 1.3B's 32 MiB outputs gained 1.4 ms a step
+/// from 2 blocks (3 and 4 gained nothing), GPT-2 350M's 16 MiB lost 1.1 ms: below this the second
+/// all-reduce's fixed cost outweighs the GEMM it hides under.
+inline constexpr int64_t kAutoRowBlocksBytes = int64_t{32} << 20;
+int64_t auto_row_blocks(int64_t output_bytes);
 
 /// Sets parallel.tensor.row_blocks on every RowParallelLinear in `model` (at any depth).
 void set_row_blocks(nn::Module& model, int64_t blocks);
