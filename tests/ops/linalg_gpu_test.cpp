@@ -307,6 +307,33 @@ TEST(LinalgGpu, LinearOddSizes) {
                        "linear with a transposed weight (Conv1D)");
 }
 
+TEST(LinalgGpu, LinearInConv1dLayoutUsedTwiceSumsItsGradients) {
+  // nn::Conv1D's weight [in, out] passed transposed, used on two inputs in one backward: the weight
+  // gradient of the second use is added into the first's by its GEMM (Note [Gradient accumulation in
+  // the op]), and each use's bias gradient comes out of that GEMM's epilogue (BGRADA, written, then
+  // summed) where cuBLASLt has it; against the CPU's plain sums, in every precision. 64 and 48
+  // features: GPT-2's multiples of 8; 65 and 37: odd sizes, where the composite may run instead.
+  COLOSSAL_REQUIRE_GPU();
+  for (const auto& [in_features, out_features] : {std::pair<int64_t, int64_t>{64, 48}, {65, 37}}) {
+    const double s = weight_scale(in_features);
+    check_all_precisions(
+        {.make_inputs =
+             [=](DType d) {
+               return std::vector<Tensor>{random_input({2, 19, in_features}, 41, d),
+                                          random_input({29, in_features}, 42, d),
+                                          random_input({in_features, out_features}, 43, d, -s, s),
+                                          random_input({out_features}, 44, d, -0.5, 0.5)};
+             },
+         .fn =
+             [](const std::vector<Tensor>& in) {
+               const Tensor a = ops::linear(in[0], in[2].t(), in[3]);
+               return ops::add(ops::reshape(a, {38, a.size(-1)}),
+                               ops::sum(ops::linear(in[1], in[2].t(), in[3]), {0}, true));
+             }},
+        fmt::format("linear [.., {}] -> {} in Conv1D's layout, used twice", in_features, out_features));
+  }
+}
+
 TEST(LinalgGpu, LinearAddPartOddSizes) {
   // Note [A row-parallel layer's residual in its GEMM]: one part of the rows made by a GEMM reading
   // the residual as its C and the bias in its epilogue (or, at alignments cuBLASLt refuses, the
@@ -492,6 +519,27 @@ void check_fused(DType dtype, int64_t rows, int64_t in_features, int64_t out_fea
     expect_gemm_close(grad_weight, ops::matmul(grad.t(), x), tol, what + " weight gradient");
     expect_gemm_close(grad_bias, ops::sum(grad, {0}), tol, what + " bias gradient");
   }
+  // The same two gradients in the [in, out] layout (nn::Conv1D's): x^T [in, rows] @ grad [rows, out]
+  // with grad's column sums, written and then added onto (accumulate: beta = 1).
+  Tensor grad_weight_t = core::empty({in_features, out_features}, TensorOptions(dtype, gpu));
+  Tensor grad_bias_b = core::empty({out_features}, TensorOptions(dtype, gpu));
+  const Tensor gradg = grad.to(gpu);
+  const bool bgrad_b_fused =
+      ops::fused_gemm_stub(gpu, grad_weight_t, xg.t(), gradg, ops::GemmEpilogue{.bias_grad_of_b = grad_bias_b});
+  bool bgrad_b_accumulated = false;
+  if (bgrad_b_fused) {
+    const Tensor expected_t = ops::matmul(x.t(), grad);
+    expect_gemm_close(grad_weight_t, expected_t, tol, what + " weight gradient [in, out]");
+    expect_gemm_close(grad_bias_b, ops::sum(grad, {0}), tol, what + " bias gradient of b");
+    grad_bias_b.zero_();
+    bgrad_b_accumulated = ops::fused_gemm_stub(gpu, grad_weight_t, xg.t(), gradg,
+                                               ops::GemmEpilogue{.bias_grad_of_b = grad_bias_b, .accumulate = true});
+    if (bgrad_b_accumulated) {
+      expect_gemm_close(grad_weight_t, ops::add(expected_t, expected_t), tol,
+                        what + " weight gradient [in, out] added");
+      expect_gemm_close(grad_bias_b, ops::sum(grad, {0}), tol, what + " bias gradient of b (written, not added)");
+    }
+  }
   // The gradient of the pre-activation through a next layer whose weight is w^T [in, out]:
   // (dy [rows, in] @ w^T) * gelu'(pre), with and without its column sums (the bias gradient), as
   // gelu_mlp's backward asks for it. The reference differentiates GELU on the CPU at the GPU's own
@@ -516,10 +564,11 @@ void check_fused(DType dtype, int64_t rows, int64_t in_features, int64_t out_fea
     if (dgelu_fused) expect_gemm_close(grad_pre, grad_pre_cpu, tol, what + " GELU gradient");
   }
   std::printf(
-      "[ info ] %s: bias %s, bias+addend %s, addend %s, bias+gelu %s, bias gradient %s, gelu gradient %s, gelu+bias "
-      "gradient %s\n",
+      "[ info ] %s: bias %s, bias+addend %s, addend %s, bias+gelu %s, bias gradient %s, bias gradient of b %s "
+      "(accumulating %s), gelu gradient %s, gelu+bias gradient %s\n",
       what.c_str(), bias_fused ? "fused" : "composed", addend_bias_fused ? "fused" : "composed",
       addend_fused ? "fused" : "composed", gelu_fused ? "fused" : "composed", bgrad_fused ? "fused" : "composed",
+      bgrad_b_fused ? "fused" : "composed", bgrad_b_accumulated ? "fused" : "composed",
       dgelu_fused ? "fused" : "composed", dgelu_bgrad_fused ? "fused" : "composed");
   if (must_fuse) {
     EXPECT_TRUE(bias_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_BIAS";
@@ -527,6 +576,8 @@ void check_fused(DType dtype, int64_t rows, int64_t in_features, int64_t out_fea
     EXPECT_TRUE(addend_fused) << what << ": cuBLASLt refused C apart from D";
     EXPECT_TRUE(gelu_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_GELU_AUX_BIAS";
     EXPECT_TRUE(bgrad_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_BGRADB";
+    EXPECT_TRUE(bgrad_b_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_BGRADA";
+    EXPECT_TRUE(bgrad_b_accumulated) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_BGRADA with beta = 1";
     EXPECT_TRUE(dgelu_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_DGELU";
     EXPECT_TRUE(dgelu_bgrad_fused) << what << ": cuBLASLt refused CUBLASLT_EPILOGUE_DGELU_BGRAD";
   }

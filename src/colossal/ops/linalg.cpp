@@ -246,33 +246,47 @@ std::vector<Tensor> linear_backward(const Tensor& grad, const Tensor& x_mat, con
       weight.dim() == 2 && weight.size(0) > 1 && weight.stride(0) == 1 && weight.stride(1) == weight.size(0);
   // Where the weight's gradient joins a sum (microbatches, micro-steps, chunks), the GEMM adds it
   // there (beta = 1) instead of writing it for a separate addition.
+  // The bias gradient comes out of the weight gradient's GEMM where the backend can sum it there (the
+  // epilogue that sums grad over the rows, K of that GEMM): no pass of its own over grad.
+  const bool fuse_bias = needs.weight && needs.bias && fused_gemm_stub.supports(grad.device().type);
+  // The weight gradient into `out` (added where `add`): [in, out] = x^T grad for a transposed weight,
+  // else [out, in] = grad^T x; with the bias gradient where fused.
+  auto weight_gemm = [&](const Tensor& out, bool add) {
+    if (fuse_bias) {
+      Tensor bias = core::empty({weight.size(0)}, TensorOptions(grad.dtype(), grad.device()));
+      const bool fused = transposed_weight ? try_fused_gemm(out, transpose_last(x_mat), grad,
+                                                            {.bias_grad_of_b = bias, .accumulate = add})
+                                           : try_fused_gemm(out, grad_t, x_mat, {.bias_grad = bias, .accumulate = add});
+      if (fused) {
+        grad_bias = bias;
+        return;
+      }
+    }
+    if (transposed_weight) {
+      batched_gemm_stub(grad.device(), out, transpose_last(x_mat), grad, add ? 1.0 : 0.0);
+    } else {
+      batched_gemm_stub(grad.device(), out, grad_t, x_mat, add ? 1.0 : 0.0);
+    }
+  };
   bool weight_added = false;
   if (needs.weight && needs.node != nullptr) {
     const Tensor target = autograd::accumulation_target(*needs.node, needs.weight_input, grad.dtype());
     if (target.defined()) {  // of weight's shape; the GEMM writes it where its layout is the product's
-      if (transposed_weight && transpose_last(target).is_contiguous()) {
-        batched_gemm_stub(grad.device(), transpose_last(target), transpose_last(x_mat), grad, 1.0);
+      const Tensor out = transposed_weight ? transpose_last(target) : target;
+      if (out.is_contiguous()) {
+        weight_gemm(out, /*add=*/true);
         weight_added = true;
-      } else if (!transposed_weight && target.is_contiguous()) {
-        batched_gemm_stub(grad.device(), target, grad_t, x_mat, 1.0);
-        weight_added = true;
+        autograd::mark_accumulated(*needs.node, needs.weight_input);
       }
-      if (weight_added) autograd::mark_accumulated(*needs.node, needs.weight_input);
     }
   }
-  if (needs.weight && !weight_added && transposed_weight) {
-    grad_weight = transpose_last(gemm(transpose_last(x_mat), grad));
+  if (needs.weight && !weight_added) {
+    const Tensor out = transposed_weight
+                           ? core::empty({weight.size(1), weight.size(0)}, TensorOptions(grad.dtype(), grad.device()))
+                           : core::empty(weight.shape(), TensorOptions(grad.dtype(), grad.device()));
+    weight_gemm(out, /*add=*/false);
+    grad_weight = transposed_weight ? transpose_last(out) : out;
   }
-  if (needs.weight && !weight_added && needs.bias && !grad_weight.defined() &&
-      fused_gemm_stub.supports(grad.device().type)) {
-    Tensor fused_weight = core::empty(weight.shape(), TensorOptions(grad.dtype(), grad.device()));
-    Tensor fused_bias = core::empty({weight.size(0)}, TensorOptions(grad.dtype(), grad.device()));
-    if (try_fused_gemm(fused_weight, grad_t, x_mat, {.bias_grad = fused_bias})) {
-      grad_weight = fused_weight;
-      grad_bias = fused_bias;
-    }
-  }
-  if (needs.weight && !weight_added && !grad_weight.defined()) grad_weight = gemm(grad_t, x_mat);
   if (needs.bias && !grad_bias.defined()) grad_bias = sum(grad, {0});
   if (finish) finish();
   return {grad_x, grad_weight, grad_bias};

@@ -45,6 +45,13 @@ struct GemmEpilogue {
   /// linear together with its bias gradient. With gelu_grad_pre_activation: [N], the column sums
   /// of out, sum_m out[m, n], the gradient of linear_gelu's bias.
   Tensor bias_grad;
+  /// Contiguous [N], receives the column sums of b, sum_k b[k, n], when defined (not with bias_grad
+  /// or gelu_grad_pre_activation): with a = input^T and b = grad this is the weight gradient in the
+  /// [in, out] layout (nn::Conv1D's) together with linear's bias gradient.
+  Tensor bias_grad_of_b;
+  /// Backward only: out += the product (beta = 1) instead of out = the product; the bias gradients
+  /// are still written, not added.
+  bool accumulate = false;
 };
 
 /// out = epilogue(a @ b) for a 2-D a [M, K] (any strides), b [K, N] (any strides) and contiguous

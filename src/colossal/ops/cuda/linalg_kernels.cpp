@@ -739,8 +739,11 @@ bool fused_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, 
   check_operands("linear", out, {{"a", &a_in}, {"b", &b_in}});
   const bool forward = epilogue.bias.defined() || epilogue.addend.defined() || epilogue.gelu_tanh;
   const bool gelu_backward = epilogue.gelu_grad_pre_activation.defined();
-  if (forward && (epilogue.bias_grad.defined() || gelu_backward)) return false;  // no cuBLASLt epilogue does both
-  if (!forward && !gelu_backward && !epilogue.bias_grad.defined()) return false;
+  const bool b_sums = epilogue.bias_grad_of_b.defined();
+  const bool backward = gelu_backward || epilogue.bias_grad.defined() || b_sums;
+  if (forward && (backward || epilogue.accumulate)) return false;  // no cuBLASLt epilogue does both
+  if (!forward && !backward) return false;
+  if (b_sums && (gelu_backward || epilogue.bias_grad.defined())) return false;  // one bias gradient an epilogue
   if (out.dim() != 2 || a_in.dim() != 2 || b_in.dim() != 2 || !out.is_contiguous()) return false;
   // f64 is the dtype of reference comparisons, and cuBLASLt does not document how its GELU is
   // computed; the composite's f64 tanh-GELU is exact to rounding.
@@ -757,6 +760,13 @@ bool fused_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, 
     COLOSSAL_CHECK(epilogue.addend.raw_data() != out.raw_data(),
                    "linear (cuBLASLt): the addend must not be the output {}; accumulate with beta instead",
                    out.shape());
+  }
+  if (b_sums) {
+    check_operands("linear", out, {{"bias gradient", &epilogue.bias_grad_of_b}});
+    COLOSSAL_CHECK(epilogue.bias_grad_of_b.numel() == n,
+                   "linear (cuBLASLt): the bias gradient {} must have {} elements for the output {}",
+                   epilogue.bias_grad_of_b.shape(), n, out.shape());
+    if (!epilogue.bias_grad_of_b.is_contiguous()) return false;
   }
   if (epilogue.bias_grad.defined()) {
     check_operands("linear", out, {{"bias gradient", &epilogue.bias_grad}});
@@ -799,6 +809,7 @@ bool fused_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, 
     p.c = epilogue.addend.raw_data();
     p.beta = 1.0;
   }
+  if (epilogue.accumulate) p.beta = 1.0;  // C = D
 
   Tensor aux;  // the pre-activation's storage, [M, round_up(N, 8)]
   if (gelu_backward) {
@@ -808,6 +819,11 @@ bool fused_gemm_cuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in, 
     if (epilogue.bias_grad.defined()) p.bias = epilogue.bias_grad.raw_data();
     p.aux = epilogue.gelu_grad_pre_activation.raw_data();  // read, not written, by the D* epilogues
     p.aux_ld = epilogue.gelu_grad_pre_activation.stride(0);
+  } else if (b_sums) {
+    // cuBLAS's A is our b, [n, k] column-major: BGRADA sums it over k, one value per row of D, our
+    // columns.
+    p.epilogue = CUBLASLT_EPILOGUE_BGRADA;
+    p.bias = epilogue.bias_grad_of_b.raw_data();
   } else if (!forward) {
     p.epilogue = CUBLASLT_EPILOGUE_BGRADB;
     p.bias = epilogue.bias_grad.raw_data();
