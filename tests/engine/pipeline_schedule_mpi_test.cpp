@@ -232,12 +232,27 @@ TEST(PipelineSchedule, TimingGivesEveryStageItsBusyAndIdleTime) {
   const BubbleReport report = gather_bubble_report(*schedule);
   ASSERT_EQ(report.stages.size(), static_cast<size_t>(p));
   EXPECT_EQ(report.stages[static_cast<size_t>(s)].busy_ms, mine.busy_ms);
-  for (const StageTiming& t : report.stages) EXPECT_GE(t.idle_ms(), 0.0);
+  EXPECT_EQ(report.stages[static_cast<size_t>(s)].lead_ms, mine.lead_ms);
+  for (const StageTiming& t : report.stages) {
+    EXPECT_GE(t.idle_ms(), 0.0);
+    // The idle splits into before the first op, between ops and after the last, each >= 0, and the
+    // median gap is one of the between-op gaps (8 ops: 4 forwards, 4 backwards).
+    EXPECT_GE(t.lead_ms, 0.0);
+    EXPECT_GE(t.tail_ms, 0.0);
+    EXPECT_GE(t.between_ms(), -1e-9);
+    EXPECT_GE(t.median_gap_ms, 0.0);
+    EXPECT_LE(t.median_gap_ms, t.between_ms() + 1e-9);
+  }
+  // The last stage waits for the first's forward of microbatch 0 before its first op: the pipeline's
+  // fill (p > 1), over the host clock and the exchange.
+  if (p > 1) EXPECT_GT(report.stages.back().lead_ms, 0.0);
   EXPECT_DOUBLE_EQ(report.expected(), (p - 1) / 4.0);
   EXPECT_NE(
       report.describe().find(fmt::format("pipeline bubble: {} stages x 1 chunk, 4 microbatches; stage 0 busy", p)),
       std::string::npos)
       << report.describe();
+  EXPECT_NE(report.describe().find("(before the first op "), std::string::npos) << report.describe();
+  EXPECT_NE(report.describe().find(", between ops "), std::string::npos) << report.describe();
 }
 
 TEST(PipelineSchedule, WithGradientAccumulation) {

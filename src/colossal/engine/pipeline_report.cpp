@@ -25,8 +25,12 @@ std::string BubbleReport::describe() const {
   std::string out = fmt::format("pipeline bubble: {} stages x {} chunk{}, {} microbatches;", num_stages, num_chunks,
                                 num_chunks > 1 ? "s" : "", num_microbatches);
   for (size_t s = 0; s < stages.size(); ++s) {
-    out += fmt::format("{} stage {} busy {:.1f} ms idle {:.1f} ms", s == 0 ? "" : ",", s, stages[s].busy_ms,
-                       stages[s].idle_ms());
+    const StageTiming& t = stages[s];
+    out += fmt::format(
+        "{} stage {} busy {:.1f} ms idle {:.1f} ms (before the first op {:.2f}, between ops {:.2f} with a median gap "
+        "of "
+        "{:.3f}, after the last {:.2f})",
+        s == 0 ? "" : ",", s, t.busy_ms, t.idle_ms(), t.lead_ms, t.between_ms(), t.median_gap_ms, t.tail_ms);
   }
   out += fmt::format("; bubble (idle / busy) {:.3f}, schedule (p - 1) / (v m) {:.3f}", measured(), expected());
   return out;
@@ -35,17 +39,23 @@ std::string BubbleReport::describe() const {
 BubbleReport gather_bubble_report(const PipelineSchedule& schedule) {
   comm::ProcessGroup& group = *schedule.group();
   const int p = group.size();
-  const Tensor mine = core::from_vector<double>({schedule.last_timing().span_ms, schedule.last_timing().busy_ms}, {2})
-                          .to(group.device());
-  Tensor all = core::empty({2 * p}, TensorOptions(DType::f64, group.device()));
+  const StageTiming& t = schedule.last_timing();
+  constexpr int64_t kFields = 5;
+  const Tensor mine =
+      core::from_vector<double>({t.span_ms, t.busy_ms, t.lead_ms, t.tail_ms, t.median_gap_ms}, {kFields})
+          .to(group.device());
+  Tensor all = core::empty({kFields * p}, TensorOptions(DType::f64, group.device()));
   group.all_gather(all, mine);
   const std::vector<double> values = all.to(core::kCpu).to_vector<double>();
   BubbleReport report;
   report.num_stages = p;
   report.num_chunks = schedule.num_chunks();
   report.num_microbatches = schedule.num_microbatches();
-  for (int s = 0; s < p; ++s)
-    report.stages.push_back({values[static_cast<size_t>(2 * s)], values[static_cast<size_t>(2 * s + 1)]});
+  for (int s = 0; s < p; ++s) {
+    const double* v = values.data() + kFields * s;
+    report.stages.push_back(
+        {.span_ms = v[0], .busy_ms = v[1], .lead_ms = v[2], .tail_ms = v[3], .median_gap_ms = v[4]});
+  }
   return report;
 }
 

@@ -188,35 +188,35 @@ class Exchanger {
 /// The stage's clock over a micro-step (Note [Pipeline bubble]).
 class StepTimer {
  public:
-  explicit StepTimer(Device device) : device_(device) {
-    if (device_.is_cuda()) {
-      mark();
-    } else {
-      start_ = Clock::now();
-    }
-  }
-  void begin_op() {
-    if (device_.is_cuda()) {
-      mark();
-    } else {
-      op_start_ = Clock::now();
-    }
-  }
-  void end_op() {
-    if (device_.is_cuda()) {
-      mark();
-    } else {
-      busy_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - op_start_).count();
-    }
-  }
+  explicit StepTimer(Device device) : device_(device) { mark(); }
+  void begin_op() { mark(); }
+  void end_op() { mark(); }
   /// The span ends now (after the step's closing all-reduce: when the last stage is done too).
   StageTiming finish() {
-    if (!device_.is_cuda()) return {std::chrono::duration<double, std::milli>(Clock::now() - start_).count(), busy_ms_};
     mark();
-    events_.back().synchronize();
+    if (device_.is_cuda()) events_.back().synchronize();
+    // marks[i]: ms from the start; 0 the start, then each op's start and end, last the finish.
+    std::vector<double> marks;
+    if (device_.is_cuda()) {
+      for (const core::cuda::Event& e : events_) marks.push_back(events_.front().elapsed_ms(e));
+    } else {
+      for (const Clock::time_point& t : times_)
+        marks.push_back(std::chrono::duration<double, std::milli>(t - times_.front()).count());
+    }
     StageTiming t;
-    t.span_ms = events_.front().elapsed_ms(events_.back());
-    for (size_t i = 1; i + 2 < events_.size(); i += 2) t.busy_ms += events_[i].elapsed_ms(events_[i + 1]);
+    t.span_ms = marks.back();
+    const size_t ops = (marks.size() - 2) / 2;
+    std::vector<double> gaps;
+    for (size_t k = 0; k < ops; ++k) {
+      t.busy_ms += marks[2 * k + 2] - marks[2 * k + 1];
+      if (k > 0) gaps.push_back(marks[2 * k + 1] - marks[2 * k]);
+    }
+    t.lead_ms = ops > 0 ? marks[1] : t.span_ms;
+    t.tail_ms = ops > 0 ? t.span_ms - marks[2 * ops] : 0;
+    if (!gaps.empty()) {
+      std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+      t.median_gap_ms = gaps[gaps.size() / 2];
+    }
     return t;
   }
 
@@ -225,7 +225,12 @@ class StepTimer {
   /// to the device current at its creation, and recording it on another device's stream fails
   /// (cudaErrorInvalidResourceHandle, seen on rank 1 of 2 GPUs where the host thread's current
   /// device was still 0).
+  /// On the CPU, the host clock's now.
   void mark() {
+    if (!device_.is_cuda()) {
+      times_.push_back(Clock::now());
+      return;
+    }
     const core::cuda::DeviceGuard guard(device_);
     events_.emplace_back(/*enable_timing=*/true);
     events_.back().record(core::cuda::current_stream(device_));
@@ -233,9 +238,9 @@ class StepTimer {
 
   using Clock = std::chrono::steady_clock;
   Device device_;
-  std::vector<core::cuda::Event> events_;  // the step's start, then each op's start and end
-  Clock::time_point start_, op_start_;
-  double busy_ms_ = 0;
+  // The step's start, then each op's start and end (and the finish): events on a GPU, else times.
+  std::vector<core::cuda::Event> events_;
+  std::vector<Clock::time_point> times_;
 };
 
 /// The shapes' key: training or evaluation, the microbatches and the batch's shape, which every

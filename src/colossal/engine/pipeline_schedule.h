@@ -65,7 +65,15 @@ namespace colossal::engine {
 struct StageTiming {
   double span_ms = 0;
   double busy_ms = 0;
+  /// Where the idle time fell: before the first op (lead), after the last one (tail), and between
+  /// ops (the rest), with the median of the gaps between consecutive ops. In 1F1B the lead and the
+  /// tail are the schedule's warm-up and cool-down waits; the gaps are the steady phase's, where
+  /// each exchange and any host lag sit on the critical path.
+  double lead_ms = 0;
+  double tail_ms = 0;
+  double median_gap_ms = 0;
   double idle_ms() const { return span_ms - busy_ms; }
+  double between_ms() const { return idle_ms() - lead_ms - tail_ms; }
 };
 
 class PipelineSchedule final : public Schedule {
