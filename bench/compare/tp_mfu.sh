@@ -15,7 +15,8 @@
 #   ce         parallel.tensor.all_reduce = "copy_engines" (an error where they cannot)
 #   unfused    parallel.tensor.fused_residual = false (the residual and c_proj bias added after the
 #              all-reduce, not in the row layers' GEMMs: Note [A row-parallel layer's residual in its GEMM])
-#   rowsN      parallel.tensor.row_blocks = N        chunksN   parallel.tensor.overlap_chunks = N
+#   rowsN      parallel.tensor.row_blocks = N (the default 0 picks 2 for 32 MiB outputs, else 1)
+#   chunksN    parallel.tensor.overlap_chunks = N
 #   sp         parallel.tensor.sequence_parallel      tp4       4 GPUs instead of 2
 #   ufwd       COLOSSAL_UPDATE_UNDER_FORWARD=1 (Note [Update under the next forward] in engine/engine.cpp)
 #   ch32       NCCL_MIN_NCHANNELS=32 NCCL_MIN_CTAS=32 (docs/benchmarks.md, session 20)
