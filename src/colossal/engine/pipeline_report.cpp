@@ -27,9 +27,8 @@ std::string BubbleReport::describe() const {
   for (size_t s = 0; s < stages.size(); ++s) {
     const StageTiming& t = stages[s];
     out += fmt::format(
-        "{} stage {} busy {:.1f} ms idle {:.1f} ms (before the first op {:.2f}, between ops {:.2f} with a median gap "
-        "of "
-        "{:.3f}, after the last {:.2f})",
+        "{} stage {} busy {:.1f} ms idle {:.1f} ms (before the first op {:.2f}, between ops {:.2f} with a "
+        "median gap of {:.3f}, after the last {:.2f})",
         s == 0 ? "" : ",", s, t.busy_ms, t.idle_ms(), t.lead_ms, t.between_ms(), t.median_gap_ms, t.tail_ms);
   }
   out += fmt::format("; bubble (idle / busy) {:.3f}, schedule (p - 1) / (v m) {:.3f}", measured(), expected());

@@ -32,8 +32,9 @@
 #include "colossal/engine/pipeline_report.h"
 #include "colossal/initialize/pipeline_stage.h"
 #include "colossal/nn/hub_weights.h"
-#include "colossal/nn/safetensors.h"  // read_safetensors_header
-#include "colossal/ops/linalg.h"      // set_float32_matmul_precision
+#include "colossal/nn/safetensors.h"   // read_safetensors_header
+#include "colossal/ops/linalg.h"       // set_float32_matmul_precision
+#include "colossal/parallel/layout.h"  // ParallelLayout
 #include "colossal/parallel/layout_rules.h"
 #include "colossal/parallel/tp/gpt2_1d.h"
 #include "colossal/parallel/tp/gpt2_plan.h"  // resolve_gpt2_specs
@@ -58,9 +59,9 @@ bool zero_has_nothing_to_shard(const TrainConfig& c, int64_t data_size) {
   return (c.zero.stage == 1 || c.zero.stage == 2) && !c.zero.offload_optimizer && data_size == 1;
 }
 
-/// What the config asks for that this assembly cannot build yet, named by key. `world_size`: the
-/// processes of the run.
-void reject_unsupported(const TrainConfig& c, int64_t world_size) {
+/// What the config asks for that this assembly cannot build yet, named by key. `data_size`: the
+/// layout's data-parallel size for the run's processes (0: not known).
+void reject_unsupported(const TrainConfig& c, int64_t data_size) {
   if (c.parallel.pipeline > 1) {
     // The pipeline schedule runs a stage's chunks (initialize/pipeline_stage.h); what it does not
     // combine with yet is refused here, by key.
@@ -101,8 +102,6 @@ void reject_unsupported(const TrainConfig& c, int64_t world_size) {
           c.parallel.tensor.size, config::to_string(c.model.name), config::to_string(c.parallel.tensor.mode)));
     }
   }
-  const int64_t model_ranks = int64_t{std::max(1, c.parallel.pipeline)} * std::max(1, c.parallel.tensor.size);
-  const int64_t data_size = c.parallel.data > 0 ? c.parallel.data : world_size / model_ranks;
   if (c.zero.stage > 0 && !zero_has_nothing_to_shard(c, data_size)) {
     // ZeRO stages 1 and 2 (parallel/zero/low_level_zero.h) and 3 (parallel/zero/zero3.h), over the
     // data group, of each tensor rank's parameters under tensor parallelism.
@@ -228,7 +227,11 @@ TrainingRun::TrainingRun(config::TrainConfig config, RunOptions options)
 void TrainingRun::assemble() {
   const TrainConfig& c = config_;
   const comm::DistEnv env = comm::read_dist_env();
-  reject_unsupported(c, options_.world ? options_.world->size() : env.world_size);
+  // The data-parallel size as the layout derives it; 0 where the layout breaks its rules, which
+  // require_layout reports below, after the unsupported combinations.
+  const int world_size = options_.world ? options_.world->size() : env.world_size;
+  const bool layout_ok = parallel::check_layout(c.parallel, 0, world_size).empty();
+  reject_unsupported(c, layout_ok ? parallel::ParallelLayout(c.parallel, world_size).data_size() : 0);
   // The writer is the world's rank 0, known from the environment before any group exists: check
   // its outputs before the processes wait on each other.
   writer_ = options_.world ? options_.world->rank() == 0 : env.rank == 0;

@@ -180,7 +180,9 @@ Tensor RowParallelLinear::finish(PendingSum pending) {
 
 Tensor RowParallelLinear::forward(const Tensor& x) {
   const Tensor local = local_input(x);
-  if (!sequence_parallel_ && group_->size() > 1 && blocks_for(local) > 1) return forward_in_row_blocks(local);
+  if (!sequence_parallel_ && group_->size() > 1) {
+    if (const int64_t blocks = blocks_for(local); blocks > 1) return forward_in_row_blocks(local, blocks);
+  }
   // The partial products sum over the group; the bias is added once, after the sum.
   const Tensor partial = affine(local, *weight_, Tensor(), layout_);
   if (sequence_parallel_) {
@@ -250,9 +252,9 @@ int64_t RowParallelLinear::blocks_for(const Tensor& local) const {
   return auto_row_blocks(rows * out_features_ * static_cast<int64_t>(core::element_size(dtype)));
 }
 
-Tensor RowParallelLinear::forward_in_row_blocks(const Tensor& local) {
+Tensor RowParallelLinear::forward_in_row_blocks(const Tensor& local, int64_t blocks) {
   const Tensor y = summed_by_block(*group_, [&](const auto& on_block) {
-    return ops::linear_in_row_blocks(local, weight_out_in(), blocks_for(local), on_block);
+    return ops::linear_in_row_blocks(local, weight_out_in(), blocks, on_block);
   });
   return bias_->defined() ? ops::add(y, *bias_) : y;
 }

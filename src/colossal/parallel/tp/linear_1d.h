@@ -156,7 +156,7 @@ class RowParallelLinear : public nn::Module, public Sharded {
   int64_t in_features_per_rank() const { return in_features_ / group_->size(); }
 
  private:
-  Tensor forward_in_row_blocks(const Tensor& local);
+  Tensor forward_in_row_blocks(const Tensor& local, int64_t blocks);
   /// This rank's slice of the input's features (x itself when input_is_parallel), checked.
   Tensor local_input(const Tensor& x) const;
   /// The weight shard as [out, in], a view either way it is held.
