@@ -5,6 +5,9 @@
 // accuracy hook reports the serial run's test accuracy; the checkpoint holds the serial tensors
 // under timm's names and resumes serially (and the serial file at tp2) with the uninterrupted run's
 // losses; so does the run with sequence parallelism. Heads that do not split are an error naming both.
+// Per-parameter sharding specs from the config (parallel.tensor.specs against timm's names) give the
+// serial run's losses too, their checkpoint resumes serially, and `colossal describe` prints each
+// parameter's spec and rule.
 // Tolerance 1e-5 relative, the layout harness's f32 bound: the same sums in another order.
 #include <gtest/gtest.h>
 
@@ -189,6 +192,90 @@ TEST(TrainVitTp, TwoTensorParallelRanksGiveTheSerialRunsLossesAndAccuracy) {
   const std::string heads = read(dir / "heads.log");
   EXPECT_NE(heads.find("num_heads = 3"), std::string::npos) << heads;
   EXPECT_NE(heads.find("parallel.tensor.size = 2"), std::string::npos) << heads;
+  fs::remove_all(dir);
+}
+
+/// Block 0: heads split and gathered before a column-split proj, a replicated fc1 before a
+/// column-split fc2; block 1: the MLP only, column then row.
+constexpr const char* kMixedSpecs =
+    R"(parallel.tensor.specs=[{ pattern = "blocks.0.attn.*", spec = "column" }, )"
+    R"({ pattern = "blocks.0.mlp.fc2.*", spec = "column" }, { pattern = "blocks.1.mlp.fc1.*", spec = "column" }, )"
+    R"({ pattern = "blocks.1.mlp.fc2.weight", spec = "row" }])";
+
+TEST(TrainVitTp, SpecsFromTheConfigGiveTheSerialRunsLosses) {
+  const fs::path dir = fs::temp_directory_path() / ("colossal_train_vit_specs_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "c.toml") << kConfig;
+  const std::string bin = colossal_binary();
+  const std::string common = " train --config " + (dir / "c.toml").string();
+  const std::string specs = std::string(" --set '") + kMixedSpecs + "'";
+  ASSERT_EQ(run(bin + common + " --set train.checkpoint_dir='\"\"' --metrics " + (dir / "serial.jsonl").string(),
+                dir / "serial.log"),
+            0)
+      << read(dir / "serial.log");
+  ASSERT_EQ(run(bin + " run --nproc_per_node 2 -- " + bin + common + " --set parallel.tensor.size=2" + specs +
+                    " --set train.checkpoint_dir='\"" + (dir / "specs").string() + "\"' --metrics " +
+                    (dir / "specs.jsonl").string(),
+                dir / "specs.log"),
+            0)
+      << read(dir / "specs.log");
+  const std::map<int64_t, double> serial = step_losses(dir / "serial.jsonl"), split = step_losses(dir / "specs.jsonl");
+  ASSERT_EQ(serial.size(), 12u) << read(dir / "serial.log");
+  ASSERT_EQ(split.size(), serial.size()) << read(dir / "specs.log");
+  double worst = 0;
+  for (const auto& [step, loss] : serial) {
+    const double error = std::abs(split.at(step) - loss) / std::abs(loss);
+    worst = std::max(worst, error);
+    EXPECT_LE(error, 1e-5) << "step " << step << ": specs " << split.at(step) << ", serial " << loss;
+  }
+  std::printf("ViT tp2 by specs against serial: %zu steps, largest relative difference %.2e\n", serial.size(), worst);
+  EXPECT_EQ(per_epoch(dir / "specs.jsonl", "test_accuracy"), per_epoch(dir / "serial.jsonl", "test_accuracy"));
+
+  // The specs run's checkpoint of epoch 1 resumes serially with the uninterrupted run's losses.
+  ASSERT_EQ(run(bin + common + " --set train.checkpoint_dir='\"\"' --set train.resume_from='\"" +
+                    (dir / "specs" / "epoch1-step6.safetensors").string() + "\"' --metrics " +
+                    (dir / "resumed.jsonl").string(),
+                dir / "resumed.log"),
+            0)
+      << read(dir / "resumed.log");
+  const std::map<int64_t, double> resumed = step_losses(dir / "resumed.jsonl");
+  ASSERT_EQ(resumed.size(), 6u) << read(dir / "resumed.log");
+  for (const auto& [step, loss] : resumed) {
+    EXPECT_LE(std::abs(loss - serial.at(step)), 1e-5 * std::abs(serial.at(step))) << "resumed step " << step;
+  }
+
+  // `colossal describe` names each parameter's spec and its rule.
+  ASSERT_EQ(run(bin + " describe --config " + (dir / "c.toml").string() + " --set parallel.tensor.size=2" + specs,
+                dir / "describe.log"),
+            0)
+      << read(dir / "describe.log");
+  const std::string text = read(dir / "describe.log");
+  const auto line_of = [&](const std::string& name) {
+    const size_t at = text.find("\n" + name + " ");
+    return at == std::string::npos ? std::string() : text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+  };
+  EXPECT_NE(text.find("1D tensor parallelism over 2 ranks, 4 rules of parallel.tensor.specs"), std::string::npos)
+      << text;
+  for (const auto& [name, want] : std::map<std::string, std::vector<std::string>>{
+           {"blocks.0.attn.qkv.weight", {"[48, 16]", "column", "[24, 16]", "rule 0 \"blocks.0.attn.*\""}},
+           {"blocks.0.mlp.fc1.weight", {"replicate", "no rule"}},
+           {"blocks.0.mlp.fc2.bias", {"column", "[8]", "rule 1"}},
+           {"blocks.1.mlp.fc2.weight", {"[16, 32]", "row", "[16, 16]", "rule 3"}},
+           {"blocks.1.mlp.fc2.bias", {"replicate", "follows blocks.1.mlp.fc2.weight"}},
+           {"head.weight", {"replicate", "no rule"}}}) {
+    const std::string line = line_of(name);
+    for (const std::string& part : want) EXPECT_NE(line.find(part), std::string::npos) << name << ": " << line;
+  }
+
+  // A spec on a layer that stays whole is refused naming the parameter and the reason.
+  ASSERT_NE(run(bin + " describe --config " + (dir / "c.toml").string() +
+                    " --set parallel.tensor.size=2 --set 'parallel.tensor.specs=[{ pattern = \"head.*\", spec = "
+                    "\"column\" }]'",
+                dir / "head.log"),
+            0);
+  EXPECT_NE(read(dir / "head.log").find("head.weight: spec \"column\""), std::string::npos) << read(dir / "head.log");
+  EXPECT_NE(read(dir / "head.log").find("the classifier head stays whole"), std::string::npos);
   fs::remove_all(dir);
 }
 

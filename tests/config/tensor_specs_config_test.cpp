@@ -82,8 +82,13 @@ TEST(TensorSpecsConfig, RefusedWhereTheyCannotApply) {
       parse(std::string(kGpt2) + "[parallel.tensor]\nsize = 2\nsequence_parallel = true\n" + rules),
       "parallel.tensor.specs and parallel.tensor.sequence_parallel = true: sequence parallelism is built for the "
       "built-in policy only");
-  EXPECT_ERROR_CONTAINS(parse("[model]\nname = \"vit\"\n[parallel.tensor]\nsize = 2\n" + rules),
-                        "parallel.tensor.specs apply to model.name = \"gpt2\" so far, not \"vit\"");
+  EXPECT_ERROR_CONTAINS(parse("[model]\nname = \"resnet\"\n[parallel.tensor]\nsize = 2\n" + rules),
+                        "parallel.tensor.specs split the linear layers of model.name = \"gpt2\" or \"vit\", and "
+                        "model.name = \"resnet\" has no tensor-parallel form");
+  // The ViT takes them (resolved against timm's names when the model is built).
+  EXPECT_NO_THROW(
+      parse("[model]\nname = \"vit\"\n[parallel.tensor]\nsize = 2\nspecs = [{ pattern = "
+            "\"blocks.*.mlp.fc1.*\", spec = \"column\" }]\n"));
 }
 
 }  // namespace

@@ -270,6 +270,63 @@ TEST(LayoutEquivalence, TensorParallelGpt2SpecsMixed) {
                Layout{.tensor = comm::testing::world().size()});
 }
 
+// The ViT split by per-parameter sharding specs against timm's names: the MLP only, attention only,
+// the built-in policy written as rules, and a mix that gathers split activations before whole or
+// column-split layers; at tp = world and dp2 x tp2, with accumulation and a clip below the gradients'
+// norm (kClippedVitTolerance, as the built-in policy's clipped runs).
+void expect_vit_specs(const std::string& name, std::vector<TensorSpecRule> rules, Layout layout) {
+  HarnessCase c = vit_tp_specs_case(name, std::move(rules));
+  c.accumulation = 2;
+  c.clip = 0.1;
+  c.tolerance = kClippedVitTolerance;
+  const HarnessReport report = expect_layout_matches_serial(c, layout, world_group());
+  EXPECT_GT(report.compared_tensors, 0);
+  if (comm::testing::world().rank() == 0) {
+    std::printf("%s %s: max relative difference loss %.2e, gradient %.2e (%s), parameter %.2e (%s)\n", c.name.c_str(),
+                layout.name().c_str(), report.loss, report.grad, report.worst_grad.c_str(), report.param,
+                report.worst_param.c_str());
+  }
+}
+
+TEST(LayoutEquivalence, TensorParallelVitSpecsMlpOnly) {
+  expect_vit_specs("MLP only",
+                   {{"blocks.*.mlp.fc1.*", TensorSplit::kColumn}, {"blocks.*.mlp.fc2.weight", TensorSplit::kRow}},
+                   Layout{.tensor = comm::testing::world().size()});
+}
+
+TEST(LayoutEquivalence, TensorParallelVitSpecsAttentionOnly) {
+  expect_vit_specs("attention only",
+                   {{"blocks.*.attn.qkv.*", TensorSplit::kColumn}, {"blocks.*.attn.proj.weight", TensorSplit::kRow}},
+                   Layout{.tensor = comm::testing::world().size()});
+}
+
+TEST(LayoutEquivalence, TensorParallelVitSpecsOfTheBuiltInPolicy) {
+  expect_vit_specs("the built-in policy as rules",
+                   {{"re:blocks\\.[0-9]+\\.(attn\\.qkv|mlp\\.fc1)\\..*", TensorSplit::kColumn},
+                    {"blocks.*.attn.proj.*", TensorSplit::kRow},
+                    {"blocks.*.mlp.fc2.*", TensorSplit::kRow}},
+                   Layout{.tensor = comm::testing::world().size()});
+}
+
+/// Block 0: heads split and gathered before a column-split proj, a replicated fc1 before a
+/// column-split fc2; block 1: heads split and gathered before a replicated proj, the MLP column then row.
+std::vector<TensorSpecRule> vit_mixed_specs() {
+  return {{"blocks.0.attn.*", TensorSplit::kColumn},
+          {"blocks.0.mlp.fc2.*", TensorSplit::kColumn},
+          {"blocks.1.attn.qkv.*", TensorSplit::kColumn},
+          {"blocks.1.mlp.fc1.*", TensorSplit::kColumn},
+          {"blocks.1.mlp.fc2.weight", TensorSplit::kRow}};
+}
+
+TEST(LayoutEquivalence, TensorParallelVitSpecsMixed) {
+  expect_vit_specs("mixed", vit_mixed_specs(), Layout{.tensor = comm::testing::world().size()});
+}
+
+TEST(LayoutEquivalence, DataTimesTensorParallelVitSpecsMixed) {
+  if (comm::testing::world().size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  expect_vit_specs("mixed", vit_mixed_specs(), Layout{.data = 2, .tensor = 2});
+}
+
 // Sequence parallelism (tp = 2 at 2 ranks, tp = 4 at 4): layer norms, residual adds and dropout on
 // shards of the tokens (the batch's where it divides, else the sequence's), all-gather before and reduce-scatter after
 // each tensor-parallel region. The layer norms' and row-parallel biases' gradients, each rank's from its own tokens,

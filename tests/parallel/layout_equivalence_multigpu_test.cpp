@@ -165,6 +165,18 @@ TEST(LayoutEquivalenceNccl, TensorParallelVitSequenceParallel) {
   }
 }
 
+TEST(LayoutEquivalenceNccl, TensorParallelVitSpecs) {
+  // Per-parameter specs against timm's names: block 0 with its heads split and gathered before a
+  // column-split proj and a replicated fc1 before a column-split fc2, block 1 with the MLP column then row.
+  HarnessCase c = vit_tp_specs_case("mixed", {{"blocks.0.attn.*", config::TensorSplit::kColumn},
+                                              {"blocks.0.mlp.fc2.*", config::TensorSplit::kColumn},
+                                              {"blocks.1.mlp.fc1.*", config::TensorSplit::kColumn},
+                                              {"blocks.1.mlp.fc2.weight", config::TensorSplit::kRow}});
+  c.accumulation = 2;
+  c.clip = 0.1;
+  run_case(c, ops::Float32MatmulPrecision::highest, "f32 (TF32 off)", Layout{.tensor = world()->size()});
+}
+
 TEST(LayoutEquivalenceNccl, TensorParallelGpt2Bf16) {
   HarnessCase c = gpt2_tp_case();
   c.precision = Precision::bf16;

@@ -41,6 +41,7 @@
 #include "colossal/parallel/tp/gpt2_plan.h"
 #include "colossal/parallel/tp/shard_spec.h"
 #include "colossal/parallel/tp/vit_1d.h"
+#include "colossal/parallel/tp/vit_plan.h"
 #include "colossal/parallel/zero/low_level_zero.h"
 
 namespace colossal::testing {
@@ -327,6 +328,23 @@ HarnessCase vit_tp_case(bool sequence_parallel) {
         parallel::tp::ParallelViTOptions{.sequence_parallel = sequence_parallel});
   };
   // The logits are whole on every rank: the serial criterion applies (parallel_criterion unset).
+  return c;
+}
+
+HarnessCase vit_tp_specs_case(std::string name, std::vector<config::TensorSpecRule> rules) {
+  HarnessCase c = vit_tp_case();
+  c.name = "vit specs: " + name;
+  c.parallelize = [rules = std::move(rules)](nn::Module& serial,
+                                             const parallel::ParallelContext& context) -> std::shared_ptr<nn::Module> {
+    auto* vit = dynamic_cast<nn::models::VisionTransformer*>(&serial);
+    if (vit == nullptr) throw Error("vit_tp_specs_case: the serial model is not a VisionTransformer");
+    std::vector<std::string> names;
+    for (const auto& [n, p] : vit->named_parameters()) names.push_back(n);
+    const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kTensor);
+    parallel::tp::ParallelViTOptions options;
+    options.plan = parallel::tp::resolve_vit_specs(rules, vit->config(), names, group->size()).plan;
+    return std::make_shared<parallel::tp::ParallelViT>(*vit, group, options);
+  };
   return c;
 }
 

@@ -121,6 +121,9 @@ HarnessCase vit_case();
 /// its logits are whole on every rank, so the serial criterion stays. With sequence_parallel,
 /// Megatron's sequence parallelism (the batch's share of the 5 tokens' sequences on each rank).
 HarnessCase vit_tp_case(bool sequence_parallel = false);
+/// vit_tp_case's model split as the per-parameter sharding specs `rules` say (parallel.tensor.specs,
+/// resolved by parallel::tp::resolve_vit_specs); the logits stay whole, the serial criterion applies.
+HarnessCase vit_tp_specs_case(std::string name, std::vector<config::TensorSpecRule> rules);
 HarnessCase gpt2_case();
 /// gpt2_case with four heads (splits over 2 and 4 ranks), parallelized by parallel::tp::ParallelGPT2
 /// with the vocab-parallel cross-entropy; with sequence_parallel, Megatron's sequence parallelism

@@ -17,7 +17,7 @@
 #include "colossal/initialize/training_run.h"    // load_run_config
 #include "colossal/parallel/tp/gpt2_plan.h"
 #include "colossal/parallel/tp/shard_spec.h"  // ShardSpec::padded_size
-#include "colossal/parallel/tp/vit_1d.h"
+#include "colossal/parallel/tp/vit_plan.h"
 
 namespace colossal::cli {
 namespace {
@@ -110,17 +110,34 @@ void run_describe(const DescribeOptions& o) {
     how = fmt::format("parallel.tensor.mode = \"{}\" over {} ranks: only mode \"1d\" is built so far",
                       config::to_string(c.parallel.tensor.mode), tp);
   } else if (tp > 1) {
+    // The model's resolved plan: the built-in policy or the specs, checked for tp ranks.
+    std::vector<parallel::tp::ParameterSplit> splits;
+    bool weights_out_last = false;
+    std::string logits;
     if (auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model.get())) {
-      const parallel::tp::ResolvedGpt2Plan resolved =
+      parallel::tp::ResolvedGpt2Plan resolved =
           c.parallel.tensor.specs.empty()
               ? parallel::tp::builtin_gpt2_plan(gpt2->config(), names)
               : parallel::tp::resolve_gpt2_specs(c.parallel.tensor.specs, gpt2->config(), names, tp);
       if (c.parallel.tensor.specs.empty()) parallel::tp::check_gpt2_plan(resolved.plan, gpt2->config(), tp);
+      splits = std::move(resolved.parameters);
+      weights_out_last = true;  // Conv1D's [in, out]
+      logits = resolved.plan.logits_whole() ? "whole on every rank" : "split by vocabulary";
+    } else if (auto* vit = dynamic_cast<nn::models::VisionTransformer*>(model.get())) {
+      parallel::tp::ResolvedVitPlan resolved =
+          c.parallel.tensor.specs.empty()
+              ? parallel::tp::builtin_vit_plan(vit->config(), names)
+              : parallel::tp::resolve_vit_specs(c.parallel.tensor.specs, vit->config(), names, tp);
+      if (c.parallel.tensor.specs.empty()) parallel::tp::check_vit_plan(resolved.plan, vit->config(), tp);
+      splits = std::move(resolved.parameters);
+      logits = "whole on every rank";
+    }
+    if (!splits.empty()) {
       for (size_t i = 0; i < rows.size(); ++i) {
         Row& r = rows[i];
-        const parallel::tp::ParameterSplit& p = resolved.parameters[i];
+        const parallel::tp::ParameterSplit& p = splits[i];
         r.split = p.split;
-        r.dim = split_dim(p.split, r.shape, /*weights_out_last=*/true);
+        r.dim = split_dim(p.split, r.shape, weights_out_last);
         r.padded = p.split == TensorSplit::kVocab;
         r.source =
             p.source.starts_with("rule ")
@@ -131,14 +148,7 @@ void run_describe(const DescribeOptions& o) {
                         c.parallel.tensor.specs.empty()
                             ? std::string("the built-in policy")
                             : fmt::format("{} rules of parallel.tensor.specs", c.parallel.tensor.specs.size()),
-                        resolved.plan.logits_whole() ? "whole on every rank" : "split by vocabulary");
-    } else if (dynamic_cast<nn::models::VisionTransformer*>(model.get()) != nullptr) {
-      for (Row& r : rows) {
-        r.split = parallel::tp::ParallelViT::split_of(r.name);
-        r.dim = split_dim(r.split, r.shape, /*weights_out_last=*/false);
-        r.source = "built-in policy";
-      }
-      how = fmt::format("1D tensor parallelism over {} ranks, the built-in policy; logits whole on every rank", tp);
+                        logits);
     } else {
       how = fmt::format("parallel.tensor.size = {}: model \"{}\" has no tensor-parallel form", tp,
                         config::to_string(c.model.name));

@@ -239,7 +239,7 @@ void check_rules(const TrainConfig& c, const OriginOf& origin_of, Problems& prob
     }
   }
 
-  // Per-parameter sharding specs: the 1D split of GPT-2, without sequence parallelism.
+  // Per-parameter sharding specs: the 1D split of GPT-2 or the ViT, without sequence parallelism.
   if (!c.parallel.tensor.specs.empty()) {
     if (c.parallel.tensor.mode != TensorParallelMode::k1d) {
       fail("parallel.tensor.specs",
@@ -251,9 +251,10 @@ void check_rules(const TrainConfig& c, const OriginOf& origin_of, Problems& prob
            "parallel.tensor.specs and parallel.tensor.sequence_parallel = true: sequence parallelism is built for "
            "the built-in policy only; drop the specs or set sequence_parallel = false");
     }
-    if (c.model.name != ModelName::kGpt2) {
+    if (c.model.name != ModelName::kGpt2 && c.model.name != ModelName::kVit) {
       fail("parallel.tensor.specs",
-           fmt::format("parallel.tensor.specs apply to model.name = \"gpt2\" so far, not \"{}\"; drop them",
+           fmt::format("parallel.tensor.specs split the linear layers of model.name = \"gpt2\" or \"vit\", and "
+                       "model.name = \"{}\" has no tensor-parallel form; drop them",
                        enum_name(c.model.name)));
     }
   }

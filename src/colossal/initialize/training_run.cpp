@@ -40,6 +40,7 @@
 #include "colossal/parallel/tp/gpt2_plan.h"  // resolve_gpt2_specs
 #include "colossal/parallel/tp/random.h"     // DropoutGenerators, tensor_parallel_seed
 #include "colossal/parallel/tp/vit_1d.h"
+#include "colossal/parallel/tp/vit_plan.h"  // resolve_vit_specs
 
 namespace colossal::initialize {
 namespace {
@@ -323,11 +324,23 @@ void TrainingRun::build_data_and_model() {
     // rank; outside it every rank draws the same masks from the data's (parallel/tp/random.h).
     const parallel::tp::DropoutGenerators dropout{.data = dropout_generator_.get(), .tensor = tensor_generator_.get()};
     const std::shared_ptr<comm::ProcessGroup> tensor_group = context_->group(parallel::GroupKind::kTensor);
+    // parallel.tensor.specs in place of the built-in policy (parallel/tp/gpt2_plan.h, vit_plan.h):
+    // resolved against the serial model's parameter names, an assignment the layers cannot compute
+    // an error naming the parameter before anything is split.
+    const auto names = [](nn::Module& model) {
+      std::vector<std::string> out;
+      for (const auto& [name, parameter] : model.named_parameters()) out.push_back(name);
+      return out;
+    };
     if (auto* vit = dynamic_cast<nn::models::VisionTransformer*>(model_.get())) {
-      model_ = std::make_shared<parallel::tp::ParallelViT>(
-          *vit, tensor_group,
-          parallel::tp::ParallelViTOptions{.dropout = dropout,
-                                           .sequence_parallel = c.parallel.tensor.sequence_parallel});
+      parallel::tp::ParallelViTOptions options{.dropout = dropout,
+                                               .sequence_parallel = c.parallel.tensor.sequence_parallel};
+      if (!c.parallel.tensor.specs.empty()) {
+        options.plan =
+            parallel::tp::resolve_vit_specs(c.parallel.tensor.specs, vit->config(), names(*vit), tensor_group->size())
+                .plan;
+      }
+      model_ = std::make_shared<parallel::tp::ParallelViT>(*vit, tensor_group, options);
     } else {
       auto* gpt2 = dynamic_cast<nn::models::GPT2*>(model_.get());
       COLOSSAL_CHECK(gpt2 != nullptr, "parallel.tensor.size > 1: the model built is neither a GPT-2 nor a ViT");
@@ -335,14 +348,10 @@ void TrainingRun::build_data_and_model() {
                                                 .sequence_parallel = c.parallel.tensor.sequence_parallel,
                                                 .overlap_chunks = c.parallel.tensor.overlap_chunks,
                                                 .fused_residual = c.parallel.tensor.fused_residual};
-      // parallel.tensor.specs in place of the built-in policy (parallel/tp/gpt2_plan.h): resolved
-      // against the serial model's parameter names, an assignment the layers cannot compute an
-      // error naming the parameter before anything is split.
       if (!c.parallel.tensor.specs.empty()) {
-        std::vector<std::string> names;
-        for (const auto& [name, parameter] : gpt2->named_parameters()) names.push_back(name);
-        options.plan =
-            parallel::tp::resolve_gpt2_specs(c.parallel.tensor.specs, gpt2->config(), names, tensor_group->size()).plan;
+        options.plan = parallel::tp::resolve_gpt2_specs(c.parallel.tensor.specs, gpt2->config(), names(*gpt2),
+                                                        tensor_group->size())
+                           .plan;
       }
       model_ = std::make_shared<parallel::tp::ParallelGPT2>(*gpt2, tensor_group, options);
     }

@@ -133,7 +133,8 @@ TEST(Gpt2Plan, SpecsALayerDoesNotTakeAreNamed) {
                         "to split the embedding's rows (the vocabulary) "
                         "use \"vocab\"");
   EXPECT_ERROR_CONTAINS(resolve({{"wpe.weight", TensorSplit::kVocab}}), "Valid for wpe: \"column\" or \"replicate\"");
-  EXPECT_ERROR_CONTAINS(resolve({{"h.*.mlp.c_fc.weight", TensorSplit::kVocab}}), "\"vocab\" splits wte's rows only");
+  EXPECT_ERROR_CONTAINS(resolve({{"h.*.mlp.c_fc.weight", TensorSplit::kVocab}}),
+                        "\"vocab\" splits a vocabulary embedding's rows only (GPT-2's wte)");
   EXPECT_ERROR_CONTAINS(resolve({{"h.*.ln_2.*", TensorSplit::kColumn}}),
                         "h.0.ln_2.weight: spec \"column\" (from parallel.tensor.specs[0]");
   EXPECT_ERROR_CONTAINS(resolve({{"ln_f.bias", TensorSplit::kRow}}), "Valid: \"replicate\"");

@@ -12,15 +12,13 @@ namespace colossal::nn::models {
 
 // ---- ViTConfig
 
-namespace {
-int64_t mlp_hidden(const ViTConfig& config) {
-  return static_cast<int64_t>(static_cast<double>(config.embed_dim) * config.mlp_ratio);  // timm truncates
+int64_t ViTConfig::mlp_hidden() const {
+  return static_cast<int64_t>(static_cast<double>(embed_dim) * mlp_ratio);  // timm truncates
 }
-}  // namespace
 
 int64_t ViTConfig::num_parameters() const {
   validate();
-  const int64_t c = embed_dim, hidden = mlp_hidden(*this);
+  const int64_t c = embed_dim, hidden = mlp_hidden();
   const int64_t patch = c * in_chans * patch_size * patch_size + c;
   const int64_t per_block = 4 * c                                    // norm1, norm2
                             + 3 * c * c + (qkv_bias ? 3 * c : 0)     // qkv

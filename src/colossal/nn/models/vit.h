@@ -45,6 +45,8 @@ struct ViTConfig {
   bool checkpoint_activations = false;
 
   int64_t num_patches() const { return (img_size / patch_size) * (img_size / patch_size); }
+  /// The MLP's hidden features: embed_dim x mlp_ratio, truncated as timm does.
+  int64_t mlp_hidden() const;
   /// The model's parameter count, computed without building it.
   int64_t num_parameters() const;
   /// Throws naming the field when a size is not positive, patch_size does not divide img_size,

@@ -40,34 +40,17 @@ core::Generator* outside_generator(const ParallelGPT2Options& options) {
   return options.sequence_parallel ? options.dropout.tensor_or_data() : options.dropout.data;
 }
 
-/// A linear layer of the serial model as `split` makes it: column-parallel (output features split,
-/// in `order`; gathered with gather_output), row-parallel (input features split, the input this
-/// rank's part), or a replicated copy.
+/// A linear layer of the serial model as `split` makes it (split_linear), with the options' sequence parallelism.
 std::shared_ptr<nn::Module> linear_for(const nn::Conv1D& serial, TensorSplit split,
                                        const std::shared_ptr<comm::ProcessGroup>& group,
                                        const ParallelGPT2Options& options, bool gather_output,
                                        std::vector<int64_t> order = {}) {
-  switch (split) {
-    case TensorSplit::kColumn: {
-      auto layer = std::make_shared<ColumnParallelLinear>(serial.weight(), serial.bias(), WeightLayout::kInOut, group,
-                                                          gather_output, std::move(order));
-      layer->set_sequence_parallel(options.sequence_parallel, options.sequence_shard);
-      return layer;
-    }
-    case TensorSplit::kRow: {
-      auto layer = RowParallelLinear::from(serial, group, /*input_is_parallel=*/true);
-      layer->set_sequence_parallel(options.sequence_parallel, options.sequence_shard);
-      return layer;
-    }
-    case TensorSplit::kReplicate: {
-      core::Generator scratch(0);  // the fresh layer's draws, overwritten with the serial values
-      return replicated_copy(serial,
-                             std::make_shared<nn::Conv1D>(serial.in_features(), serial.out_features(), &scratch));
-    }
-    case TensorSplit::kVocab:
-      break;
-  }
-  COLOSSAL_FAIL("tensor-parallel GPT-2: a linear layer cannot take spec \"vocab\" (check_gpt2_plan)");
+  return split_linear(serial, group,
+                      {.split = split,
+                       .gather_output = gather_output,
+                       .order = std::move(order),
+                       .sequence_parallel = options.sequence_parallel,
+                       .shard = options.sequence_shard});
 }
 
 /// An embedding of the serial model as `split` makes it (kColumn: along the embedding dimension).

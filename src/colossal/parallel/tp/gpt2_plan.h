@@ -27,10 +27,9 @@
 
 #include "colossal/config/train_config.h"  // TensorSplit, TensorSpecRule
 #include "colossal/nn/models/gpt2.h"
+#include "colossal/parallel/tp/spec_rules.h"  // ParameterSplit, split_name
 
 namespace colossal::parallel::tp {
-
-using config::TensorSplit;
 
 struct Gpt2BlockPlan {
   TensorSplit c_attn = TensorSplit::kColumn;
@@ -38,6 +37,7 @@ struct Gpt2BlockPlan {
   TensorSplit c_fc = TensorSplit::kColumn;
   TensorSplit mlp_c_proj = TensorSplit::kRow;
   friend bool operator==(const Gpt2BlockPlan&, const Gpt2BlockPlan&) = default;
+  BlockSplits splits() const { return {c_attn, attn_c_proj, c_fc, mlp_c_proj}; }
 };
 
 struct Gpt2Plan {
@@ -52,13 +52,6 @@ struct Gpt2Plan {
   /// Whether the logits forward() returns are whole on every rank (not split by vocabulary).
   bool logits_whole() const { return wte != TensorSplit::kVocab; }
   friend bool operator==(const Gpt2Plan&, const Gpt2Plan&) = default;
-};
-
-/// One parameter's resolved spec and where it came from, for messages and `colossal describe`.
-struct ParameterSplit {
-  std::string name;
-  TensorSplit split = TensorSplit::kReplicate;
-  std::string source;  ///< "rule 2 (\"h.*.mlp.c_fc.*\")", "follows h.0.mlp.c_fc.weight", "no rule", "built-in policy"
 };
 
 struct ResolvedGpt2Plan {
@@ -84,8 +77,5 @@ ResolvedGpt2Plan builtin_gpt2_plan(const nn::models::GPT2Config& config,
 /// a column split before it, a column split of c_attn whose heads do not divide, features that do
 /// not divide, a spec a layer does not take ("vocab" on a linear layer, "row" on an embedding).
 void check_gpt2_plan(const Gpt2Plan& plan, const nn::models::GPT2Config& config, int tensor_size);
-
-/// "column", "row", ...
-std::string_view split_name(TensorSplit split);
 
 }  // namespace colossal::parallel::tp

@@ -12,6 +12,7 @@
 #include "colossal/ops/elementwise.h"  // add
 #include "colossal/ops/linalg.h"       // linear
 #include "colossal/parallel/tp/mappings.h"
+#include "colossal/parallel/tp/replicated.h"  // replicated_copy
 
 namespace colossal::parallel::tp {
 namespace {
@@ -163,6 +164,53 @@ std::shared_ptr<RowParallelLinear> RowParallelLinear::from(const nn::Conv1D& ser
                                                            bool input_is_parallel) {
   return std::make_shared<RowParallelLinear>(serial.weight(), serial.bias(), WeightLayout::kInOut, std::move(group),
                                              input_is_parallel);
+}
+
+namespace {
+
+/// split_linear for either serial layer type: its weight in `layout`, a fresh layer of its type for
+/// the replicated copy.
+template <class Serial>
+std::shared_ptr<nn::Module> split_linear_of(const Serial& serial, WeightLayout layout,
+                                            const std::shared_ptr<comm::ProcessGroup>& group, LinearSplit how,
+                                            const std::function<std::shared_ptr<Serial>()>& fresh) {
+  switch (how.split) {
+    case config::TensorSplit::kColumn: {
+      auto layer = std::make_shared<ColumnParallelLinear>(serial.weight(), serial.bias(), layout, group,
+                                                          how.gather_output, std::move(how.order));
+      layer->set_sequence_parallel(how.sequence_parallel, how.shard);
+      return layer;
+    }
+    case config::TensorSplit::kRow: {
+      auto layer = std::make_shared<RowParallelLinear>(serial.weight(), serial.bias(), layout, group,
+                                                       /*input_is_parallel=*/true);
+      layer->set_sequence_parallel(how.sequence_parallel, how.shard);
+      return layer;
+    }
+    case config::TensorSplit::kReplicate:
+      return replicated_copy(serial, fresh());
+    case config::TensorSplit::kVocab:
+      break;
+  }
+  COLOSSAL_FAIL("split_linear: a linear layer cannot take spec \"vocab\" (valid: \"column\", \"row\", \"replicate\")");
+}
+
+}  // namespace
+
+std::shared_ptr<nn::Module> split_linear(const nn::Linear& serial, const std::shared_ptr<comm::ProcessGroup>& group,
+                                         LinearSplit how) {
+  return split_linear_of<nn::Linear>(serial, WeightLayout::kOutIn, group, std::move(how), [&serial] {
+    core::Generator scratch(0);  // the fresh layer's draws, overwritten with the serial values
+    return std::make_shared<nn::Linear>(serial.in_features(), serial.out_features(), serial.bias().defined(), &scratch);
+  });
+}
+
+std::shared_ptr<nn::Module> split_linear(const nn::Conv1D& serial, const std::shared_ptr<comm::ProcessGroup>& group,
+                                         LinearSplit how) {
+  return split_linear_of<nn::Conv1D>(serial, WeightLayout::kInOut, group, std::move(how), [&serial] {
+    core::Generator scratch(0);
+    return std::make_shared<nn::Conv1D>(serial.in_features(), serial.out_features(), &scratch);
+  });
 }
 
 PendingSum RowParallelLinear::start(const Tensor& x) {

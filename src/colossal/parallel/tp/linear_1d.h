@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "colossal/comm/process_group.h"
+#include "colossal/config/train_config.h"  // TensorSplit
 #include "colossal/nn/linear.h"
 #include "colossal/nn/module.h"
 #include "colossal/parallel/tp/mappings.h"  // PendingSum
@@ -180,6 +181,25 @@ class RowParallelLinear : public nn::Module, public Sharded {
 /// all-reduce's fixed cost outweighs the GEMM it hides under.
 inline constexpr int64_t kAutoRowBlocksBytes = int64_t{32} << 20;
 int64_t auto_row_blocks(int64_t output_bytes);
+
+/// How a per-parameter plan (gpt2_plan.h, vit_plan.h) wants one linear layer.
+struct LinearSplit {
+  config::TensorSplit split = config::TensorSplit::kReplicate;
+  /// A column layer's output gathered whole (before a layer that wants it whole).
+  bool gather_output = false;
+  /// A column layer's output features in the order the ranks' parts concatenate to (whole heads).
+  std::vector<int64_t> order;
+  bool sequence_parallel = false;
+  std::shared_ptr<const SequenceShard> shard;
+};
+
+/// The serial layer as `how` makes it: a ColumnParallelLinear (output features split), a
+/// RowParallelLinear (input features split, the input this rank's part) or a replicated copy of its
+/// own. Throws for "vocab", which no linear layer takes (the plans' checks say so first).
+std::shared_ptr<nn::Module> split_linear(const nn::Linear& serial, const std::shared_ptr<comm::ProcessGroup>& group,
+                                         LinearSplit how);
+std::shared_ptr<nn::Module> split_linear(const nn::Conv1D& serial, const std::shared_ptr<comm::ProcessGroup>& group,
+                                         LinearSplit how);
 
 /// Sets parallel.tensor.row_blocks on every RowParallelLinear in `model` (at any depth).
 void set_row_blocks(nn::Module& model, int64_t blocks);

@@ -25,6 +25,18 @@ std::shared_ptr<nn::LayerNorm> copy_of(const nn::LayerNorm& serial, int64_t widt
   return replicated_copy(serial, std::make_shared<nn::LayerNorm>(width, serial.eps()));
 }
 
+/// How a plan's `split` makes one of a block's linear layers. `gather_output`: a column-split layer's
+/// output gathered whole (the second of a pair, proj and fc2; the first's parts go to the activation
+/// and are gathered after it where needed); `order` gives a column-split qkv whole heads.
+LinearSplit layer_split(TensorSplit split, const ParallelViTOptions& options, bool gather_output,
+                        std::vector<int64_t> order = {}) {
+  return {.split = split,
+          .gather_output = gather_output,
+          .order = std::move(order),
+          .sequence_parallel = options.sequence_parallel,
+          .shard = options.sequence_shard};
+}
+
 /// The generator of dropout and drop path between the tensor-parallel regions: the data's on whole
 /// activations, the tensor-parallel one on token shards (each rank's tokens its own).
 core::Generator* outside_generator(const ParallelViTOptions& options) {
@@ -35,57 +47,73 @@ core::Generator* outside_generator(const ParallelViTOptions& options) {
 
 ParallelViTAttention::ParallelViTAttention(const nn::MultiheadSelfAttention& serial,
                                            const nn::models::ViTConfig& config,
-                                           std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options)
+                                           std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options,
+                                           const VitBlockPlan& plan)
     : Module("ParallelViTAttention"),
-      local_heads_(config.num_heads / group->size()),
+      group_(std::move(group)),
+      local_heads_(plan.attn_in == TensorSplit::kColumn ? config.num_heads / group_->size() : config.num_heads),
+      gather_heads_(plan.attn_in == TensorSplit::kColumn && plan.attn_out != TensorSplit::kRow),
       attn_dropout_(config.attn_drop_rate),
-      attn_dropout_generator_(options.dropout.tensor_or_data()) {
+      // Split heads draw masks of their own; whole heads, the same on every rank, the data's.
+      attn_dropout_generator_(plan.attn_in == TensorSplit::kColumn ? options.dropout.tensor_or_data()
+                                                                   : options.dropout.data) {
   // qkv's output features [3 C] (q, k, v in head order) reordered so rank r's part is its heads'.
-  qkv_ = register_module(
-      "qkv", std::make_shared<ColumnParallelLinear>(
-                 serial.qkv()->weight(), serial.qkv()->bias(), WeightLayout::kOutIn, group, /*gather_output=*/false,
-                 head_qkv_order(config.embed_dim, config.num_heads, group->size(), "the ViT's num_heads")));
-  // The heads' outputs concatenate in head order: proj's input features split as the heads do.
-  proj_ = register_module("proj", RowParallelLinear::from(*serial.proj(), group, /*input_is_parallel=*/true));
-  qkv_->set_sequence_parallel(options.sequence_parallel, options.sequence_shard);
-  proj_->set_sequence_parallel(options.sequence_parallel, options.sequence_shard);
+  std::vector<int64_t> order;
+  if (plan.attn_in == TensorSplit::kColumn)
+    order = head_qkv_order(config.embed_dim, config.num_heads, group_->size(), "the ViT's num_heads");
+  qkv_ = register_module("qkv",
+                         split_linear(*serial.qkv(), group_,
+                                      layer_split(plan.attn_in, options, /*gather_output=*/false, std::move(order))));
+  // The heads' outputs concatenate in head order: a row-split proj's input features split as the heads
+  // do; a column-split proj takes them gathered and gathers its own output.
+  proj_ = register_module(
+      "proj", split_linear(*serial.proj(), group_, layer_split(plan.attn_out, options, /*gather_output=*/true)));
   proj_drop_ =
       register_module("proj_drop", std::make_shared<nn::Dropout>(config.proj_drop_rate, outside_generator(options)));
 }
 
 Tensor ParallelViTAttention::forward(const Tensor& x) {
-  const Tensor attended = nn::multihead_attention(qkv_->forward(x), local_heads_, /*causal=*/false, attn_dropout_,
-                                                  is_training(), attn_dropout_generator_);
+  Tensor attended = nn::multihead_attention(qkv_->forward(x), local_heads_, /*causal=*/false, attn_dropout_,
+                                            is_training(), attn_dropout_generator_);
+  if (gather_heads_) attended = gather_from_region(attended, -1, *group_);
   return proj_drop_->forward(proj_->forward(attended));
 }
 
 ParallelViTMLP::ParallelViTMLP(const nn::MLP& serial, const nn::models::ViTConfig& config,
-                               std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options)
-    : Module("ParallelViTMLP") {
-  fc1_ = register_module("fc1", ColumnParallelLinear::from(*serial.fc1(), group));
+                               std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options,
+                               const VitBlockPlan& plan)
+    : Module("ParallelViTMLP"),
+      group_(std::move(group)),
+      gather_hidden_(plan.mlp_in == TensorSplit::kColumn && plan.mlp_out != TensorSplit::kRow) {
+  fc1_ = register_module(
+      "fc1", split_linear(*serial.fc1(), group_, layer_split(plan.mlp_in, options, /*gather_output=*/false)));
   // ViT's MLP takes the exact GELU (timm's nn.GELU); elementwise, so it applies to each rank's features.
   act_ = register_module("act", std::make_shared<nn::GELU>(ops::GeluApproximation::none));
-  drop1_ =
-      register_module("drop1", std::make_shared<nn::Dropout>(config.proj_drop_rate, options.dropout.tensor_or_data()));
-  fc2_ = register_module("fc2", RowParallelLinear::from(*serial.fc2(), group, /*input_is_parallel=*/true));
-  fc1_->set_sequence_parallel(options.sequence_parallel, options.sequence_shard);
-  fc2_->set_sequence_parallel(options.sequence_parallel, options.sequence_shard);
+  // On this rank's hidden features its own masks; on whole ones (fc1 replicated) the data's.
+  drop1_ = register_module("drop1",
+                           std::make_shared<nn::Dropout>(config.proj_drop_rate, plan.mlp_in == TensorSplit::kColumn
+                                                                                    ? options.dropout.tensor_or_data()
+                                                                                    : options.dropout.data));
+  fc2_ = register_module(
+      "fc2", split_linear(*serial.fc2(), group_, layer_split(plan.mlp_out, options, /*gather_output=*/true)));
   drop2_ = register_module("drop2", std::make_shared<nn::Dropout>(config.proj_drop_rate, outside_generator(options)));
 }
 
 Tensor ParallelViTMLP::forward(const Tensor& x) {
-  return drop2_->forward(fc2_->forward(drop1_->forward(act_->forward(fc1_->forward(x)))));
+  Tensor hidden = drop1_->forward(act_->forward(fc1_->forward(x)));
+  if (gather_hidden_) hidden = gather_from_region(hidden, -1, *group_);
+  return drop2_->forward(fc2_->forward(hidden));
 }
 
 ParallelViTBlock::ParallelViTBlock(const nn::TransformerBlock& serial, const nn::models::ViTConfig& config,
                                    double drop_path, std::shared_ptr<comm::ProcessGroup> group,
-                                   const ParallelViTOptions& options)
+                                   const ParallelViTOptions& options, const VitBlockPlan& plan)
     : Module("ParallelViTBlock"), dropout_(options.dropout), checkpoint_activations_(serial.checkpoint_activations()) {
   norm1_ = register_module("norm1", copy_of(*serial.norm1(), config.embed_dim, group, options));
-  attn_ = register_module("attn", std::make_shared<ParallelViTAttention>(*serial.attn(), config, group, options));
+  attn_ = register_module("attn", std::make_shared<ParallelViTAttention>(*serial.attn(), config, group, options, plan));
   drop_path1_ = register_module("drop_path1", std::make_shared<nn::DropPath>(drop_path, outside_generator(options)));
   norm2_ = register_module("norm2", copy_of(*serial.norm2(), config.embed_dim, group, options));
-  mlp_ = register_module("mlp", std::make_shared<ParallelViTMLP>(*serial.mlp(), config, group, options));
+  mlp_ = register_module("mlp", std::make_shared<ParallelViTMLP>(*serial.mlp(), config, group, options, plan));
   drop_path2_ = register_module("drop_path2", std::make_shared<nn::DropPath>(drop_path, outside_generator(options)));
 }
 
@@ -106,12 +134,18 @@ ParallelViT::ParallelViT(const nn::models::VisionTransformer& serial, std::share
       config_(serial.config()),
       group_(group),
       sequence_parallel_(options.sequence_parallel),
-      shard_(std::make_shared<SequenceShard>()) {
+      shard_(std::make_shared<SequenceShard>()),
+      plan_(options.plan ? *options.plan : VitPlan::megatron(config_.depth)) {
   COLOSSAL_CHECK(group != nullptr, "ParallelViT needs the tensor-parallel group");
   options.sequence_shard = shard_;  // the layers read what forward() decides (Note [Token shards])
   const nn::models::ViTConfig& c = config_;
   // Checked first, so a bad size is named as the heads rather than as a layer's features.
-  head_qkv_columns(c.embed_dim, c.num_heads, group->rank(), group->size(), "the ViT's num_heads");
+  if (plan_.is_megatron())
+    head_qkv_columns(c.embed_dim, c.num_heads, group->rank(), group->size(), "the ViT's num_heads");
+  check_vit_plan(plan_, c, group->size());
+  COLOSSAL_CHECK(!sequence_parallel_ || plan_.is_megatron(),
+                 "ParallelViT: sequence parallelism is built for the built-in plan (heads and MLP column then row) "
+                 "only; drop parallel.tensor.specs or sequence_parallel");
   // The replicated layers are built, then overwritten with the serial values: their own initial
   // draws come from a scratch generator, not the global one.
   core::Generator scratch(0);
@@ -132,7 +166,9 @@ ParallelViT::ParallelViT(const nn::models::VisionTransformer& serial, std::share
     COLOSSAL_CHECK(block != nullptr, "ParallelViT: blocks.{} of the serial model is not a TransformerBlock", i);
     const double drop_path = c.depth > 1 ? c.drop_path_rate * static_cast<double>(i) / static_cast<double>(c.depth - 1)
                                          : 0.0;  // as VisionTransformer
-    blocks_->push_back(std::make_shared<ParallelViTBlock>(*block, c, drop_path, group, options));
+    COLOSSAL_CHECK(i < plan_.blocks.size(), "ParallelViT: the serial model has more blocks than config depth = {}",
+                   c.depth);
+    blocks_->push_back(std::make_shared<ParallelViTBlock>(*block, c, drop_path, group, options, plan_.blocks[i]));
   }
   norm_ = register_module("norm", copy_of(*serial.norm(), c.embed_dim, group, options));
   head_drop_ = register_module("head_drop", std::make_shared<nn::Dropout>(c.drop_rate, options.dropout.data));
@@ -177,21 +213,6 @@ Tensor ParallelViT::forward(const Tensor& images) {
     if (normed.size(0) != batch) normed = normed.narrow(0, 0, batch);
   }
   return head_->forward(head_drop_->forward(normed.select(1, 0)));
-}
-
-config::TensorSplit ParallelViT::split_of(const std::string& name) {
-  if (!name.starts_with("blocks.")) return config::TensorSplit::kReplicate;
-  const auto ends_with_any = [&](std::initializer_list<const char*> suffixes) {
-    for (const char* suffix : suffixes) {
-      if (name.ends_with(suffix)) return true;
-    }
-    return false;
-  };
-  if (ends_with_any({".attn.qkv.weight", ".attn.qkv.bias", ".mlp.fc1.weight", ".mlp.fc1.bias"})) {
-    return config::TensorSplit::kColumn;
-  }
-  if (ends_with_any({".attn.proj.weight", ".mlp.fc2.weight"})) return config::TensorSplit::kRow;
-  return config::TensorSplit::kReplicate;  // norms, row layers' biases
 }
 
 }  // namespace colossal::parallel::tp

@@ -26,10 +26,18 @@
 // are its own), qkv and fc1 all-gather their input and proj and fc2 reduce-scatter their output, and the final norm's
 // output is all-gathered before the class token is taken, so the head and the logits are whole and replicated as
 // without it.
+//
+// Other layouts (ParallelViTOptions::plan, vit_plan.h): each block's qkv, proj, fc1 and fc2
+// column-split, row-split or replicated, as per-parameter sharding specs (parallel.tensor.specs)
+// ask. Where a split activation meets a layer that needs it whole (a column-split qkv before a
+// column-split or replicated proj, a column-split fc1 before such an fc2), the parts are gathered
+// (gather_from_region); dropout on split features draws from the tensor-parallel generator, on whole
+// ones from the data generator. Sequence parallelism takes the built-in plan only.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "colossal/comm/process_group.h"
@@ -43,6 +51,7 @@
 #include "colossal/nn/patch_embedding.h"
 #include "colossal/parallel/tp/linear_1d.h"
 #include "colossal/parallel/tp/random.h"
+#include "colossal/parallel/tp/vit_plan.h"
 
 namespace colossal::parallel::tp {
 
@@ -51,50 +60,59 @@ struct ParallelViTOptions {
   DropoutGenerators dropout;
   /// Megatron's sequence parallelism (the file's head).
   bool sequence_parallel = false;
+  /// How each block splits (vit_plan.h); empty: the built-in policy (VitPlan::megatron).
+  std::optional<VitPlan> plan;
   /// Set by ParallelViT for its layers (leave it empty): which tokens the shards hold in the current
   /// forward (Note [Token shards] in gpt2_1d.cpp).
   std::shared_ptr<SequenceShard> sequence_shard;
 };
 
 /// timm's Attention with num_heads / tp heads on each rank: qkv column-parallel (this rank's heads'
-/// q, k and v), proj row-parallel.
+/// q, k and v), proj row-parallel; or as `plan` splits them (every head on every rank when qkv is
+/// replicated).
 class ParallelViTAttention : public nn::Module {
  public:
-  /// Throws naming both when num_heads does not divide by the group's size.
+  /// Throws naming both when num_heads does not divide by the group's size and qkv splits.
   ParallelViTAttention(const nn::MultiheadSelfAttention& serial, const nn::models::ViTConfig& config,
-                       std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options = {});
+                       std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options = {},
+                       const VitBlockPlan& plan = {});
   /// x [B, N, embed_dim], the same on every rank -> [B, N, embed_dim], the same on every rank.
   Tensor forward(const Tensor& x) override;
 
-  const std::shared_ptr<ColumnParallelLinear>& qkv() const { return qkv_; }
-  const std::shared_ptr<RowParallelLinear>& proj() const { return proj_; }
+  /// The layers as the plan made them: the typed ones null where the plan chose another split.
+  std::shared_ptr<ColumnParallelLinear> qkv() const { return std::dynamic_pointer_cast<ColumnParallelLinear>(qkv_); }
+  std::shared_ptr<RowParallelLinear> proj() const { return std::dynamic_pointer_cast<RowParallelLinear>(proj_); }
   core::Generator* attn_dropout_generator() const { return attn_dropout_generator_; }
 
  private:
+  std::shared_ptr<comm::ProcessGroup> group_;
   int64_t local_heads_;
+  bool gather_heads_;  ///< qkv split by heads, proj wanting its whole input
   double attn_dropout_;
   core::Generator* attn_dropout_generator_;
-  std::shared_ptr<ColumnParallelLinear> qkv_;
-  std::shared_ptr<RowParallelLinear> proj_;
+  std::shared_ptr<nn::Module> qkv_;
+  std::shared_ptr<nn::Module> proj_;
   std::shared_ptr<nn::Dropout> proj_drop_;
 };
 
 /// timm's Mlp: fc1 column-parallel, exact GELU and drop1 on this rank's hidden features, fc2
-/// row-parallel, drop2.
+/// row-parallel, drop2; or as `plan` splits them.
 class ParallelViTMLP : public nn::Module {
  public:
   ParallelViTMLP(const nn::MLP& serial, const nn::models::ViTConfig& config, std::shared_ptr<comm::ProcessGroup> group,
-                 const ParallelViTOptions& options = {});
+                 const ParallelViTOptions& options = {}, const VitBlockPlan& plan = {});
   Tensor forward(const Tensor& x) override;
 
-  const std::shared_ptr<ColumnParallelLinear>& fc1() const { return fc1_; }
-  const std::shared_ptr<RowParallelLinear>& fc2() const { return fc2_; }
+  std::shared_ptr<ColumnParallelLinear> fc1() const { return std::dynamic_pointer_cast<ColumnParallelLinear>(fc1_); }
+  std::shared_ptr<RowParallelLinear> fc2() const { return std::dynamic_pointer_cast<RowParallelLinear>(fc2_); }
 
  private:
-  std::shared_ptr<ColumnParallelLinear> fc1_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  bool gather_hidden_;  ///< fc1 column-split, fc2 wanting its whole input
+  std::shared_ptr<nn::Module> fc1_;
   std::shared_ptr<nn::GELU> act_;
   std::shared_ptr<nn::Dropout> drop1_;
-  std::shared_ptr<RowParallelLinear> fc2_;
+  std::shared_ptr<nn::Module> fc2_;
   std::shared_ptr<nn::Dropout> drop2_;
 };
 
@@ -105,7 +123,8 @@ class ParallelViTBlock : public nn::Module {
  public:
   /// `drop_path`: this block's stochastic depth (the serial model's rule: drop_path_rate * i / (depth - 1)).
   ParallelViTBlock(const nn::TransformerBlock& serial, const nn::models::ViTConfig& config, double drop_path,
-                   std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options = {});
+                   std::shared_ptr<comm::ProcessGroup> group, const ParallelViTOptions& options = {},
+                   const VitBlockPlan& plan = {});
   Tensor forward(const Tensor& x) override;
 
   bool checkpoint_activations() const { return checkpoint_activations_; }
@@ -133,6 +152,8 @@ class ParallelViTBlock : public nn::Module {
 class ParallelViT : public nn::Module {
  public:
   /// Throws naming both when the heads do not split over the group, or the MLP's hidden width does not.
+  /// A plan the layers cannot compute is an error naming the parameter (check_vit_plan), as is sequence
+  /// parallelism with a plan other than the built-in one.
   ParallelViT(const nn::models::VisionTransformer& serial, std::shared_ptr<comm::ProcessGroup> group,
               ParallelViTOptions options = {});
   /// images [B, in_chans, img_size, img_size] -> logits [B, num_classes], the same on every rank.
@@ -143,9 +164,7 @@ class ParallelViT : public nn::Module {
   void set_checkpoint_activations(bool on);
 
   const nn::models::ViTConfig& config() const { return config_; }
-  /// How the parameter named `name` (timm's names) lives on the tensor group: column for the blocks'
-  /// qkv and fc1 (weights and biases), row for proj's and fc2's weights, replicate for the rest.
-  static config::TensorSplit split_of(const std::string& name);
+  const VitPlan& plan() const { return plan_; }
   const std::shared_ptr<nn::ModuleList>& blocks() const { return blocks_; }
   const std::shared_ptr<nn::Linear>& head() const { return head_; }
 
@@ -154,6 +173,7 @@ class ParallelViT : public nn::Module {
   std::shared_ptr<comm::ProcessGroup> group_;
   bool sequence_parallel_;
   std::shared_ptr<SequenceShard> shard_;
+  VitPlan plan_;
   Tensor* cls_token_;
   Tensor* pos_embed_;
   std::shared_ptr<nn::PatchEmbedding> patch_embed_;
