@@ -1,13 +1,19 @@
 // CUDA embedding against the CPU kernels, f32/bf16/f16: the gathered rows and the weight gradient
 // for repeated indices, a padding row, one index repeated thousands of times (a run split into many
 // chunks), i32 and i64 indices, a transposed weight (element gather), odd widths; the gradient's
-// run-to-run determinism; bad indices raising the CPU's message; indices on the wrong device.
+// run-to-run determinism; the backward adding into the gradient it joins (the accumulating kernel,
+// f64 too, and through autograd); bad indices raising the CPU's message; indices on the wrong device.
 // Tolerances: tests/support/gpu_compare.h.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
+#include "colossal/autograd/engine.h"   // fused_gradient_accumulations
+#include "colossal/core/view.h"         // cast_raw
+#include "colossal/ops/loss_kernels.h"  // embedding_backward_stub
 #include "gpu_compare.h"
 
 namespace colossal {
@@ -88,6 +94,131 @@ TEST(EmbeddingGpu, GradientIsDeterministic) {
   };
   const Tensor first = gradient();
   expect_close(gradient(), first, 0, 0, "embedding gradient, second run");
+}
+
+// ---- the backward adding into the gradient it joins (Note [Gradient accumulation in the op])
+
+/// Indices into 64 rows: row 3 at 100 positions (4 chunks, summed through partial rows), row 5 at 33
+/// (2 chunks), rows 10..49 once each (a chunk written directly), row 8 twice, row 7 (the padding
+/// row where one is set) 4 times; rows 0-2, 4, 6, 9 and 50-63 are named by none. The 179 positions
+/// are interleaved by k -> 37k mod 179 (179 is prime), so a run's positions are not adjacent.
+constexpr int64_t kAccRows = 64, kAccPadding = 7;
+std::vector<int64_t> accumulation_index_values() {
+  std::vector<int64_t> runs;
+  runs.insert(runs.end(), 100, 3);
+  runs.insert(runs.end(), 33, 5);
+  for (int64_t r = 10; r < 50; ++r) runs.push_back(r);
+  runs.insert(runs.end(), 2, 8);
+  runs.insert(runs.end(), 4, kAccPadding);
+  const int64_t n = static_cast<int64_t>(runs.size());
+  std::vector<int64_t> values(runs.size());
+  for (int64_t k = 0; k < n; ++k) values[static_cast<size_t>(k * 37 % n)] = runs[static_cast<size_t>(k)];
+  return values;
+}
+
+/// Rows `rows` of a [rows, dim] table as f64 values (exact for every floating dtype).
+std::vector<double> rows_of(const Tensor& table, const std::vector<int64_t>& rows) {
+  const Tensor t = core::cast_raw(table.to(core::kCpu), DType::f64);
+  const std::vector<double> all = t.to_vector<double>();
+  const int64_t dim = t.size(1);
+  std::vector<double> out;
+  for (const int64_t r : rows) out.insert(out.end(), all.begin() + r * dim, all.begin() + (r + 1) * dim);
+  return out;
+}
+
+TEST(EmbeddingGpu, AccumulatingBackwardMatchesCpu) {
+  COLOSSAL_REQUIRE_GPU();
+  // The kernels called directly on a table that already holds a gradient: rows the indices name
+  // become old + sum on both devices, the others keep their bits. The 100- and 33-term rows sum in
+  // chunks on the GPU and in one sequence on the CPU (2x the base tolerance); the rows of one chunk
+  // add in the same order on both.
+  const Device gpu = core::cuda_device(0);
+  const std::vector<int64_t> values = accumulation_index_values();
+  const int64_t n = static_cast<int64_t>(values.size());
+  const Tensor indices = core::from_vector<int64_t>(values, {n});
+  const std::vector<int64_t> unnamed = {0, 1, 2, 4, 6, 9, 50, 57, 63};
+  for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    for (const int64_t dim : {37, 256}) {  // odd: element loads; 256: 16-byte vectors in every dtype
+      for (const int64_t padding_idx : {int64_t{-1}, kAccPadding}) {
+        SCOPED_TRACE(fmt::format("accumulating embedding backward [{}, {}] ({}), padding_idx {}", kAccRows, dim, dtype,
+                                 padding_idx));
+        const Tensor old = random_input({kAccRows, dim}, 61, dtype, -1, 1, false);
+        const Tensor grad_out = random_input({n, dim}, 62, dtype, -1, 1, false);
+        const Tensor grad_out_gpu = grad_out.to(gpu), indices_gpu = indices.to(gpu);
+        Tensor cpu = old.clone();
+        ops::embedding_backward_stub(core::kCpu, cpu, grad_out, indices, padding_idx, true);
+        auto on_gpu = [&](bool accumulate) {
+          Tensor table = old.to(gpu);
+          ops::embedding_backward_stub(gpu, table, grad_out_gpu, indices_gpu, padding_idx, accumulate);
+          return table;
+        };
+        const Tensor got = on_gpu(true);
+        const testing::Tolerance tol = testing::tolerance_for(dtype);
+        expect_close(got.to(core::kCpu), cpu, 2 * tol.atol, 2 * tol.rtol, "accumulated gradient");
+
+        std::vector<int64_t> kept = unnamed;
+        if (padding_idx >= 0) kept.push_back(padding_idx);
+        EXPECT_EQ(rows_of(got, kept), rows_of(old, kept)) << "rows no index adds to keep their bits";
+        expect_close(on_gpu(true).to(core::kCpu), got.to(core::kCpu), 0.0, 0.0, "accumulated gradient, second run");
+
+        // The plain form over the same filled table still writes every row (today's kernel).
+        const Tensor plain = on_gpu(false);
+        Tensor plain_cpu = old.clone();
+        ops::embedding_backward_stub(core::kCpu, plain_cpu, grad_out, indices, padding_idx, false);
+        expect_close(plain.to(core::kCpu), plain_cpu, 2 * tol.atol, 2 * tol.rtol, "plain gradient");
+        if (dtype == DType::f32 || dtype == DType::f64) {
+          // Sums in the tensor's own dtype round the same way added in the kernel or by the engine.
+          expect_close(got.to(core::kCpu), ops::add(old, plain.to(core::kCpu)), 0.0, 0.0, "old + plain gradient");
+        }
+      }
+    }
+  }
+}
+
+/// Whether this process lets ops add into accumulation targets (the engine reads the switch once).
+bool fused_accumulation_on() {
+  const char* v = std::getenv("COLOSSAL_FUSED_GRAD_ACCUMULATION");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+TEST(EmbeddingGpu, BackwardJoinsAnEarlierGradient) {
+  COLOSSAL_REQUIRE_GPU();
+  // Through autograd on each device: an earlier backward leaves a dense .grad; one lookup adds into
+  // it (the leaf's .grad), then two lookups of the weight in one graph (the second adds into the
+  // first's waiting sum, which joins .grad). The GPU's .grad against the CPU's after each.
+  const std::vector<int64_t> values = accumulation_index_values();
+  const int64_t n = static_cast<int64_t>(values.size());
+  const Tensor indices = core::from_vector<int64_t>(values, {n});
+  const Tensor second_indices = core::from_vector<int64_t>({3, 60, 3, 7, 12}, {5});
+  for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    for (const int64_t dim : {37, 256}) {
+      SCOPED_TRACE(fmt::format("embedding into an earlier gradient [{}, {}] ({})", kAccRows, dim, dtype));
+      const Tensor weight_values = random_input({kAccRows, dim}, 63, dtype, -1, 1, false);
+      const Tensor c = random_input({kAccRows, dim}, 64, dtype, -1, 1, false);
+      const Tensor u = random_input({n, dim}, 65, dtype, -1, 1, false);
+      const Tensor u2 = random_input({5, dim}, 66, dtype, -1, 1, false);
+      const testing::Tolerance tol = testing::tolerance_for(dtype);
+      std::vector<Tensor> grads[2];  // the CPU's and the GPU's .grad after each step
+      const int64_t before = autograd::fused_gradient_accumulations();
+      for (const Device device : {core::kCpu, core::cuda_device(0)}) {
+        Tensor w = weight_values.to(device).detach();  // a leaf of its own
+        w.set_requires_grad(true);
+        const Tensor idx = indices.to(device), idx2 = second_indices.to(device);
+        autograd::backward(ops::sum(ops::mul(w, c.to(device))));
+        autograd::backward(ops::sum(ops::mul(ops::embedding(idx, w, kAccPadding), u.to(device))));
+        grads[device.is_cuda() ? 1 : 0].push_back(w.grad().to(core::kCpu).clone());
+        autograd::backward(ops::add(ops::sum(ops::mul(ops::embedding(idx, w, kAccPadding), u.to(device))),
+                                    ops::sum(ops::mul(ops::embedding(idx2, w, kAccPadding), u2.to(device)))));
+        grads[device.is_cuda() ? 1 : 0].push_back(w.grad().to(core::kCpu).clone());
+      }
+      EXPECT_EQ(autograd::fused_gradient_accumulations() - before, fused_accumulation_on() ? 4 : 0)
+          << "one lookup per backward and device";
+      // 2x, as in AccumulatingBackwardMatchesCpu: the long rows sum in another order on the GPU.
+      expect_close(grads[1][0], grads[0][0], 2 * tol.atol, 2 * tol.rtol, "one lookup");
+      // 4x: by now each row is the sum of three backwards, each rounded to the dtype on its own.
+      expect_close(grads[1][1], grads[0][1], 4 * tol.atol, 4 * tol.rtol, "two more lookups");
+    }
+  }
 }
 
 TEST(EmbeddingGpu, BadIndices) {

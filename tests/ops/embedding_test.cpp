@@ -1,11 +1,16 @@
 // embedding: weight gradients by finite differences (repeated indices, a padding row), gathered
-// values, the padding row's zero gradient, a parallel backward equal to a serial reference, and
-// bad indices named in the error.
+// values, the padding row's zero gradient, a parallel backward equal to a serial reference, the
+// backward adding into the gradient the weight's joins (Note [Gradient accumulation in the op]), and
+// bad indices named in the error. CTest runs the accumulation tests a second time with
+// COLOSSAL_FUSED_GRAD_ACCUMULATION=0: the engine's sums, the same values.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
-#include "colossal/core/view.h"  // cast_raw
+#include "colossal/autograd/engine.h"  // fused_gradient_accumulations
+#include "colossal/core/view.h"        // cast_raw
 #include "gradcheck.h"
 
 namespace colossal {
@@ -111,6 +116,105 @@ TEST(EmbeddingTest, ParallelBackwardMatchesSerialReference) {
   again.set_requires_grad(true);
   autograd::backward(ops::embedding(indices, again), upstream);
   expect_close(again.grad(), weight.grad(), 0.0, 0.0, "repeat");
+}
+
+// ---- the backward adding into the gradient it joins
+
+/// Whether this process lets ops add into accumulation targets (the engine reads the switch once).
+bool fused_accumulation_on() {
+  const char* v = std::getenv("COLOSSAL_FUSED_GRAD_ACCUMULATION");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+/// The weight gradient of sum(embedding(indices, w, padding_idx) * upstream), row by row in
+/// ascending position order (the kernels' order), as f64 values of a [rows, dim] table.
+std::vector<double> reference_gradient(const std::vector<int64_t>& indices, const Tensor& upstream, int64_t rows,
+                                       int64_t dim, int64_t padding_idx) {
+  const std::vector<double> up = upstream.to(DType::f64).to_vector<double>();
+  std::vector<double> grad(static_cast<size_t>(rows * dim), 0.0);
+  for (size_t k = 0; k < indices.size(); ++k) {
+    if (indices[k] == padding_idx) continue;
+    for (int64_t j = 0; j < dim; ++j) grad[indices[k] * dim + j] += up[k * dim + j];
+  }
+  return grad;
+}
+
+std::vector<double> plus(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> sum(a.size());
+  for (size_t i = 0; i < a.size(); ++i) sum[i] = a[i] + b[i];
+  return sum;
+}
+
+// Rows 0..7 of dim 3: row 2 is padding (named, never summed), rows 5 and 7 are named by no index.
+constexpr int64_t kRows = 8, kDim = 3, kPadding = 2;
+const std::vector<int64_t> kFirst = {1, 3, 1, 2, 0, 1, 6, 3};
+const std::vector<int64_t> kSecond = {4, 1, 2, 6, 6};
+
+Tensor lookups(const std::vector<int64_t>& values) {
+  return core::from_vector<int64_t>(values, {static_cast<int64_t>(values.size())});
+}
+
+TEST(EmbeddingAccumulation, TwoLookupsOfOneWeight) {
+  // loss = sum(e(i1) * u1) + sum(e(i2) * u2) on one weight (a tied weight's two uses): the first
+  // gradient to arrive waits at the leaf and the second lookup's kernel adds its rows into it. Each
+  // row's sum is taken in position order, as the reference does, and f64 addition commutes, so
+  // whichever lookup runs first the values agree exactly. A second backward adds both into .grad.
+  const Tensor u1 = random_tensor({8, kDim}, 91), u2 = random_tensor({5, kDim}, 92);
+  const std::vector<double> once = plus(reference_gradient(kFirst, u1, kRows, kDim, kPadding),
+                                        reference_gradient(kSecond, u2, kRows, kDim, kPadding));
+  Tensor w = random_leaf({kRows, kDim}, 93);
+  auto loss = [&] {
+    return ops::add(ops::sum(ops::mul(ops::embedding(lookups(kFirst), w, kPadding), u1)),
+                    ops::sum(ops::mul(ops::embedding(lookups(kSecond), w, kPadding), u2)));
+  };
+  const int64_t before = autograd::fused_gradient_accumulations();
+  autograd::backward(loss());
+  EXPECT_EQ(autograd::fused_gradient_accumulations() - before, fused_accumulation_on() ? 1 : 0)
+      << "the second lookup adds into the first's waiting sum";
+  expect_close(w.grad(), core::from_vector<double>(once, {kRows, kDim}), 0.0, 0.0, "first backward");
+
+  const void* grad_data = w.grad().raw_data();
+  autograd::backward(loss());
+  EXPECT_EQ(autograd::fused_gradient_accumulations() - before, fused_accumulation_on() ? 2 : 0);
+  expect_close(w.grad(), core::from_vector<double>(plus(once, once), {kRows, kDim}), 0.0, 0.0, "second backward");
+  EXPECT_EQ(w.grad().raw_data(), grad_data) << "the sum stays in the first backward's buffer";
+}
+
+TEST(EmbeddingAccumulation, OneLookupJoinsAnEarlierGradient) {
+  // An earlier backward leaves a dense .grad (c, in every row); the lookup's kernel adds its rows into
+  // it: rows the indices name become c + sum, the padding row and the unnamed rows keep c exactly.
+  const Tensor c = random_tensor({kRows, kDim}, 94);
+  const Tensor u = random_tensor({8, kDim}, 95);
+  Tensor w = random_leaf({kRows, kDim}, 96);
+  autograd::backward(ops::sum(ops::mul(w, c)));
+  const void* grad_data = w.grad().raw_data();
+  const int64_t before = autograd::fused_gradient_accumulations();
+  autograd::backward(ops::sum(ops::mul(ops::embedding(lookups(kFirst), w, kPadding), u)));
+  EXPECT_EQ(autograd::fused_gradient_accumulations() - before, fused_accumulation_on() ? 1 : 0)
+      << "the lookup adds into .grad";
+  EXPECT_EQ(w.grad().raw_data(), grad_data) << "added in place, by the kernel or the engine";
+  const std::vector<double> expected =
+      plus(c.to_vector<double>(), reference_gradient(kFirst, u, kRows, kDim, kPadding));
+  expect_close(w.grad(), core::from_vector<double>(expected, {kRows, kDim}), 0.0, 0.0, "joined gradient");
+  const std::vector<double> got = w.grad().to_vector<double>(), earlier = c.to_vector<double>();
+  for (const int64_t row : {kPadding, int64_t{5}, int64_t{7}}) {
+    for (int64_t j = 0; j < kDim; ++j) EXPECT_EQ(got[row * kDim + j], earlier[row * kDim + j]) << "row " << row;
+  }
+}
+
+TEST(EmbeddingAccumulation, HalfPrecisionAddsInFloatAndRoundsOnce) {
+  // Row 0 holds 1 and gets 2^-8 + 2^-16 (each exact in bf16, their f32 sum is not). Added in the
+  // kernel's f32 accumulator, 1 + 2^-8 + 2^-16 rounds up to 1 + 2^-7. The engine's separate add first
+  // rounds the sum to bf16 (a tie, to even: 2^-8), then 1 + 2^-8 is a tie between 1 and 1 + 2^-7
+  // that rounds to even: 1. Rows 1 and 2 are named by no index and keep 1.
+  Tensor w = core::cast_raw(random_tensor({3, 2}, 97), DType::bf16);
+  w.set_requires_grad(true);
+  autograd::backward(ops::sum(w));  // .grad = 1 everywhere
+  const Tensor upstream =
+      core::cast_raw(core::from_vector<double>({0x1p-8, 0x1p-8, 0x1p-16, 0x1p-16}, {2, 2}), DType::bf16);
+  autograd::backward(ops::embedding(core::from_vector<int64_t>({0, 0}, {2}), w), upstream);
+  const double row0 = fused_accumulation_on() ? 1.0 + 0x1p-7 : 1.0;
+  expect_values(w.grad(), {row0, row0, 1, 1, 1, 1});
 }
 
 TEST(EmbeddingTest, BadInputs) {

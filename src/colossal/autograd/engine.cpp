@@ -52,6 +52,9 @@ struct NodeState {
 // pass over [B, T, C] of its own before). The node runs as before, on the sum, once its other edges
 // have delivered. Layer norm rounds its gradient to the sum's dtype before adding it, as the separate
 // pass did, so those sums are the same bit for bit.
+// The embedding's backward (ops/embedding.cpp) adds each named row's sum into its weight's target
+// and reads and writes no other row: for GPT-2's wte (50257 x 1024) that saves clearing the whole
+// table and the engine's pass over it, each microbatch; f16/bf16 rows are rounded once, as the GEMM's.
 
 /// What a backward that an op added into a target leaves for the engine to do at a node.
 enum class Absorbed {

@@ -1,5 +1,7 @@
 // embedding: input checks, the flattened [n, dim] layout the kernels work on, and autograd through
-// the deterministic scatter-add backward kernel (ops/loss_kernels.h).
+// the deterministic scatter-add backward kernel (ops/loss_kernels.h), which adds into the gradient
+// the weight's joins where the engine offers one.
+#include "colossal/autograd/engine.h"    // accumulation_target, mark_accumulated
 #include "colossal/autograd/function.h"  // record
 #include "colossal/core/view.h"          // contiguous_raw, view_raw
 #include "colossal/ops/loss_kernels.h"
@@ -35,18 +37,28 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, int64_t padding_id
     embedding_forward_stub(weight.device(), core::view_raw(out, {indices.numel(), dim}), flat_indices, weight);
   }
 
-  autograd::record("embedding", {weight}, {out},
-                   [saved_indices = flat_indices.detach(), weight_shape = weight.shape(), dtype = weight.dtype(),
-                    device = weight.device(), padding_idx](const std::vector<Tensor>& grads, const autograd::Node&) {
-                     const int64_t n = saved_indices.numel();
-                     const Tensor grad_out = core::contiguous_raw(grads[0]);
-                     Tensor grad_weight = core::empty(weight_shape, TensorOptions(dtype, device));
-                     if (grad_weight.numel() > 0) {
-                       embedding_backward_stub(device, grad_weight, core::view_raw(grad_out, {n, weight_shape[1]}),
-                                               saved_indices, padding_idx);
-                     }
-                     return std::vector<Tensor>{grad_weight};
-                   });
+  autograd::record(
+      "embedding", {weight}, {out},
+      [saved_indices = flat_indices.detach(), weight_shape = weight.shape(), dtype = weight.dtype(),
+       device = weight.device(), padding_idx](const std::vector<Tensor>& grads, const autograd::Node& node) {
+        const int64_t n = saved_indices.numel();
+        const Tensor grad_out = core::view_raw(core::contiguous_raw(grads[0]), {n, weight_shape[1]});
+        // Where the gradient joins a sum (the .grad of earlier microbatches, or another use's waiting at
+        // the leaf: a tied weight's), the kernel adds the rows the indices name into it and leaves the
+        // rest alone, instead of clearing a whole table for the engine to add (Note [Gradient
+        // accumulation in the op] in autograd/engine.cpp).
+        const Tensor target = autograd::accumulation_target(node, 0, dtype);
+        if (target.defined() && target.shape() == weight_shape && target.is_contiguous()) {
+          if (target.numel() > 0) embedding_backward_stub(device, target, grad_out, saved_indices, padding_idx, true);
+          autograd::mark_accumulated(node, 0);
+          return std::vector<Tensor>{Tensor()};
+        }
+        Tensor grad_weight = core::empty(weight_shape, TensorOptions(dtype, device));
+        if (grad_weight.numel() > 0) {
+          embedding_backward_stub(device, grad_weight, grad_out, saved_indices, padding_idx, false);
+        }
+        return std::vector<Tensor>{grad_weight};
+      });
   return out;
 }
 

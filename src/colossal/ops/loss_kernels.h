@@ -23,9 +23,13 @@ namespace colossal::ops {
 using EmbeddingForwardKernel = void(const Tensor& out, const Tensor& indices, const Tensor& weight);
 /// grad_weight [num_embeddings, dim] (contiguous, written in full) <- the sum over k with
 /// indices[k] == row of grad_out[k] (grad_out contiguous [n, dim]); rows equal to padding_idx (when
-/// >= 0) stay zero. Must be deterministic: the sum order of a row may not depend on threads.
+/// >= 0) stay zero. With `accumulate`, grad_weight holds a gradient already and each row some index
+/// names becomes old + sum (the sum taken from zero in the accumulation type, then added to the old
+/// value there and rounded once); the padding row and rows no index names are left as they are, so
+/// nothing is written over the whole table (Note [Gradient accumulation in the op] in
+/// autograd/engine.cpp). Must be deterministic: the sum order of a row may not depend on threads.
 using EmbeddingBackwardKernel = void(const Tensor& grad_weight, const Tensor& grad_out, const Tensor& indices,
-                                     int64_t padding_idx);
+                                     int64_t padding_idx, bool accumulate);
 
 extern core::DispatchStub<EmbeddingForwardKernel> embedding_forward_stub;
 extern core::DispatchStub<EmbeddingBackwardKernel> embedding_backward_stub;

@@ -62,9 +62,10 @@ void embedding_forward_cpu(const Tensor& out, const Tensor& indices, const Tenso
 
 // Positions are bucketed by destination row with a stable counting sort, so each thread owns whole
 // rows of grad_weight (no two threads write one row) and every row sums its contributions in
-// ascending position order whatever the thread count: bitwise reproducible, no atomics.
+// ascending position order whatever the thread count: bitwise reproducible, no atomics. With
+// `accumulate` only the rows with contributions are read and written (old + sum, rounded once).
 void embedding_backward_cpu(const Tensor& grad_weight, const Tensor& grad_out, const Tensor& indices,
-                            int64_t padding_idx) {
+                            int64_t padding_idx, bool accumulate) {
   const int64_t n = indices.numel();
   const int64_t num_embeddings = grad_weight.shape()[0];
   const int64_t dim = grad_weight.shape()[1];
@@ -91,13 +92,19 @@ void embedding_backward_cpu(const Tensor& grad_weight, const Tensor& grad_out, c
                        [&](int64_t begin, int64_t end) {
                          std::vector<Acc> acc(static_cast<size_t>(dim));
                          for (int64_t r = begin; r < end; ++r) {
+                           if (accumulate && row_start[r] == row_start[r + 1]) continue;  // keeps its gradient
                            std::fill(acc.begin(), acc.end(), Acc(0));
                            for (int64_t e = row_start[r]; e < row_start[r + 1]; ++e) {
                              const T* src = dy + order[static_cast<size_t>(e)] * dim;
                              for (int64_t j = 0; j < dim; ++j) acc[j] += static_cast<Acc>(src[j]);
                            }
                            T* dst = dw + r * dim;
-                           for (int64_t j = 0; j < dim; ++j) dst[j] = static_cast<T>(acc[j]);
+                           if (accumulate) {
+                             for (int64_t j = 0; j < dim; ++j)
+                               dst[j] = static_cast<T>(static_cast<Acc>(dst[j]) + acc[j]);
+                           } else {
+                             for (int64_t j = 0; j < dim; ++j) dst[j] = static_cast<T>(acc[j]);
+                           }
                          }
                        });
   });

@@ -3,7 +3,9 @@
 // without float atomics. The backward sorts (index, position) pairs with cub's stable radix sort,
 // splits each run of equal indices into chunks of at most 32 positions, sums every chunk in
 // position order (one warp per chunk, so a frequent index is spread over many warps instead of
-// summed serially), and adds a run's chunk sums in order. Sums run in f32 (f64 for f64).
+// summed serially), and adds a run's chunk sums in order. Sums run in f32 (f64 for f64). The
+// accumulating form adds each named row's sum into the gradient there (old + sum, rounded once) and
+// touches no other row; the plain form clears the table first.
 #include <cuda_runtime.h>
 
 #include <bit>
@@ -154,11 +156,12 @@ struct RunTables {
 };
 
 /// Warp c sums chunk c's rows of grad_out in position order: straight into grad_weight when the
-/// chunk is its run's only one, else into its partial row.
+/// chunk is its run's only one (added to the row's old value there when accumulating), else into
+/// its partial row.
 template <class T, int kVec>
 __global__ void __launch_bounds__(kBlock, 1)
     embedding_sum_chunks(T* __restrict__ grad_weight, acc_t<T>* __restrict__ partial, const T* __restrict__ grad_out,
-                         RunTables tables, int64_t dim) {
+                         RunTables tables, int64_t dim, bool accumulate) {
   using A = acc_t<T>;
   const int64_t c = warp_id();
   if (c >= tables.chunk_offset[tables.n]) return;
@@ -202,8 +205,14 @@ __global__ void __launch_bounds__(kBlock, 1)
     if (!active) continue;
     if (single) {
       Vec<T, kVec> out;
+      if (accumulate) {
+        const Vec<T, kVec> old = load_vec<kVec>(dst + v * kVec);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) out.v[e] = from_acc<T>(sums[e]);
+        for (int e = 0; e < kVec; ++e) out.v[e] = from_acc<T>(to_acc(old.v[e]) + sums[e]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) out.v[e] = from_acc<T>(sums[e]);
+      }
       store_vec<kVec>(dst + v * kVec, out);
     } else {
 #pragma unroll
@@ -212,11 +221,12 @@ __global__ void __launch_bounds__(kBlock, 1)
   }
 }
 
-/// Warp r adds run r's partial rows in chunk order into grad_weight, for runs of several chunks.
+/// Warp r adds run r's partial rows in chunk order, for runs of several chunks, and writes the total
+/// into grad_weight (adds it to the row's old value when accumulating).
 template <class T>
 __global__ void __launch_bounds__(kBlock, 1)
     embedding_sum_partials(T* __restrict__ grad_weight, const acc_t<T>* __restrict__ partial, RunTables tables,
-                           int64_t dim) {
+                           int64_t dim, bool accumulate) {
   using A = acc_t<T>;
   const int64_t r = warp_id();
   if (r >= tables.n || tables.chunks[r] < 2) return;
@@ -226,7 +236,7 @@ __global__ void __launch_bounds__(kBlock, 1)
   for (int64_t col = lane; col < dim; col += kWarp) {
     A total = 0;
     for (int k = 0; k < tables.chunks[r]; ++k) total += first[k * dim + col];
-    dst[col] = from_acc<T>(total);
+    dst[col] = from_acc<T>(accumulate ? to_acc(dst[col]) + total : total);
   }
 }
 
@@ -243,7 +253,7 @@ Tensor device_ints(int64_t count, Device device) {
 }
 
 void embedding_backward_cuda(const Tensor& grad_weight, const Tensor& grad_out, const Tensor& indices,
-                             int64_t padding_idx) {
+                             int64_t padding_idx, bool accumulate) {
   const Device device = grad_weight.device();
   core::cuda_detail::check_on_device(grad_out, device, "embedding backward", "grad_out");
   core::cuda_detail::check_on_device(indices, device, "embedding backward", "indices");
@@ -255,8 +265,8 @@ void embedding_backward_cuda(const Tensor& grad_weight, const Tensor& grad_out, 
                  num_embeddings);
   core::cuda::DeviceGuard guard(device);
   cudaStream_t stream = core::cuda_detail::stream_of(grad_weight);
-  // Rows no index names, and the padding row, stay zero.
-  COLOSSAL_CUDA_CHECK(cudaMemsetAsync(grad_weight.raw_data(), 0, grad_weight.nbytes(), stream));
+  // Rows no index names, and the padding row, stay zero; accumulating, they keep their gradient.
+  if (!accumulate) COLOSSAL_CUDA_CHECK(cudaMemsetAsync(grad_weight.raw_data(), 0, grad_weight.nbytes(), stream));
   if (n == 0 || dim == 0) return;
 
   const int32_t items = static_cast<int32_t>(n);
@@ -320,13 +330,14 @@ void embedding_backward_cuda(const Tensor& grad_weight, const Tensor& grad_out, 
     const unsigned warps_grid = static_cast<unsigned>(ceil_div(n, kWarpsPerBlock));
     if (vectorized) {
       embedding_sum_chunks<T, kVec><<<warps_grid, kBlock, 0, stream>>>(grad_weight.data<T>(), partial.data<A>(),
-                                                                       grad_out.data<T>(), tables, dim);
+                                                                       grad_out.data<T>(), tables, dim, accumulate);
     } else {
       embedding_sum_chunks<T, 1><<<warps_grid, kBlock, 0, stream>>>(grad_weight.data<T>(), partial.data<A>(),
-                                                                    grad_out.data<T>(), tables, dim);
+                                                                    grad_out.data<T>(), tables, dim, accumulate);
     }
     COLOSSAL_CUDA_CHECK_LAUNCH();
-    embedding_sum_partials<T><<<warps_grid, kBlock, 0, stream>>>(grad_weight.data<T>(), partial.data<A>(), tables, dim);
+    embedding_sum_partials<T>
+        <<<warps_grid, kBlock, 0, stream>>>(grad_weight.data<T>(), partial.data<A>(), tables, dim, accumulate);
     COLOSSAL_CUDA_CHECK_LAUNCH();
   });
 }
