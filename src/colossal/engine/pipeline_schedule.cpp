@@ -398,14 +398,22 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
       exchanger.issue(batches[next_batch++], gradient_like);
     }
     if (index == order.size()) break;
-    if (timer) timer->begin_op();
     const PipelineOp& op = order[index];
-    if (handler != nullptr && op.kind == PipelineOp::Kind::backward) {
-      handler->set_sync(sync_window && index == last_backward[static_cast<size_t>(op.chunk)]);
-    }
     const int c = op.chunk;
     const int64_t mb = op.microbatch;
     const bool very_first = first && c == 0, very_last = last && c == v - 1;
+    // What the op needs from a neighbour, waited for before its clock starts (Note [Waiting for a
+    // receive where it is needed]): the wait is idle time, not the op's.
+    Tensor received;
+    if (op.kind == PipelineOp::Kind::forward && !very_first) {
+      received = exchanger.take(PipelineMessage::Kind::activation, mb, first ? c - 1 : c);
+    } else if (op.kind == PipelineOp::Kind::backward && !very_last) {
+      received = exchanger.take(PipelineMessage::Kind::gradient, mb, last ? c + 1 : c);
+    }
+    if (timer) timer->begin_op();
+    if (handler != nullptr && op.kind == PipelineOp::Kind::backward) {
+      handler->set_sync(sync_window && index == last_backward[static_cast<size_t>(op.chunk)]);
+    }
     // The profiler's ranges (core/profiler.h) show each stage's busy and idle time per op: the bubble.
     core::profiler::Scope scope(op.kind == PipelineOp::Kind::forward ? "pipeline: forward" : "pipeline: backward",
                                 engine.device());
@@ -419,7 +427,7 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
         sv.input = amp != nullptr ? amp->cast_input(slice(input, mb)) : slice(input, mb);
       } else {
         // The previous chunk's output, a leaf here: its gradient is what goes back.
-        sv.input = exchanger.take(PipelineMessage::Kind::activation, mb, first ? c - 1 : c).detach();
+        sv.input = received.detach();
         sv.input.set_requires_grad(true);
       }
       Tensor y = chunks_[static_cast<size_t>(c)]->forward(sv.input);
@@ -437,7 +445,7 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
       if (very_last) {
         engine.backward(ops::div(sv.output, static_cast<double>(m)));  // the batch's mean loss
       } else {
-        autograd::backward(sv.output, exchanger.take(PipelineMessage::Kind::gradient, mb, last ? c + 1 : c));
+        autograd::backward(sv.output, received);
       }
       if (!very_first) {
         const Tensor g = sv.input.grad();
