@@ -206,8 +206,8 @@ TEST(LayoutEquivalence, DataTimesTensorParallelVitWithSequenceParallelism) {
 using config::TensorSpecRule;
 using config::TensorSplit;
 
-void expect_specs(const std::string& name, std::vector<TensorSpecRule> rules, Layout layout) {
-  HarnessCase c = gpt2_tp_specs_case(name, std::move(rules));
+/// `c` with accumulation and a clip below the gradients' norm, against serial under `layout`.
+void expect_split_by_specs(HarnessCase c, Layout layout) {
   c.accumulation = 2;
   c.clip = 0.1;
   const HarnessReport report = expect_layout_matches_serial(c, layout, world_group());
@@ -217,6 +217,10 @@ void expect_specs(const std::string& name, std::vector<TensorSpecRule> rules, La
                 layout.name().c_str(), report.loss, report.grad, report.worst_grad.c_str(), report.param,
                 report.worst_param.c_str());
   }
+}
+
+void expect_specs(const std::string& name, std::vector<TensorSpecRule> rules, Layout layout) {
+  expect_split_by_specs(gpt2_tp_specs_case(name, std::move(rules)), layout);
 }
 
 /// The tutorial's table: ShardSpec([-1]) (column) on c_attn, attn.c_proj, mlp.c_fc, wte and wpe,
@@ -276,16 +280,8 @@ TEST(LayoutEquivalence, TensorParallelGpt2SpecsMixed) {
 // norm (kClippedVitTolerance, as the built-in policy's clipped runs).
 void expect_vit_specs(const std::string& name, std::vector<TensorSpecRule> rules, Layout layout) {
   HarnessCase c = vit_tp_specs_case(name, std::move(rules));
-  c.accumulation = 2;
-  c.clip = 0.1;
   c.tolerance = kClippedVitTolerance;
-  const HarnessReport report = expect_layout_matches_serial(c, layout, world_group());
-  EXPECT_GT(report.compared_tensors, 0);
-  if (comm::testing::world().rank() == 0) {
-    std::printf("%s %s: max relative difference loss %.2e, gradient %.2e (%s), parameter %.2e (%s)\n", c.name.c_str(),
-                layout.name().c_str(), report.loss, report.grad, report.worst_grad.c_str(), report.param,
-                report.worst_param.c_str());
-  }
+  expect_split_by_specs(std::move(c), layout);
 }
 
 TEST(LayoutEquivalence, TensorParallelVitSpecsMlpOnly) {

@@ -3,8 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdio>
-
 #include "colossal/core/error.h"
 
 namespace colossal::parallel::tp {
@@ -58,14 +56,10 @@ SpecSlots gpt2_slots(Gpt2Plan& plan) {
   slots.slot_of = [&plan](const std::string& layer) -> TensorSplit* {
     if (layer == "wte") return &plan.wte;
     if (layer == "wpe") return &plan.wpe;
-    long block = -1;
-    char rest[64] = {};
-    if (std::sscanf(layer.c_str(), "h.%ld.%63s", &block, rest) != 2 || block < 0 ||
-        block >= static_cast<long>(plan.blocks.size())) {
-      return nullptr;
-    }
-    Gpt2BlockPlan& b = plan.blocks[static_cast<size_t>(block)];
-    const std::string part = rest;
+    const auto found = block_layer(layer, "h.", plan.blocks.size());
+    if (!found) return nullptr;
+    Gpt2BlockPlan& b = plan.blocks[found->first];
+    const std::string& part = found->second;
     if (part == "attn.c_attn") return &b.c_attn;
     if (part == "attn.c_proj") return &b.attn_c_proj;
     if (part == "mlp.c_fc") return &b.c_fc;

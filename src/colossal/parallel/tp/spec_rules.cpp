@@ -51,6 +51,20 @@ std::string_view split_name(TensorSplit split) {
   return config::to_string(split);
 }
 
+std::optional<std::pair<size_t, std::string>> block_layer(const std::string& layer, std::string_view prefix,
+                                                          size_t num_blocks) {
+  if (!layer.starts_with(prefix)) return std::nullopt;
+  const size_t dot = layer.find('.', prefix.size());
+  if (dot == std::string::npos || dot == prefix.size()) return std::nullopt;
+  size_t block = 0;
+  for (size_t i = prefix.size(); i < dot; ++i) {
+    if (layer[i] < '0' || layer[i] > '9') return std::nullopt;
+    block = block * 10 + static_cast<size_t>(layer[i] - '0');
+    if (block >= num_blocks) return std::nullopt;
+  }
+  return std::pair{block, layer.substr(dot + 1)};
+}
+
 std::string spec_of(const std::string& weight, TensorSplit split, const SourceOf& source) {
   return fmt::format("{}: spec {}{}", weight, quoted(split), source ? source(weight) : "");
 }

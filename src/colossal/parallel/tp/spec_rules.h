@@ -12,8 +12,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "colossal/config/train_config.h"  // TensorSplit, TensorSpecRule
@@ -61,6 +63,11 @@ AppliedSpecs apply_spec_rules(const std::vector<config::TensorSpecRule>& rules, 
 /// Every parameter of `names` with its layer's slot's split (a "row" layer's bias whole), labelled
 /// "built-in policy": what the built-in plan the slots hold gives.
 std::vector<ParameterSplit> builtin_splits(const std::vector<std::string>& names, const SpecSlots& slots);
+
+/// Block `i` and the rest of a layer's name under `prefix` ("h." or "blocks."): "h.3.mlp.c_fc" gives 3
+/// and "mlp.c_fc"; nothing for another name or a block past `num_blocks`.
+std::optional<std::pair<size_t, std::string>> block_layer(const std::string& layer, std::string_view prefix,
+                                                          size_t num_blocks);
 
 /// "column", "row", ...
 std::string_view split_name(TensorSplit split);

@@ -3,8 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdio>
-
 #include "colossal/core/error.h"
 
 namespace colossal::parallel::tp {
@@ -34,14 +32,10 @@ void check_plan(const VitPlan& plan, const nn::models::ViTConfig& config, int tp
 SpecSlots vit_slots(VitPlan& plan) {
   SpecSlots slots;
   slots.slot_of = [&plan](const std::string& layer) -> TensorSplit* {
-    long block = -1;
-    char rest[64] = {};
-    if (std::sscanf(layer.c_str(), "blocks.%ld.%63s", &block, rest) != 2 || block < 0 ||
-        block >= static_cast<long>(plan.blocks.size())) {
-      return nullptr;
-    }
-    VitBlockPlan& b = plan.blocks[static_cast<size_t>(block)];
-    const std::string part = rest;
+    const auto found = block_layer(layer, "blocks.", plan.blocks.size());
+    if (!found) return nullptr;
+    VitBlockPlan& b = plan.blocks[found->first];
+    const std::string& part = found->second;
     if (part == "attn.qkv") return &b.attn_in;
     if (part == "attn.proj") return &b.attn_out;
     if (part == "mlp.fc1") return &b.mlp_in;
