@@ -81,10 +81,9 @@ class Cube final : public autograd::Function {
 };
 
 TEST(GradCheck, custom_function) {
-  testing::check_gradients({.make_inputs = [] { return std::vector<Tensor>{random_leaf({5}, 5)}; },
-                            .fn = [](const std::vector<Tensor>& in) {
-                              return autograd::apply(std::make_shared<Cube>(), {in[0]})[0];
-                            }});
+  testing::check_gradients(
+      {.make_inputs = [] { return std::vector<Tensor>{random_leaf({5}, 5)}; },
+       .fn = [](const std::vector<Tensor>& in) { return autograd::apply(std::make_shared<Cube>(), {in[0]})[0]; }});
 }
 
 TEST(Autograd, CustomFunctionForwardDoesNotRecord) {
@@ -133,6 +132,46 @@ TEST(Autograd, SetRequiresGradOnlyOnFloatingLeaves) {
   Tensor x = random_leaf({2}, 11);
   Tensor y = x * 2.0;
   EXPECT_ERROR_CONTAINS(y.set_requires_grad(true), "only leaf tensors");
+}
+
+TEST(Autograd, SmallGradientsOfRepeatedBackwardsAreAddedTogether) {
+  // Note [Small gradients added together]: a bias and a scale, used twice in a graph and summed over
+  // three backwards, get the sums of separate backwards; from the second backward on their additions
+  // into .grad are batched, except for the leaf with a grad-ready hook, which sees each sum.
+  Tensor b = random_leaf({5}, 1), s = random_leaf({5}, 2);
+  Tensor h = random_leaf({5}, 3);
+  int ready = 0;
+  autograd::register_grad_ready_hook(h, [&](Tensor& leaf) {
+    ++ready;
+    EXPECT_TRUE(leaf.grad().defined());
+  });
+  std::vector<Tensor> inputs;
+  for (int i = 0; i < 3; ++i) inputs.push_back(random_tensor({4, 5}, 10 + i));
+  auto loss = [&](const Tensor& x, const Tensor& bias, const Tensor& scale, const Tensor& hooked) {
+    const Tensor y = ops::add(ops::mul(x, scale), bias);
+    return ops::sum(ops::mul(ops::add(ops::mul(y, y), ops::mul(y, bias)), hooked));
+  };
+  // The reference: each backward on fresh leaves, summed.
+  std::vector<double> want_b(5, 0.0), want_s(5, 0.0), want_h(5, 0.0);
+  for (const Tensor& x : inputs) {
+    Tensor b1 = b.detach().clone(), s1 = s.detach().clone(), h1 = h.detach().clone();
+    for (Tensor* t : {&b1, &s1, &h1}) t->set_requires_grad(true);
+    autograd::backward(loss(x, b1, s1, h1));
+    for (int j = 0; j < 5; ++j) {
+      want_b[j] += b1.grad().to_vector<double>()[j];
+      want_s[j] += s1.grad().to_vector<double>()[j];
+      want_h[j] += h1.grad().to_vector<double>()[j];
+    }
+  }
+  const int64_t before = autograd::batched_gradient_accumulations();
+  for (const Tensor& x : inputs) autograd::backward(loss(x, b, s, h));
+  EXPECT_EQ(autograd::batched_gradient_accumulations() - before, 4) << "b and s in the second and third backwards";
+  EXPECT_EQ(ready, 3);
+  for (int j = 0; j < 5; ++j) {
+    EXPECT_NEAR(b.grad().to_vector<double>()[j], want_b[j], 1e-12);
+    EXPECT_NEAR(s.grad().to_vector<double>()[j], want_s[j], 1e-12);
+    EXPECT_NEAR(h.grad().to_vector<double>()[j], want_h[j], 1e-12);
+  }
 }
 
 TEST(Checkpoint, GradientsEqualPlainBackward) {

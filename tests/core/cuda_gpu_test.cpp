@@ -1,20 +1,23 @@
 // The CUDA runtime layer on a GPU: pinned host memory and asynchronous copies, streams and events
 // ordering work between streams, the allocator's statistics (peak and its reset) and its block cache,
-// and the f16/bf16 conversions against the CPU's.
+// the f16/bf16 conversions against the CPU's, and accumulate_many_ against accumulate_.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "colossal/core/view.h"  // accumulate_, accumulate_many_
 #include "gpu_compare.h"
 
 namespace colossal {
 namespace {
 
 using core::cuda_device;
+using testing::random_input;
 
 TEST(CudaRuntime, PinnedHostMemoryRoundTripsThroughTheGpu) {
   COLOSSAL_REQUIRE_GPU();
@@ -109,6 +112,33 @@ TEST(CudaRuntime, PeakStatisticsAndTheirReset) {
 /// value, the midpoints between neighbours and one f32 step either side of them, subnormals and the
 /// overflow edge), must give the CPU's bits: the GPU converts with cvt instructions, the CPU with
 /// integer code (Note [Hardware conversions]). NaN only has to stay NaN (its payload may differ).
+TEST(CudaRuntime, AccumulateManyEqualsAccumulateBitForBit) {
+  // 70 pairs (two launches of at most 64) of every size from 1 to past a block's 1024 elements, in
+  // each floating dtype, with a strided destination among them (added on its own): each element as
+  // the one-pair kernel adds it.
+  COLOSSAL_REQUIRE_GPU();
+  const Device gpu = cuda_device(0);
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(std::string(core::dtype_name(dtype)));
+    std::vector<Tensor> one_by_one, together, sources;
+    for (int i = 0; i < 70; ++i) {
+      const Shape shape = i == 69 ? Shape{37, 41} : Shape{1 + (i * 97) % 3000};
+      const Tensor dst = random_input(shape, 100 + i, dtype, -1.0, 1.0, false).to(gpu);
+      one_by_one.push_back(dst.clone());
+      together.push_back(i == 69 ? dst.clone().t() : dst.clone());
+      if (i == 69) one_by_one.back() = one_by_one.back().t();
+      sources.push_back(random_input(together.back().shape(), 500 + i, dtype, -1.0, 1.0, false).to(gpu));
+    }
+    for (size_t i = 0; i < sources.size(); ++i) core::accumulate_(one_by_one[i], sources[i]);
+    core::accumulate_many_(together, sources);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const Tensor a = together[i].contiguous().to(core::kCpu), b = one_by_one[i].contiguous().to(core::kCpu);
+      ASSERT_EQ(a.nbytes(), b.nbytes());
+      EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << "pair " << i;
+    }
+  }
+}
+
 TEST(CudaRuntime, HalfConversionsMatchTheCpuBitForBit) {
   COLOSSAL_REQUIRE_GPU();
   const Device gpu = cuda_device(0);

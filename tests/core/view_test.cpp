@@ -357,5 +357,24 @@ TEST(Accumulate, AddsInPlace) {
   EXPECT_ERROR_CONTAINS(accumulate_(dst, zeros({2, 2}, DType::f64)), "source (shape [2, 2], f64, cpu)");
 }
 
+TEST(AccumulateMany, AddsEveryPairAsAccumulateDoes) {
+  // A strided destination and one of f64 beside f32 ones; an empty pair.
+  Tensor a = from_vector<float>({1, 2, 3, 4}, {2, 2});
+  Tensor b = from_vector<double>({0.5, 0.25}, {2});
+  Tensor c = from_vector<float>({1, 2, 3, 4}, {2, 2});
+  accumulate_many_({a, b, transpose_raw(c, 0, 1), zeros({0})},
+                   {from_vector<float>({10, 20, 30, 40}, {2, 2}), from_vector<double>({1, 2}, {2}),
+                    from_vector<float>({1, 2, 3, 4}, {2, 2}), zeros({0})});
+  EXPECT_EQ(values_of(a), (std::vector<float>{11, 22, 33, 44}));
+  EXPECT_EQ(b.to_vector<double>(), (std::vector<double>{1.5, 2.25}));
+  EXPECT_EQ(values_of(c), (std::vector<float>{2, 5, 5, 8}));
+  EXPECT_ERROR_CONTAINS(accumulate_many_({a}, {}), "accumulate_many: 1 destinations and 0 sources");
+  EXPECT_ERROR_CONTAINS(accumulate_many_({a, b}, {zeros({2, 2}), zeros({3})}),
+                        "accumulate_many: pair 1: destination (shape [2], f64, cpu) and source (shape [3], f32, cpu)");
+  // Two additions into one tensor would race on a device: refused before anything is added.
+  EXPECT_ERROR_CONTAINS(accumulate_many_({a, a}, {zeros({2, 2}), zeros({2, 2})}), "two destinations are the same");
+  EXPECT_EQ(values_of(a), (std::vector<float>{11, 22, 33, 44}));
+}
+
 }  // namespace
 }  // namespace colossal::core

@@ -38,4 +38,15 @@ void mark_accumulated(const Node& node, size_t input);
 /// How many gradients ops have added into their targets in this process (a test hook).
 int64_t fused_gradient_accumulations();
 
+/// Called by a leaf's accumulator for .grad += incoming (Note [Small gradients added together]):
+/// inside a backward, for a .grad of at most kBatchedAccumulationBytes that is contiguous and of
+/// incoming's dtype, files the pair to be added with the backward's other such pairs in one
+/// core::accumulate_many_ when the backward ends, and returns true; else false (the caller adds it
+/// now). The caller must have no grad-ready hooks to run on the sum. Off with
+/// COLOSSAL_FUSED_GRAD_ACCUMULATION=0.
+bool defer_accumulation(const Tensor& grad, const Tensor& incoming);
+inline constexpr int64_t kBatchedAccumulationBytes = int64_t{256} << 10;
+/// How many gradient additions backwards have batched so in this process (a test hook).
+int64_t batched_gradient_accumulations();
+
 }  // namespace colossal::autograd

@@ -3,6 +3,7 @@
 
 #include <atomic>
 
+#include "colossal/autograd/engine.h"  // defer_accumulation
 #include "colossal/core/view.h"
 
 namespace colossal::autograd {
@@ -51,7 +52,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
       meta.grad = core::empty(incoming.shape(), core::TensorOptions(incoming.dtype(), incoming.device()));
       meta.grad.copy_(incoming);
     }
-  } else {
+  } else if (!meta.grad_ready_hooks.empty() || !defer_accumulation(meta.grad, incoming)) {
+    // A small one with no hook to see the sum is added at the backward's end with the others (Note
+    // [Small gradients added together] in engine.cpp).
     core::accumulate_(meta.grad, incoming);
   }
   run_ready_hooks();

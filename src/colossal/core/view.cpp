@@ -9,6 +9,7 @@ namespace colossal::core {
 constinit DispatchStub<CopyKernel> copy_stub("copy");
 constinit DispatchStub<FillKernel> fill_stub("fill");
 constinit DispatchStub<AccumulateKernel> accumulate_stub("accumulate");
+constinit DispatchStub<AccumulateManyKernel> accumulate_many_stub("accumulate_many");
 constinit DispatchStub<CrossDeviceCopyKernel> cross_device_copy_stub("cross_device_copy");
 
 Tensor as_strided(const Tensor& t, const Shape& shape, const Shape& strides, int64_t offset) {
@@ -245,6 +246,45 @@ void accumulate_(const Tensor& dst, const Tensor& src) {
                  "accumulate: destination (shape {}, {}, {}) and source (shape {}, {}, {}) must match", dst.shape(),
                  dst.dtype(), dst.device(), src.shape(), src.dtype(), src.device());
   if (dst.numel() > 0) accumulate_stub(dst.device(), dst, src);
+}
+
+void accumulate_many_(const std::vector<Tensor>& dst, const std::vector<Tensor>& src) {
+  COLOSSAL_CHECK(dst.size() == src.size(), "accumulate_many: {} destinations and {} sources", dst.size(), src.size());
+  std::vector<const void*> seen;
+  seen.reserve(dst.size());
+  for (size_t i = 0; i < dst.size(); ++i) {
+    const Tensor& d = dst[i];
+    const Tensor& s = src[i];
+    COLOSSAL_CHECK(d.shape() == s.shape() && d.dtype() == s.dtype() && d.device() == s.device(),
+                   "accumulate_many: pair {}: destination (shape {}, {}, {}) and source (shape {}, {}, {}) must match",
+                   i, d.shape(), d.dtype(), d.device(), s.shape(), s.dtype(), s.device());
+    if (d.numel() > 0) seen.push_back(d.raw_data());
+  }
+  std::sort(seen.begin(), seen.end());
+  COLOSSAL_CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end(),
+                 "accumulate_many: two destinations are the same tensor; add their sources first");
+  // The pairs a backend takes in one launch, by device and dtype; the rest one by one.
+  struct Batch {
+    Device device;
+    DType dtype;
+    std::vector<Tensor> dst, src;
+  };
+  std::vector<Batch> batches;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    const Tensor& d = dst[i];
+    const Tensor& s = src[i];
+    if (d.numel() == 0) continue;
+    if (!accumulate_many_stub.supports(d.device().type) || !d.is_contiguous() || !s.is_contiguous()) {
+      accumulate_stub(d.device(), d, s);
+      continue;
+    }
+    auto it = std::find_if(batches.begin(), batches.end(),
+                           [&](const Batch& b) { return b.device == d.device() && b.dtype == d.dtype(); });
+    if (it == batches.end()) it = batches.insert(batches.end(), Batch{d.device(), d.dtype(), {}, {}});
+    it->dst.push_back(d);
+    it->src.push_back(s);
+  }
+  for (const Batch& b : batches) accumulate_many_stub(b.device, b.dst, b.src);
 }
 
 }  // namespace colossal::core

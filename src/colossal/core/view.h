@@ -44,15 +44,24 @@ using CopyKernel = void(const Tensor& dst, const Tensor& src);
 using FillKernel = void(const Tensor& dst, double value);
 /// dst += src, same shape and dtype (gradient accumulation).
 using AccumulateKernel = void(const Tensor& dst, const Tensor& src);
+/// dst[i] += src[i] for every pair, each contiguous, of one dtype and one device, no two dst alike:
+/// one launch for them all where the backend batches (gradient accumulation of many small tensors).
+using AccumulateManyKernel = void(const std::vector<Tensor>& dst, const std::vector<Tensor>& src);
 /// Copy between devices (both contiguous, same dtype and size).
 using CrossDeviceCopyKernel = void(const Tensor& dst, const Tensor& src);
 
 extern DispatchStub<CopyKernel> copy_stub;
 extern DispatchStub<FillKernel> fill_stub;
 extern DispatchStub<AccumulateKernel> accumulate_stub;
+extern DispatchStub<AccumulateManyKernel> accumulate_many_stub;
 extern DispatchStub<CrossDeviceCopyKernel> cross_device_copy_stub;
 
 /// dst += src in place (same shape and dtype), through accumulate_stub.
 void accumulate_(const Tensor& dst, const Tensor& src);
+/// accumulate_ for every pair (dst[i] += src[i]; each pair as accumulate_ takes it; no two
+/// destinations the same tensor): the contiguous pairs of a dtype on a device whose backend batches
+/// them (accumulate_many_stub: CUDA) in one launch per 64 pairs, the rest one by one. The same sums,
+/// element for element, as accumulate_ pair by pair.
+void accumulate_many_(const std::vector<Tensor>& dst, const std::vector<Tensor>& src);
 
 }  // namespace colossal::core

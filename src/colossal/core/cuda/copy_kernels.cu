@@ -72,6 +72,60 @@ void accumulate_cuda(const Tensor& dst, const Tensor& src) {
   dispatch_arithmetic(dst.dtype(), "accumulate", [&]<class T>() { accumulate_typed<T>(dst, src); });
 }
 
+// accumulate_many_: up to kManyPairs contiguous pairs of one dtype in one launch. Each block adds
+// kManyPerBlock elements of one pair; a pair's blocks start at first_block[pair]. The sum is
+// accumulate_typed's, element for element: a + b in the accumulation type, rounded once.
+constexpr int kManyPairs = 64;
+constexpr int kManyPerBlock = 4 * cuda_detail::kThreads;
+
+template <class T>
+struct ManyPairs {
+  T* dst[kManyPairs];
+  const T* src[kManyPairs];
+  int64_t numel[kManyPairs];
+  int64_t first_block[kManyPairs + 1];
+  int count;
+};
+
+template <class T>
+__global__ void accumulate_many_kernel(const __grid_constant__ ManyPairs<T> pairs) {
+  const int64_t block = blockIdx.x;
+  int p = 0;
+  while (p + 1 < pairs.count && pairs.first_block[p + 1] <= block) ++p;
+  const int64_t begin = (block - pairs.first_block[p]) * kManyPerBlock;
+  const int64_t end = begin + kManyPerBlock < pairs.numel[p] ? begin + kManyPerBlock : pairs.numel[p];
+  T* dst = pairs.dst[p];
+  const T* src = pairs.src[p];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    dst[i] = static_cast<T>(static_cast<acc_t<T>>(dst[i]) + static_cast<acc_t<T>>(src[i]));
+  }
+}
+
+void accumulate_many_cuda(const std::vector<Tensor>& dst, const std::vector<Tensor>& src) {
+  if (dst.empty()) return;
+  cuda::DeviceGuard guard(dst.front().device());
+  cudaStream_t stream = cuda_detail::stream_of(dst.front());
+  dispatch_arithmetic(dst.front().dtype(), "accumulate_many", [&]<class T>() {
+    for (size_t at = 0; at < dst.size(); at += kManyPairs) {
+      ManyPairs<T> pairs{};
+      int64_t blocks = 0;
+      for (size_t i = at; i < dst.size() && i < at + kManyPairs; ++i) {
+        const int k = pairs.count++;
+        pairs.dst[k] = dst[i].data<T>();
+        pairs.src[k] = src[i].data<T>();
+        pairs.numel[k] = dst[i].numel();
+        pairs.first_block[k] = blocks;
+        blocks += (dst[i].numel() + kManyPerBlock - 1) / kManyPerBlock;
+      }
+      pairs.first_block[pairs.count] = blocks;
+      COLOSSAL_CHECK(blocks < (int64_t{1} << 31), "accumulate_many: {} blocks of {} elements exceed one launch's grid",
+                     blocks, kManyPerBlock);
+      accumulate_many_kernel<T><<<static_cast<unsigned>(blocks), cuda_detail::kThreads, 0, stream>>>(pairs);
+      COLOSSAL_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
 /// Contiguous same-dtype copy between the CPU and a GPU (or two GPUs). A copy to the host waits
 /// for completion, since the host reads the result next; a copy from pageable host memory is
 /// synchronous in CUDA anyway, and from pinned memory it stays asynchronous.
@@ -140,6 +194,7 @@ void random_fill_cuda(const Tensor& t, uint64_t seed, uint64_t offset, int kind,
 COLOSSAL_REGISTER_KERNEL(copy_stub, DeviceType::cuda, copy_cuda);
 COLOSSAL_REGISTER_KERNEL(fill_stub, DeviceType::cuda, fill_cuda);
 COLOSSAL_REGISTER_KERNEL(accumulate_stub, DeviceType::cuda, accumulate_cuda);
+COLOSSAL_REGISTER_KERNEL(accumulate_many_stub, DeviceType::cuda, accumulate_many_cuda);
 COLOSSAL_REGISTER_KERNEL(cross_device_copy_stub, DeviceType::cuda, cross_device_copy_cuda);
 COLOSSAL_REGISTER_KERNEL(random_fill_stub, DeviceType::cuda, random_fill_cuda);
 
