@@ -48,7 +48,10 @@ bubbles = [(float(m.group(1)), float(m.group(2))) for m in
            re.finditer(r"bubble \(idle / busy\) ([0-9.]+), schedule \(p - 1\) / \(v m\) ([0-9.]+)", text)]
 if bubbles:
     measured = sum(b[0] for b in bubbles) / len(bubbles)
-    line += f"; bubble {measured:.3f} (mean of {len(bubbles)} reports) against (p - 1) / (v m) = {bubbles[0][1]:.4f}"
+    ordered = sorted(b[0] for b in bubbles)
+    median = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    line += (f"; bubble {measured:.3f} (mean of {len(bubbles)} reports; median {median:.3f}, range {ordered[0]:.3f}-"
+             f"{ordered[-1]:.3f}) against (p - 1) / (v m) = {bubbles[0][1]:.4f}")
     stages = {}
     for s, b, i in re.findall(r"stage (\d+) busy ([0-9.]+) ms idle ([0-9.]+) ms", text):
         stages[int(s)] = (b, i)  # the last report's
