@@ -74,7 +74,9 @@ void accumulate_cuda(const Tensor& dst, const Tensor& src) {
 
 // accumulate_many_: up to kManyPairs contiguous pairs of one dtype in one launch. Each block adds
 // kManyPerBlock elements of one pair; a pair's blocks start at first_block[pair]. The sum is
-// accumulate_typed's, element for element: a + b in the accumulation type, rounded once.
+// accumulate_typed's, element for element: a + b in the accumulation type, rounded once. The table is
+// a __grid_constant__ parameter, so reading it at a runtime index reads the parameter space in place
+// rather than copying it to each thread's local memory (docs/design.md's rule on kernel parameters).
 constexpr int kManyPairs = 64;
 constexpr int kManyPerBlock = 4 * cuda_detail::kThreads;
 
