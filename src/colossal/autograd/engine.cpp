@@ -4,7 +4,6 @@
 #include "colossal/autograd/engine.h"
 
 #include <algorithm>
-
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -109,10 +108,7 @@ struct Task {
 
   void add_deferred() {
     if (deferred_grads.empty()) return;
-    std::vector<Tensor> grads = std::move(deferred_grads), incoming = std::move(deferred_incoming);
-    deferred_grads.clear();
-    deferred_incoming.clear();
-    core::accumulate_many_(grads, incoming);
+    core::accumulate_many_(std::exchange(deferred_grads, {}), std::exchange(deferred_incoming, {}));
   }
 };
 thread_local Task* current_task = nullptr;

@@ -52,8 +52,8 @@ struct PipelineMessage {
 };
 
 /// One batch_send_recv: issued just before op `before_op` of the order (order.size(): after the last
-/// op), sends first. A batch with a receive is waited for before the op; one of sends only at the end
-/// of the micro-step.
+/// op), sends first. A batch with a receive is waited for when an op takes what it brings (at the
+/// latest before op `before_op`); one of sends only at the end of the micro-step.
 struct ExchangeBatch {
   size_t before_op = 0;
   std::vector<PipelineMessage> messages;
