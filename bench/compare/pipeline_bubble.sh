@@ -15,6 +15,7 @@
 # hybrids dp4, dp2xtp2, dp2xpp2, pp2xtp2 (8 microbatches where pipelined; B16 per data-parallel replica).
 # 8 GPUs (issue 23): dp2xpp2xtp2-1.3b, GPT 1.3B (L24 C2048 H16) in the three-way hybrid.
 # PARTITION="uniform", "balanced" or "measured" cuts every pipelined part that names no cut itself.
+# P2P="nccl", "copy_engines" or "auto" (the default) carries every pipelined part's exchanges so.
 # torch-ppP-mM-vV: PyTorch's pipelining on P GPUs, M microbatches, V chunks per rank (torch_pp.py).
 # PROFILE=1 also traces steps 30-32 of every run of ours (colossal train --profile: each rank's kernels
 # per stream, $out/NAME.rankR.json, and its summary in the log); PROFILE_HOST=1 with it adds the host's
@@ -73,6 +74,8 @@ run() {  # name, gpus, data-parallel size, [extra --set ...]
   if [[ -n ${PARTITION:-} && " $* " == *parallel.pipeline=* && " $* " != *parallel.partition=* ]]; then
     args+=(--set "parallel.partition=\"$PARTITION\"")
   fi
+  # $P2P sets parallel.pipeline_p2p ("nccl", "copy_engines", "auto") on every pipelined part.
+  [[ -n ${P2P:-} && " $* " == *parallel.pipeline=* ]] && args+=(--set "parallel.pipeline_p2p=\"$P2P\"")
   [[ -n ${PROFILE:-} ]] && args+=(--profile "$out/$name.json" --profile-steps 30:3)
   [[ -n ${PROFILE:-} && -n ${PROFILE_HOST:-} ]] && args+=(--profile-host)
   if [[ $gpus == 1 ]]; then

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "collective_reference.h"           // input_value, input_slice, make_input, reference_values, values_equal
-#include "colossal/comm/pair_all_reduce.h"  // use_pair_all_reduce
+#include "colossal/comm/pair_all_reduce.h"  // use_pair_all_reduce, use_pair_p2p
 #include "colossal/core/build_config.h"     // COLOSSAL_WITH_MPI
 #include "colossal/core/cuda_device.h"      // device_count, StreamGuard, create_stream
 #include "colossal/core/random.h"           // uniform_, Generator
@@ -680,6 +680,110 @@ TEST(NcclPairAllReduce, BackToBackAsyncSumsBesideNcclOnesAndTheCallersWork) {
     EXPECT_EQ(host.back(), expected);
     EXPECT_EQ(std::count(host.begin(), host.end(), expected), static_cast<std::ptrdiff_t>(host.size()));
   }
+}
+
+// ---- a pair's sends and receives by the copy engines (Note [Pair sends and receives by the copy
+// engines]) ---------------------------------------------------------------------------------------
+
+/// A group of the world's two ranks whose sends and receives go through `slots` slots of `slot_bytes`.
+std::shared_ptr<ProcessGroup> p2p_group(int64_t slot_bytes, int64_t slots) {
+  std::shared_ptr<ProcessGroup> pair = world().new_group({0, 1});
+  std::string why;
+  EXPECT_TRUE(use_pair_p2p(*pair, slot_bytes, slots, &why)) << why;
+  return pair;
+}
+
+TEST(NcclPairP2P, EveryDtypeAndLengthBothWaysInPieces) {
+  if (world().size() != 2) GTEST_SKIP() << "a pair of ranks";
+  // 3 slots of 4 KiB: the prime length's messages go in hundreds of pieces round the slots.
+  std::shared_ptr<ProcessGroup> pair = p2p_group(4096, 3);
+  const int rank = world().rank(), peer = 1 - rank;
+  std::vector<DType> dtypes = all_dtypes();
+  dtypes.push_back(DType::boolean);
+  for (DType dtype : dtypes) {
+    for (int64_t n : kLengths) {
+      for (bool async : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} of {} elements{}", dtype, n, async ? ", async" : ""));
+        Tensor outgoing = gpu_input(dtype, rank, {n});
+        Tensor incoming = gpu_zeros({n}, dtype);
+        Work first, second;
+        if (rank == 0) {
+          first = pair->send(outgoing, peer, /*tag=*/0, async);
+          second = pair->recv(incoming, peer, /*tag=*/0, async);
+        } else {
+          first = pair->recv(incoming, peer, /*tag=*/0, async);
+          second = pair->send(outgoing, peer, /*tag=*/0, async);
+        }
+        second.wait();
+        first.wait();
+        EXPECT_TRUE(values_equal(incoming, input_slice(dtype, peer, n)));
+        EXPECT_TRUE(values_equal(outgoing, input_slice(dtype, rank, n))) << "a send leaves its tensor as it was";
+      }
+    }
+  }
+}
+
+TEST(NcclPairP2P, ManyBatchesInFlightCrossingBothWays) {
+  if (world().size() != 2) GTEST_SKIP() << "a pair of ranks";
+  // 2 slots of 1 KiB, 24 batches each sending one message and receiving the other's, all issued before
+  // any is waited for, their tensors filled on the caller's stream just before and dropped at once:
+  // each sender waits for its slots many times over, and no receive waits for its own rank's sends.
+  std::shared_ptr<ProcessGroup> pair = p2p_group(1024, 2);
+  const int rank = world().rank(), peer = 1 - rank;
+  std::vector<Work> works;
+  std::vector<Tensor> received;
+  for (int i = 0; i < 24; ++i) {
+    const int64_t n = 100 + 37 * i;
+    Tensor outgoing = gpu_zeros({n}, DType::f32);
+    outgoing.copy_(gpu_input(DType::f32, 10 * i + rank, {n}));
+    received.push_back(gpu_zeros({n}, DType::f32));
+    works.push_back(pair->batch_send_recv(
+        {{P2POp::Kind::send, outgoing, peer, 0}, {P2POp::Kind::recv, received.back(), peer, 0}}, /*async=*/true));
+  }
+  for (Work& w : works) w.wait();
+  for (int i = 0; i < 24; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(values_equal(received[static_cast<size_t>(i)], input_slice(DType::f32, 10 * i + peer, 100 + 37 * i)));
+  }
+}
+
+TEST(NcclPairP2P, ASendCompletesBeforeItsReceiveIsPosted) {
+  if (world().size() != 2) GTEST_SKIP() << "a pair of ranks";
+  // NCCL's send waits for its receive; the copy engines' only for a free slot. Rank 1 posts its
+  // receive only after rank 0 has seen its send complete.
+  std::shared_ptr<ProcessGroup> pair = p2p_group(int64_t{1} << 20, 4);
+  const int rank = world().rank();
+  const Tensor outgoing = gpu_input(DType::f32, 0, {300000});  // 1.2 MB: two pieces
+  if (rank == 0) {
+    Work work = pair->send(outgoing, 1, /*tag=*/0, /*async=*/true);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!work.is_completed() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_TRUE(work.is_completed()) << "the send waited for its receive";
+    world().barrier();
+  } else {
+    world().barrier();
+    Tensor incoming = gpu_zeros({300000}, DType::f32);
+    pair->recv(incoming, 0, /*tag=*/0);
+    EXPECT_TRUE(values_equal(incoming, input_slice(DType::f32, 0, 300000)));
+  }
+}
+
+TEST(NcclPairP2P, AReceiveOfAnotherSizeIsReportedWithBothSizes) {
+  if (world().size() != 2) GTEST_SKIP() << "a pair of ranks";
+  std::shared_ptr<ProcessGroup> pair = p2p_group(4096, 2);
+  if (world().rank() == 0) {
+    pair->send(gpu_input(DType::f32, 0, {100}), 1, /*tag=*/0);
+    core::cuda::synchronize(gpu());
+  } else {
+    Tensor incoming = gpu_zeros({50}, DType::f32);
+    pair->recv(incoming, 0, /*tag=*/0);
+    EXPECT_ERROR_CONTAINS(core::cuda::synchronize(gpu()),
+                          "rank 1 posted a receive of 200 bytes (a f32 tensor of shape [50]) but rank 0's message in "
+                          "its place is 400 bytes");
+  }
+  world().barrier();
 }
 
 }  // namespace

@@ -339,6 +339,13 @@ TEST(TrainConfig, TensorSumsAndResidualDefaultToTheFastWays) {
   EXPECT_FALSE(set.train.tf32);
   EXPECT_EQ(parse("", Overrides{"parallel.tensor.all_reduce=\"copy_engines\""}).parallel.tensor.all_reduce,
             TensorAllReduce::kCopyEngines);
+  // The pipeline's exchanges likewise.
+  EXPECT_EQ(defaults.parallel.pipeline_p2p, PipelineP2P::kAuto);
+  EXPECT_EQ(parse("[parallel]\npipeline_p2p = \"nccl\"\n").parallel.pipeline_p2p, PipelineP2P::kNccl);
+  EXPECT_EQ(parse("", Overrides{"parallel.pipeline_p2p=\"copy_engines\""}).parallel.pipeline_p2p,
+            PipelineP2P::kCopyEngines);
+  EXPECT_ERROR_CONTAINS(parse("[parallel]\npipeline_p2p = \"nvlink\"\n"),
+                        "parallel.pipeline_p2p = \"nvlink\" is not one of \"auto\", \"copy_engines\", \"nccl\"");
 }
 
 TEST(TrainConfigErrors, RulesBetweenKeys) {
@@ -425,6 +432,7 @@ TEST(TrainConfigErrors, RulesOwnedByOtherLayersRunAfterConfigsOwnWithTheKeysOrig
 TEST(TrainConfig, EnumNames) {
   EXPECT_EQ(to_string(TensorParallelMode::k2p5d), "2.5d");
   EXPECT_EQ(to_string(TensorAllReduce::kCopyEngines), "copy_engines");
+  EXPECT_EQ(to_string(PipelineP2P::kNccl), "nccl");
   EXPECT_EQ(to_string(AmpMode::kNaive), "naive");
   EXPECT_EQ(to_string(ZeroPlacement::kAuto), "auto");
   EXPECT_EQ(to_string(ModelName::kResnet), "resnet");

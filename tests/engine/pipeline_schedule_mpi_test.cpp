@@ -242,10 +242,18 @@ TEST(PipelineSchedule, TimingGivesEveryStageItsBusyAndIdleTime) {
     EXPECT_GE(t.between_ms(), -1e-9);
     EXPECT_GE(t.median_gap_ms, 0.0);
     EXPECT_LE(t.median_gap_ms, t.between_ms() + 1e-9);
+    // The longest of the 8 ops, no shorter than the median one, within the busy time.
+    EXPECT_GE(t.longest_op, 0);
+    EXPECT_LT(t.longest_op, 8);
+    EXPECT_GE(t.longest_op_ms, t.median_op_ms);
+    EXPECT_LE(t.longest_op_ms, t.busy_ms + 1e-9);
+    EXPECT_GE(t.longest_op_host_ms, 0.0);
   }
   // The last stage waits for the first's forward of microbatch 0 before its first op: the pipeline's
   // fill (p > 1), over the host clock and the exchange.
-  if (p > 1) EXPECT_GT(report.stages.back().lead_ms, 0.0);
+  if (p > 1) {
+    EXPECT_GT(report.stages.back().lead_ms, 0.0);
+  }
   EXPECT_DOUBLE_EQ(report.expected(), (p - 1) / 4.0);
   EXPECT_NE(
       report.describe().find(fmt::format("pipeline bubble: {} stages x 1 chunk, 4 microbatches; stage 0 busy", p)),
@@ -253,6 +261,8 @@ TEST(PipelineSchedule, TimingGivesEveryStageItsBusyAndIdleTime) {
       << report.describe();
   EXPECT_NE(report.describe().find("(before the first op "), std::string::npos) << report.describe();
   EXPECT_NE(report.describe().find(", between ops "), std::string::npos) << report.describe();
+  EXPECT_NE(report.describe().find(" [longest op "), std::string::npos) << report.describe();
+  EXPECT_NE(report.describe().find(" of microbatch "), std::string::npos) << report.describe();
 }
 
 TEST(PipelineSchedule, WithGradientAccumulation) {

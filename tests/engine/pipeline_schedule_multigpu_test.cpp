@@ -6,7 +6,9 @@
 // batch of another shape, and dp2 x pp2 on 4 GPUs; every step's loss and the stage's parameters after
 // 3 steps equal the serial model's. The exchanges are parallel/pp/exchange_plan.h's batches, which
 // NCCL runs only if both ends of every direction issue them in the same order (Note [Pipeline
-// exchanges]); a hang ends at the collective timeout with the exchange named.
+// exchanges]); a hang ends at the collective timeout with the exchange named. On two GPUs every test
+// runs again with the exchanges by the copy engines (Note [Pair sends and receives by the copy
+// engines]) through slots far smaller than the messages.
 //
 // f32 with TF32 off (ops::Float32MatmulPrecision::highest): 1e-5 relative, the layout harness's f32
 // tolerance: the microbatches' GEMMs are of another batch size than the serial run's, and the mean of
@@ -17,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "colossal/comm/pair_all_reduce.h"  // use_pair_p2p
 #include "colossal/engine/engine.h"
 #include "colossal/engine/pipeline_schedule.h"
 #include "colossal/nn/activation.h"
@@ -44,17 +47,44 @@ Device gpu() {
   return comm::testing::gpu();
 }
 
-/// TF32 off for the test's duration (the file's head says why).
-class PipelineNccl : public ::testing::Test {
+/// The stages' exchanges by NCCL, or by the copy engines (Note [Pair sends and receives by the copy
+/// engines]) on two GPUs.
+enum class Transport { nccl, copy_engines };
+Transport g_transport = Transport::nccl;
+
+/// The pipeline's group: the world, or under the copy engines a group of the two ranks whose sends
+/// and receives go through 2 slots of 256 bytes, so that every message but the smallest goes in
+/// pieces and every sender waits for its slots to be freed again and again. Made once, by both ranks
+/// in the same test.
+std::shared_ptr<comm::ProcessGroup> pipeline_group() {
+  if (g_transport == Transport::nccl) return world_group();
+  static const std::shared_ptr<comm::ProcessGroup> pair = [] {
+    std::shared_ptr<comm::ProcessGroup> group = comm::testing::world().new_group({0, 1});
+    std::string why;
+    EXPECT_TRUE(comm::use_pair_p2p(*group, 256, 2, &why)) << why;
+    return group;
+  }();
+  return pair;
+}
+
+/// TF32 off for the test's duration (the file's head says why); the transport the parameter names.
+class PipelineNccl : public ::testing::TestWithParam<Transport> {
  protected:
   void SetUp() override {
+    g_transport = GetParam();
+    if (g_transport == Transport::copy_engines && comm::testing::world().size() != 2) {
+      GTEST_SKIP() << "the copy engines carry a pipeline of two GPUs";
+    }
     before_ = ops::float32_matmul_precision();
     ops::set_float32_matmul_precision(ops::Float32MatmulPrecision::highest);
   }
-  void TearDown() override { ops::set_float32_matmul_precision(before_); }
+  void TearDown() override {
+    ops::set_float32_matmul_precision(before_);
+    g_transport = Transport::nccl;
+  }
 
  private:
-  ops::Float32MatmulPrecision before_{};
+  ops::Float32MatmulPrecision before_ = ops::float32_matmul_precision();
 };
 
 /// The model as its pieces (Linear + GELU, the last a Linear to the classes), f32 on this rank's GPU.
@@ -141,7 +171,7 @@ void expect_pipeline_equals_serial(int num_chunks, int64_t m, int64_t accumulati
   const parallel::pp::StageParts parts = parallel::pp::partition_uniform(kPieces, p, num_chunks);
   const Stage stage = stage_of(pieces, parts[static_cast<size_t>(s)]);
   EngineOptions options{.gradient_accumulation = accumulation};
-  options.schedule = std::make_shared<PipelineSchedule>(stage.chunks, world_group(), m);
+  options.schedule = std::make_shared<PipelineSchedule>(stage.chunks, pipeline_group(), m);
   auto engine = make_engine(stage.module, options);
   for (int step = 0; step < 3; ++step) {
     for (int64_t micro = 0; micro < accumulation; ++micro) {
@@ -159,18 +189,18 @@ void expect_pipeline_equals_serial(int num_chunks, int64_t m, int64_t accumulati
   }
 }
 
-TEST_F(PipelineNccl, OneFOneBEqualsTheSerialModel) {
+TEST_P(PipelineNccl, OneFOneBEqualsTheSerialModel) {
   expect_pipeline_equals_serial(1, 4, 1);
   expect_pipeline_equals_serial(1, 8, 2);
 }
 
-TEST_F(PipelineNccl, InterleavedEqualsTheSerialModel) {
+TEST_P(PipelineNccl, InterleavedEqualsTheSerialModel) {
   const int p = comm::testing::world().size();
   expect_pipeline_equals_serial(2, p, 1);      // every forward before the first backward
   expect_pipeline_equals_serial(2, 2 * p, 2);  // warm-up, steady pairs, cool-down
 }
 
-TEST_F(PipelineNccl, EvaluationAndABatchOfAnotherShape) {
+TEST_P(PipelineNccl, EvaluationAndABatchOfAnotherShape) {
   const int p = comm::testing::world().size(), s = comm::testing::world().rank();
   for (const int chunks : {1, 2}) {
     SCOPED_TRACE(fmt::format("{} chunk(s)", chunks));
@@ -181,7 +211,7 @@ TEST_F(PipelineNccl, EvaluationAndABatchOfAnotherShape) {
     const auto pieces = make_pieces(11);
     const Stage stage = stage_of(pieces, parallel::pp::partition_uniform(kPieces, p, chunks)[static_cast<size_t>(s)]);
     EngineOptions options;
-    options.schedule = std::make_shared<PipelineSchedule>(stage.chunks, world_group(), p);
+    options.schedule = std::make_shared<PipelineSchedule>(stage.chunks, pipeline_group(), p);
     auto engine = make_engine(stage.module, options);
     for (const int64_t rows : {kBatch, kBatch / 2, kBatch}) {
       const auto [x, y] = batch(rows, rows);
@@ -192,7 +222,7 @@ TEST_F(PipelineNccl, EvaluationAndABatchOfAnotherShape) {
   }
 }
 
-TEST_F(PipelineNccl, Gpt2WithTheTiedEmbeddingEqualsTheSerialModel) {
+TEST_P(PipelineNccl, Gpt2WithTheTiedEmbeddingEqualsTheSerialModel) {
   const int p = comm::testing::world().size(), s = comm::testing::world().rank();
   auto make_gpt2 = [] {
     nn::models::GPT2Config g;
@@ -224,8 +254,8 @@ TEST_F(PipelineNccl, Gpt2WithTheTiedEmbeddingEqualsTheSerialModel) {
     for (const auto& [name, param] : stage.named) {
       if (name == "wte.weight") tied.push_back(param);
     }
-    auto schedule = std::make_shared<PipelineSchedule>(stage.chunks, world_group(), 2 * p);
-    schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(world_group(), !tied.empty()));
+    auto schedule = std::make_shared<PipelineSchedule>(stage.chunks, pipeline_group(), 2 * p);
+    schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(pipeline_group(), !tied.empty()));
     EngineOptions options;
     options.schedule = schedule;
     Engine engine(
@@ -248,7 +278,7 @@ TEST_F(PipelineNccl, Gpt2WithTheTiedEmbeddingEqualsTheSerialModel) {
   }
 }
 
-TEST_F(PipelineNccl, DataTimesPipeline) {
+TEST_P(PipelineNccl, DataTimesPipeline) {
   if (comm::testing::world().size() != 4) GTEST_SKIP() << "dp2 x pp2 needs 4 GPUs";
   config::ParallelConfig pc;
   pc.pipeline = 2;
@@ -279,6 +309,11 @@ TEST_F(PipelineNccl, DataTimesPipeline) {
     for (size_t k = 0; k < a.size(); ++k) expect_tensors_close(a[k], b[k], fmt::format("piece {}", i));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, PipelineNccl, ::testing::Values(Transport::nccl, Transport::copy_engines),
+                         [](const ::testing::TestParamInfo<Transport>& info) {
+                           return info.param == Transport::nccl ? "Nccl" : "CopyEngines";
+                         });
 
 }  // namespace
 }  // namespace colossal::engine

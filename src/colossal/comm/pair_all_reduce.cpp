@@ -24,4 +24,16 @@ bool use_pair_all_reduce(ProcessGroup& group, int64_t window_bytes, int64_t min_
   return false;
 }
 
+bool use_pair_p2p(ProcessGroup& group, int64_t slot_bytes, int64_t slots, std::string* why_not) {
+#if COLOSSAL_WITH_NCCL
+  if (auto* nccl = dynamic_cast<NcclProcessGroup*>(&group)) return nccl->use_pair_p2p(slot_bytes, slots, why_not);
+#else
+  (void)slot_bytes;
+  (void)slots;
+#endif
+  if (why_not != nullptr)
+    *why_not = fmt::format("the group is {} on {}, not NCCL on a GPU", group.backend_name(), group.device());
+  return false;
+}
+
 }  // namespace colossal::comm

@@ -160,6 +160,9 @@ std::string_view to_string(TensorParallelMode value) {
 std::string_view to_string(TensorAllReduce value) {
   return enum_name(value);
 }
+std::string_view to_string(PipelineP2P value) {
+  return enum_name(value);
+}
 std::string_view to_string(AmpMode value) {
   return enum_name(value);
 }

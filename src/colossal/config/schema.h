@@ -59,6 +59,8 @@ inline constexpr EnumEntry<TensorParallelMode> kTensorParallelModes[] = {
 inline constexpr EnumEntry<TensorAllReduce> kTensorAllReduces[] = {{TensorAllReduce::kAuto, "auto"},
                                                                    {TensorAllReduce::kCopyEngines, "copy_engines"},
                                                                    {TensorAllReduce::kNccl, "nccl"}};
+inline constexpr EnumEntry<PipelineP2P> kPipelineP2Ps[] = {
+    {PipelineP2P::kAuto, "auto"}, {PipelineP2P::kCopyEngines, "copy_engines"}, {PipelineP2P::kNccl, "nccl"}};
 inline constexpr EnumEntry<TensorSplit> kTensorSplits[] = {{TensorSplit::kColumn, "column"},
                                                            {TensorSplit::kRow, "row"},
                                                            {TensorSplit::kReplicate, "replicate"},
@@ -96,6 +98,9 @@ inline std::span<const EnumEntry<TensorParallelMode>> enum_entries(TensorParalle
 }
 inline std::span<const EnumEntry<TensorAllReduce>> enum_entries(TensorAllReduce) {
   return kTensorAllReduces;
+}
+inline std::span<const EnumEntry<PipelineP2P>> enum_entries(PipelineP2P) {
+  return kPipelineP2Ps;
 }
 inline std::span<const EnumEntry<TensorSplit>> enum_entries(TensorSplit) {
   return kTensorSplits;
@@ -168,6 +173,7 @@ void visit_fields(Config& c, Visitor& v) {
   v("parallel.partition", c.parallel.partition);
   v("parallel.partition_sizes", c.parallel.partition_sizes, IntRange{1, kIntFieldMax});
   v("parallel.pipeline_report", c.parallel.pipeline_report, IntRange{0, kIntFieldMax});
+  v("parallel.pipeline_p2p", c.parallel.pipeline_p2p);
   v("parallel.tensor.size", c.parallel.tensor.size, IntRange{1, kMaxRanks});
   v("parallel.tensor.mode", c.parallel.tensor.mode);
   v("parallel.tensor.depth", c.parallel.tensor.depth, IntRange{1, kMaxRanks});

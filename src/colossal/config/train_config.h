@@ -46,6 +46,14 @@ enum class PipelinePartition {
   kMeasured,  ///< "measured": by each piece's forward and backward time, measured at start-up
 };
 
+/// parallel.pipeline_p2p: what carries the activations and gradients between a pipeline's stages.
+enum class PipelineP2P {
+  kAuto,  ///< "auto": the copy engines where the pipeline is two GPUs of one host that map each other's memory, else NCCL
+  kCopyEngines,  ///< "copy_engines": the copy engines (Note [Pair sends and receives by the copy engines]); an error
+                 ///< where they cannot
+  kNccl,         ///< "nccl": NCCL's send and receive kernels
+};
+
 /// zero.placement_policy: where ZeRO-3 (Gemini) keeps parameter chunks between uses.
 enum class ZeroPlacement {
   kCuda,  ///< "cuda": on the GPU
@@ -95,6 +103,7 @@ struct TensorSpecRule {
 std::string_view to_string(TensorSplit value);
 std::string_view to_string(TensorParallelMode value);
 std::string_view to_string(TensorAllReduce value);
+std::string_view to_string(PipelineP2P value);
 std::string_view to_string(AmpMode value);
 std::string_view to_string(ZeroPlacement value);
 std::string_view to_string(ModelName value);
@@ -169,6 +178,11 @@ struct ParallelConfig {
   /// Under a pipeline, every this many steps the trainer prints each stage's busy and idle time and the
   /// measured bubble against (p - 1) / (v m) (engine/pipeline_report.h); 0: never.
   int pipeline_report = 0;
+  /// On GPUs (NCCL), a pipeline of two stages: "auto" moves the stages' activations and gradients by
+  /// the copy engines over NVLink when the two GPUs are of one host, so that a send completes without
+  /// waiting for the other stage to post its receive and a waiting receive holds no SM; "copy_engines"
+  /// insists (an error naming why it cannot), "nccl" never. Longer pipelines use NCCL.
+  PipelineP2P pipeline_p2p = PipelineP2P::kAuto;
   /// Seconds any collective or send/recv may stay outstanding before a rank ends with a message
   /// naming it, rather than hang on a peer that skipped it or died (comm/watchdog.h); the environment
   /// variable COLOSSAL_COLLECTIVE_TIMEOUT overrides it.

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "colossal/core/error.h"
+#include "colossal/parallel/pp/schedule_order.h"
 
 namespace colossal::engine {
 
@@ -30,6 +31,19 @@ std::string BubbleReport::describe() const {
         "{} stage {} busy {:.1f} ms idle {:.1f} ms (before the first op {:.2f}, between ops {:.2f} with a "
         "median gap of {:.3f}, after the last {:.2f})",
         s == 0 ? "" : ",", s, t.busy_ms, t.idle_ms(), t.lead_ms, t.between_ms(), t.median_gap_ms, t.tail_ms);
+    if (t.longest_op >= 0) {
+      const std::vector<parallel::pp::PipelineOp> order =
+          parallel::pp::interleaved_order(static_cast<int>(s), num_stages, num_microbatches, num_chunks);
+      const auto k = static_cast<size_t>(t.longest_op);
+      const std::string op =
+          k < order.size() ? fmt::format(" ({} of microbatch {}{})",
+                                         order[k].kind == parallel::pp::PipelineOp::Kind::forward ? "forward" : "backward",
+                                         order[k].microbatch,
+                                         num_chunks > 1 ? fmt::format(", chunk {}", order[k].chunk) : std::string())
+                           : std::string();
+      out += fmt::format(" [longest op {}{} {:.2f} ms, median op {:.2f} ms, queued by the host in {:.2f} ms]",
+                         t.longest_op, op, t.longest_op_ms, t.median_op_ms, t.longest_op_host_ms);
+    }
   }
   out += fmt::format("; bubble (idle / busy) {:.3f}, schedule (p - 1) / (v m) {:.3f}", measured(), expected());
   return out;
@@ -39,10 +53,12 @@ BubbleReport gather_bubble_report(const PipelineSchedule& schedule) {
   comm::ProcessGroup& group = *schedule.group();
   const int p = group.size();
   const StageTiming& t = schedule.last_timing();
-  constexpr int64_t kFields = 5;
-  const Tensor mine =
-      core::from_vector<double>({t.span_ms, t.busy_ms, t.lead_ms, t.tail_ms, t.median_gap_ms}, {kFields})
-          .to(group.device());
+  constexpr int64_t kFields = 9;
+  const Tensor mine = core::from_vector<double>({t.span_ms, t.busy_ms, t.lead_ms, t.tail_ms, t.median_gap_ms,
+                                                 static_cast<double>(t.longest_op), t.longest_op_ms, t.median_op_ms,
+                                                 t.longest_op_host_ms},
+                                                {kFields})
+                          .to(group.device());
   Tensor all = core::empty({kFields * p}, TensorOptions(DType::f64, group.device()));
   group.all_gather(all, mine);
   const std::vector<double> values = all.to(core::kCpu).to_vector<double>();
@@ -52,8 +68,15 @@ BubbleReport gather_bubble_report(const PipelineSchedule& schedule) {
   report.num_microbatches = schedule.num_microbatches();
   for (int s = 0; s < p; ++s) {
     const double* v = values.data() + kFields * s;
-    report.stages.push_back(
-        {.span_ms = v[0], .busy_ms = v[1], .lead_ms = v[2], .tail_ms = v[3], .median_gap_ms = v[4]});
+    report.stages.push_back({.span_ms = v[0],
+                             .busy_ms = v[1],
+                             .lead_ms = v[2],
+                             .tail_ms = v[3],
+                             .median_gap_ms = v[4],
+                             .longest_op = static_cast<int64_t>(v[5]),
+                             .longest_op_ms = v[6],
+                             .median_op_ms = v[7],
+                             .longest_op_host_ms = v[8]});
   }
   return report;
 }

@@ -225,8 +225,14 @@ class Exchanger {
 class StepTimer {
  public:
   explicit StepTimer(Device device) : device_(device) { mark(); }
-  void begin_op() { mark(); }
-  void end_op() { mark(); }
+  void begin_op() {
+    mark();
+    host_.push_back(Clock::now());
+  }
+  void end_op() {
+    mark();
+    host_.push_back(Clock::now());
+  }
   /// The span ends now (after the step's closing all-reduce: when the last stage is done too).
   StageTiming finish() {
     mark();
@@ -242,10 +248,21 @@ class StepTimer {
     StageTiming t;
     t.span_ms = marks.back();
     const size_t ops = (marks.size() - 2) / 2;
-    std::vector<double> gaps;
+    std::vector<double> gaps, op_ms;
     for (size_t k = 0; k < ops; ++k) {
-      t.busy_ms += marks[2 * k + 2] - marks[2 * k + 1];
+      const double ms = marks[2 * k + 2] - marks[2 * k + 1];
+      t.busy_ms += ms;
+      op_ms.push_back(ms);
+      if (ms > t.longest_op_ms || t.longest_op < 0) {
+        t.longest_op = static_cast<int64_t>(k);
+        t.longest_op_ms = ms;
+        t.longest_op_host_ms = std::chrono::duration<double, std::milli>(host_[2 * k + 1] - host_[2 * k]).count();
+      }
       if (k > 0) gaps.push_back(marks[2 * k + 1] - marks[2 * k]);
+    }
+    if (!op_ms.empty()) {
+      std::nth_element(op_ms.begin(), op_ms.begin() + static_cast<std::ptrdiff_t>(op_ms.size() / 2), op_ms.end());
+      t.median_op_ms = op_ms[op_ms.size() / 2];
     }
     t.lead_ms = ops > 0 ? marks[1] : t.span_ms;
     t.tail_ms = ops > 0 ? t.span_ms - marks[2 * ops] : 0;
@@ -277,6 +294,8 @@ class StepTimer {
   // The step's start, then each op's start and end (and the finish): events on a GPU, else times.
   std::vector<core::cuda::Event> events_;
   std::vector<Clock::time_point> times_;
+  // The host's clock at each op's start and end (also on a GPU: how long the host took to queue it).
+  std::vector<Clock::time_point> host_;
 };
 
 /// The shapes' key: training or evaluation, the microbatches and the batch's shape, which every

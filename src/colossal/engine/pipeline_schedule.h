@@ -72,6 +72,13 @@ struct StageTiming {
   double lead_ms = 0;
   double tail_ms = 0;
   double median_gap_ms = 0;
+  /// The op that took longest (its index in the stage's schedule order, -1 with none), its time, the
+  /// median op's, and how long the host took to queue it: a long op the host queued as quickly as the
+  /// others waited on the device, one the host took as long over was the host's delay.
+  int64_t longest_op = -1;
+  double longest_op_ms = 0;
+  double median_op_ms = 0;
+  double longest_op_host_ms = 0;
   double idle_ms() const { return span_ms - busy_ms; }
   double between_ms() const { return idle_ms() - lead_ms - tail_ms; }
 };

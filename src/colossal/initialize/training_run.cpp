@@ -207,6 +207,29 @@ void choose_tensor_all_reduce(const config::TensorParallelConfig& tensor, const 
   }
 }
 
+/// parallel.pipeline_p2p: a pipeline of two stages on two GPUs of one host sends its activations and
+/// gradients by the copy engines (Note [Pair sends and receives by the copy engines]) through 16
+/// slots of 4 MiB on each GPU (GPT-2 350M's activation of a microbatch of 2 x 1024 tokens fills one;
+/// a larger message goes in pieces). Collective over the pipeline group; says on the writer's console
+/// which way the exchanges go.
+void choose_pipeline_p2p(const config::ParallelConfig& parallel, const parallel::ParallelContext& context,
+                         bool writer) {
+  if (context.layout().pipeline_size() == 1 || parallel.pipeline_p2p == config::PipelineP2P::kNccl) return;
+  const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kPipeline);
+  if (!group->device().is_cuda()) return;
+  std::string why;
+  const bool on = comm::use_pair_p2p(*group, int64_t{4} << 20, 16, &why);
+  COLOSSAL_CHECK(on || parallel.pipeline_p2p != config::PipelineP2P::kCopyEngines,
+                 "parallel.pipeline_p2p = \"copy_engines\" needs a pipeline of two stages on two GPUs of one host that "
+                 "can map each other's memory, but {}; use \"auto\" (the copy engines where they can, else NCCL) or "
+                 "\"nccl\"",
+                 why);
+  if (writer) {
+    fmt::print("parallel.pipeline_p2p = \"{}\": {}\n", config::to_string(parallel.pipeline_p2p),
+               on ? "the stages' exchanges by the copy engines" : fmt::format("NCCL ({})", why));
+  }
+}
+
 }  // namespace
 
 config::TrainConfig load_run_config(const fs::path& path, const std::vector<std::string>& overrides) {
@@ -317,6 +340,7 @@ void TrainingRun::build_data_and_model() {
   }
   model_->to(device_);
   choose_tensor_all_reduce(c.parallel.tensor, *context_, writer_);
+  choose_pipeline_p2p(c.parallel, *context_, writer_);
   // Under a pipeline the stage splits its own blocks (make_pipeline_stage below).
   if (context_->layout().tensor_size() > 1 && context_->layout().pipeline_size() == 1) {
     // The serial model split over the tensor group (reject_unsupported let GPT-2 and ViT through).

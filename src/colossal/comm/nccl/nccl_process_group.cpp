@@ -4,6 +4,7 @@
 
 #include "colossal/comm/launch_env.h"
 #include "colossal/comm/nccl/pair_all_reduce.h"
+#include "colossal/comm/nccl/pair_p2p.h"
 #include "colossal/comm/timeout.h"   // resolve_collective_timeout
 #include "colossal/comm/watchdog.h"  // WatchedOperation, watch, add_stop_hook
 
@@ -75,6 +76,8 @@ struct NcclCommState {
   std::mutex abort_mutex;
   /// Large sums between two GPUs by the copy engines, once use_pair_all_reduce turned it on.
   std::unique_ptr<PairAllReduce> pair;
+  /// Sends and receives between two GPUs by the copy engines, once use_pair_p2p turned it on.
+  std::unique_ptr<PairP2P> p2p;
 
   NcclCommState(ncclComm_t c, Device d) : comm(c), device(d) {
     core::cuda::DeviceGuard guard(device);
@@ -86,6 +89,7 @@ struct NcclCommState {
     try {
       core::cuda::DeviceGuard guard(device);
       release_pair();
+      release_p2p();
       // Destroy waits for the communicator's enqueued work; an aborted one is already gone.
       if (!aborted.load()) ncclCommDestroy(comm);
       core::cuda::destroy_stream(stream);
@@ -103,6 +107,15 @@ struct NcclCommState {
     if (!aborted.load() && std::uncaught_exceptions() == 0)
       cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle));
     pair.reset();
+  }
+  /// The same for the sends and receives by the copy engines (their own streams).
+  void release_p2p() noexcept {
+    if (!p2p) return;
+    try {
+      if (!aborted.load() && std::uncaught_exceptions() == 0) p2p->drain();
+    } catch (...) {
+    }
+    p2p.reset();
   }
 
   /// Any thread: the watchdog's stop hook calls it while the owner may be blocked in CUDA.
@@ -520,6 +533,14 @@ bool NcclProcessGroup::use_pair_all_reduce(int64_t window_bytes, int64_t min_byt
   return true;
 }
 
+bool NcclProcessGroup::use_pair_p2p(int64_t slot_bytes, int64_t slots, std::string* why_not) {
+  if (!PairWindow::available(*this, why_not)) return false;
+  core::cuda::DeviceGuard guard(state_->device);
+  state_->release_p2p();  // a window being replaced (Note [Pair window teardown])
+  state_->p2p = std::make_unique<PairP2P>(*this, slot_bytes, slots);
+  return true;
+}
+
 Work NcclProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
   if (state_->pair && state_->pair->takes(tensor, op)) {  // Note [Pair all-reduce by the copy engines]
     const std::string what =
@@ -629,7 +650,63 @@ Work NcclProcessGroup::do_reduce(const Tensor& tensor, int root, ReduceOp op) {
   });
 }
 
+namespace {
+
+/// Enqueues `enqueue()` (work on `stream`) as one call the watchdog sees, as launch() does for NCCL's
+/// calls, and returns it; `stream` is one of the pair's own, not the group's.
+template <class Enqueue>
+std::shared_ptr<NcclOperation> watched_on(const ProcessGroup& group, const std::shared_ptr<NcclCommState>& state,
+                                          std::string what, core::Stream stream, Enqueue&& enqueue) {
+  auto operation = std::make_shared<NcclOperation>(group, std::move(what), state);
+  state->check_async_error(operation->operation(), operation->group());
+  watch(operation);
+  trace_comm("enqueue", *operation);
+  const int64_t range = core::profiler::begin_stream_range(operation->operation(), stream);
+  try {
+    enqueue();
+  } catch (...) {
+    operation->mark_enqueued();  // done() was never recorded: polls as complete, the caller has the error
+    throw;
+  }
+  core::profiler::end_stream_range(range, stream);
+  operation->done().record(stream);
+  operation->mark_enqueued();
+  trace_comm("enqueued", *operation);
+  return operation;
+}
+
+/// Note [Pair sends and receives by the copy engines] (comm/nccl/pair_p2p.cpp): the batch's sends on
+/// the pair's send stream, its receives on its receive stream. The Work is the receives' (the sends'
+/// tensors held until copied), or the sends' where there is no receive.
+Work pair_send_recv(const ProcessGroup& group, const std::shared_ptr<NcclCommState>& state,
+                    const std::vector<P2POp>& ops) {
+  core::cuda::DeviceGuard guard(state->device);
+  PairP2P& pair = *state->p2p;
+  const core::Stream caller = core::cuda::current_stream(state->device);
+  std::vector<P2POp> send_ops, receive_ops;
+  std::vector<Tensor> sends, receives;
+  for (const P2POp& p2p : ops) {
+    const bool is_send = p2p.kind == P2POp::Kind::send;
+    (is_send ? send_ops : receive_ops).push_back(p2p);
+    (is_send ? sends : receives).push_back(p2p.tensor);
+  }
+  std::shared_ptr<NcclOperation> sent;
+  if (!sends.empty()) {
+    sent = watched_on(group, state, describe_p2p(send_ops) + " by the copy engines", pair.send_stream(),
+                      [&] { pair.enqueue_sends(sends, caller); });
+    if (receives.empty()) return Work(std::make_shared<NcclWork>(sent, caller, std::move(sends), false));
+  }
+  std::shared_ptr<NcclOperation> received =
+      watched_on(group, state, describe_p2p(receive_ops) + " by the copy engines", pair.receive_stream(),
+                 [&] { pair.enqueue_receives(receives, caller); });
+  if (sent) pair.hold(std::move(sends), [sent] { return sent->done().query(); });
+  return Work(std::make_shared<NcclWork>(received, caller, std::move(receives), false));
+}
+
+}  // namespace
+
 Work NcclProcessGroup::do_batch_send_recv(const std::vector<P2POp>& ops) {
+  if (state_->p2p) return pair_send_recv(*this, state_, ops);
   std::vector<Tensor> tensors;
   for (const P2POp& p2p : ops) tensors.push_back(p2p.tensor);
   const std::string what = describe_p2p(ops);

@@ -44,6 +44,11 @@ class NcclProcessGroup final : public ProcessGroup {
   /// (PairAllReduce, Note [Pair all-reduce by the copy engines]); the rest stays NCCL's. Collective
   /// over the group. Returns false, saying why in `why_not`, where the group is not such a pair.
   bool use_pair_all_reduce(int64_t window_bytes, int64_t min_bytes, std::string* why_not = nullptr);
+  /// From now on, batch_send_recv over this group of two GPUs of one host is moved by the copy
+  /// engines through `slots` slots of `slot_bytes` on each GPU (PairP2P, Note [Pair sends and receives
+  /// by the copy engines]). Collective over the group. Returns false, saying why in `why_not`, where
+  /// the group is not such a pair.
+  bool use_pair_p2p(int64_t slot_bytes, int64_t slots, std::string* why_not = nullptr);
 
  protected:
   Work do_all_reduce(const Tensor& tensor, ReduceOp op) override;

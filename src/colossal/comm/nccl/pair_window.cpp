@@ -152,8 +152,12 @@ void PairWindow::signal(core::Stream stream, size_t c, uint64_t value) const {
 }
 
 void PairWindow::await(core::Stream stream, size_t c, uint64_t value) const {
+  core::cuda::wait_value(stream, counter(c), value);
+}
+
+const void* PairWindow::counter(size_t c) const {
   COLOSSAL_CHECK(c < counters_, "PairWindow: counter {} of {}", c, counters_);
-  core::cuda::wait_value(stream, mine() + counters_offset_ + c * sizeof(uint64_t), value);
+  return mine() + counters_offset_ + c * sizeof(uint64_t);
 }
 
 }  // namespace colossal::comm

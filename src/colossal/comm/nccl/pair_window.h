@@ -43,6 +43,8 @@ class PairWindow {
   void signal(core::Stream stream, size_t c, uint64_t value) const;
   /// Queues on `stream` a hold (no SM) until this rank's counter `c` is at least `value`.
   void await(core::Stream stream, size_t c, uint64_t value) const;
+  /// This rank's counter `c` (device memory the other rank writes).
+  const void* counter(size_t c) const;
 
  private:
   core::Device device_;
