@@ -145,6 +145,13 @@ class ProcessGroup {
   Work recv(const Tensor& tensor, int src, int tag = 0, bool async = false);
   /// Issues every send and receive of `ops` together, so they cannot deadlock on each other.
   Work batch_send_recv(const std::vector<P2POp>& ops, bool async = false);
+  /// Whether an asynchronous receive may be posted before the sends this rank issues ahead of it in
+  /// the same exchange, in the same order among receives: a send completes without its receive and a
+  /// posted receive holds back nothing but itself. True for MPI (nonblocking sends and receives) and
+  /// for the copy engines' sends and receives of a GPU pair (Note [Pair sends and receives by the copy
+  /// engines]); false for NCCL's, whose sends wait for their receives and whose operations run one
+  /// after another. A pipeline posts its receives one op ahead where it is true.
+  virtual bool receives_post_early() const { return false; }
   /// Splits `input` into size() equal chunks along dim 0, sends chunk j to rank j and puts the chunk
   /// from rank i at chunk i of `output`. input and output have the same shape, dim 0 divisible by size().
   Work all_to_all(const Tensor& output, const Tensor& input, bool async = false);

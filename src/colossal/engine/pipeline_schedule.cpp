@@ -84,6 +84,21 @@ Tensor empty_header(Device device) {
 // host) only when take() asks for something it brings, every earlier batch with it, in issue order.
 // A batch that brings a header is still waited for at once: later receives need the shape it gives.
 // The issue order, which both ends of every exchange share, is unchanged.
+//
+// Note [Receives posted one op ahead]
+// A receive posted just before the op that takes it starts moving its message only then: on the copy
+// engines (Note [Pair sends and receives by the copy engines]) its stream first waits for the work the
+// host queued before it, so the copy out of the slot follows the previous op's end and the host's
+// issuing of the batch, both on the critical path where the host runs no further ahead of the GPU than
+// the op it queues (GPT-2 350M at pp=2 in microbatches of 2: the host takes as long to queue an op as
+// the GPU to run it, session 25's bubble reports). Where the group allows it
+// (ProcessGroup::receives_post_early: MPI, the copy engines; not NCCL's own, whose grouped sends wait
+// for their receives), a batch's receives are posted one op earlier than the plan's batch, its sends
+// when due: the message is copied in while the op before runs, and the op that takes it waits only
+// for the copy's event. The receives keep the plan's order among themselves, so each direction still
+// carries its messages in the same order on both ends; a gradient's receive waits for the forward that
+// gives its buffer's shape. Not with headers in flight (a batch's first step): a receive then needs the
+// header's shape, read at once.
 class Exchanger {
  public:
   /// `shapes`: the activation shapes this stage learnt for this batch shape, by sending chunk,
@@ -412,9 +427,42 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   std::optional<StepTimer> timer;
   if (timing_) timer.emplace(engine.device());
 
+  // Note [Receives posted one op ahead]: where the group allows it (and no header is in flight), each
+  // batch's receives go up before the op ahead of the one that takes them, its sends when due.
+  const bool early = group_->receives_post_early() && shapes_known;
+  std::vector<ExchangeBatch> sends_of, receives_of;
+  if (early) {
+    for (const ExchangeBatch& batch : batches) {
+      ExchangeBatch sends{batch.before_op, {}}, receives{batch.before_op, {}};
+      for (const PipelineMessage& msg : batch.messages) (msg.send ? sends : receives).messages.push_back(msg);
+      sends_of.push_back(std::move(sends));
+      receives_of.push_back(std::move(receives));
+    }
+  }
+  size_t next_receive = 0;  // with early receives: the first batch whose receives are not posted yet
+  // A gradient's buffer takes its shape from the chunk's output, there once its forward has run.
+  auto can_post = [&](const ExchangeBatch& receives) {
+    for (const PipelineMessage& msg : receives.messages) {
+      if (msg.kind == PipelineMessage::Kind::gradient && !saved.contains({msg.microbatch, last ? msg.chunk - 1 : msg.chunk}))
+        return false;
+    }
+    return true;
+  };
+
   for (size_t index = 0; index <= order.size(); ++index) {
     while (next_batch < batches.size() && batches[next_batch].before_op == index) {
-      exchanger.issue(batches[next_batch++], gradient_like);
+      if (early) {
+        exchanger.issue(sends_of[next_batch], gradient_like);
+      } else {
+        exchanger.issue(batches[next_batch], gradient_like);
+      }
+      ++next_batch;
+    }
+    // The receives due before this op or the next, in the plan's order (a receive due now always can).
+    while (early && next_receive < batches.size() &&
+           (batches[next_receive].before_op <= index ||
+            (batches[next_receive].before_op == index + 1 && can_post(receives_of[next_receive])))) {
+      exchanger.issue(receives_of[next_receive++], gradient_like);
     }
     if (index == order.size()) break;
     const PipelineOp& op = order[index];

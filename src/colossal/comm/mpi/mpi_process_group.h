@@ -22,6 +22,8 @@ class MpiProcessGroup final : public ProcessGroup {
   ~MpiProcessGroup() override;
 
   std::string_view backend_name() const override { return "mpi"; }
+  /// MPI_Isend and MPI_Irecv: a receive may be posted at any time.
+  bool receives_post_early() const override { return true; }
   Device device() const override { return core::kCpu; }
   MPI_Comm comm() const { return comm_; }
 

@@ -541,6 +541,10 @@ bool NcclProcessGroup::use_pair_p2p(int64_t slot_bytes, int64_t slots, std::stri
   return true;
 }
 
+bool NcclProcessGroup::receives_post_early() const {
+  return state_->p2p != nullptr;
+}
+
 Work NcclProcessGroup::do_all_reduce(const Tensor& tensor, ReduceOp op) {
   if (state_->pair && state_->pair->takes(tensor, op)) {  // Note [Pair all-reduce by the copy engines]
     const std::string what =

@@ -49,6 +49,8 @@ class NcclProcessGroup final : public ProcessGroup {
   /// by the copy engines]). Collective over the group. Returns false, saying why in `why_not`, where
   /// the group is not such a pair.
   bool use_pair_p2p(int64_t slot_bytes, int64_t slots, std::string* why_not = nullptr);
+  /// True once use_pair_p2p turned the copy engines' sends and receives on (NCCL's own wait for each other).
+  bool receives_post_early() const override;
 
  protected:
   Work do_all_reduce(const Tensor& tensor, ReduceOp op) override;
