@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "../comm/mpi_test_main.h"
@@ -111,10 +112,17 @@ void expect_close(double actual, double expected, const std::string& what) {
 
 /// Trains `steps` steps serially and through the pipeline (num_chunks per stage, m microbatches,
 /// `accumulation` micro-steps per update), comparing losses and then every piece this stage holds.
-void expect_pipeline_equals_serial(int num_chunks, int64_t m, int64_t accumulation = 1, int steps = 3) {
+/// How the stages' messages travel: over the (strict) pipeline group, or over a group of plain MPI
+/// ranks for each pair of neighbouring stages (PipelineSchedule::neighbour_pairs; sends that do not
+/// wait for their receives, as the copy engines', and receives posted one op ahead, Note [Receives
+/// posted one op ahead]).
+enum class Route { pipeline, plain_pairs };
+
+void expect_pipeline_equals_serial(int num_chunks, int64_t m, int64_t accumulation = 1, int steps = 3,
+                                   Route route = Route::pipeline) {
   const int p = world().size(), s = world().rank();
-  SCOPED_TRACE(
-      fmt::format("pp {} stage {}, {} chunks, {} microbatches, accumulation {}", p, s, num_chunks, m, accumulation));
+  SCOPED_TRACE(fmt::format("pp {} stage {}, {} chunks, {} microbatches, accumulation {}, route {}", p, s, num_chunks,
+                           m, accumulation, static_cast<int>(route)));
   // Serial: the whole model on this rank.
   const auto serial_pieces = make_pieces(11);
   auto serial = std::make_shared<nn::Sequential>();
@@ -126,7 +134,25 @@ void expect_pipeline_equals_serial(int num_chunks, int64_t m, int64_t accumulati
   const parallel::pp::StageParts parts = parallel::pp::partition_uniform(kPieces, p, num_chunks);
   const Stage stage = stage_of(pieces, parts[static_cast<size_t>(s)]);
   EngineOptions options{.gradient_accumulation = accumulation};
-  options.schedule = std::make_shared<PipelineSchedule>(stage.chunks, world_group(), m);
+  auto schedule = std::make_shared<PipelineSchedule>(stage.chunks, world_group(), m);
+  if (route != Route::pipeline) {
+    const std::shared_ptr<comm::ProcessGroup> over(&world(), [](comm::ProcessGroup*) {});
+    const auto pairs = PipelineSchedule::neighbour_pairs(over, /*ring=*/num_chunks > 1);
+    // Stage s's pairs: with s - 1 and s + 1, the ring's closing pair too with several chunks.
+    std::set<int> others;
+    for (const auto& [other, pair] : pairs) {
+      others.insert(other);
+      EXPECT_EQ(pair->size(), 2);
+      EXPECT_EQ(pair->rank(), s < other ? 0 : 1) << "a pair is ordered by stage";
+      EXPECT_TRUE(pair->receives_post_early());
+      schedule->set_neighbour_group(other, pair);
+    }
+    std::set<int> want;
+    if (s > 0 || num_chunks > 1) want.insert((s + p - 1) % p);
+    if (s < p - 1 || num_chunks > 1) want.insert((s + 1) % p);
+    EXPECT_EQ(others, want);
+  }
+  options.schedule = schedule;
   auto engine = make_engine(stage.module, options);
 
   for (int step = 0; step < steps; ++step) {
@@ -156,6 +182,29 @@ TEST(PipelineSchedule, OneFOneBEqualsTheSerialModel) {
   expect_pipeline_equals_serial(1, 4);
   expect_pipeline_equals_serial(1, 8);
   expect_pipeline_equals_serial(1, 1);
+}
+
+TEST(PipelineSchedule, NeighbourPairsCarryTheExchanges) {
+  // A pipeline longer than two stages over a group of each pair of neighbours, as the copy engines'
+  // pairs carry them on GPUs: sends that do not wait for their receives (MPI's), the receives posted
+  // one op ahead.
+  if (world().size() <= 2) GTEST_SKIP() << "two stages are their own pair";
+  expect_pipeline_equals_serial(1, 8, 1, 3, Route::plain_pairs);
+  expect_pipeline_equals_serial(2, 2 * world().size(), 2, 2, Route::plain_pairs);
+  // A pair must be of the two stages, and neighbours.
+  const auto pieces = make_pieces(11);
+  const Stage stage = stage_of(pieces, parallel::pp::partition_uniform(kPieces, world().size())[0]);
+  PipelineSchedule schedule(stage.chunks, world_group(), 4);
+  const int s = world().rank(), p = world().size();
+  EXPECT_ERROR_CONTAINS(schedule.set_neighbour_group((s + 2) % p, world_group()->split(0, s)), "must be a pair");
+  if (s == 0) {
+    EXPECT_ERROR_CONTAINS(schedule.set_neighbour_group(2, world_group()), "must be a pair of the two stages");
+  }
+  // Pairs under NCCL's rules would wait on each other across the pairs: not taken.
+  const auto strict = PipelineSchedule::neighbour_pairs(world_group(), /*ring=*/false);
+  for (const auto& [other, pair] : strict) {
+    EXPECT_ERROR_CONTAINS(schedule.set_neighbour_group(other, pair), "whose sends wait for their receives");
+  }
 }
 
 TEST(PipelineSchedule, EvaluationGivesEveryStageTheSerialOutput) {

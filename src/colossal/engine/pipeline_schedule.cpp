@@ -103,8 +103,11 @@ class Exchanger {
  public:
   /// `shapes`: the activation shapes this stage learnt for this batch shape, by sending chunk,
   /// filled from headers when they come.
-  Exchanger(comm::ProcessGroup& group, std::map<int, std::pair<Shape, DType>>& shapes)
-      : group_(group), shapes_(shapes) {}
+  /// `neighbours`: the pair groups that carry the messages with some stages instead of `group`
+  /// (PipelineSchedule::set_neighbour_group).
+  Exchanger(comm::ProcessGroup& group, std::map<int, std::pair<Shape, DType>>& shapes,
+            const std::map<int, std::shared_ptr<comm::ProcessGroup>>& neighbours)
+      : group_(group), shapes_(shapes), neighbours_(neighbours) {}
   ~Exchanger() {
     try {
       finish();
@@ -138,8 +141,26 @@ class Exchanger {
   void issue(const ExchangeBatch& batch, const GradientLike& gradient_like) {
     const Device device = group_.device();
     const int self = group_.rank();
-    std::vector<comm::P2POp> ops;
-    std::vector<std::pair<PipelineMessage, Tensor>> incoming;
+    // The messages by the group that carries them: the pipeline's, or a neighbour's pair.
+    struct Part {
+      comm::ProcessGroup* group = nullptr;
+      std::vector<comm::P2POp> ops;
+      std::vector<std::pair<PipelineMessage, Tensor>> incoming;
+    };
+    std::vector<Part> parts;
+    auto part_of = [&](int peer) -> std::pair<Part&, int> {
+      comm::ProcessGroup* group = &group_;
+      int rank = peer;
+      if (auto it = neighbours_.find(peer); it != neighbours_.end()) {
+        group = it->second.get();
+        rank = 1 - group->rank();  // a pair, ordered by stage
+      }
+      for (Part& part : parts) {
+        if (part.group == group) return {part, rank};
+      }
+      parts.push_back({group, {}, {}});
+      return {parts.back(), rank};
+    };
     std::string what;
     for (const PipelineMessage& m : batch.messages) {
       if (!what.empty()) what += ", ";
@@ -150,13 +171,14 @@ class Exchanger {
         if (m.send) inbox_[payload] = take_outgoing(payload, m);
         continue;
       }
+      auto [part, peer] = part_of(m.peer);
       if (m.send) {
         if (m.kind == PipelineMessage::Kind::header) {
           auto it = outbox_.find(payload);
           COLOSSAL_CHECK(it != outbox_.end(), "pipeline stage {}: nothing to {}", self, parallel::pp::describe(m));
-          ops.push_back({comm::P2POp::Kind::send, header_of(it->second, device), m.peer, tag_of(m)});
+          part.ops.push_back({comm::P2POp::Kind::send, header_of(it->second, device), peer, tag_of(m)});
         } else {
-          ops.push_back({comm::P2POp::Kind::send, take_outgoing(payload, m), m.peer, tag_of(m)});
+          part.ops.push_back({comm::P2POp::Kind::send, take_outgoing(payload, m), peer, tag_of(m)});
         }
         continue;
       }
@@ -172,21 +194,25 @@ class Exchanger {
         const Tensor& like = gradient_like(m.microbatch, m.chunk);
         buffer = core::empty(like.shape(), TensorOptions(like.dtype(), like.device()));
       }
-      ops.push_back({comm::P2POp::Kind::recv, buffer, m.peer, tag_of(m)});
-      incoming.emplace_back(m, buffer);
+      part.ops.push_back({comm::P2POp::Kind::recv, buffer, peer, tag_of(m)});
+      part.incoming.emplace_back(m, buffer);
     }
-    if (ops.empty()) return;
     // A receive that never completes names the stage, the microbatches and the messages (the
     // watchdog's message, comm/operation_context.h), not only tags.
     const comm::OperationContext context(fmt::format("pipeline stage {} of {}: {}", self, group_.size(), what));
-    comm::Work work = group_.batch_send_recv(ops, /*async=*/true);
-    if (incoming.empty()) {
-      sends_.push_back(std::move(work));
-      return;
+    bool header = false;
+    for (Part& part : parts) {
+      if (part.ops.empty()) continue;
+      comm::Work work = part.group->batch_send_recv(part.ops, /*async=*/true);
+      if (part.incoming.empty()) {
+        sends_.push_back(std::move(work));
+        continue;
+      }
+      header = header || std::any_of(part.incoming.begin(), part.incoming.end(), [](const auto& in) {
+                 return in.first.kind == PipelineMessage::Kind::header;
+               });
+      in_flight_.push_back({std::move(work), std::move(part.incoming)});
     }
-    const bool header = std::any_of(incoming.begin(), incoming.end(),
-                                    [](const auto& in) { return in.first.kind == PipelineMessage::Kind::header; });
-    in_flight_.push_back({std::move(work), std::move(incoming)});
     if (header) {
       while (!in_flight_.empty()) complete_oldest();
     }
@@ -231,6 +257,7 @@ class Exchanger {
 
   comm::ProcessGroup& group_;
   std::map<int, std::pair<Shape, DType>>& shapes_;
+  const std::map<int, std::shared_ptr<comm::ProcessGroup>>& neighbours_;
   std::map<MessageKey, Tensor> outbox_, inbox_;
   std::deque<InFlight> in_flight_;
   std::vector<comm::Work> sends_;
@@ -354,6 +381,56 @@ void PipelineSchedule::rebind_tied_parameters(std::vector<Tensor> parameters) {
   tied_ = std::move(parameters);
 }
 
+std::map<int, std::shared_ptr<comm::ProcessGroup>> PipelineSchedule::neighbour_pairs(
+    const std::shared_ptr<comm::ProcessGroup>& pipeline, bool ring) {
+  COLOSSAL_CHECK(pipeline != nullptr, "PipelineSchedule::neighbour_pairs needs the pipeline group");
+  std::map<int, std::shared_ptr<comm::ProcessGroup>> pairs;
+  const int p = pipeline->size(), s = pipeline->rank();
+  if (p <= 2) return pairs;
+  // Edge e joins stage e and stage e + 1 (e = p - 1: the last stage and stage 0). A round splits off
+  // edges no two of which share a stage: the even ones, the odd ones, and with an odd count of
+  // stages the ring's closing edge alone.
+  const int edges = ring ? p : p - 1;
+  std::vector<std::vector<int>> rounds(3);
+  for (int e = 0; e < edges; ++e) {
+    const bool closing_odd = p % 2 == 1 && e == p - 1;
+    rounds[closing_odd ? 2 : e % 2].push_back(e);
+  }
+  for (const std::vector<int>& round : rounds) {
+    if (round.empty()) continue;
+    int color = comm::kNoColor, other = -1;
+    for (size_t k = 0; k < round.size(); ++k) {
+      const int a = round[k], b = (round[k] + 1) % p;
+      if (s == a || s == b) {
+        color = static_cast<int>(k);
+        other = s == a ? b : a;
+      }
+    }
+    std::shared_ptr<comm::ProcessGroup> pair = pipeline->split(color, s);  // ordered by stage
+    if (pair != nullptr) pairs[other] = std::move(pair);
+  }
+  return pairs;
+}
+
+void PipelineSchedule::set_neighbour_group(int stage, std::shared_ptr<comm::ProcessGroup> pair) {
+  const int p = group_->size(), s = group_->rank();
+  COLOSSAL_CHECK(pair != nullptr && pair->size() == 2,
+                 "PipelineSchedule: stage {}'s group with stage {} must be a pair of the two stages", s, stage);
+  COLOSSAL_CHECK(stage >= 0 && stage < p && stage != s && (stage == (s + 1) % p || stage == (s + p - 1) % p),
+                 "PipelineSchedule: stage {} of {} has no neighbour {}", s, p, stage);
+  COLOSSAL_CHECK(pair->rank() == (s < stage ? 0 : 1),
+                 "PipelineSchedule: stage {}'s pair with stage {} must order its two ranks by stage", s, stage);
+  // Over pairs, a stage's exchanges with its two neighbours run apart; sends that wait for their
+  // receives (NCCL's own) could then wait on each other round the pipeline.
+  COLOSSAL_CHECK(pair->receives_post_early(),
+                 "PipelineSchedule: stage {}'s pair with stage {} is {}, whose sends wait for their receives; a "
+                 "neighbour's pair must carry sends that do not (the copy engines', comm::use_pair_p2p)",
+                 s, stage, pair->backend_name());
+  COLOSSAL_CHECK(shapes_.empty(), "PipelineSchedule: stage {}'s pair with stage {} is set after the first step", s,
+                 stage);
+  neighbours_[stage] = std::move(pair);
+}
+
 const std::vector<ExchangeBatch>& PipelineSchedule::exchange_plan(bool forward_only, bool headers) {
   auto [it, made] = plans_.try_emplace({forward_only, headers});
   if (made) {
@@ -397,7 +474,7 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   // this shape comes; their shapes are kept for the rest.
   const std::vector<int64_t> key = shape_key(true, m, input);
   const bool shapes_known = shapes_.contains(key);
-  Exchanger exchanger(*group_, shapes_[key]);
+  Exchanger exchanger(*group_, shapes_[key], neighbours_);
   const std::vector<ExchangeBatch>& batches = exchange_plan(/*forward_only=*/false, !shapes_known);
   size_t next_batch = 0;
 
@@ -429,7 +506,14 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
 
   // Note [Receives posted one op ahead]: where the group allows it (and no header is in flight), each
   // batch's receives go up before the op ahead of the one that takes them, its sends when due.
-  const bool early = group_->receives_post_early() && shapes_known;
+  bool early = shapes_known;
+  for (const ExchangeBatch& batch : batches) {
+    for (const PipelineMessage& msg : batch.messages) {
+      if (msg.peer == s) continue;  // the stage's own mailbox
+      auto it = neighbours_.find(msg.peer);
+      early = early && (it != neighbours_.end() ? *it->second : *group_).receives_post_early();
+    }
+  }
   std::vector<ExchangeBatch> sends_of, receives_of;
   if (early) {
     for (const ExchangeBatch& batch : batches) {
@@ -581,7 +665,7 @@ Tensor PipelineSchedule::evaluate(Engine& engine, const Tensor& input) {
   amp::MixedPrecisionOptimizer* amp = engine.amp();
   Tensor output;
   {
-    Exchanger exchanger(*group_, shapes);
+    Exchanger exchanger(*group_, shapes, neighbours_);
     const std::vector<ExchangeBatch>& batches = exchange_plan(/*forward_only=*/true, !shapes_known);
     const std::vector<PipelineOp> order = parallel::pp::forward_only_order(1, v);
     auto no_gradients = [](int64_t, int) -> const Tensor& {

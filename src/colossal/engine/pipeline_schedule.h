@@ -102,6 +102,19 @@ class PipelineSchedule final : public Schedule {
   static std::shared_ptr<comm::ProcessGroup> tied_group(const std::shared_ptr<comm::ProcessGroup>& pipeline,
                                                         bool holds);
 
+  /// For a pipeline of more than two stages: a group of each pair of neighbouring stages this stage is
+  /// in (stage s with s - 1 and s + 1; with `ring`, the last stage with stage 0 too, which the
+  /// interleaved schedule's chunks pass between), by the other stage, each of two ranks ordered by
+  /// stage. Collective over `pipeline` (ncclCommSplit in two or three rounds). Empty for two stages
+  /// or fewer: the pipeline group is the pair.
+  static std::map<int, std::shared_ptr<comm::ProcessGroup>> neighbour_pairs(
+      const std::shared_ptr<comm::ProcessGroup>& pipeline, bool ring);
+  /// Messages between this stage and stage `stage` go over `pair` (a group of the two, ordered by
+  /// stage, from neighbour_pairs) instead of the pipeline group: the copy engines' sends and receives
+  /// of two GPUs (Note [Pair sends and receives by the copy engines]) between neighbouring stages of
+  /// a longer pipeline. Both stages set it alike, before the first step.
+  void set_neighbour_group(int stage, std::shared_ptr<comm::ProcessGroup> pair);
+
   std::string_view name() const override { return chunks_.size() > 1 ? "interleaved 1f1b" : "1f1b"; }
   /// The micro-step's batch (dim 0 a multiple of num_microbatches) through the pipeline; `input`'s
   /// values matter on stage 0 (its shape on every stage: Note [Pipeline messages]), `target` on the
@@ -136,6 +149,8 @@ class PipelineSchedule final : public Schedule {
  private:
   std::vector<std::shared_ptr<nn::Module>> chunks_;
   std::shared_ptr<comm::ProcessGroup> group_;
+  /// The neighbours' own pair groups (set_neighbour_group), by their stage.
+  std::map<int, std::shared_ptr<comm::ProcessGroup>> neighbours_;
   int64_t num_microbatches_;
   std::vector<Tensor> tied_;
   std::shared_ptr<comm::ProcessGroup> tied_group_;

@@ -207,27 +207,52 @@ void choose_tensor_all_reduce(const config::TensorParallelConfig& tensor, const 
   }
 }
 
-/// parallel.pipeline_p2p: a pipeline of two stages on two GPUs of one host sends its activations and
-/// gradients by the copy engines (Note [Pair sends and receives by the copy engines]) through 16
-/// slots of 4 MiB on each GPU (GPT-2 350M's activation of a microbatch of 2 x 1024 tokens fills one;
-/// a larger message goes in pieces). Collective over the pipeline group; says on the writer's console
-/// which way the exchanges go.
-void choose_pipeline_p2p(const config::ParallelConfig& parallel, const parallel::ParallelContext& context,
-                         bool writer) {
-  if (context.layout().pipeline_size() == 1 || parallel.pipeline_p2p == config::PipelineP2P::kNccl) return;
+/// parallel.pipeline_p2p: a pipeline on GPUs of one host sends its activations and gradients by the
+/// copy engines (Note [Pair sends and receives by the copy engines]) through 16 slots of 4 MiB on each
+/// GPU of each pair of neighbouring stages (GPT-2 350M's activation of a microbatch of 2 x 1024 tokens
+/// fills one; a larger message goes in pieces): two stages over the pipeline group itself, more over a
+/// group of each pair (PipelineSchedule::neighbour_pairs, the ring's closing pair too with several
+/// chunks). Collective over the pipeline group. Returns the pairs for the schedule (none for two
+/// stages, whose group is the pair); says on the writer's console which way the exchanges go.
+std::map<int, std::shared_ptr<comm::ProcessGroup>> choose_pipeline_p2p(const config::ParallelConfig& parallel,
+                                                                       const parallel::ParallelContext& context,
+                                                                       bool writer) {
+  std::map<int, std::shared_ptr<comm::ProcessGroup>> pairs;
+  if (context.layout().pipeline_size() == 1 || parallel.pipeline_p2p == config::PipelineP2P::kNccl) return pairs;
   const std::shared_ptr<comm::ProcessGroup> group = context.group(parallel::GroupKind::kPipeline);
-  if (!group->device().is_cuda()) return;
+  if (!group->device().is_cuda()) return pairs;
+  constexpr int64_t kSlotBytes = int64_t{4} << 20, kSlots = 16;
   std::string why;
-  const bool on = comm::use_pair_p2p(*group, int64_t{4} << 20, 16, &why);
+  bool on = true;
+  if (group->size() == 2) {
+    on = comm::use_pair_p2p(*group, kSlotBytes, kSlots, &why);
+  } else {
+    // A pair the copy engines cannot serve (its GPUs on two hosts) stays on NCCL; both of its stages
+    // see that alike.
+    for (auto& [stage, pair] : engine::PipelineSchedule::neighbour_pairs(group, parallel.num_chunks > 1)) {
+      std::string why_pair;
+      if (comm::use_pair_p2p(*pair, kSlotBytes, kSlots, &why_pair)) {
+        pairs[stage] = pair;
+      } else if (why.empty()) {
+        why = fmt::format("stages {} and {}: {}", group->rank(), stage, why_pair);
+      }
+    }
+    // Whether every pair is on, agreed over the pipeline, so that "copy_engines" fails on every stage.
+    Tensor all_on = core::full({1}, why.empty() ? 1.0 : 0.0, TensorOptions(DType::i32, group->device()));
+    group->all_reduce(all_on, comm::ReduceOp::min);
+    on = all_on.item<int32_t>() == 1;
+    if (!on && why.empty()) why = "another pair of neighbouring stages cannot";
+  }
   COLOSSAL_CHECK(on || parallel.pipeline_p2p != config::PipelineP2P::kCopyEngines,
-                 "parallel.pipeline_p2p = \"copy_engines\" needs a pipeline of two stages on two GPUs of one host that "
-                 "can map each other's memory, but {}; use \"auto\" (the copy engines where they can, else NCCL) or "
-                 "\"nccl\"",
+                 "parallel.pipeline_p2p = \"copy_engines\" needs the pipeline's neighbouring stages on GPUs of one "
+                 "host that can map each other's memory, but {}; use \"auto\" (the copy engines where they can, "
+                 "else NCCL) or \"nccl\"",
                  why);
   if (writer) {
     fmt::print("parallel.pipeline_p2p = \"{}\": {}\n", config::to_string(parallel.pipeline_p2p),
                on ? "the stages' exchanges by the copy engines" : fmt::format("NCCL ({})", why));
   }
+  return pairs;
 }
 
 }  // namespace
@@ -340,7 +365,8 @@ void TrainingRun::build_data_and_model() {
   }
   model_->to(device_);
   choose_tensor_all_reduce(c.parallel.tensor, *context_, writer_);
-  choose_pipeline_p2p(c.parallel, *context_, writer_);
+  const std::map<int, std::shared_ptr<comm::ProcessGroup>> neighbour_pairs =
+      choose_pipeline_p2p(c.parallel, *context_, writer_);
   // Under a pipeline the stage splits its own blocks (make_pipeline_stage below).
   if (context_->layout().tensor_size() > 1 && context_->layout().pipeline_size() == 1) {
     // The serial model split over the tensor group (reject_unsupported let GPT-2 and ViT through).
@@ -398,6 +424,7 @@ void TrainingRun::build_data_and_model() {
     model_ = stage.module;
     model_->to(device_);  // the tensor-parallel blocks made anew sit where the serial model did
     pipeline_schedule_ = stage.schedule;
+    for (const auto& [other, pair] : neighbour_pairs) pipeline_schedule_->set_neighbour_group(other, pair);
     serial_names_ = stage.serial_names;  // checkpoints hold the serial model's tensors
   }
   // The row-parallel layers of either split (parallel.tensor.row_blocks; none without one).
