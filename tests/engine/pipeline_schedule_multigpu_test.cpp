@@ -6,9 +6,10 @@
 // batch of another shape, and dp2 x pp2 on 4 GPUs; every step's loss and the stage's parameters after
 // 3 steps equal the serial model's. The exchanges are parallel/pp/exchange_plan.h's batches, which
 // NCCL runs only if both ends of every direction issue them in the same order (Note [Pipeline
-// exchanges]); a hang ends at the collective timeout with the exchange named. On two GPUs every test
-// runs again with the exchanges by the copy engines (Note [Pair sends and receives by the copy
-// engines]) through slots far smaller than the messages.
+// exchanges]); a hang ends at the collective timeout with the exchange named. Every test runs again
+// with the exchanges by the copy engines (Note [Pair sends and receives by the copy engines]) through
+// slots far smaller than the messages: over the pipeline group on two GPUs, over a pair group of each
+// two neighbouring stages on more.
 //
 // f32 with TF32 off (ops::Float32MatmulPrecision::highest): 1e-5 relative, the layout harness's f32
 // tolerance: the microbatches' GEMMs are of another batch size than the serial run's, and the mean of
@@ -16,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -52,19 +54,41 @@ Device gpu() {
 enum class Transport { nccl, copy_engines };
 Transport g_transport = Transport::nccl;
 
-/// The pipeline's group: the world, or under the copy engines a group of the two ranks whose sends
-/// and receives go through 2 slots of 256 bytes, so that every message but the smallest goes in
-/// pieces and every sender waits for its slots to be freed again and again. Made once, by both ranks
-/// in the same test.
+/// The copy engines' sends and receives on `group` (a pair) through 2 slots of 256 bytes, so that
+/// every message but the smallest goes in pieces and every sender waits for its slots to be freed
+/// again and again.
+void use_copy_engines(comm::ProcessGroup& group) {
+  std::string why;
+  EXPECT_TRUE(comm::use_pair_p2p(group, 256, 2, &why)) << why;
+}
+
+/// The pipeline's group: the world, or under the copy engines on two GPUs a group of the two ranks
+/// whose sends and receives go by the copy engines. Made once, by both ranks in the same test.
 std::shared_ptr<comm::ProcessGroup> pipeline_group() {
-  if (g_transport == Transport::nccl) return world_group();
+  if (g_transport == Transport::nccl || comm::testing::world().size() > 2) return world_group();
   static const std::shared_ptr<comm::ProcessGroup> pair = [] {
     std::shared_ptr<comm::ProcessGroup> group = comm::testing::world().new_group({0, 1});
-    std::string why;
-    EXPECT_TRUE(comm::use_pair_p2p(*group, 256, 2, &why)) << why;
+    use_copy_engines(*group);
     return group;
   }();
   return pair;
+}
+
+/// A schedule over pipeline_group(); under the copy engines on more than two GPUs, each pair of
+/// neighbouring stages exchanges over a pair group of its own by the copy engines (made once per
+/// ring or line, by every rank in the same test).
+std::shared_ptr<PipelineSchedule> make_schedule(const std::vector<std::shared_ptr<nn::Module>>& chunks, int64_t m) {
+  auto schedule = std::make_shared<PipelineSchedule>(chunks, pipeline_group(), m);
+  if (g_transport == Transport::copy_engines && comm::testing::world().size() > 2) {
+    static std::map<bool, std::map<int, std::shared_ptr<comm::ProcessGroup>>> pairs;
+    const bool ring = chunks.size() > 1;
+    if (!pairs.contains(ring)) {
+      pairs[ring] = PipelineSchedule::neighbour_pairs(world_group(), ring);
+      for (auto& [other, pair] : pairs[ring]) use_copy_engines(*pair);
+    }
+    for (const auto& [other, pair] : pairs[ring]) schedule->set_neighbour_group(other, pair);
+  }
+  return schedule;
 }
 
 /// TF32 off for the test's duration (the file's head says why); the transport the parameter names.
@@ -72,9 +96,6 @@ class PipelineNccl : public ::testing::TestWithParam<Transport> {
  protected:
   void SetUp() override {
     g_transport = GetParam();
-    if (g_transport == Transport::copy_engines && comm::testing::world().size() != 2) {
-      GTEST_SKIP() << "the copy engines carry a pipeline of two GPUs";
-    }
     before_ = ops::float32_matmul_precision();
     ops::set_float32_matmul_precision(ops::Float32MatmulPrecision::highest);
   }
@@ -171,7 +192,7 @@ void expect_pipeline_equals_serial(int num_chunks, int64_t m, int64_t accumulati
   const parallel::pp::StageParts parts = parallel::pp::partition_uniform(kPieces, p, num_chunks);
   const Stage stage = stage_of(pieces, parts[static_cast<size_t>(s)]);
   EngineOptions options{.gradient_accumulation = accumulation};
-  options.schedule = std::make_shared<PipelineSchedule>(stage.chunks, pipeline_group(), m);
+  options.schedule = make_schedule(stage.chunks, m);
   auto engine = make_engine(stage.module, options);
   for (int step = 0; step < 3; ++step) {
     for (int64_t micro = 0; micro < accumulation; ++micro) {
@@ -211,7 +232,7 @@ TEST_P(PipelineNccl, EvaluationAndABatchOfAnotherShape) {
     const auto pieces = make_pieces(11);
     const Stage stage = stage_of(pieces, parallel::pp::partition_uniform(kPieces, p, chunks)[static_cast<size_t>(s)]);
     EngineOptions options;
-    options.schedule = std::make_shared<PipelineSchedule>(stage.chunks, pipeline_group(), p);
+    options.schedule = make_schedule(stage.chunks, p);
     auto engine = make_engine(stage.module, options);
     for (const int64_t rows : {kBatch, kBatch / 2, kBatch}) {
       const auto [x, y] = batch(rows, rows);
@@ -254,7 +275,7 @@ TEST_P(PipelineNccl, Gpt2WithTheTiedEmbeddingEqualsTheSerialModel) {
     for (const auto& [name, param] : stage.named) {
       if (name == "wte.weight") tied.push_back(param);
     }
-    auto schedule = std::make_shared<PipelineSchedule>(stage.chunks, pipeline_group(), 2 * p);
+    auto schedule = make_schedule(stage.chunks, 2 * p);
     schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(pipeline_group(), !tied.empty()));
     EngineOptions options;
     options.schedule = schedule;
@@ -293,6 +314,7 @@ TEST_P(PipelineNccl, DataTimesPipeline) {
   const Stage mine = stage_of(pieces, parallel::pp::partition_uniform(kPieces, 2)[static_cast<size_t>(stage)]);
   EngineOptions options{.gradient_accumulation = 2};
   options.context = context;
+  if (g_transport == Transport::copy_engines) use_copy_engines(*context->group(parallel::GroupKind::kPipeline));
   options.schedule = std::make_shared<PipelineSchedule>(mine.chunks, context->group(parallel::GroupKind::kPipeline), 2);
   auto engine = make_engine(mine.module, options);
   for (int step = 0; step < 6; ++step) {
