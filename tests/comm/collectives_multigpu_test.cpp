@@ -553,9 +553,10 @@ TEST(NcclSubGroups, NoColorLeavesARankOut) {
 
 // ---- point to point -----------------------------------------------------------------------------
 
-TEST(NcclPointToPoint, SendRecvInBothDirections) {
-  const int size = world().size(), rank = world().rank();
-  if (size < 2) GTEST_SKIP() << "needs two ranks";
+/// Ranks 0 and 1 of `group` send each other every dtype at every length, blocking and async: 0 -> 1
+/// first, then 1 -> 0, each send meeting the receive its peer issued in the same order.
+void expect_sends_both_ways(ProcessGroup& group) {
+  const int rank = group.rank();
   if (rank > 1) return;  // ranks 0 and 1 talk; point to point involves no one else
   const int peer = 1 - rank;
   std::vector<DType> dtypes = all_dtypes();
@@ -566,14 +567,13 @@ TEST(NcclPointToPoint, SendRecvInBothDirections) {
         SCOPED_TRACE(fmt::format("{} of {} elements{}", dtype, n, async ? ", async" : ""));
         Tensor outgoing = gpu_input(dtype, rank, {n});
         Tensor incoming = gpu_zeros({n}, dtype);
-        // 0 -> 1 first, then 1 -> 0: each send meets the receive its peer issued in the same order.
         Work first, second;
         if (rank == 0) {
-          first = world().send(outgoing, peer, /*tag=*/0, async);
-          second = world().recv(incoming, peer, /*tag=*/0, async);
+          first = group.send(outgoing, peer, /*tag=*/0, async);
+          second = group.recv(incoming, peer, /*tag=*/0, async);
         } else {
-          first = world().recv(incoming, peer, /*tag=*/0, async);
-          second = world().send(outgoing, peer, /*tag=*/0, async);
+          first = group.recv(incoming, peer, /*tag=*/0, async);
+          second = group.send(outgoing, peer, /*tag=*/0, async);
         }
         second.wait();
         first.wait();
@@ -582,6 +582,11 @@ TEST(NcclPointToPoint, SendRecvInBothDirections) {
       }
     }
   }
+}
+
+TEST(NcclPointToPoint, SendRecvInBothDirections) {
+  if (world().size() < 2) GTEST_SKIP() << "needs two ranks";
+  expect_sends_both_ways(world());
 }
 
 TEST(NcclPointToPoint, BatchWithSendsCrossingBothWays) {
@@ -696,31 +701,7 @@ std::shared_ptr<ProcessGroup> p2p_group(int64_t slot_bytes, int64_t slots) {
 TEST(NcclPairP2P, EveryDtypeAndLengthBothWaysInPieces) {
   if (world().size() != 2) GTEST_SKIP() << "a pair of ranks";
   // 3 slots of 4 KiB: the prime length's messages go in hundreds of pieces round the slots.
-  std::shared_ptr<ProcessGroup> pair = p2p_group(4096, 3);
-  const int rank = world().rank(), peer = 1 - rank;
-  std::vector<DType> dtypes = all_dtypes();
-  dtypes.push_back(DType::boolean);
-  for (DType dtype : dtypes) {
-    for (int64_t n : kLengths) {
-      for (bool async : {false, true}) {
-        SCOPED_TRACE(fmt::format("{} of {} elements{}", dtype, n, async ? ", async" : ""));
-        Tensor outgoing = gpu_input(dtype, rank, {n});
-        Tensor incoming = gpu_zeros({n}, dtype);
-        Work first, second;
-        if (rank == 0) {
-          first = pair->send(outgoing, peer, /*tag=*/0, async);
-          second = pair->recv(incoming, peer, /*tag=*/0, async);
-        } else {
-          first = pair->recv(incoming, peer, /*tag=*/0, async);
-          second = pair->send(outgoing, peer, /*tag=*/0, async);
-        }
-        second.wait();
-        first.wait();
-        EXPECT_TRUE(values_equal(incoming, input_slice(dtype, peer, n)));
-        EXPECT_TRUE(values_equal(outgoing, input_slice(dtype, rank, n))) << "a send leaves its tensor as it was";
-      }
-    }
-  }
+  expect_sends_both_ways(*p2p_group(4096, 3));
 }
 
 TEST(NcclPairP2P, ManyBatchesInFlightCrossingBothWays) {

@@ -121,8 +121,8 @@ enum class Route { pipeline, plain_pairs };
 void expect_pipeline_equals_serial(int num_chunks, int64_t m, int64_t accumulation = 1, int steps = 3,
                                    Route route = Route::pipeline) {
   const int p = world().size(), s = world().rank();
-  SCOPED_TRACE(fmt::format("pp {} stage {}, {} chunks, {} microbatches, accumulation {}, route {}", p, s, num_chunks,
-                           m, accumulation, static_cast<int>(route)));
+  SCOPED_TRACE(fmt::format("pp {} stage {}, {} chunks, {} microbatches, accumulation {}, route {}", p, s, num_chunks, m,
+                           accumulation, static_cast<int>(route)));
   // Serial: the whole model on this rank.
   const auto serial_pieces = make_pieces(11);
   auto serial = std::make_shared<nn::Sequential>();

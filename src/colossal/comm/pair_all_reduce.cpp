@@ -11,6 +11,15 @@
 
 namespace colossal::comm {
 
+namespace {
+/// False, saying in `why_not` that `group` is not NCCL on a GPU.
+bool not_nccl(const ProcessGroup& group, std::string* why_not) {
+  if (why_not != nullptr)
+    *why_not = fmt::format("the group is {} on {}, not NCCL on a GPU", group.backend_name(), group.device());
+  return false;
+}
+}  // namespace
+
 bool use_pair_all_reduce(ProcessGroup& group, int64_t window_bytes, int64_t min_bytes, std::string* why_not) {
 #if COLOSSAL_WITH_NCCL
   if (auto* nccl = dynamic_cast<NcclProcessGroup*>(&group))
@@ -19,9 +28,7 @@ bool use_pair_all_reduce(ProcessGroup& group, int64_t window_bytes, int64_t min_
   (void)window_bytes;
   (void)min_bytes;
 #endif
-  if (why_not != nullptr)
-    *why_not = fmt::format("the group is {} on {}, not NCCL on a GPU", group.backend_name(), group.device());
-  return false;
+  return not_nccl(group, why_not);
 }
 
 bool use_pair_p2p(ProcessGroup& group, int64_t slot_bytes, int64_t slots, std::string* why_not) {
@@ -31,9 +38,7 @@ bool use_pair_p2p(ProcessGroup& group, int64_t slot_bytes, int64_t slots, std::s
   (void)slot_bytes;
   (void)slots;
 #endif
-  if (why_not != nullptr)
-    *why_not = fmt::format("the group is {} on {}, not NCCL on a GPU", group.backend_name(), group.device());
-  return false;
+  return not_nccl(group, why_not);
 }
 
 }  // namespace colossal::comm

@@ -48,7 +48,7 @@ enum class PipelinePartition {
 
 /// parallel.pipeline_p2p: what carries the activations and gradients between a pipeline's stages.
 enum class PipelineP2P {
-  kAuto,  ///< "auto": the copy engines where the pipeline is two GPUs of one host that map each other's memory, else NCCL
+  kAuto,  ///< "auto": the copy engines where neighbouring stages' GPUs are of one host and map each other's memory
   kCopyEngines,  ///< "copy_engines": the copy engines (Note [Pair sends and receives by the copy engines]); an error
                  ///< where they cannot
   kNccl,         ///< "nccl": NCCL's send and receive kernels

@@ -36,11 +36,12 @@ std::string BubbleReport::describe() const {
           parallel::pp::interleaved_order(static_cast<int>(s), num_stages, num_microbatches, num_chunks);
       const auto k = static_cast<size_t>(t.longest_op);
       const std::string op =
-          k < order.size() ? fmt::format(" ({} of microbatch {}{})",
-                                         order[k].kind == parallel::pp::PipelineOp::Kind::forward ? "forward" : "backward",
-                                         order[k].microbatch,
-                                         num_chunks > 1 ? fmt::format(", chunk {}", order[k].chunk) : std::string())
-                           : std::string();
+          k < order.size()
+              ? fmt::format(" ({} of microbatch {}{})",
+                            order[k].kind == parallel::pp::PipelineOp::Kind::forward ? "forward" : "backward",
+                            order[k].microbatch,
+                            num_chunks > 1 ? fmt::format(", chunk {}", order[k].chunk) : std::string())
+              : std::string();
       out += fmt::format(" [longest op {}{} {:.2f} ms, median op {:.2f} ms, queued by the host in {:.2f} ms]",
                          t.longest_op, op, t.longest_op_ms, t.median_op_ms, t.longest_op_host_ms);
     }
@@ -54,10 +55,10 @@ BubbleReport gather_bubble_report(const PipelineSchedule& schedule) {
   const int p = group.size();
   const StageTiming& t = schedule.last_timing();
   constexpr int64_t kFields = 9;
-  const Tensor mine = core::from_vector<double>({t.span_ms, t.busy_ms, t.lead_ms, t.tail_ms, t.median_gap_ms,
-                                                 static_cast<double>(t.longest_op), t.longest_op_ms, t.median_op_ms,
-                                                 t.longest_op_host_ms},
-                                                {kFields})
+  const Tensor mine = core::from_vector<double>(
+                          {t.span_ms, t.busy_ms, t.lead_ms, t.tail_ms, t.median_gap_ms,
+                           static_cast<double>(t.longest_op), t.longest_op_ms, t.median_op_ms, t.longest_op_host_ms},
+                          {kFields})
                           .to(group.device());
   Tensor all = core::empty({kFields * p}, TensorOptions(DType::f64, group.device()));
   group.all_gather(all, mine);

@@ -208,9 +208,8 @@ class Exchanger {
         sends_.push_back(std::move(work));
         continue;
       }
-      header = header || std::any_of(part.incoming.begin(), part.incoming.end(), [](const auto& in) {
-                 return in.first.kind == PipelineMessage::Kind::header;
-               });
+      header = header || std::any_of(part.incoming.begin(), part.incoming.end(),
+                                     [](const auto& in) { return in.first.kind == PipelineMessage::Kind::header; });
       in_flight_.push_back({std::move(work), std::move(part.incoming)});
     }
     if (header) {
@@ -527,7 +526,8 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   // A gradient's buffer takes its shape from the chunk's output, there once its forward has run.
   auto can_post = [&](const ExchangeBatch& receives) {
     for (const PipelineMessage& msg : receives.messages) {
-      if (msg.kind == PipelineMessage::Kind::gradient && !saved.contains({msg.microbatch, last ? msg.chunk - 1 : msg.chunk}))
+      if (msg.kind == PipelineMessage::Kind::gradient &&
+          !saved.contains({msg.microbatch, last ? msg.chunk - 1 : msg.chunk}))
         return false;
     }
     return true;
