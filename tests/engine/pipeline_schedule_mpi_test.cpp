@@ -207,6 +207,35 @@ TEST(PipelineSchedule, NeighbourPairsCarryTheExchanges) {
   }
 }
 
+TEST(PipelineSchedule, NeighbourPairsOfAnOddRing) {
+  // Three stages (ranks 0-2 of 4): the ring's closing pair (2, 0) shares a stage with both other
+  // edges, so it is split off in a round of its own; without the ring, stages 0 and 2 are not paired.
+  if (world().size() != 4) GTEST_SKIP() << "three stages out of four ranks";
+  const int r = world().rank();
+  const std::shared_ptr<comm::ProcessGroup> three = world().split(r < 3 ? 0 : comm::kNoColor, r);
+  if (three == nullptr) {
+    // Rank 3 joins the splits the others make (every rank of the world calls split).
+    return;
+  }
+  for (const bool ring : {true, false}) {
+    SCOPED_TRACE(ring ? "ring" : "line");
+    const auto pairs = PipelineSchedule::neighbour_pairs(three, ring);
+    std::set<int> others;
+    for (const auto& [other, pair] : pairs) {
+      others.insert(other);
+      ASSERT_EQ(pair->size(), 2);
+      EXPECT_EQ(pair->rank(), r < other ? 0 : 1);
+      // The pair joins the two stages: a sum over it is theirs alone.
+      Tensor x = core::full({1}, static_cast<double>(1 << r), TensorOptions(DType::f64, core::kCpu));
+      pair->all_reduce(x, comm::ReduceOp::sum);
+      EXPECT_EQ(x.item<double>(), static_cast<double>((1 << r) + (1 << other)));
+    }
+    std::set<int> want{(r + 1) % 3, (r + 2) % 3};
+    if (!ring) want = r == 0 ? std::set<int>{1} : r == 1 ? std::set<int>{0, 2} : std::set<int>{1};
+    EXPECT_EQ(others, want);
+  }
+}
+
 TEST(PipelineSchedule, EvaluationGivesEveryStageTheSerialOutput) {
   // Engine::evaluate through the pipeline (one microbatch forward, the last stage's output broadcast):
   // every stage gets the serial model's logits, with 1 and 2 chunks per stage.
