@@ -98,7 +98,9 @@ Tensor empty_header(Device device) {
 // for the copy's event. The receives keep the plan's order among themselves, so each direction still
 // carries its messages in the same order on both ends; a gradient's receive waits for the forward that
 // gives its buffer's shape. Not with headers in flight (a batch's first step): a receive then needs the
-// header's shape, read at once.
+// header's shape, read at once. Measured on 2 H100s (docs/benchmarks.md, session 25): the v=1 bubble
+// stayed at 0.150-0.155 with it (0.150-0.154 without), v=2 came to 0.101-0.106; the ops' host time,
+// not the exchanges, is what holds the bubble there.
 class Exchanger {
  public:
   /// `shapes`: the activation shapes this stage learnt for this batch shape, by sending chunk,
