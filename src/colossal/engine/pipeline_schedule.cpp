@@ -441,6 +441,31 @@ const std::vector<ExchangeBatch>& PipelineSchedule::exchange_plan(bool forward_o
   return it->second;
 }
 
+const PipelineSchedule::EarlyPlan* PipelineSchedule::early_plan() {
+  if (!early_plan_) {
+    const std::vector<ExchangeBatch>& batches = exchange_plan(/*forward_only=*/false, /*headers=*/false);
+    bool on = true;
+    for (const ExchangeBatch& batch : batches) {
+      for (const PipelineMessage& msg : batch.messages) {
+        if (msg.peer == group_->rank()) continue;  // the stage's own mailbox
+        auto it = neighbours_.find(msg.peer);
+        on = on && (it != neighbours_.end() ? *it->second : *group_).receives_post_early();
+      }
+    }
+    early_plan_.emplace();
+    if (on) {
+      EarlyPlan& plan = early_plan_->emplace();
+      for (const ExchangeBatch& batch : batches) {
+        ExchangeBatch sends{batch.before_op, {}}, receives{batch.before_op, {}};
+        for (const PipelineMessage& msg : batch.messages) (msg.send ? sends : receives).messages.push_back(msg);
+        plan.sends.push_back(std::move(sends));
+        plan.receives.push_back(std::move(receives));
+      }
+    }
+  }
+  return *early_plan_ ? &**early_plan_ : nullptr;
+}
+
 std::shared_ptr<comm::ProcessGroup> PipelineSchedule::tied_group(const std::shared_ptr<comm::ProcessGroup>& pipeline,
                                                                  bool holds) {
   COLOSSAL_CHECK(pipeline != nullptr, "PipelineSchedule::tied_group needs the pipeline group");
@@ -505,25 +530,9 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   std::optional<StepTimer> timer;
   if (timing_) timer.emplace(engine.device());
 
-  // Note [Receives posted one op ahead]: where the group allows it (and no header is in flight), each
+  // Note [Receives posted one op ahead]: where the groups allow it (and no header is in flight), each
   // batch's receives go up before the op ahead of the one that takes them, its sends when due.
-  bool early = shapes_known;
-  for (const ExchangeBatch& batch : batches) {
-    for (const PipelineMessage& msg : batch.messages) {
-      if (msg.peer == s) continue;  // the stage's own mailbox
-      auto it = neighbours_.find(msg.peer);
-      early = early && (it != neighbours_.end() ? *it->second : *group_).receives_post_early();
-    }
-  }
-  std::vector<ExchangeBatch> sends_of, receives_of;
-  if (early) {
-    for (const ExchangeBatch& batch : batches) {
-      ExchangeBatch sends{batch.before_op, {}}, receives{batch.before_op, {}};
-      for (const PipelineMessage& msg : batch.messages) (msg.send ? sends : receives).messages.push_back(msg);
-      sends_of.push_back(std::move(sends));
-      receives_of.push_back(std::move(receives));
-    }
-  }
+  const EarlyPlan* early = shapes_known ? early_plan() : nullptr;
   size_t next_receive = 0;  // with early receives: the first batch whose receives are not posted yet
   // A gradient's buffer takes its shape from the chunk's output, there once its forward has run.
   auto can_post = [&](const ExchangeBatch& receives) {
@@ -537,18 +546,18 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
 
   for (size_t index = 0; index <= order.size(); ++index) {
     while (next_batch < batches.size() && batches[next_batch].before_op == index) {
-      if (early) {
-        exchanger.issue(sends_of[next_batch], gradient_like);
+      if (early != nullptr) {
+        exchanger.issue(early->sends[next_batch], gradient_like);
       } else {
         exchanger.issue(batches[next_batch], gradient_like);
       }
       ++next_batch;
     }
     // The receives due before this op or the next, in the plan's order (a receive due now always can).
-    while (early && next_receive < batches.size() &&
+    while (early != nullptr && next_receive < batches.size() &&
            (batches[next_receive].before_op <= index ||
-            (batches[next_receive].before_op == index + 1 && can_post(receives_of[next_receive])))) {
-      exchanger.issue(receives_of[next_receive++], gradient_like);
+            (batches[next_receive].before_op == index + 1 && can_post(early->receives[next_receive])))) {
+      exchanger.issue(early->receives[next_receive++], gradient_like);
     }
     if (index == order.size()) break;
     const PipelineOp& op = order[index];

@@ -48,6 +48,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -163,6 +164,15 @@ class PipelineSchedule final : public Schedule {
   /// neighbours' plans to make.
   const std::vector<parallel::pp::ExchangeBatch>& exchange_plan(bool forward_only, bool headers);
   std::map<std::pair<bool, bool>, std::vector<parallel::pp::ExchangeBatch>> plans_;
+  /// The training plan without headers, each batch split into its sends and its receives, where every
+  /// group this stage exchanges over lets receives go up early (Note [Receives posted one op ahead]);
+  /// null where one does not. Made at the first step with known shapes, after which the groups are
+  /// fixed (set_neighbour_group refuses later changes).
+  struct EarlyPlan {
+    std::vector<parallel::pp::ExchangeBatch> sends, receives;
+  };
+  const EarlyPlan* early_plan();
+  std::optional<std::optional<EarlyPlan>> early_plan_;
 };
 
 }  // namespace colossal::engine

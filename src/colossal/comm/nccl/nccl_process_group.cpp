@@ -360,6 +360,33 @@ void trace_comm(const char* phase, const WatchedOperation& operation) {
   std::fflush(stderr);
 }
 
+/// Runs `enqueue()` (work on `stream`: the group's, or one of the copy engines' pair streams) as one
+/// call the watchdog sees, its completion event recorded on `stream` after it; returns the call.
+template <class Enqueue>
+std::shared_ptr<NcclOperation> watched_on(const ProcessGroup& group, const std::shared_ptr<NcclCommState>& state,
+                                          std::string what, core::Stream stream, Enqueue&& enqueue) {
+  auto operation = std::make_shared<NcclOperation>(group, std::move(what), state);
+  state->check_async_error(operation->operation(), operation->group());
+  // Note [Watched before enqueued]: NCCL connects to a peer lazily, inside the first ncclGroupEnd
+  // (or collective) that needs the connection, blocking the host until the peer makes the matching
+  // call. A peer that never does (a mismatched exchange) would hang this thread before any event
+  // exists to poll; so the watchdog holds the operation from now, and its deadline covers the enqueue.
+  watch(operation);
+  trace_comm("enqueue", *operation);
+  const int64_t range = core::profiler::begin_stream_range(operation->operation(), stream);
+  try {
+    enqueue();
+  } catch (...) {
+    operation->mark_enqueued();  // done() was never recorded: polls as complete, the caller has the error
+    throw;
+  }
+  core::profiler::end_stream_range(range, stream);
+  operation->done().record(stream);
+  operation->mark_enqueued();
+  trace_comm("enqueued", *operation);
+  return operation;
+}
+
 /// Runs `enqueue(comm, stream)` on the group's stream between the two events of Note [NCCL stream
 /// ordering], hands the call to the watchdog and returns the Work waiting for it. `what` names the
 /// call and its tensors; the group is `group`, whose communicator `state` is.
@@ -367,29 +394,12 @@ template <class Enqueue>
 Work launch(const ProcessGroup& group, const std::shared_ptr<NcclCommState>& state, std::string what,
             std::vector<Tensor> tensors, Enqueue&& enqueue, bool host_blocking = false) {
   core::cuda::DeviceGuard guard(state->device);
-  auto operation = std::make_shared<NcclOperation>(group, std::move(what), state);
-  state->check_async_error(operation->operation(), operation->group());
   const core::Stream caller = core::cuda::current_stream(state->device);
   core::cuda::Event ready;
   ready.record(caller);
   ready.block(state->stream);
-  // Note [Watched before enqueued]: NCCL connects to a peer lazily, inside the first ncclGroupEnd
-  // (or collective) that needs the connection, blocking the host until the peer makes the matching
-  // call. A peer that never does (a mismatched exchange) would hang this thread before any event
-  // exists to poll; so the watchdog holds the operation from now, and its deadline covers the enqueue.
-  watch(operation);
-  trace_comm("enqueue", *operation);
-  const int64_t range = core::profiler::begin_stream_range(operation->operation(), state->stream);
-  try {
-    enqueue(state->comm, as_cuda(state->stream));
-  } catch (...) {
-    operation->mark_enqueued();  // done() was never recorded: polls as complete, the caller has the error
-    throw;
-  }
-  core::profiler::end_stream_range(range, state->stream);
-  operation->done().record(state->stream);
-  operation->mark_enqueued();
-  trace_comm("enqueued", *operation);
+  std::shared_ptr<NcclOperation> operation =
+      watched_on(group, state, std::move(what), state->stream, [&] { enqueue(state->comm, as_cuda(state->stream)); });
   return Work(std::make_shared<NcclWork>(std::move(operation), caller, std::move(tensors), host_blocking));
 }
 
@@ -655,29 +665,6 @@ Work NcclProcessGroup::do_reduce(const Tensor& tensor, int root, ReduceOp op) {
 }
 
 namespace {
-
-/// Enqueues `enqueue()` (work on `stream`) as one call the watchdog sees, as launch() does for NCCL's
-/// calls, and returns it; `stream` is one of the pair's own, not the group's.
-template <class Enqueue>
-std::shared_ptr<NcclOperation> watched_on(const ProcessGroup& group, const std::shared_ptr<NcclCommState>& state,
-                                          std::string what, core::Stream stream, Enqueue&& enqueue) {
-  auto operation = std::make_shared<NcclOperation>(group, std::move(what), state);
-  state->check_async_error(operation->operation(), operation->group());
-  watch(operation);
-  trace_comm("enqueue", *operation);
-  const int64_t range = core::profiler::begin_stream_range(operation->operation(), stream);
-  try {
-    enqueue();
-  } catch (...) {
-    operation->mark_enqueued();  // done() was never recorded: polls as complete, the caller has the error
-    throw;
-  }
-  core::profiler::end_stream_range(range, stream);
-  operation->done().record(stream);
-  operation->mark_enqueued();
-  trace_comm("enqueued", *operation);
-  return operation;
-}
 
 /// Note [Pair sends and receives by the copy engines] (comm/nccl/pair_p2p.cpp): the batch's sends on
 /// the pair's send stream, its receives on its receive stream. The Work is the receives' (the sends'

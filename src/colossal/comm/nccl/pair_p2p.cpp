@@ -92,66 +92,65 @@ const void* PairP2P::size_slot(int64_t slot) const {
   return window_.counter(kSizes + static_cast<size_t>(slot));
 }
 
-void PairP2P::enqueue_sends(const std::vector<Tensor>& tensors, core::Stream caller) {
+template <class Visit>
+void PairP2P::for_each_piece(const std::vector<Tensor>& tensors, core::Stream caller, core::Stream stream,
+                             uint64_t& pieces, Visit&& visit) {
   core::cuda::DeviceGuard guard(window_.device());
   core::cuda::Event ready;
   ready.record(caller);
-  ready.block(send_stream_);
-  const auto s = static_cast<cudaStream_t>(send_stream_.handle);
+  ready.block(stream);
   for (const Tensor& tensor : tensors) {
     const auto bytes = static_cast<int64_t>(tensor.nbytes());
-    const char* const data = static_cast<const char*>(tensor.raw_data());
     int64_t offset = 0;
-    do {
+    do {  // an empty message is one piece of no bytes
       const int64_t len = std::min(slot_bytes_, bytes - offset);
-      const uint64_t n = ++sent_;
+      const uint64_t n = ++pieces;
       const auto slot = static_cast<int64_t>((n - 1) % static_cast<uint64_t>(slots_));
-      if (n > static_cast<uint64_t>(slots_)) window_.await(send_stream_, kFreed, n - static_cast<uint64_t>(slots_));
-      if (offset == 0) window_.signal(send_stream_, kSizes + static_cast<size_t>(slot), static_cast<uint64_t>(bytes));
-      if (len > 0) {
-        COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(window_.other() + slot * slot_bytes_, data + offset,
-                                            static_cast<size_t>(len), cudaMemcpyDeviceToDevice, s));
-      }
-      window_.signal(send_stream_, kArrived, n);
+      visit(tensor, Piece{n, slot, offset, len, bytes});
       offset += len;
     } while (offset < bytes);
   }
 }
 
+void PairP2P::enqueue_sends(const std::vector<Tensor>& tensors, core::Stream caller) {
+  const auto s = static_cast<cudaStream_t>(send_stream_.handle);
+  const auto slots = static_cast<uint64_t>(slots_);
+  for_each_piece(tensors, caller, send_stream_, sent_, [&](const Tensor& tensor, const Piece& p) {
+    if (p.n > slots) window_.await(send_stream_, kFreed, p.n - slots);
+    if (p.offset == 0)
+      window_.signal(send_stream_, kSizes + static_cast<size_t>(p.slot), static_cast<uint64_t>(p.bytes));
+    if (p.len > 0) {
+      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(window_.other() + p.slot * slot_bytes_,
+                                          static_cast<const char*>(tensor.raw_data()) + p.offset,
+                                          static_cast<size_t>(p.len), cudaMemcpyDeviceToDevice, s));
+    }
+    window_.signal(send_stream_, kArrived, p.n);
+  });
+}
+
 void PairP2P::enqueue_receives(const std::vector<Tensor>& tensors, core::Stream caller) {
-  core::cuda::DeviceGuard guard(window_.device());
-  core::cuda::Event ready;
-  ready.record(caller);
-  ready.block(receive_stream_);
   const auto s = static_cast<cudaStream_t>(receive_stream_.handle);
-  for (const Tensor& tensor : tensors) {
-    const auto bytes = static_cast<int64_t>(tensor.nbytes());
-    char* const data = static_cast<char*>(tensor.raw_data());
-    int64_t offset = 0;
-    do {
-      const int64_t len = std::min(slot_bytes_, bytes - offset);
-      const uint64_t n = ++received_;
-      const auto slot = static_cast<int64_t>((n - 1) % static_cast<uint64_t>(slots_));
-      window_.await(receive_stream_, kArrived, n);
-      if (offset == 0) {
-        core::cuda::defer_check(
-            receive_stream_, size_slot(slot), static_cast<uint64_t>(bytes), nullptr,
-            [rank = rank_, group = group_, shape = tensor.shape(), dtype = tensor.dtype(), bytes](uint64_t sent) {
-              return fmt::format(
-                  "receive by the copy engines: rank {} posted a receive of {} bytes (a {} tensor of shape {}) but "
-                  "rank {}'s message in its place is {} bytes; the two ranks' sends and receives are out of step "
-                  "[{}]",
-                  rank, bytes, dtype, shape, 1 - rank, sent, group);
-            });
-      }
-      if (len > 0) {
-        COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(data + offset, window_.mine() + slot * slot_bytes_,
-                                            static_cast<size_t>(len), cudaMemcpyDeviceToDevice, s));
-      }
-      window_.signal(receive_stream_, kFreed, n);
-      offset += len;
-    } while (offset < bytes);
-  }
+  for_each_piece(tensors, caller, receive_stream_, received_, [&](const Tensor& tensor, const Piece& p) {
+    window_.await(receive_stream_, kArrived, p.n);
+    if (p.offset == 0) {
+      core::cuda::defer_check(
+          receive_stream_, size_slot(p.slot), static_cast<uint64_t>(p.bytes), nullptr,
+          [rank = rank_, group = group_, shape = tensor.shape(), dtype = tensor.dtype(),
+           bytes = p.bytes](uint64_t sent) {
+            return fmt::format(
+                "receive by the copy engines: rank {} posted a receive of {} bytes (a {} tensor of shape {}) but "
+                "rank {}'s message in its place is {} bytes; the two ranks' sends and receives are out of step "
+                "[{}]",
+                rank, bytes, dtype, shape, 1 - rank, sent, group);
+          });
+    }
+    if (p.len > 0) {
+      COLOSSAL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(tensor.raw_data()) + p.offset,
+                                          window_.mine() + p.slot * slot_bytes_, static_cast<size_t>(p.len),
+                                          cudaMemcpyDeviceToDevice, s));
+    }
+    window_.signal(receive_stream_, kFreed, p.n);
+  });
 }
 
 void PairP2P::hold(std::vector<Tensor> tensors, std::function<bool()> done) {

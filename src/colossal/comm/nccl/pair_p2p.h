@@ -59,6 +59,20 @@ class PairP2P {
   std::deque<Held> held_;
   /// The other rank's message of the slot `slot`'s first piece: its size in bytes.
   const void* size_slot(int64_t slot) const;
+  /// A message's piece: its number (from 1, each way), its slot, where it starts in the message and
+  /// its length, and the message's size.
+  struct Piece {
+    uint64_t n;
+    int64_t slot;
+    int64_t offset;
+    int64_t len;
+    int64_t bytes;
+  };
+  /// After the work queued on `caller`, `stream` visits each piece of each of `tensors` in order,
+  /// `pieces` counting them.
+  template <class Visit>
+  void for_each_piece(const std::vector<Tensor>& tensors, core::Stream caller, core::Stream stream, uint64_t& pieces,
+                      Visit&& visit);
 };
 
 }  // namespace colossal::comm
