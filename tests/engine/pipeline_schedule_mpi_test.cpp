@@ -368,51 +368,71 @@ Tensor lm_loss(const Tensor& logits, const Tensor& target) {
 
 TEST(PipelineSchedule, Gpt2PiecesWithTheTiedEmbeddingEqualTheSerialModel) {
   // The tied wte lives on the first stage (embed) and the last (head); its two copies' gradients are
-  // summed between them (Note [Tied parameters across stages]), so both take the serial update.
+  // summed between them (Note [Tied parameters across stages]), so both take the serial update:
+  // after the backwards, and with the rows the embedding reads (set_tied_rows) under stage 0's last
+  // backward (Note [Tied sum under the last backward]), where the copies must also stay bit-equal.
+  // With accumulation over 2 micro-steps too (the sum once per window).
   const int p = world().size(), s = world().rank();
-  auto serial = tiny_gpt2();
-  auto serial_sgd = std::make_shared<optim::Sgd>(serial->parameters(), optim::SgdOptions{.lr = 0.1, .momentum = 0.9});
-  Engine serial_engine(serial, serial_sgd, lm_loss);
+  for (const bool rows : {false, true}) {
+    for (const int accumulation : {1, 2}) {
+      SCOPED_TRACE(fmt::format("{}, accumulation {}", rows ? "sum under the last backward" : "sum after the backwards",
+                               accumulation));
+      auto serial = tiny_gpt2();
+      auto serial_sgd =
+          std::make_shared<optim::Sgd>(serial->parameters(), optim::SgdOptions{.lr = 0.1, .momentum = 0.9});
+      Engine serial_engine(serial, serial_sgd, lm_loss, {.gradient_accumulation = accumulation});
 
-  auto model = tiny_gpt2();
-  const auto pieces = model->layers();
-  ASSERT_EQ(pieces.size(), 4u);
-  const parallel::pp::StageParts parts = parallel::pp::partition_uniform(4, p);
-  auto chunk = std::make_shared<nn::Sequential>();
-  for (int64_t i = parts[static_cast<size_t>(s)][0].begin; i < parts[static_cast<size_t>(s)][0].end; ++i) {
-    chunk->push_back(pieces[static_cast<size_t>(i)]);
-  }
-  // A piece keeps the whole model's names (Note [Pipeline layers]); the chunk would prefix them.
-  std::vector<std::pair<std::string, Tensor>> named;
-  for (int64_t i = parts[static_cast<size_t>(s)][0].begin; i < parts[static_cast<size_t>(s)][0].end; ++i) {
-    for (const auto& entry : pieces[static_cast<size_t>(i)]->named_parameters()) named.push_back(entry);
-  }
-  std::vector<Tensor> tied;
-  for (const auto& [name, param] : named) {
-    if (name == "wte.weight") tied.push_back(param);
-  }
-  ASSERT_EQ(tied.size(), s == 0 || s == p - 1 ? 1u : 0u);
-  auto schedule = std::make_shared<PipelineSchedule>(std::vector<std::shared_ptr<nn::Module>>{chunk}, world_group(), 2);
-  schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(world_group(), !tied.empty()));
-  auto sgd = std::make_shared<optim::Sgd>(chunk->parameters(), optim::SgdOptions{.lr = 0.1, .momentum = 0.9});
-  EngineOptions options;
-  options.schedule = schedule;
-  Engine engine(chunk, sgd, lm_loss, options);
+      auto model = tiny_gpt2();
+      const auto pieces = model->layers();
+      ASSERT_EQ(pieces.size(), 4u);
+      const parallel::pp::StageParts parts = parallel::pp::partition_uniform(4, p);
+      auto chunk = std::make_shared<nn::Sequential>();
+      for (int64_t i = parts[static_cast<size_t>(s)][0].begin; i < parts[static_cast<size_t>(s)][0].end; ++i) {
+        chunk->push_back(pieces[static_cast<size_t>(i)]);
+      }
+      // A piece keeps the whole model's names (Note [Pipeline layers]); the chunk would prefix them.
+      std::vector<std::pair<std::string, Tensor>> named;
+      for (int64_t i = parts[static_cast<size_t>(s)][0].begin; i < parts[static_cast<size_t>(s)][0].end; ++i) {
+        for (const auto& entry : pieces[static_cast<size_t>(i)]->named_parameters()) named.push_back(entry);
+      }
+      std::vector<Tensor> tied;
+      for (const auto& [name, param] : named) {
+        if (name == "wte.weight") tied.push_back(param);
+      }
+      ASSERT_EQ(tied.size(), s == 0 || s == p - 1 ? 1u : 0u);
+      auto schedule =
+          std::make_shared<PipelineSchedule>(std::vector<std::shared_ptr<nn::Module>>{chunk}, world_group(), 2);
+      const auto tied_group = PipelineSchedule::tied_group(world_group(), !tied.empty());
+      schedule->set_tied_parameters(tied, tied_group);
+      if (rows) schedule->set_tied_rows([](const Tensor& ids) { return ids.reshape({-1}); });
+      auto sgd = std::make_shared<optim::Sgd>(chunk->parameters(), optim::SgdOptions{.lr = 0.1, .momentum = 0.9});
+      EngineOptions options;
+      options.schedule = schedule;
+      options.gradient_accumulation = accumulation;
+      Engine engine(chunk, sgd, lm_loss, options);
 
-  for (int step = 0; step < 3; ++step) {
-    std::vector<int64_t> ids, targets;
-    for (int64_t i = 0; i < 4 * 8; ++i) {
-      ids.push_back((7 * i + 3 * step) % 32);
-      targets.push_back((5 * i + step + 1) % 32);
+      for (int step = 0; step < 3 * accumulation; ++step) {
+        std::vector<int64_t> ids, targets;
+        for (int64_t i = 0; i < 4 * 8; ++i) {
+          ids.push_back((7 * i + 3 * step) % 32);
+          targets.push_back((5 * i + step + 1) % 32);
+        }
+        const Tensor x = core::from_vector(ids, {4, 8}, DType::i64), y = core::from_vector(targets, {4, 8}, DType::i64);
+        expect_close(engine.step(x, y).item<double>(), serial_engine.step(x, y).item<double>(),
+                     fmt::format("loss at step {}", step));
+      }
+      const auto want = serial->state_dict();
+      for (const auto& [name, param] : named) {
+        const auto a = param.to_vector<double>(), b = want.at(name).to_vector<double>();
+        for (size_t e = 0; e < a.size(); ++e) expect_close(a[e], b[e], fmt::format("{} [{}]", name, e));
+      }
+      if (tied_group != nullptr && !tied.empty()) {
+        // The copies are one weight: the first stage's, broadcast, equals every other's bit for bit.
+        Tensor first_copy = tied[0].detach().clone();
+        tied_group->broadcast(first_copy, 0);
+        EXPECT_EQ(first_copy.to_vector<double>(), tied[0].to_vector<double>()) << "wte's copies differ";
+      }
     }
-    const Tensor x = core::from_vector(ids, {4, 8}, DType::i64), y = core::from_vector(targets, {4, 8}, DType::i64);
-    expect_close(engine.step(x, y).item<double>(), serial_engine.step(x, y).item<double>(),
-                 fmt::format("loss at step {}", step));
-  }
-  const auto want = serial->state_dict();
-  for (const auto& [name, param] : named) {
-    const auto a = param.to_vector<double>(), b = want.at(name).to_vector<double>();
-    for (size_t e = 0; e < a.size(); ++e) expect_close(a[e], b[e], fmt::format("{} [{}]", name, e));
   }
 }
 

@@ -261,8 +261,10 @@ TEST_P(PipelineNccl, Gpt2WithTheTiedEmbeddingEqualsTheSerialModel) {
   auto lm_loss = [](const Tensor& logits, const Tensor& target) {
     return ops::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
   };
-  for (const int chunks : {1, 2}) {
-    SCOPED_TRACE(fmt::format("{} chunk(s)", chunks));
+  // The tied sum after the backwards, and under stage 0's last backward with the rows the embedding
+  // read sent after it (Note [Tied sum under the last backward]), where the copies must stay bit-equal.
+  for (const auto& [chunks, rows] : {std::pair{1, false}, {2, false}, {1, true}, {2, true}}) {
+    SCOPED_TRACE(fmt::format("{} chunk(s){}", chunks, rows ? ", sum under the last backward" : ""));
     auto serial = make_gpt2();
     Engine serial_engine(
         serial, std::make_shared<optim::Sgd>(serial->parameters(), optim::SgdOptions{.lr = 0.1, .momentum = 0.9}),
@@ -276,7 +278,9 @@ TEST_P(PipelineNccl, Gpt2WithTheTiedEmbeddingEqualsTheSerialModel) {
       if (name == "wte.weight") tied.push_back(param);
     }
     auto schedule = make_schedule(stage.chunks, 2 * p);
-    schedule->set_tied_parameters(tied, PipelineSchedule::tied_group(pipeline_group(), !tied.empty()));
+    const auto tied_group = PipelineSchedule::tied_group(pipeline_group(), !tied.empty());
+    schedule->set_tied_parameters(tied, tied_group);
+    if (rows) schedule->set_tied_rows([](const Tensor& ids) { return ids.reshape({-1}); });
     EngineOptions options;
     options.schedule = schedule;
     Engine engine(
@@ -296,6 +300,12 @@ TEST_P(PipelineNccl, Gpt2WithTheTiedEmbeddingEqualsTheSerialModel) {
     }
     const auto want = serial->state_dict();
     for (const auto& [name, param] : stage.named) expect_tensors_close(param, want.at(name), name);
+    if (tied_group != nullptr && !tied.empty()) {
+      Tensor first_copy = tied[0].detach().clone();
+      tied_group->broadcast(first_copy, 0);
+      EXPECT_EQ(first_copy.to(core::kCpu).to_vector<float>(), tied[0].to(core::kCpu).to_vector<float>())
+          << "wte's copies differ";
+    }
   }
 }
 

@@ -251,6 +251,34 @@ TEST(EmbeddingGpu, BadIndices) {
   EXPECT_EQ(ops::embedding(core::from_vector<int64_t>({4}, {1}).to(gpu), weight).shape(), (Shape{1, 3}));
 }
 
+TEST(EmbeddingGpu, PutMatchesCpu) {
+  COLOSSAL_REQUIRE_GPU();
+  const Device gpu = core::cuda_device(0);
+  // Widths that take 16-byte vectors (64) and ones that do not (7), a transposed table, repeats.
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (const auto& [rows, dim, transposed] : {std::tuple{50, 64, false}, {50, 7, false}, {40, 16, true}}) {
+      SCOPED_TRACE(fmt::format("embedding_put_ [{}, {}] ({}){}", rows, dim, dtype, transposed ? ", transposed" : ""));
+      const Tensor indices = repeated_indices({3, 37}, rows, rows);
+      const Tensor source = random_input({rows, dim}, 61, dtype, -1, 1, false);
+      const Tensor values = ops::embedding(indices, source);  // equal rows where an index repeats
+      const Tensor start = random_input(transposed ? Shape{dim, rows} : Shape{rows, dim}, 62, dtype, -1, 1, false);
+      Tensor cpu = start.clone();
+      Tensor on_gpu = start.to(gpu);
+      ops::embedding_put_(transposed ? cpu.t() : cpu, indices, values);
+      ops::embedding_put_(transposed ? on_gpu.t() : on_gpu, indices.to(gpu), values.to(gpu));
+      expect_close(on_gpu.to(core::kCpu), cpu, 0, 0, "embedding_put_ on the GPU");
+    }
+  }
+  Tensor weight = core::zeros({5, 3}, TensorOptions(DType::f32, gpu));
+  EXPECT_ERROR_CONTAINS(
+      {
+        ops::embedding_put_(weight, core::from_vector<int64_t>({0, 6}, {2}).to(gpu),
+                            core::ones({2, 3}, TensorOptions(DType::f32, gpu)));
+        core::cuda::synchronize(gpu);
+      },
+      "embedding_put_: index 6 at position [1] of indices [2] is out of range for num_embeddings 5 (valid: 0..4)");
+}
+
 TEST(EmbeddingGpu, IndicesOnAnotherDevice) {
   COLOSSAL_REQUIRE_GPU();
   Tensor weight = core::ones({5, 3}, TensorOptions(DType::f32, core::cuda_device(0)));

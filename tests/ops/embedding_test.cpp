@@ -62,6 +62,37 @@ TEST(EmbeddingTest, GathersRows) {
   expect_values(single, {2.5, 3.5});
 }
 
+TEST(EmbeddingTest, PutWritesRowsInPlace) {
+  Tensor weight = core::from_vector<double>({0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5}, {4, 2});
+  // Index 2 twice with equal rows; rows 1 and 3 named by nothing keep their values.
+  ops::embedding_put_(weight, core::from_vector<int32_t>({2, 0, 2}, {3}),
+                      core::from_vector<double>({-1, -2, -3, -4, -1, -2}, {3, 2}));
+  expect_values(weight, {-3, -4, 2.5, 3.5, -1, -2, 6.5, 7.5});
+  // Put after embedding copies the rows a lookup read: the other table's rows become equal.
+  const Tensor source = random_tensor({6, 5}, 21);
+  Tensor copy = core::zeros({6, 5}, TensorOptions(DType::f64));
+  const Tensor ids = core::from_vector<int64_t>({4, 1, 4, 5, 1, 0}, {2, 3});
+  ops::embedding_put_(copy, ids, ops::embedding(ids, source));
+  expect_close(ops::embedding(ids, copy), ops::embedding(ids, source), 0, 0, "rows copied by embedding_put_");
+  expect_values(ops::embedding(core::from_vector<int64_t>({2, 3}, {2}), copy), std::vector<double>(10, 0.0));
+  // A transposed table: rows with a column stride.
+  Tensor base = core::zeros({2, 4}, TensorOptions(DType::f32));
+  Tensor table = base.t();
+  ops::embedding_put_(table, core::from_vector<int64_t>({3}, {1}), core::from_vector<float>({8.f, 9.f}, {1, 2}));
+  expect_values(base, {0, 0, 0, 8, 0, 0, 0, 9});
+}
+
+TEST(EmbeddingTest, PutRefusesWhatItCannotWrite) {
+  Tensor weight = core::zeros({4, 2}, TensorOptions(DType::f32));
+  EXPECT_ERROR_CONTAINS(ops::embedding_put_(weight, core::from_vector<int64_t>({1, 4}, {2}), core::ones({2, 2})),
+                        "embedding_put_: index 4 at position [1] of indices [2] is out of range for num_embeddings 4");
+  EXPECT_ERROR_CONTAINS(ops::embedding_put_(weight, core::from_vector<int64_t>({1}, {1}), core::ones({1, 3})),
+                        "embedding_put_: rows must be f32 of shape [1, 2]");
+  Tensor leaf = random_leaf({4, 2}, 22);
+  EXPECT_ERROR_CONTAINS(ops::embedding_put_(leaf, core::from_vector<int64_t>({1}, {1}), core::ones({1, 2})),
+                        "requires a gradient");
+}
+
 TEST(EmbeddingTest, StridedWeight) {
   // weight = base^T is [4, 2] with strides [1, 4]: rows are not contiguous in memory.
   const Tensor base = core::from_vector<float>({0.5f, 2.5f, 4.5f, 6.5f, 1.5f, 3.5f, 5.5f, 7.5f}, {2, 4});

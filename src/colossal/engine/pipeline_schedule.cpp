@@ -5,14 +5,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 
 #include "colossal/autograd/engine.h"     // backward
+#include "colossal/autograd/function.h"   // register_hook
 #include "colossal/autograd/grad_mode.h"  // NoGradGuard
 #include "colossal/comm/operation_context.h"
 #include "colossal/core/cuda_device.h"  // Event, current_stream (the GPU's step timing)
@@ -21,6 +24,7 @@
 #include "colossal/engine/engine.h"
 #include "colossal/ops/elementwise.h"            // div
 #include "colossal/ops/indexing.h"               // cat
+#include "colossal/ops/nn_functional.h"          // embedding, embedding_put_
 #include "colossal/parallel/gradient_handler.h"  // GradientHandler
 #include "colossal/parallel/pp/exchange_plan.h"
 #include "colossal/parallel/pp/schedule_order.h"
@@ -481,6 +485,92 @@ std::shared_ptr<comm::ProcessGroup> PipelineSchedule::tied_group(const std::shar
   return pipeline->split(holds ? 0 : comm::kNoColor, pipeline->rank());
 }
 
+// Note [Tied sum under the last backward]
+// The stages' sum of a tied weight's gradients (Note [Tied parameters across stages]) waits for every
+// share, and the first stage's share is complete only when its last backward ends: summed after it,
+// the all-reduce sat on every stage's tail. GPT-2 350M's wte at pp=2 (50,257 x 1,024) took 0.39 ms
+// there, both stages idle (docs/benchmarks.md, session 25).
+//
+// Where the first stage uses the weight only as a lookup table (GPT-2's embedding; set_tied_rows),
+// its last backward adds to the rows the last microbatch looked up and to no other. So:
+// - stage 0 starts the sum of its share so far with every other stage's (their backwards are done
+//   once the last gradient has come back) when its last backward starts, and that backward waits for
+//   the sum only where it reaches the piece that holds the weight: a hook on the piece's output, put
+//   there by a forward hook armed for the last microbatch's forward, which in GPT-2 is the embedding,
+//   the last thing that backward does. The sum runs under the 12 blocks' backward before it;
+// - that backward then adds the last microbatch's rows to the summed gradient, in place;
+// - stage 0 sends those rows, read back by the lookup itself (ops::embedding over the gradient), with
+//   their indices, to the other stages, which write them over theirs (ops::embedding_put_). Every copy
+//   ends bit-equal to stage 0's: the all-reduce leaves the same bits on every rank and the rows are
+//   copied, not recomputed. GPT-2 350M's last microbatch of 2 x 1,024 tokens sends 2,048 rows (8 MB in
+//   f32) instead of the 206 MB table.
+// The order of the collectives is the same on every stage of the tied group: the sum (stage 0 issues it
+// after the receive its last backward needs, and sends nothing after that backward; the others after
+// their last op and its sends), then the indices and the rows. At pp=2 the tied group is the pipeline
+// group, whose NCCL operations must come in one order on both stages, so this matters. The sum's order
+// of addition differs from the old one ((s0 of microbatches 0..m-2 + the others') + s0 of microbatch
+// m-1 against s0 + the others'): the same gradient to rounding.
+//
+// Not taken (the sum after the backwards, as before) under data parallelism (the handler's reduction
+// of the window comes first there), without set_tied_rows (the tensor-parallel GPT-2, whose vocabulary
+// is split), or with COLOSSAL_PIPELINE_TIED_UNDER_BACKWARD=0, which must then be set on every stage.
+// Where the piece's output carries no autograd node (a checkpointed embedding), stage 0 waits for the
+// sum at the start of its last backward: correct, without the gain.
+namespace {
+
+bool tied_sum_under_backward_enabled() {
+  const char* value = std::getenv("COLOSSAL_PIPELINE_TIED_UNDER_BACKWARD");
+  return value == nullptr || std::string_view(value) != "0";
+}
+
+/// The gradient of a tied parameter, made defined and contiguous for its collectives.
+Tensor tied_gradient(Tensor& param) {
+  Tensor grad = param.grad();
+  if (!grad.defined()) {
+    grad = core::zeros_like(param);  // this stage's share was nothing this micro-step
+    param.set_grad(grad);
+  }
+  if (!grad.is_contiguous()) {
+    grad = grad.contiguous();
+    param.set_grad(grad);
+  }
+  return grad;
+}
+
+}  // namespace
+
+bool PipelineSchedule::hook_tied_piece() {
+  if (tied_piece_ != nullptr) return true;
+  auto holds_all = [&](const nn::Module& module) {
+    const std::vector<Tensor> params = module.parameters();
+    return std::all_of(tied_.begin(), tied_.end(), [&](const Tensor& tied) {
+      return std::any_of(params.begin(), params.end(), [&](const Tensor& p) { return p.impl() == tied.impl(); });
+    });
+  };
+  nn::Module* piece = nullptr;
+  for (const std::shared_ptr<nn::Module>& child : chunks_.front()->children()) {
+    if (!holds_all(*child)) continue;
+    if (piece != nullptr) return false;  // two pieces use the weight: no single point to wait at
+    piece = child.get();
+  }
+  if (piece == nullptr) return false;
+  tied_wait_ = std::make_shared<TiedWait>();
+  piece->register_forward_hook([state = tied_wait_](nn::Module&, const Tensor&, const Tensor& output) -> Tensor {
+    if (!state->armed) return Tensor();
+    state->armed = false;
+    if (!output.requires_grad() || output.is_leaf()) return Tensor();  // nothing recorded: no place for a wait
+    Tensor out = output;
+    autograd::register_hook(out, [state](const Tensor&) {
+      for (comm::Work& sum : state->sums) sum.wait();
+      return Tensor();
+    });
+    state->hooked = true;
+    return Tensor();
+  });
+  tied_piece_ = piece;
+  return true;
+}
+
 Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, const Tensor& target) {
   const int p = group_->size(), s = group_->rank();
   const int v = static_cast<int>(chunks_.size());
@@ -527,6 +617,23 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
     if (order[i].kind == PipelineOp::Kind::backward) last_backward[static_cast<size_t>(order[i].chunk)] = i;
   }
   if (handler != nullptr) handler->set_sync(false);
+  // Note [Tied sum under the last backward]: stage 0 sums under its last backward, the others after
+  // their last op.
+  const bool tied_sum = tied_group_ != nullptr && tied_group_->size() > 1 && engine.last_step_updated();
+  const bool tied_under_backward =
+      tied_sum && handler == nullptr && tied_rows_ != nullptr && tied_sum_under_backward_enabled();
+  const bool tied_leads = tied_under_backward && tied_group_->rank() == 0;
+  if (tied_leads) {
+    COLOSSAL_CHECK(first,
+                   "pipeline stage {}: set_tied_rows needs the first stage holding tied parameters to be stage 0", s);
+    COLOSSAL_CHECK(batches.empty() || batches.back().before_op <= last_backward.front(),
+                   "pipeline stage {}: an exchange follows chunk 0's last backward, which the tied parameters' sum "
+                   "would then overtake",
+                   s);
+    if (!hook_tied_piece()) tied_wait_ = std::make_shared<TiedWait>();
+    tied_wait_->sums.clear();
+    tied_wait_->hooked = false;
+  }
   std::optional<StepTimer> timer;
   if (timing_) timer.emplace(engine.device());
 
@@ -583,8 +690,18 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
     const comm::OperationContext context(fmt::format("pipeline stage {} of {}: {} of microbatch {}{}", s, p,
                                                      op.kind == PipelineOp::Kind::forward ? "forward" : "backward", mb,
                                                      v > 1 ? fmt::format(", chunk {}", c) : std::string()));
+    // Stage 0's sum of the tied gradients starts as its last backward does (after the receive it
+    // needs); the backward waits for it where it reaches the piece that holds them.
+    if (tied_leads && index == last_backward.front()) {
+      for (Tensor& param : tied_)
+        tied_wait_->sums.push_back(tied_group_->all_reduce(tied_gradient(param), comm::ReduceOp::sum, true));
+      if (!tied_wait_->hooked) {
+        for (comm::Work& sum : tied_wait_->sums) sum.wait();
+      }
+    }
     if (op.kind == PipelineOp::Kind::forward) {
       Saved& sv = saved[{mb, c}];
+      if (tied_leads && c == 0 && mb == m - 1) tied_wait_->armed = true;
       if (very_first) {
         sv.input = amp != nullptr ? amp->cast_input(slice(input, mb)) : slice(input, mb);
       } else {
@@ -593,6 +710,7 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
         sv.input.set_requires_grad(true);
       }
       Tensor y = chunks_[static_cast<size_t>(c)]->forward(sv.input);
+      if (tied_leads) tied_wait_->armed = false;
       if (very_last) {
         const Tensor out = amp != nullptr ? amp->cast_output(y) : y;
         sv.output = engine.criterion(out, slice(target, mb));
@@ -635,23 +753,36 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   }
   // Note [Tied parameters across stages]: each copy's gradient becomes the sum of every stage's, once
   // per accumulation window (the sum of the window's accumulated shares).
-  if (tied_group_ != nullptr && tied_group_->size() > 1 && engine.last_step_updated()) {
+  if (tied_under_backward) {
+    // Note [Tied sum under the last backward]: stage 0's sum is done (its last backward waited for
+    // it); the others sum now, then take the rows stage 0's last microbatch added.
+    const comm::OperationContext context(
+        fmt::format("pipeline stage {} of {}: the tied parameters' sum and the rows of microbatch {}", s, p, m - 1));
+    if (tied_leads) {
+      for (comm::Work& sum : tied_wait_->sums) sum.wait();
+      tied_wait_->sums.clear();
+    } else {
+      for (Tensor& param : tied_) tied_group_->all_reduce(tied_gradient(param), comm::ReduceOp::sum);
+    }
+    const int64_t per_input = input.size(0) / m;
+    const Tensor shape_of_rows = tied_rows_(input.narrow(0, (m - 1) * per_input, per_input));
+    Tensor rows = tied_leads ? shape_of_rows.contiguous()
+                             : core::empty(shape_of_rows.shape(), TensorOptions(shape_of_rows.dtype(), input.device()));
+    tied_group_->broadcast(rows, 0);
+    for (Tensor& param : tied_) {
+      Tensor grad = param.grad();
+      Tensor values = tied_leads
+                          ? ops::embedding(rows, grad)
+                          : core::empty({rows.numel(), grad.size(1)}, TensorOptions(grad.dtype(), grad.device()));
+      tied_group_->broadcast(values, 0);
+      if (!tied_leads) ops::embedding_put_(grad, rows, values);
+    }
+  } else if (tied_sum) {
     // Under data parallelism the handler's reduction of this window is finished first (it averages the
     // copies over the replicas in place); the stages' sum then adds up the averaged shares, which is
     // the average of the sums.
     if (handler != nullptr) handler->finish();
-    for (Tensor& param : tied_) {
-      Tensor grad = param.grad();
-      if (!grad.defined()) {
-        grad = core::zeros_like(param);  // this stage's share was nothing this micro-step
-        param.set_grad(grad);
-      }
-      if (!grad.is_contiguous()) {
-        grad = grad.contiguous();
-        param.set_grad(grad);
-      }
-      tied_group_->all_reduce(grad, comm::ReduceOp::sum);
-    }
+    for (Tensor& param : tied_) tied_group_->all_reduce(tied_gradient(param), comm::ReduceOp::sum);
   }
 
   if (p > 1) {

@@ -34,6 +34,8 @@
 // micro-step the schedule sums them over the stages that hold the weight (Megatron's embedding
 // group), so every copy takes the same update and they stay equal. Under data parallelism the
 // gradient handler's reduction is finished first, then the stages' sum adds the averaged shares.
+// Where the first stage only looks rows of the weight up (set_tied_rows), the sum runs under that
+// stage's last backward instead: Note [Tied sum under the last backward] in pipeline_schedule.cpp.
 // Note [Pipeline bubble]
 // With timing on, a stage measures each micro-step: its span, from the start of the micro-step to the
 // end of the loss's all-reduce that closes it (which waits for every stage, so every stage's span is
@@ -46,6 +48,7 @@
 // prints it).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -97,6 +100,16 @@ class PipelineSchedule final : public Schedule {
   /// stages (Note [Tied parameters across stages]): their gradients are summed over `tied_group`
   /// after each micro-step's backwards. Every stage of `tied_group` passes its copies in the same order.
   void set_tied_parameters(std::vector<Tensor> parameters, std::shared_ptr<comm::ProcessGroup> tied_group);
+
+  /// The rows of dim 0 of every tied parameter that the first stage's forward of one microbatch reads,
+  /// from that microbatch's input (a 1-D integer tensor on the stage's device), where the first stage
+  /// holding them is stage 0 and uses them only as a lookup table in one piece of its chunk 0 (GPT-2's
+  /// wte, the embedding of the token ids): its backward then adds to those rows alone. With it, the
+  /// stages' sum of the tied gradients runs under stage 0's last backward rather than after it, and
+  /// only those rows follow (Note [Tied sum under the last backward]). Every stage of the tied group
+  /// sets it alike; each stage's input must have the batch's shape.
+  using TiedRows = std::function<Tensor(const Tensor& microbatch_input)>;
+  void set_tied_rows(TiedRows rows) { tied_rows_ = std::move(rows); }
 
   /// The group of the stages whose `holds` is true (collective over `pipeline`: every stage calls it);
   /// null on the others; `pipeline` itself when every stage holds them.
@@ -155,6 +168,20 @@ class PipelineSchedule final : public Schedule {
   int64_t num_microbatches_;
   std::vector<Tensor> tied_;
   std::shared_ptr<comm::ProcessGroup> tied_group_;
+  TiedRows tied_rows_;
+  /// Stage 0's side of Note [Tied sum under the last backward]: a forward hook on the piece holding
+  /// the tied parameters, armed for the last microbatch's forward, puts a wait for the stages' sum
+  /// before that piece's backward. Shared with the hook.
+  struct TiedWait {
+    bool armed = false;   ///< the next forward of the piece is the window's last
+    bool hooked = false;  ///< that forward's output carries the wait
+    std::vector<comm::Work> sums;
+  };
+  std::shared_ptr<TiedWait> tied_wait_;
+  const nn::Module* tied_piece_ = nullptr;  ///< the piece tied_wait_'s hook is on
+  /// Stage 0: puts the hook on the piece of chunk 0 that holds every tied parameter, once; false where
+  /// no single piece does (the sum is then waited for at the start of the last backward).
+  bool hook_tied_piece();
   bool timing_ = false;
   StageTiming last_timing_;
   /// The activation shapes each batch shape gave, by sending chunk (Note [Pipeline exchanges]).

@@ -550,6 +550,12 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
   auto schedule = std::make_shared<engine::PipelineSchedule>(chunks, group, c.parallel.num_microbatches);
   if (!tied_stages.empty()) {
     schedule->set_tied_parameters(tied, engine::PipelineSchedule::tied_group(group, tied_stages.contains(stage)));
+    // GPT-2's wte is the first stage's embedding table: a microbatch's backward there adds to the rows
+    // of its token ids alone (Note [Tied sum under the last backward]). The tensor-parallel embedding
+    // holds a slice of the vocabulary, whose rows are not the ids: its sum stays after the backwards.
+    if (dynamic_cast<nn::models::GPT2*>(&model) != nullptr && !tensor_parallel) {
+      schedule->set_tied_rows([](const Tensor& ids) { return ids.reshape({-1}); });
+    }
   }
   std::string description =
       fmt::format("pipeline: {} stages x {} chunk{}, {} pieces {}, {} microbatches{}; {}", p, v, v > 1 ? "s" : "",

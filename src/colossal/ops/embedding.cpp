@@ -11,6 +11,7 @@ namespace colossal::ops {
 
 constinit core::DispatchStub<EmbeddingForwardKernel> embedding_forward_stub("embedding_forward");
 constinit core::DispatchStub<EmbeddingBackwardKernel> embedding_backward_stub("embedding_backward");
+constinit core::DispatchStub<EmbeddingPutKernel> embedding_put_stub("embedding_put");
 
 Tensor embedding(const Tensor& indices, const Tensor& weight, int64_t padding_idx) {
   COLOSSAL_CHECK(indices.defined() && weight.defined(), "embedding: indices and weight must be defined");
@@ -60,6 +61,31 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, int64_t padding_id
         return std::vector<Tensor>{grad_weight};
       });
   return out;
+}
+
+void embedding_put_(const Tensor& weight, const Tensor& indices, const Tensor& rows) {
+  COLOSSAL_CHECK(indices.defined() && weight.defined() && rows.defined(),
+                 "embedding_put_: weight, indices and rows must be defined");
+  COLOSSAL_CHECK(indices.dtype() == DType::i32 || indices.dtype() == DType::i64,
+                 "embedding_put_: indices must be i32 or i64, got {} of shape {}", indices.dtype(), indices.shape());
+  COLOSSAL_CHECK(weight.dim() == 2 && core::is_floating(weight.dtype()),
+                 "embedding_put_: weight must be a floating [num_embeddings, dim], got {} of shape {}", weight.dtype(),
+                 weight.shape());
+  COLOSSAL_CHECK(!weight.requires_grad(),
+                 "embedding_put_: weight of shape {} requires a gradient; embedding_put_ writes in place outside "
+                 "autograd (use it on a gradient or under no_grad on a detached tensor)",
+                 weight.shape());
+  Shape expected = indices.shape();
+  expected.push_back(weight.shape()[1]);
+  COLOSSAL_CHECK(rows.shape() == expected && rows.dtype() == weight.dtype(),
+                 "embedding_put_: rows must be {} of shape {} (indices {} and the weight's dim), got {} of shape {}",
+                 weight.dtype(), expected, indices.shape(), rows.dtype(), rows.shape());
+  COLOSSAL_CHECK(indices.device() == weight.device() && rows.device() == weight.device(),
+                 "embedding_put_: weight is on {}, indices on {}, rows on {}; put them on one device", weight.device(),
+                 indices.device(), rows.device());
+  if (indices.numel() == 0) return;
+  embedding_put_stub(weight.device(), weight, core::contiguous_raw(indices),
+                     core::view_raw(core::contiguous_raw(rows), {indices.numel(), weight.shape()[1]}));
 }
 
 }  // namespace colossal::ops

@@ -31,8 +31,14 @@ using EmbeddingForwardKernel = void(const Tensor& out, const Tensor& indices, co
 using EmbeddingBackwardKernel = void(const Tensor& grad_weight, const Tensor& grad_out, const Tensor& indices,
                                      int64_t padding_idx, bool accumulate);
 
+/// weight[indices[k]] <- rows[k] (rows contiguous [n, dim], weight's dtype) for every k, the
+/// forward's adjoint without the sum: an index named twice must come with equal rows (one of them
+/// lands). Rows no index names are left as they are. Throws as the forward does.
+using EmbeddingPutKernel = void(const Tensor& weight, const Tensor& indices, const Tensor& rows);
+
 extern core::DispatchStub<EmbeddingForwardKernel> embedding_forward_stub;
 extern core::DispatchStub<EmbeddingBackwardKernel> embedding_backward_stub;
+extern core::DispatchStub<EmbeddingPutKernel> embedding_put_stub;
 
 // ---- cross_entropy
 // logits: contiguous [N, C]. target: contiguous [N] i32/i64 class indices (hard) or [N, C] of

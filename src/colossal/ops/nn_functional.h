@@ -20,6 +20,12 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 /// Rows of weight [num_embeddings, dim] picked by integer `indices` (any shape) -> [..., dim].
 /// Rows equal to padding_idx (when >= 0) get no gradient.
 Tensor embedding(const Tensor& indices, const Tensor& weight, int64_t padding_idx = -1);
+/// Writes rows [..., dim] (the shape embedding(indices, weight) returns) into weight at `indices`, in
+/// place: weight[indices[k]] <- rows[k]. Where an index repeats its rows must be equal (one of them
+/// lands; the pipeline copies a table's rows from another copy this way). Not differentiable: weight
+/// must not require a gradient. Throws naming an index out of range (on a GPU at a later host read,
+/// without stopping the host here).
+void embedding_put_(const Tensor& weight, const Tensor& indices, const Tensor& rows);
 
 enum class Reduction { none, mean, sum };
 struct CrossEntropyOptions {

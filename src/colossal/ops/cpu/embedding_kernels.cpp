@@ -22,11 +22,11 @@ Shape unravel(int64_t flat, const Shape& shape) {
 }
 
 template <class Index>
-void check_index(Index value, int64_t k, const Tensor& indices, int64_t num_embeddings) {
+void check_index(Index value, int64_t k, const Tensor& indices, int64_t num_embeddings, const char* op = "embedding") {
   if (value >= 0 && value < num_embeddings) [[likely]] {
     return;
   }
-  COLOSSAL_FAIL("embedding: index {} at position {} of indices {} is out of range for num_embeddings {} (valid: 0..{})",
+  COLOSSAL_FAIL("{}: index {} at position {} of indices {} is out of range for num_embeddings {} (valid: 0..{})", op,
                 static_cast<int64_t>(value), unravel(k, indices.shape()), indices.shape(), num_embeddings,
                 num_embeddings - 1);
 }
@@ -56,6 +56,33 @@ void embedding_forward_cpu(const Tensor& out, const Tensor& indices, const Tenso
           }
         }
       });
+    });
+  });
+}
+
+void embedding_put_cpu(const Tensor& weight, const Tensor& indices, const Tensor& rows) {
+  const int64_t n = indices.numel();
+  const int64_t num_embeddings = weight.shape()[0];
+  const int64_t dim = weight.shape()[1];
+  const int64_t row_stride = weight.strides()[0];
+  const int64_t col_stride = weight.strides()[1];
+  core::dispatch_index(indices.dtype(), "embedding_put_", [&]<class Index>() {
+    const Index* idx = indices.data<Index>();
+    for (int64_t k = 0; k < n; ++k) check_index(idx[k], k, indices, num_embeddings, "embedding_put_");
+    if (dim == 0) return;
+    core::dispatch_floating(weight.dtype(), "embedding_put_", [&]<class T>() {
+      T* w = weight.data<T>();
+      const T* src_rows = rows.data<T>();
+      // Serial: two positions may name one row (with equal rows), which threads must not share.
+      for (int64_t k = 0; k < n; ++k) {
+        T* dst = w + static_cast<int64_t>(idx[k]) * row_stride;
+        const T* src = src_rows + k * dim;
+        if (col_stride == 1) {
+          std::memcpy(dst, src, static_cast<size_t>(dim) * sizeof(T));
+        } else {
+          for (int64_t j = 0; j < dim; ++j) dst[j * col_stride] = src[j];
+        }
+      }
     });
   });
 }
@@ -112,6 +139,7 @@ void embedding_backward_cpu(const Tensor& grad_weight, const Tensor& grad_out, c
 
 COLOSSAL_REGISTER_KERNEL(embedding_forward_stub, core::DeviceType::cpu, embedding_forward_cpu);
 COLOSSAL_REGISTER_KERNEL(embedding_backward_stub, core::DeviceType::cpu, embedding_backward_cpu);
+COLOSSAL_REGISTER_KERNEL(embedding_put_stub, core::DeviceType::cpu, embedding_put_cpu);
 
 }  // namespace
 }  // namespace colossal::ops

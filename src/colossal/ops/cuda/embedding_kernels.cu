@@ -1,5 +1,6 @@
 // CUDA embedding for f32, f64, f16 and bf16 weights: a row gather forward (16-byte vectors where
-// the weight's rows allow) that validates the indices on the device, and a deterministic backward
+// the weight's rows allow) that validates the indices on the device, its row-writing mirror for
+// embedding_put_, and a deterministic backward
 // without float atomics. The backward sorts (index, position) pairs with cub's stable radix sort,
 // splits each run of equal indices into chunks of at most 32 positions, sums every chunk in
 // position order (one warp per chunk, so a frequent index is spread over many warps instead of
@@ -42,13 +43,14 @@ __device__ __forceinline__ int64_t warp_id() {
 
 // ---- forward
 
-/// Warp k copies row indices[k] of weight into out[k]; a bad index is reported (lowest position
-/// wins) and its row left unwritten, since the call throws.
-template <class T, int kVec>
+/// Warp k copies row indices[k] of weight into packed[k] (the forward), or with kPut packed[k] into
+/// row indices[k] of weight (embedding_put_); a bad index is reported (lowest position wins) and
+/// nothing of its row moved, since the call throws.
+template <class T, int kVec, bool kPut>
 __global__ void __launch_bounds__(kBlock, 1)
-    embedding_forward_kernel(T* __restrict__ out, const T* __restrict__ weight, IndexView indices, int64_t n,
-                             int64_t num_embeddings, int64_t dim, int64_t row_stride, int64_t col_stride,
-                             unsigned long long* bad_position) {
+    embedding_rows_kernel(T* __restrict__ packed, T* __restrict__ weight, IndexView indices, int64_t n,
+                          int64_t num_embeddings, int64_t dim, int64_t row_stride, int64_t col_stride,
+                          unsigned long long* bad_position) {
   const int64_t k = warp_id();
   if (k >= n) return;
   const int lane = threadIdx.x % kWarp;
@@ -57,12 +59,24 @@ __global__ void __launch_bounds__(kBlock, 1)
     if (lane == 0) cuda::rows::report_bad(bad_position, k);
     return;
   }
-  const T* src = weight + index * row_stride;
-  T* dst = out + k * dim;
+  T* table_row = weight + index * row_stride;
+  T* packed_row = packed + k * dim;
   if constexpr (kVec > 1) {  // col_stride == 1
-    for (int64_t v = lane; v < dim / kVec; v += kWarp) store_vec<kVec>(dst + v * kVec, load_vec<kVec>(src + v * kVec));
+    for (int64_t v = lane; v < dim / kVec; v += kWarp) {
+      if constexpr (kPut) {
+        store_vec<kVec>(table_row + v * kVec, load_vec<kVec>(packed_row + v * kVec));
+      } else {
+        store_vec<kVec>(packed_row + v * kVec, load_vec<kVec>(table_row + v * kVec));
+      }
+    }
   } else {
-    for (int64_t j = lane; j < dim; j += kWarp) dst[j] = src[j * col_stride];
+    for (int64_t j = lane; j < dim; j += kWarp) {
+      if constexpr (kPut) {
+        table_row[j * col_stride] = packed_row[j];
+      } else {
+        packed_row[j] = table_row[j * col_stride];
+      }
+    }
   }
 }
 
@@ -76,45 +90,54 @@ Shape unravel(int64_t flat, const Shape& shape) {
   return position;
 }
 
-void embedding_forward_cuda(const Tensor& out, const Tensor& indices, const Tensor& weight) {
+/// The forward (packed = out) or embedding_put_ (kPut, packed = the rows written): one warp per
+/// position, 16-byte vectors where the weight's rows allow, the indices checked on the device.
+template <bool kPut>
+void embedding_rows_cuda(const char* op, const Tensor& packed, const Tensor& indices, const Tensor& weight) {
   const Device device = weight.device();
-  core::cuda_detail::check_on_device(out, device, "embedding", "the output");
-  core::cuda_detail::check_on_device(indices, device, "embedding", "indices");
+  core::cuda_detail::check_on_device(packed, device, op, kPut ? "the rows" : "the output");
+  core::cuda_detail::check_on_device(indices, device, op, "indices");
   const int64_t n = indices.numel();
   if (n == 0) return;
   const int64_t num_embeddings = weight.shape()[0];
   const int64_t dim = weight.shape()[1];
-  COLOSSAL_CHECK(ceil_div(n, kWarpsPerBlock) < (int64_t{1} << 31), "embedding: {} indices exceed the CUDA grid limit",
-                 n);
+  COLOSSAL_CHECK(ceil_div(n, kWarpsPerBlock) < (int64_t{1} << 31), "{}: {} indices exceed the CUDA grid limit", op, n);
   core::cuda::DeviceGuard guard(device);
   cudaStream_t stream = core::cuda_detail::stream_of(weight);
   const cuda::rows::DeviceErrorSlot bad_position(device, stream);
-  core::dispatch_floating(weight.dtype(), "embedding", [&]<class T>() {
+  core::dispatch_floating(weight.dtype(), op, [&]<class T>() {
     constexpr int kVec = cuda::rows::kVecOf<T>;
     const int64_t row_stride = weight.strides()[0], col_stride = weight.strides()[1];
     const bool vectorized = col_stride == 1 && dim % kVec == 0 && (row_stride * sizeof(T)) % 16 == 0 &&
                             core::cuda_detail::aligned16(weight.raw_data()) &&
-                            core::cuda_detail::aligned16(out.raw_data());
+                            core::cuda_detail::aligned16(packed.raw_data());
     const unsigned grid = static_cast<unsigned>(ceil_div(n, kWarpsPerBlock));
     const auto launch = [&](auto kernel) {
-      kernel<<<grid, kBlock, 0, stream>>>(out.data<T>(), weight.data<T>(), cuda::rows::index_view(indices), n,
+      kernel<<<grid, kBlock, 0, stream>>>(packed.data<T>(), weight.data<T>(), cuda::rows::index_view(indices), n,
                                           num_embeddings, dim, row_stride, col_stride, bad_position.get());
     };
     if (vectorized) {
-      launch(embedding_forward_kernel<T, kVec>);
+      launch(embedding_rows_kernel<T, kVec, kPut>);
     } else {
-      launch(embedding_forward_kernel<T, 1>);
+      launch(embedding_rows_kernel<T, 1, kPut>);
     }
     COLOSSAL_CUDA_CHECK_LAUNCH();
   });
   // Checked without stopping the host (Note [Deferred device checks]): a bad index throws at a later
   // op or host read, with this message.
-  bad_position.defer([indices, num_embeddings, stream](int64_t k) {
+  bad_position.defer([op, indices, num_embeddings, stream](int64_t k) {
     const int64_t value = cuda::rows::read_index_at(indices, k, stream);
-    return fmt::format(
-        "embedding: index {} at position {} of indices {} is out of range for num_embeddings {} (valid: 0..{})", value,
-        unravel(k, indices.shape()), indices.shape(), num_embeddings, num_embeddings - 1);
+    return fmt::format("{}: index {} at position {} of indices {} is out of range for num_embeddings {} (valid: 0..{})",
+                       op, value, unravel(k, indices.shape()), indices.shape(), num_embeddings, num_embeddings - 1);
   });
+}
+
+void embedding_forward_cuda(const Tensor& out, const Tensor& indices, const Tensor& weight) {
+  embedding_rows_cuda<false>("embedding", out, indices, weight);
+}
+
+void embedding_put_cuda(const Tensor& weight, const Tensor& indices, const Tensor& rows) {
+  embedding_rows_cuda<true>("embedding_put_", rows, indices, weight);
 }
 
 // ---- backward
@@ -344,6 +367,7 @@ void embedding_backward_cuda(const Tensor& grad_weight, const Tensor& grad_out, 
 
 COLOSSAL_REGISTER_KERNEL(embedding_forward_stub, core::DeviceType::cuda, embedding_forward_cuda);
 COLOSSAL_REGISTER_KERNEL(embedding_backward_stub, core::DeviceType::cuda, embedding_backward_cuda);
+COLOSSAL_REGISTER_KERNEL(embedding_put_stub, core::DeviceType::cuda, embedding_put_cuda);
 
 }  // namespace
 }  // namespace colossal::ops
