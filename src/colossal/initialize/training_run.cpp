@@ -9,11 +9,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "colossal/amp/mixed_precision_optimizer.h"
@@ -226,6 +228,15 @@ std::map<int, std::shared_ptr<comm::ProcessGroup>> choose_pipeline_p2p(const con
   bool on = true;
   if (group->size() == 2) {
     on = comm::use_pair_p2p(*group, kSlotBytes, kSlots, &why);
+    // The pair's large sums too: GPT-2's tied wte (Note [Tied sum under the last backward]) is summed
+    // while stage 0's last backward runs, where NCCL's kernels would take SMs from it (its backward
+    // measured 5.43 ms against a median of 4.59 beside NCCL's sum). COLOSSAL_PIPELINE_PAIR_SUM=0
+    // leaves them to NCCL (set alike on both stages).
+    const char* pair_sum = std::getenv("COLOSSAL_PIPELINE_PAIR_SUM");
+    if (on && (pair_sum == nullptr || std::string_view(pair_sum) != "0")) {
+      std::string why_sum;
+      (void)comm::use_pair_all_reduce(*group, int64_t{32} << 20, int64_t{1} << 20, &why_sum);
+    }
   } else {
     // A pair the copy engines cannot serve (its GPUs on two hosts) stays on NCCL; both of its stages
     // see that alike.
