@@ -69,6 +69,10 @@ std::shared_ptr<comm::ProcessGroup> pipeline_group() {
   static const std::shared_ptr<comm::ProcessGroup> pair = [] {
     std::shared_ptr<comm::ProcessGroup> group = comm::testing::world().new_group({0, 1});
     use_copy_engines(*group);
+    // The pair's sums by the copy engines too, as colossal train sets them (GPT-2's tied wte: 8 KB
+    // here, in pieces of a 4 KiB window).
+    std::string why;
+    EXPECT_TRUE(comm::use_pair_all_reduce(*group, 4096, 1, &why)) << why;
     return group;
   }();
   return pair;

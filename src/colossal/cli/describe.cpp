@@ -166,6 +166,21 @@ void run_describe(const DescribeOptions& o) {
   if (c.parallel.pipeline > 1) {
     // The stages as colossal train cuts them (initialize/pipeline_stage.h).
     const auto pieces = initialize::pipeline_pieces(*model);
+    if (initialize::measures_pipeline_partition(c.parallel)) {
+      // The cut needs each piece's time on the training devices: colossal train measures it at
+      // start-up and prints it. Here the pieces it cuts.
+      fmt::print(
+          "# pipeline: {} stages x {} chunk(s), {} pieces {}, {} microbatches of {} samples; the cut is "
+          "made at start-up by colossal train, which prints it\n",
+          c.parallel.pipeline, c.parallel.num_chunks, pieces.size(), initialize::describe_partition(c.parallel),
+          c.parallel.num_microbatches, c.data.batch_size / std::max(1, c.parallel.num_microbatches));
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        int64_t params = 0;
+        for (const Tensor& t : pieces[i]->parameters()) params += t.numel();
+        fmt::print("piece {}: {} ({} parameters)\n", i, pieces[i]->type_name(), params);
+      }
+      return;
+    }
     const parallel::pp::StageParts parts = initialize::plan_pipeline(pieces, c.parallel);
     fmt::print("# pipeline: {} stages x {} chunk(s), {} pieces {}, {} microbatches of {} samples\n",
                c.parallel.pipeline, c.parallel.num_chunks, pieces.size(), initialize::describe_partition(c.parallel),
