@@ -20,6 +20,9 @@
 # PROFILE=1 also traces steps 30-32 of every run of ours (colossal train --profile: each rank's kernels
 # per stream, $out/NAME.rankR.json, and its summary in the log); PROFILE_HOST=1 with it adds the host's
 # stack samples over those steps ($out/NAME.rankR.json.host.txt, for tools/host-profile-report).
+# LOG_INTERVAL (default 5) logs every that many steps; each logged step reads its loss, which waits for
+# the GPU, so the step after it starts on an idle GPU. Pipelines report every 5 iterations (1, 6, ...):
+# with LOG_INTERVAL=10 half the reports follow a logged step and half do not.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 parts=("$@")
@@ -68,7 +71,7 @@ run() {  # name, gpus, data-parallel size, [extra --set ...]
     --set gradient_accumulation=1 --set bf16=true --set data.batch_size=16 --set data.seq_len=1024
     --set lr_scheduler.warmup_steps=5 --set model.preset='"gpt2-medium"'
     --set "model.options={ vocab_multiple = 64, dropout = 0.0 }"
-    --set train.max_steps=40 --set train.log_interval=5 --set train.progress=false --set 'train.checkpoint_dir=""'
+    --set train.max_steps=40 --set train.log_interval="${LOG_INTERVAL:-5}" --set train.progress=false --set 'train.checkpoint_dir=""'
     --metrics "$out/$name.jsonl" "$@")
   # $PARTITION cuts every pipelined part that names none itself.
   if [[ -n ${PARTITION:-} && " $* " == *parallel.pipeline=* && " $* " != *parallel.partition=* ]]; then
