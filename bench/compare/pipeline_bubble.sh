@@ -35,7 +35,7 @@ python3 -c "import numpy as np; np.random.default_rng(7).integers(0, 50257, size
 
 report() {  # name, metrics file, log, gpus, data-parallel size, layers, width
   python3 - "$@" <<'PY'
-import json, re, sys
+import json, os, re, sys
 name, path, log, gpus, dp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 L, C = int(sys.argv[6]), int(sys.argv[7])
 pts = [(j["step"], j["wall_s"]) for j in map(json.loads, open(path)) if j.get("event") == "step" and "wall_s" in j]
@@ -50,6 +50,11 @@ line = f"{name}: {ms:.1f} ms/step, {tokens / ms * 1e3:.0f} tokens/s, MFU per GPU
 text = open(log).read()
 bubbles = [(float(m.group(1)), float(m.group(2))) for m in
            re.finditer(r"bubble \(idle / busy\) ([0-9.]+), schedule \(p - 1\) / \(v m\) ([0-9.]+)", text)]
+# Reports of iterations right after a logged step (whose loss read waited for the GPU) and the others.
+log_interval = int(os.environ.get("LOG_INTERVAL", "5"))
+after_log, others = [], []
+for m in re.finditer(r"iteration (\d+): pipeline bubble:.*?bubble \(idle / busy\) ([0-9.]+)", text):
+    (after_log if (int(m.group(1)) - 1) % log_interval == 0 else others).append(float(m.group(2)))
 if bubbles:
     measured = sum(b[0] for b in bubbles) / len(bubbles)
     ordered = sorted(b[0] for b in bubbles)
@@ -59,6 +64,10 @@ if bubbles:
     stages = {}
     for s, b, i in re.findall(r"stage (\d+) busy ([0-9.]+) ms idle ([0-9.]+) ms", text):
         stages[int(s)] = (b, i)  # the last report's
+    if after_log and others:
+        mid = lambda v: sorted(v)[len(v) // 2]
+        line += (f"; after a logged step {mid(after_log):.3f} (median of {len(after_log)}), after an unlogged one "
+                 f"{mid(others):.3f} (median of {len(others)})")
     line += "; last report: " + ", ".join(f"stage {s} busy {b} ms idle {i} ms" for s, (b, i) in sorted(stages.items()))
 print(line)
 PY
