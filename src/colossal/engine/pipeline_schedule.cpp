@@ -512,8 +512,9 @@ std::shared_ptr<comm::ProcessGroup> PipelineSchedule::tied_group(const std::shar
 // m-1 against s0 + the others'): the same gradient to rounding.
 //
 // Not taken (the sum after the backwards, as before) under data parallelism (the handler's reduction
-// of the window comes first there), without set_tied_rows (the tensor-parallel GPT-2, whose vocabulary
-// is split), or with COLOSSAL_PIPELINE_TIED_UNDER_BACKWARD=0, which must then be set on every stage.
+// of the window comes first there), without set_tied_rows (colossal train sets it for GPT-2, whose
+// embedding and head stay whole on every tensor rank of a pipeline), or with
+// COLOSSAL_PIPELINE_TIED_UNDER_BACKWARD=0, which must then be set on every stage.
 // Where the piece's output carries no autograd node (a checkpointed embedding), stage 0 waits for the
 // sum at the start of its last backward: correct, without the gain.
 namespace {

@@ -551,9 +551,9 @@ PipelineStage make_pipeline_stage(nn::Module& model, const parallel::ParallelCon
   if (!tied_stages.empty()) {
     schedule->set_tied_parameters(tied, engine::PipelineSchedule::tied_group(group, tied_stages.contains(stage)));
     // GPT-2's wte is the first stage's embedding table: a microbatch's backward there adds to the rows
-    // of its token ids alone (Note [Tied sum under the last backward]). The tensor-parallel embedding
-    // holds a slice of the vocabulary, whose rows are not the ids: its sum stays after the backwards.
-    if (dynamic_cast<nn::models::GPT2*>(&model) != nullptr && !tensor_parallel) {
+    // of its token ids alone (Note [Tied sum under the last backward]). Under tensor parallelism too:
+    // the embedding and head pieces stay whole on every tensor rank (tensor_parallel_piece).
+    if (dynamic_cast<nn::models::GPT2*>(&model) != nullptr) {
       schedule->set_tied_rows([](const Tensor& ids) { return ids.reshape({-1}); });
     }
   }
