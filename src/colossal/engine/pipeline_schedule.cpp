@@ -5,12 +5,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <deque>
 #include <map>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <tuple>
 #include <utility>
 
@@ -25,6 +23,7 @@
 #include "colossal/ops/elementwise.h"            // div
 #include "colossal/ops/indexing.h"               // cat
 #include "colossal/ops/nn_functional.h"          // embedding, embedding_put_
+#include "colossal/parallel/env_override.h"      // env_switch
 #include "colossal/parallel/gradient_handler.h"  // GradientHandler
 #include "colossal/parallel/pp/exchange_plan.h"
 #include "colossal/parallel/pp/schedule_order.h"
@@ -519,11 +518,6 @@ std::shared_ptr<comm::ProcessGroup> PipelineSchedule::tied_group(const std::shar
 // sum at the start of its last backward: correct, without the gain.
 namespace {
 
-bool tied_sum_under_backward_enabled() {
-  const char* value = std::getenv("COLOSSAL_PIPELINE_TIED_UNDER_BACKWARD");
-  return value == nullptr || std::string_view(value) != "0";
-}
-
 /// The gradient of a tied parameter, made defined and contiguous for its collectives.
 Tensor tied_gradient(Tensor& param) {
   Tensor grad = param.grad();
@@ -540,8 +534,9 @@ Tensor tied_gradient(Tensor& param) {
 
 }  // namespace
 
-bool PipelineSchedule::hook_tied_piece() {
-  if (tied_piece_ != nullptr) return true;
+void PipelineSchedule::hook_tied_piece_once() {
+  if (tied_piece_searched_) return;
+  tied_piece_searched_ = true;
   auto holds_all = [&](const nn::Module& module) {
     const std::vector<Tensor> params = module.parameters();
     return std::all_of(tied_.begin(), tied_.end(), [&](const Tensor& tied) {
@@ -551,11 +546,10 @@ bool PipelineSchedule::hook_tied_piece() {
   nn::Module* piece = nullptr;
   for (const std::shared_ptr<nn::Module>& child : chunks_.front()->children()) {
     if (!holds_all(*child)) continue;
-    if (piece != nullptr) return false;  // two pieces use the weight: no single point to wait at
+    if (piece != nullptr) return;  // two pieces use the weight: no single point to wait at
     piece = child.get();
   }
-  if (piece == nullptr) return false;
-  tied_wait_ = std::make_shared<TiedWait>();
+  if (piece == nullptr) return;
   piece->register_forward_hook([state = tied_wait_](nn::Module&, const Tensor&, const Tensor& output) -> Tensor {
     if (!state->armed) return Tensor();
     state->armed = false;
@@ -568,8 +562,6 @@ bool PipelineSchedule::hook_tied_piece() {
     state->hooked = true;
     return Tensor();
   });
-  tied_piece_ = piece;
-  return true;
 }
 
 Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, const Tensor& target) {
@@ -621,8 +613,8 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
   // Note [Tied sum under the last backward]: stage 0 sums under its last backward, the others after
   // their last op.
   const bool tied_sum = tied_group_ != nullptr && tied_group_->size() > 1 && engine.last_step_updated();
-  const bool tied_under_backward =
-      tied_sum && handler == nullptr && tied_rows_ != nullptr && tied_sum_under_backward_enabled();
+  const bool tied_under_backward = tied_sum && handler == nullptr && tied_rows_ != nullptr &&
+                                   parallel::env_switch("COLOSSAL_PIPELINE_TIED_UNDER_BACKWARD").value_or(true);
   const bool tied_leads = tied_under_backward && tied_group_->rank() == 0;
   if (tied_leads) {
     COLOSSAL_CHECK(first,
@@ -631,7 +623,7 @@ Tensor PipelineSchedule::forward_backward(Engine& engine, const Tensor& input, c
                    "pipeline stage {}: an exchange follows chunk 0's last backward, which the tied parameters' sum "
                    "would then overtake",
                    s);
-    if (!hook_tied_piece()) tied_wait_ = std::make_shared<TiedWait>();
+    hook_tied_piece_once();
     tied_wait_->sums.clear();
     tied_wait_->hooked = false;
   }

@@ -177,11 +177,12 @@ class PipelineSchedule final : public Schedule {
     bool hooked = false;  ///< that forward's output carries the wait
     std::vector<comm::Work> sums;
   };
-  std::shared_ptr<TiedWait> tied_wait_;
-  const nn::Module* tied_piece_ = nullptr;  ///< the piece tied_wait_'s hook is on
-  /// Stage 0: puts the hook on the piece of chunk 0 that holds every tied parameter, once; false where
-  /// no single piece does (the sum is then waited for at the start of the last backward).
-  bool hook_tied_piece();
+  std::shared_ptr<TiedWait> tied_wait_ = std::make_shared<TiedWait>();
+  bool tied_piece_searched_ = false;
+  /// Stage 0, at its first step with the sum under the backward: puts the hook on the piece of chunk 0
+  /// that holds every tied parameter. Where no single piece does, the hook never fires, and the sum is
+  /// waited for at the start of the last backward.
+  void hook_tied_piece_once();
   bool timing_ = false;
   StageTiming last_timing_;
   /// The activation shapes each batch shape gave, by sending chunk (Note [Pipeline exchanges]).

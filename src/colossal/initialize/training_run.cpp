@@ -9,13 +9,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include "colossal/amp/mixed_precision_optimizer.h"
@@ -34,9 +32,10 @@
 #include "colossal/engine/pipeline_report.h"
 #include "colossal/initialize/pipeline_stage.h"
 #include "colossal/nn/hub_weights.h"
-#include "colossal/nn/safetensors.h"   // read_safetensors_header
-#include "colossal/ops/linalg.h"       // set_float32_matmul_precision
-#include "colossal/parallel/layout.h"  // ParallelLayout
+#include "colossal/nn/safetensors.h"         // read_safetensors_header
+#include "colossal/ops/linalg.h"             // set_float32_matmul_precision
+#include "colossal/parallel/env_override.h"  // env_switch
+#include "colossal/parallel/layout.h"        // ParallelLayout
 #include "colossal/parallel/layout_rules.h"
 #include "colossal/parallel/tp/gpt2_1d.h"
 #include "colossal/parallel/tp/gpt2_plan.h"  // resolve_gpt2_specs
@@ -232,10 +231,8 @@ std::map<int, std::shared_ptr<comm::ProcessGroup>> choose_pipeline_p2p(const con
     // while stage 0's last backward runs, where NCCL's kernels would take SMs from it (its backward
     // measured 5.43 ms against a median of 4.59 beside NCCL's sum). COLOSSAL_PIPELINE_PAIR_SUM=0
     // leaves them to NCCL (set alike on both stages).
-    const char* pair_sum = std::getenv("COLOSSAL_PIPELINE_PAIR_SUM");
-    if (on && (pair_sum == nullptr || std::string_view(pair_sum) != "0")) {
-      std::string why_sum;
-      (void)comm::use_pair_all_reduce(*group, int64_t{32} << 20, int64_t{1} << 20, &why_sum);
+    if (on && parallel::env_switch("COLOSSAL_PIPELINE_PAIR_SUM").value_or(true)) {
+      (void)comm::use_pair_all_reduce(*group, int64_t{32} << 20, int64_t{1} << 20);
     }
   } else {
     // A pair the copy engines cannot serve (its GPUs on two hosts) stays on NCCL; both of its stages
